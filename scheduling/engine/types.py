@@ -1,0 +1,229 @@
+"""The engine's vocabulary: an immutable snapshot of the cluster and queue, and the decisions a cycle returns.
+
+Everything here is a frozen dataclass so a snapshot can be shared by the production cycle, the simulator and
+the benchmarks without copying, and so a cycle can never mutate its input. Units are in the names:
+memory in MiB, compute in milli-GPU (1000 = one whole card), CPU in millicores, times in seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from types import MappingProxyType
+
+WHOLE_GPU_MILLI = 1000
+EMPTY: Mapping = MappingProxyType({})
+
+
+def _empty() -> Mapping:
+    return EMPTY
+
+
+class Sharing(StrEnum):
+    EXCLUSIVE = "exclusive"  # whole jobs only
+    MPS = "mps"  # slices; compute shares sum <= 100 %, memory sum <= capacity
+    TIMESLICE = "timeslice"  # slices; memory sum <= capacity, compute may be oversubscribed
+    MIG = "mig"  # slices only in the card's profile sizes
+
+
+class NodeState(StrEnum):
+    READY = "ready"
+    CORDONED = "cordoned"
+    DRAINING = "draining"
+    LOST = "lost"
+
+
+class Health(StrEnum):
+    OK = "ok"
+    DEGRADED = "degraded"
+    FAILED = "failed"
+
+
+class TopologyNeed(StrEnum):
+    NONE = "none"
+    NUMA = "numa"  # all GPUs of the job on one NUMA node
+    NVLINK = "nvlink"  # all GPUs of the job pairwise NVLink-connected
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    compute_capability: tuple[int, int] = (8, 0)
+    numa_node: int = 0
+    sharing: Sharing = Sharing.EXCLUSIVE
+    health: Health = Health.OK
+    # MIG: the memory sizes (MiB) of the card's instance profiles; a slice must use one of them.
+    mig_profiles_mib: tuple[int, ...] = ()
+    # The ledger at snapshot time.
+    allocated_memory_mib: int = 0
+    allocated_compute_milli: int = 0
+    holders: int = 0  # jobs holding a slice or the whole card
+
+    @property
+    def free_memory_mib(self) -> int:
+        return self.memory_mib - self.allocated_memory_mib
+
+    @property
+    def free_compute_milli(self) -> int:
+        return WHOLE_GPU_MILLI - self.allocated_compute_milli
+
+    @property
+    def is_idle(self) -> bool:
+        return self.holders == 0
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: tuple[Gpu, ...] = ()
+    state: NodeState = NodeState.READY
+    allocated_cpu_milli: int = 0
+    allocated_memory_mib: int = 0
+    # Unordered pairs (i, j), i < j, of GPU indexes joined by NVLink.
+    nvlink: frozenset[tuple[int, int]] = frozenset()
+    labels: Mapping[str, str] = field(default_factory=_empty)
+
+    @property
+    def free_cpu_milli(self) -> int:
+        return self.cpu_milli - self.allocated_cpu_milli
+
+    @property
+    def free_memory_mib(self) -> int:
+        return self.memory_mib - self.allocated_memory_mib
+
+    @property
+    def schedulable(self) -> bool:
+        return self.state is NodeState.READY
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What one job asks for. Either `gpus` whole GPUs per node, or (gpus == 0) one slice of one GPU."""
+
+    gpus: int = 0  # whole GPUs on each node
+    nodes: int = 1  # gang: this many nodes, all or nothing
+    gpu_memory_mib: int = 0  # slice: memory on one GPU
+    gpu_compute_milli: int = 0  # slice: compute share of one GPU
+    gpu_models: tuple[str, ...] = ()  # allowed models; empty = any
+    min_gpu_memory_mib: int = 0  # the card's total memory must be at least this
+    min_compute_capability: tuple[int, int] = (0, 0)
+    topology: TopologyNeed = TopologyNeed.NONE
+    cpu_milli: int = 0  # per node
+    memory_mib: int = 0  # host memory per node
+
+    @property
+    def is_slice(self) -> bool:
+        return self.gpus == 0 and (self.gpu_memory_mib > 0 or self.gpu_compute_milli > 0)
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self.gpus > 0 or self.is_slice
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """One GPU (whole or a slice of it) held by a job. A whole GPU holds its full memory and 1000 milli."""
+
+    node: str
+    gpu_index: int
+    memory_mib: int
+    compute_milli: int
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    id: str
+    team: str
+    request: Request
+    priority: int = 0
+    preemptible: bool = True
+    grace_s: float = 30.0
+    submit_time: float = 0.0
+    max_runtime_s: float | None = None
+    # Running jobs only: where they run, since when, and whether they run on borrowed capacity.
+    assignments: tuple[Assignment, ...] = ()
+    start_time: float | None = None
+    borrowed: bool = False
+    cpu_assignments: Mapping[str, tuple[int, int]] = field(default_factory=_empty)  # node -> (cpu_milli, memory_mib)
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """A team's share. Compute is in milli-GPU (whole-GPU equivalents x 1000)."""
+
+    team: str
+    guaranteed_gpu_memory_mib: int = 0
+    limit_gpu_memory_mib: int | None = None  # None = no limit
+    guaranteed_compute_milli: int = 0
+    limit_compute_milli: int | None = None
+    weight: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    now: float
+    nodes: tuple[Node, ...]
+    running: tuple[Job, ...] = ()
+    pending: tuple[Job, ...] = ()
+    quotas: Mapping[str, Quota] = field(default_factory=_empty)
+    # Decayed past usage per team (GPU-milli-seconds), the fair-share input.
+    usage: Mapping[str, float] = field(default_factory=_empty)
+    # The typical workload (request, popularity) learned from the queue and recent history; FGD-style scorers use it.
+    workload: tuple[tuple[Request, float], ...] = ()
+    seed: int = 0
+
+    def with_nodes(self, nodes: tuple[Node, ...]) -> Snapshot:
+        return replace(self, nodes=nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """Why a job is where it is. `reason` is a sentence shown verbatim to researchers."""
+
+    code: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    job_id: str
+    assignments: tuple[Assignment, ...]
+    borrowed: bool = False  # beyond the team's guarantee: reclaimable
+    cpu: Mapping[str, tuple[int, int]] = field(default_factory=_empty)  # node -> (cpu_milli, memory_mib)
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    job_id: str
+    preemptor_id: str
+    code: str  # "preempted" (priority) or "reclaimed" (borrowed capacity)
+    grace_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    job_id: str
+    status: Status
+    position: int  # 1-based place in the queue order
+    estimated_start: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    job_id: str
+    assignments: tuple[Assignment, ...]
+    estimated_start: float
+
+
+@dataclass(frozen=True, slots=True)
+class Decisions:
+    placements: tuple[Placement, ...] = ()
+    evictions: tuple[Eviction, ...] = ()
+    pending: tuple[Pending, ...] = ()
+    reservations: tuple[Reservation, ...] = ()
