@@ -1,0 +1,42 @@
+# Tessera: `make demo` runs it embedded on this machine; `make test` runs the whole suite.
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+# The test suite talks to the real PostgreSQL and Redis of this machine.
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/tessera
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+
+.PHONY: install demo serve test lint format bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Tessera needs Python 3.11 or newer"'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python manage.py migrate --noinput -v0
+	$(BIN)/python manage.py load_demo
+	@echo "Tessera is serving on http://$(HOST):$(PORT)/ (admin: http://$(HOST):$(PORT)/admin/). Ctrl-C stops it."
+	DEBUG=1 $(BIN)/python manage.py runserver $(HOST):$(PORT)
+
+test: $(STAMP)
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) var staticfiles .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The browser portal: server-rendered pages over the same selectors the API uses."""

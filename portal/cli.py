@@ -1,0 +1,62 @@
+"""`tessera`: the command line. Subcommands are registered in COMMANDS; each loads its code lazily."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+# name -> ("module:function", one-line help). The function takes the remaining argv and returns an exit code.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "simulate": ("portal.cli:simulate", "replay traces and scenarios through the scheduling engine"),
+}
+
+SIMULATE_MODES: dict[str, tuple[str, str]] = {
+    "static": (
+        "scheduling.sim.cli_static:main_static",
+        "static packing of an openb trace (published protocol)",
+    ),
+    "dynamic": ("scheduling.sim.cli_dynamic:main_dynamic", "replay an openb trace on its timestamps"),
+    "scenario": ("scheduling.sim.cli_dynamic:main_scenario", "run a YAML scenario, e.g. seed-case"),
+}
+
+
+def _load(target: str) -> Callable[[Sequence[str]], int]:
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def simulate(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tessera simulate", description="Replay workloads through the engine."
+    )
+    parser.add_argument(
+        "mode",
+        choices=sorted(SIMULATE_MODES),
+        help="; ".join(f"{k}: {v[1]}" for k, v in SIMULATE_MODES.items()),
+    )
+    args, rest = parser.parse_known_args(argv)
+    return int(_load(SIMULATE_MODES[args.mode][0])(rest) or 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog="tessera", description="Tessera: a multi-tenant GPU cluster portal."
+    )
+    parser.add_argument(
+        "command",
+        choices=sorted(COMMANDS),
+        metavar="COMMAND",
+        help="; ".join(f"{name}: {text}" for name, (_, text) in sorted(COMMANDS.items())),
+    )
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0 if argv else 2
+    args, rest = parser.parse_known_args(argv[:1])
+    return int(_load(COMMANDS[args.command][0])(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Admin site for teams and quotas. Quota edits go through `quota_save`, so each one is audited."""
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from quotas import services
+from quotas.choices import ChangeSource
+from quotas.models import Membership, PriorityClass, Quota, QuotaChange, Team
+
+
+class QuotaInline(admin.TabularInline):
+    model = Quota
+    extra = 0
+    fields = (
+        "gpu_model",
+        "guaranteed_gpu_memory_mib",
+        "limit_gpu_memory_mib",
+        "guaranteed_gpus",
+        "limit_gpus",
+        "fair_share_weight",
+        "default_priority_class",
+    )
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 0
+    autocomplete_fields = ("user",)
+
+
+class QuotaChangeInline(admin.TabularInline):
+    """The quota audit trail, shown read-only on the team's page."""
+
+    model = QuotaChange
+    extra = 0
+    fields = ("changed_at", "actor", "source", "changes", "note")
+    readonly_fields = fields
+    can_delete = False
+    verbose_name_plural = "Quota changes (audit trail)"
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    list_display = ("slug", "display_name", "parent")
+    list_filter = ("parent",)
+    search_fields = ("slug", "display_name")
+    inlines = (QuotaInline, MembershipInline, QuotaChangeInline)
+
+    def save_formset(self, request, form, formset, change):
+        if formset.model is not Quota:
+            return super().save_formset(request, form, formset, change)
+        quotas = formset.save(commit=False)
+        for quota in formset.deleted_objects:
+            services.quota_delete(quota=quota, actor=request.user, source=ChangeSource.ADMIN)
+        for quota in quotas:
+            services.quota_save(quota=quota, actor=request.user, source=ChangeSource.ADMIN)
+        formset.save_m2m()
+
+
+@admin.register(Quota)
+class QuotaAdmin(admin.ModelAdmin):
+    list_display = (
+        "team",
+        "gpu_model",
+        "guaranteed_gpu_memory_mib",
+        "limit_gpu_memory_mib",
+        "guaranteed_gpus",
+        "limit_gpus",
+        "fair_share_weight",
+        "default_priority_class",
+    )
+    list_filter = ("gpu_model", "default_priority_class")
+    search_fields = ("team__slug",)
+
+    def save_model(self, request, obj, form, change):
+        services.quota_save(quota=obj, actor=request.user, source=ChangeSource.ADMIN)
+
+    def delete_model(self, request, obj):
+        services.quota_delete(quota=obj, actor=request.user, source=ChangeSource.ADMIN)
+
+    def delete_queryset(self, request, queryset):
+        for quota in queryset:
+            services.quota_delete(quota=quota, actor=request.user, source=ChangeSource.ADMIN)
+
+
+@admin.register(QuotaChange)
+class QuotaChangeAdmin(admin.ModelAdmin):
+    list_display = ("changed_at", "team", "actor", "source", "changes")
+    list_filter = ("source", "team")
+    search_fields = ("team__slug", "actor__username", "note")
+    readonly_fields = ("team", "quota", "actor", "source", "changed_at", "changes", "note")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(PriorityClass)
+class PriorityClassAdmin(admin.ModelAdmin):
+    list_display = ("name", "value", "preemptible", "preemption_grace_s")
+    search_fields = ("name",)
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ("user", "team", "role")
+    list_filter = ("role", "team")
+    search_fields = ("user__username", "team__slug")

@@ -1,0 +1,14 @@
+"""Enumerations of the quotas app."""
+
+from django.db import models
+
+
+class Role(models.TextChoices):
+    MEMBER = "member", "Member"
+    TEAM_ADMIN = "team_admin", "Team admin"
+
+
+class ChangeSource(models.TextChoices):
+    ADMIN = "admin", "Admin site"
+    API = "api", "API"
+    SYSTEM = "system", "System"

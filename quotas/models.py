@@ -1,0 +1,181 @@
+"""Teams (a two-level tree such as `ai-lab/training`), who belongs to them, priorities and quotas."""
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import F, Q
+
+from quotas.choices import ChangeSource, Role
+
+slug_path_validator = RegexValidator(
+    r"^[a-z0-9][a-z0-9-]*(/[a-z0-9][a-z0-9-]*)?$",
+    "Use lower-case letters, digits and dashes, with at most one '/' (organisation/team), e.g. ai-lab/training.",
+)
+
+
+class Team(models.Model):
+    slug = models.CharField(max_length=100, unique=True, validators=[slug_path_validator])
+    display_name = models.CharField(max_length=200)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    def clean(self) -> None:
+        if self.parent_id and self.parent.parent_id:
+            raise ValidationError(
+                {"parent": "Teams form a two-level tree: the parent must be an organisation."}
+            )
+        if self.parent_id and not self.slug.startswith(f"{self.parent.slug}/"):
+            raise ValidationError(
+                {"slug": f"A team under '{self.parent.slug}' must be named '{self.parent.slug}/...'."}
+            )
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=20, choices=Role.choices, default=Role.MEMBER)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "team"], name="membership_unique_user_team")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.team} ({self.role})"
+
+
+class PriorityClass(models.Model):
+    name = models.SlugField(max_length=50, unique=True)
+    value = models.IntegerField(help_text="Higher runs first and may preempt lower preemptible work.")
+    preemptible = models.BooleanField(default=True, help_text="Jobs of this class may be preempted.")
+    preemption_grace_s = models.PositiveIntegerField(
+        default=30, help_text="Seconds between SIGTERM and SIGKILL when a job of this class is preempted."
+    )
+    description = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-value"]
+        verbose_name_plural = "priority classes"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.value})"
+
+
+class Quota(models.Model):
+    """A team's guaranteed share and borrowing limit, for all GPUs or for one GPU model.
+
+    Work within the guarantee runs freely; above it a team borrows idle capacity up to its limit, and borrowed
+    work may be reclaimed. Compute is counted in whole-GPU equivalents (0.25 = a quarter of one card).
+    """
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="quotas")
+    gpu_model = models.ForeignKey(
+        "scheduling.GpuModel",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        help_text="Leave empty for a quota over all GPU models.",
+    )
+    guaranteed_gpu_memory_mib = models.BigIntegerField(default=0, validators=[MinValueValidator(0)])
+    limit_gpu_memory_mib = models.BigIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(0)], help_text="Empty: may borrow without limit."
+    )
+    guaranteed_gpus = models.DecimalField(
+        max_digits=9, decimal_places=3, default=Decimal("0"), validators=[MinValueValidator(Decimal("0"))]
+    )
+    limit_gpus = models.DecimalField(
+        max_digits=9,
+        decimal_places=3,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0"))],
+        help_text="Empty: may borrow without limit.",
+    )
+    fair_share_weight = models.DecimalField(
+        max_digits=6, decimal_places=2, default=Decimal("1"), validators=[MinValueValidator(Decimal("0.01"))]
+    )
+    default_priority_class = models.ForeignKey(PriorityClass, null=True, blank=True, on_delete=models.PROTECT)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["team__slug"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "gpu_model"], name="quota_unique_team_model"),
+            # One all-models quota per team (NULL gpu_model rows are otherwise distinct).
+            models.UniqueConstraint(
+                fields=["team"], condition=Q(gpu_model__isnull=True), name="quota_unique_team_all_models"
+            ),
+            models.CheckConstraint(
+                condition=Q(guaranteed_gpu_memory_mib__gte=0),
+                name="quota_guaranteed_gpu_memory_mib_nonnegative",
+            ),
+            models.CheckConstraint(
+                condition=Q(guaranteed_gpus__gte=0), name="quota_guaranteed_gpus_nonnegative"
+            ),
+            models.CheckConstraint(
+                condition=Q(limit_gpu_memory_mib__isnull=True)
+                | Q(limit_gpu_memory_mib__gte=F("guaranteed_gpu_memory_mib")),
+                name="quota_limit_gpu_memory_mib_gte_guaranteed",
+            ),
+            models.CheckConstraint(
+                condition=Q(limit_gpus__isnull=True) | Q(limit_gpus__gte=F("guaranteed_gpus")),
+                name="quota_limit_gpus_gte_guaranteed",
+            ),
+            models.CheckConstraint(
+                condition=Q(fair_share_weight__gt=0), name="quota_fair_share_weight_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        scope = self.gpu_model.name if self.gpu_model_id else "all GPUs"
+        return f"{self.team} quota ({scope})"
+
+    def clean(self) -> None:
+        errors = {}
+        if (
+            self.limit_gpu_memory_mib is not None
+            and self.guaranteed_gpu_memory_mib is not None
+            and self.limit_gpu_memory_mib < self.guaranteed_gpu_memory_mib
+        ):
+            errors["limit_gpu_memory_mib"] = (
+                f"The limit ({self.limit_gpu_memory_mib} MiB) must be at least the guarantee "
+                f"({self.guaranteed_gpu_memory_mib} MiB)."
+            )
+        if (
+            self.limit_gpus is not None
+            and self.guaranteed_gpus is not None
+            and self.limit_gpus < self.guaranteed_gpus
+        ):
+            errors["limit_gpus"] = (
+                f"The limit ({self.limit_gpus} GPUs) must be at least the guarantee ({self.guaranteed_gpus} GPUs)."
+            )
+        if errors:
+            raise ValidationError(errors)
+
+
+class QuotaChange(models.Model):
+    """Append-only audit of every quota change: who, when, where from, and each field's old and new value."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="quota_changes")
+    quota = models.ForeignKey(Quota, null=True, blank=True, on_delete=models.SET_NULL, related_name="changes")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    source = models.CharField(max_length=20, choices=ChangeSource.choices, default=ChangeSource.ADMIN)
+    changed_at = models.DateTimeField(auto_now_add=True)
+    # {"field": {"old": ..., "new": ...}}; a created quota has old None, a deleted one new None.
+    changes = models.JSONField()
+    note = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["-changed_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.team} quota change at {self.changed_at:%Y-%m-%d %H:%M}"

@@ -1,0 +1,200 @@
+"""Admin site for the inventory and jobs: cordon/drain nodes, cancel/requeue jobs, read the audit trail."""
+
+from django.contrib import admin, messages
+from django.http import HttpRequest
+
+from scheduling import services
+from scheduling.choices import ActorKind, NodeState
+from scheduling.models import Gpu, GpuLink, GpuModel, Job, JobEvent, Node, Slice
+from scheduling.states import IllegalTransition
+
+
+class ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+@admin.register(GpuModel)
+class GpuModelAdmin(admin.ModelAdmin):
+    list_display = ("name", "memory_mib", "compute_capability", "relative_speed", "sharing_modes")
+    search_fields = ("name",)
+
+
+class GpuInline(admin.TabularInline):
+    model = Gpu
+    extra = 0
+    fields = (
+        "index",
+        "uuid",
+        "model",
+        "memory_mib",
+        "numa_node",
+        "sharing_mode",
+        "health",
+        "allocated_memory_mib",
+        "allocated_compute_pct",
+    )
+    readonly_fields = ("allocated_memory_mib", "allocated_compute_pct")
+
+
+def _set_state(modeladmin, request, queryset, state: str, verb: str) -> None:
+    for node in queryset:
+        services.node_set_state(
+            node=node, state=state, actor=request.user, reason=f"{verb} in the admin site"
+        )
+    modeladmin.message_user(request, f"{verb} {queryset.count()} node(s).", messages.SUCCESS)
+
+
+@admin.action(description="Cordon: place no new work")
+def cordon(modeladmin, request, queryset):
+    _set_state(modeladmin, request, queryset, NodeState.CORDONED, "Cordoned")
+
+
+@admin.action(description="Drain: no new work, let running jobs finish")
+def drain(modeladmin, request, queryset):
+    _set_state(modeladmin, request, queryset, NodeState.DRAINING, "Draining")
+
+
+@admin.action(description="Uncordon: ready for work")
+def uncordon(modeladmin, request, queryset):
+    _set_state(modeladmin, request, queryset, NodeState.READY, "Uncordoned")
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ("name", "state", "gpu_count", "cpu_milli", "memory_mib", "last_heartbeat_at")
+    list_filter = ("state", "gpus__model")
+    search_fields = ("name", "gpus__uuid")
+    readonly_fields = (
+        "agent_token_hash",
+        "agent_token_prefix",
+        "last_heartbeat_at",
+        "allocated_cpu_milli",
+        "allocated_memory_mib",
+    )
+    inlines = (GpuInline,)
+    actions = (cordon, drain, uncordon)
+
+    @admin.display(description="GPUs")
+    def gpu_count(self, obj: Node) -> int:
+        return obj.gpus.count()
+
+
+@admin.register(Gpu)
+class GpuAdmin(admin.ModelAdmin):
+    list_display = (
+        "__str__",
+        "uuid",
+        "model",
+        "sharing_mode",
+        "health",
+        "memory_mib",
+        "allocated_memory_mib",
+        "allocated_compute_pct",
+    )
+    list_filter = ("model", "sharing_mode", "health", "node__state")
+    search_fields = ("uuid", "node__name")
+    readonly_fields = ("allocated_memory_mib", "allocated_compute_pct")
+
+
+@admin.register(GpuLink)
+class GpuLinkAdmin(admin.ModelAdmin):
+    list_display = ("gpu_a", "gpu_b", "kind", "nvlink_count")
+    list_filter = ("kind",)
+    search_fields = ("gpu_a__node__name",)
+
+
+class SliceInline(ReadOnlyInline):
+    model = Slice
+    fields = ("gpu", "memory_mib", "compute_pct", "created_at")
+    readonly_fields = fields
+
+
+class JobEventInline(ReadOnlyInline):
+    model = JobEvent
+    fields = ("at", "from_state", "to_state", "actor_kind", "actor", "code", "message")
+    readonly_fields = fields
+
+
+@admin.action(description="Cancel the selected jobs")
+def cancel_jobs(modeladmin, request, queryset):
+    done = 0
+    for job in queryset:
+        try:
+            services.job_cancel(job=job, actor=request.user, actor_kind=ActorKind.ADMIN)
+            done += 1
+        except IllegalTransition as exc:
+            modeladmin.message_user(request, str(exc), messages.WARNING)
+    modeladmin.message_user(request, f"Cancelled {done} job(s).", messages.SUCCESS)
+
+
+@admin.action(description="Requeue the selected jobs (keeps their submit time)")
+def requeue_jobs(modeladmin, request, queryset):
+    done = 0
+    for job in queryset:
+        try:
+            services.job_requeue(job=job, actor=request.user, reason="Requeued in the admin site.")
+            done += 1
+        except IllegalTransition as exc:
+            modeladmin.message_user(request, str(exc), messages.WARNING)
+    modeladmin.message_user(request, f"Requeued {done} job(s).", messages.SUCCESS)
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = (
+        "id",
+        "name",
+        "team",
+        "submitter",
+        "state",
+        "priority_class",
+        "gpus",
+        "gpu_memory_mib",
+        "compute_pct",
+        "submitted_at",
+        "pending_reason_code",
+    )
+    list_filter = ("state", "team", "priority_class", "topology", "borrowed")
+    search_fields = ("name", "command", "submitter__username", "team__slug")
+    date_hierarchy = "submitted_at"
+    readonly_fields = (
+        "state",
+        "submitted_at",
+        "placed_at",
+        "started_at",
+        "finished_at",
+        "exit_code",
+        "attempt",
+        "borrowed",
+        "pending_reason_code",
+        "pending_reason",
+        "queue_position",
+        "estimated_start_at",
+    )
+    inlines = (SliceInline, JobEventInline)
+    actions = (cancel_jobs, requeue_jobs)
+
+
+@admin.register(JobEvent)
+class JobEventAdmin(admin.ModelAdmin):
+    """The audit trail is append-only: readable, never editable."""
+
+    list_display = ("at", "job", "from_state", "to_state", "actor_kind", "actor", "code")
+    list_filter = ("to_state", "actor_kind", "code")
+    search_fields = ("job__name", "message", "actor__username")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

@@ -1,0 +1,386 @@
+"""Writes for the inventory and jobs: submit, transitions, slices, node state and agent tokens.
+
+Every job state change goes through `job_transition`, which checks the state machine and appends a JobEvent.
+Slices change the GPU ledger with `allocated = allocated + x` guarded in the same UPDATE, so two writers racing
+for one card cannot both win; the CHECK constraints on Gpu are the last guard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from quotas.models import Membership, PriorityClass, Team
+from quotas.selectors import priority_class_default_for_team
+from scheduling import events
+from scheduling.choices import ActorKind, GpuHealth, JobState, NodeState, SharingMode, Topology
+from scheduling.models import Gpu, GpuModel, Job, JobEvent, Node, Slice
+from scheduling.states import ACTIVE_STATES, TERMINAL_STATES, check_transition
+
+MAX_GPUS_PER_JOB_NODE = 64
+MAX_GANG_NODES = 256
+
+
+class ServiceError(Exception):
+    """A refused write. `field` names the input at fault, for API errors and forms."""
+
+    def __init__(self, message: str, *, field: str | None = None, code: str = "invalid"):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.code = code
+
+
+class SliceDoesNotFit(ServiceError):
+    pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """A validated-shape job request, in the model's units (MiB, percent of one GPU, millicores, seconds)."""
+
+    name: str
+    command: str
+    env: dict[str, str] = field(default_factory=dict)
+    gpus: int = 0
+    gpu_memory_mib: int = 0
+    compute_pct: int = 0
+    gpu_models: tuple[str, ...] = ()
+    min_gpu_memory_mib: int = 0
+    min_compute_capability: Decimal = Decimal("0")
+    topology: str = Topology.NONE
+    nodes: int = 1
+    cpu_milli: int = 1000
+    memory_mib: int = 4096
+    priority: str | None = None
+    preemptible: bool | None = None
+    max_runtime_s: int | None = None
+    requeue_on_node_loss: bool = True
+
+
+def _refuse(message: str, field_name: str) -> None:
+    raise ServiceError(message, field=field_name)
+
+
+def job_spec_validate(*, spec: JobSpec) -> None:
+    """Refuse a spec that can never run on this cluster, naming the field and the limit."""
+    for name in ("gpus", "gpu_memory_mib", "compute_pct", "min_gpu_memory_mib", "cpu_milli", "memory_mib"):
+        if getattr(spec, name) < 0:
+            _refuse(f"{name} must not be negative (got {getattr(spec, name)}).", name)
+    if not spec.name.strip():
+        _refuse("name must not be empty.", "name")
+    if not spec.command.strip():
+        _refuse("command must not be empty.", "command")
+    if spec.nodes < 1 or spec.nodes > MAX_GANG_NODES:
+        _refuse(f"nodes must be between 1 and {MAX_GANG_NODES} (got {spec.nodes}).", "nodes")
+    if spec.gpus > MAX_GPUS_PER_JOB_NODE:
+        _refuse(f"gpus must be at most {MAX_GPUS_PER_JOB_NODE} per node (got {spec.gpus}).", "gpus")
+    if spec.compute_pct > 100:
+        _refuse(f"compute_pct is a share of one GPU: at most 100 (got {spec.compute_pct}).", "compute_pct")
+    is_slice = spec.gpu_memory_mib > 0 or spec.compute_pct > 0
+    if spec.gpus and is_slice:
+        _refuse("Ask for whole GPUs (gpus) or one slice (gpu_memory / compute_pct), not both.", "gpus")
+    if spec.nodes > 1 and spec.gpus == 0:
+        _refuse("A multi-node (gang) job needs whole GPUs on each node: set gpus.", "nodes")
+    if spec.topology not in Topology.values:
+        _refuse(f"topology must be one of {', '.join(Topology.values)} (got {spec.topology!r}).", "topology")
+    if spec.max_runtime_s is not None and spec.max_runtime_s <= 0:
+        _refuse(f"max_runtime must be positive (got {spec.max_runtime_s} s).", "max_runtime")
+
+    models = {m.name: m for m in GpuModel.objects.all()}
+    unknown = [name for name in spec.gpu_models if name not in models]
+    if unknown:
+        known = ", ".join(sorted(models)) or "none registered"
+        _refuse(f"Unknown GPU model {', '.join(unknown)}; known models: {known}.", "gpu_models")
+    allowed = [models[name] for name in spec.gpu_models] if spec.gpu_models else list(models.values())
+    allowed = [m for m in allowed if m.memory_mib >= spec.min_gpu_memory_mib]
+    allowed = [m for m in allowed if m.compute_capability >= spec.min_compute_capability]
+    if not allowed:
+        _refuse(
+            "No GPU model meets gpu_models, min_gpu_memory and min_compute_capability together.", "gpu_models"
+        )
+    if spec.gpu_memory_mib:
+        largest = max(m.memory_mib for m in allowed)
+        if spec.gpu_memory_mib > largest:
+            _refuse(
+                f"gpu_memory {spec.gpu_memory_mib} MiB is more than the largest allowed GPU has ({largest} MiB).",
+                "gpu_memory",
+            )
+    if spec.gpus:
+        per_node = _largest_gpu_group(allowed_models={m.id for m in allowed}, topology=spec.topology)
+        if spec.gpus > per_node:
+            what = {"nvlink": "NVLink-connected ", "numa": "same-NUMA "}.get(spec.topology, "")
+            _refuse(
+                f"{spec.gpus} {what}GPUs on one node can never be had: the most on any node is {per_node}.",
+                "gpus",
+            )
+        nodes_with_enough = _nodes_with_at_least(allowed_models={m.id for m in allowed}, gpus=spec.gpus)
+        if spec.nodes > nodes_with_enough:
+            _refuse(
+                f"A gang of {spec.nodes} nodes x {spec.gpus} GPUs needs {spec.nodes} such nodes; "
+                f"the cluster has {nodes_with_enough}.",
+                "nodes",
+            )
+
+
+def _largest_gpu_group(*, allowed_models: set[int], topology: str) -> int:
+    """The largest number of GPUs of allowed models that one node could give at once for this topology."""
+    from scheduling.selectors import nvlink_cliques_for_node  # local: selectors import services' errors
+
+    best = 0
+    for node in Node.objects.prefetch_related("gpus"):
+        gpus = [g for g in node.gpus.all() if g.model_id in allowed_models and g.health != GpuHealth.FAILED]
+        if topology == Topology.NUMA:
+            by_numa: dict[int, int] = {}
+            for g in gpus:
+                by_numa[g.numa_node] = by_numa.get(g.numa_node, 0) + 1
+            size = max(by_numa.values(), default=0)
+        elif topology == Topology.NVLINK:
+            size = max((len(c) for c in nvlink_cliques_for_node(node=node, gpus=gpus)), default=0)
+        else:
+            size = len(gpus)
+        best = max(best, size)
+    return best
+
+
+def _nodes_with_at_least(*, allowed_models: set[int], gpus: int) -> int:
+    count = 0
+    for node in Node.objects.prefetch_related("gpus"):
+        if sum(1 for g in node.gpus.all() if g.model_id in allowed_models) >= gpus:
+            count += 1
+    return count
+
+
+@transaction.atomic
+def job_submit(*, submitter: AbstractBaseUser, team: Team, spec: JobSpec) -> Job:
+    """Accept a job into the queue. A job within the cluster but over quota is accepted and waits."""
+    if not submitter.is_staff and not Membership.objects.filter(user=submitter, team=team).exists():
+        raise ServiceError(f"You are not a member of team {team.slug}.", field="team", code="not_member")
+    job_spec_validate(spec=spec)
+    if spec.priority:
+        priority_class = PriorityClass.objects.filter(name=spec.priority).first()
+        if priority_class is None:
+            names = ", ".join(PriorityClass.objects.values_list("name", flat=True))
+            raise ServiceError(f"Unknown priority {spec.priority!r}; known: {names}.", field="priority")
+    else:
+        priority_class = priority_class_default_for_team(team=team)
+        if priority_class is None:
+            raise ServiceError("No priority class exists; an admin must create one.", field="priority")
+    preemptible = priority_class.preemptible if spec.preemptible is None else spec.preemptible
+    if preemptible and not priority_class.preemptible:
+        preemptible = False  # a class that is never preempted makes all its jobs non-preemptible
+    job = Job.objects.create(
+        team=team,
+        submitter=submitter,
+        name=spec.name,
+        command=spec.command,
+        env=dict(spec.env),
+        gpus=spec.gpus,
+        gpu_memory_mib=spec.gpu_memory_mib,
+        compute_pct=spec.compute_pct,
+        gpu_models=list(spec.gpu_models),
+        min_gpu_memory_mib=spec.min_gpu_memory_mib,
+        min_compute_capability=spec.min_compute_capability,
+        topology=spec.topology,
+        nodes=spec.nodes,
+        cpu_milli=spec.cpu_milli,
+        memory_mib=spec.memory_mib,
+        priority_class=priority_class,
+        preemptible=preemptible,
+        max_runtime_s=spec.max_runtime_s,
+        requeue_on_node_loss=spec.requeue_on_node_loss,
+        pending_reason_code="queued",
+        pending_reason="Waiting for the next scheduling cycle.",
+    )
+    JobEvent.objects.create(
+        job=job,
+        from_state="",
+        to_state=JobState.PENDING,
+        actor_kind=ActorKind.USER,
+        actor=submitter,
+        code="submitted",
+        message=f"Submitted by {submitter} to {team.slug}.",
+    )
+    events.job_changed(job_id=job.id, team_id=team.id, state=job.state, code="submitted")
+    return job
+
+
+def job_transition(
+    *,
+    job: Job,
+    to_state: str,
+    actor_kind: str,
+    actor: AbstractBaseUser | None = None,
+    code: str = "",
+    message: str = "",
+    data: dict[str, Any] | None = None,
+) -> Job:
+    """Move a job along a legal transition and record it. Raises IllegalTransition otherwise."""
+    from_state = job.state
+    check_transition(job_id=job.pk, from_state=from_state, to_state=to_state)
+    now = timezone.now()
+    job.state = to_state
+    update = ["state"]
+    if to_state == JobState.PLACED:
+        job.placed_at, job.attempt = now, job.attempt + 1
+        job.pending_reason_code, job.pending_reason, job.queue_position, job.estimated_start_at = (
+            "",
+            "",
+            None,
+            None,
+        )
+        update += [
+            "placed_at",
+            "attempt",
+            "pending_reason_code",
+            "pending_reason",
+            "queue_position",
+            "estimated_start_at",
+        ]
+    elif to_state == JobState.RUNNING:
+        job.started_at = now
+        update.append("started_at")
+    elif to_state in TERMINAL_STATES:
+        job.finished_at = now
+        job.queue_position = None
+        update += ["finished_at", "queue_position"]
+    elif to_state == JobState.PENDING:
+        job.pending_reason_code, job.pending_reason = code or "requeued", message or "Back in the queue."
+        job.placed_at = job.started_at = None
+        job.borrowed = False
+        update += ["pending_reason_code", "pending_reason", "placed_at", "started_at", "borrowed"]
+    job.save(update_fields=update)
+    JobEvent.objects.create(
+        job=job,
+        from_state=from_state,
+        to_state=to_state,
+        actor_kind=actor_kind,
+        actor=actor,
+        code=code,
+        message=message,
+        data=data or {},
+    )
+    if from_state in ACTIVE_STATES and to_state not in ACTIVE_STATES:
+        job_release_slices(job=job)
+    events.job_changed(job_id=job.pk, team_id=job.team_id, state=to_state, code=code, message=message)
+    return job
+
+
+def slice_allocate(*, job: Job, gpu: Gpu, memory_mib: int, compute_pct: int) -> Slice:
+    """Take part of one GPU for a job, or refuse cleanly if it no longer fits.
+
+    The check and the increment are one UPDATE, so concurrent allocations of the same card serialise in the
+    database: exactly one of two racing writers wins the last free memory.
+    """
+    if memory_mib < 0 or compute_pct < 0:
+        raise SliceDoesNotFit("A slice cannot be negative.", field="memory_mib")
+    if gpu.sharing_mode == SharingMode.EXCLUSIVE and (memory_mib, compute_pct) != (gpu.memory_mib, 100):
+        raise SliceDoesNotFit(f"{gpu} is exclusive: only whole-GPU jobs may use it.", field="gpu")
+    with transaction.atomic():
+        updated = Gpu.objects.filter(
+            pk=gpu.pk,
+            allocated_memory_mib__lte=F("memory_mib") - memory_mib,
+            allocated_compute_pct__lte=F("compute_capacity_pct") - compute_pct,
+        ).update(
+            allocated_memory_mib=F("allocated_memory_mib") + memory_mib,
+            allocated_compute_pct=F("allocated_compute_pct") + compute_pct,
+        )
+        if not updated:
+            gpu.refresh_from_db(fields=["allocated_memory_mib", "allocated_compute_pct"])
+            raise SliceDoesNotFit(
+                f"{gpu} has {gpu.free_memory_mib} MiB and {gpu.free_compute_pct}% compute free; "
+                f"the slice needs {memory_mib} MiB and {compute_pct}%.",
+                field="memory_mib" if memory_mib > gpu.free_memory_mib else "compute_pct",
+                code="does_not_fit",
+            )
+        return Slice.objects.create(job=job, gpu=gpu, memory_mib=memory_mib, compute_pct=compute_pct)
+
+
+def job_release_slices(*, job: Job) -> int:
+    """Give back every slice the job holds; returns how many were released."""
+    released = 0
+    for sl in Slice.objects.select_for_update().filter(job=job).order_by("gpu_id"):
+        Gpu.objects.filter(pk=sl.gpu_id).update(
+            allocated_memory_mib=F("allocated_memory_mib") - sl.memory_mib,
+            allocated_compute_pct=F("allocated_compute_pct") - sl.compute_pct,
+        )
+        sl.delete()
+        released += 1
+    return released
+
+
+@transaction.atomic
+def job_cancel(*, job: Job, actor: AbstractBaseUser | None, actor_kind: str = ActorKind.USER) -> Job:
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    return job_transition(
+        job=job,
+        to_state=JobState.CANCELLED,
+        actor_kind=actor_kind,
+        actor=actor,
+        code="cancelled",
+        message=f"Cancelled by {actor or actor_kind}.",
+    )
+
+
+@transaction.atomic
+def job_requeue(
+    *, job: Job, actor: AbstractBaseUser | None, actor_kind: str = ActorKind.ADMIN, reason: str = ""
+) -> Job:
+    """Send a job back to the queue, keeping its submit time. Active jobs pass through preempted."""
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    if job.state in ACTIVE_STATES:
+        job_transition(
+            job=job,
+            to_state=JobState.PREEMPTED,
+            actor_kind=actor_kind,
+            actor=actor,
+            code="requeued",
+            message=reason or "Requeued by an admin.",
+        )
+    return job_transition(
+        job=job,
+        to_state=JobState.PENDING,
+        actor_kind=actor_kind,
+        actor=actor,
+        code="requeued",
+        message=reason or "Requeued by an admin.",
+    )
+
+
+def _hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def node_issue_token(*, node: Node) -> str:
+    """Give the node a new agent token (rotation); only its hash is kept. Returns the token, shown once."""
+    token = f"tna_{secrets.token_urlsafe(32)}"
+    node.agent_token_hash = _hash_token(token)
+    node.agent_token_prefix = token[:12]
+    node.save(update_fields=["agent_token_hash", "agent_token_prefix"])
+    return token
+
+
+def node_authenticate(*, token: str) -> Node | None:
+    """The node this agent token belongs to, or None. A token is good for its own node only."""
+    if not token:
+        return None
+    return Node.objects.filter(agent_token_hash=_hash_token(token)).first()
+
+
+@transaction.atomic
+def node_set_state(*, node: Node, state: str, actor: AbstractBaseUser | None, reason: str = "") -> Node:
+    """Cordon (no new work), drain (no new work; running jobs finish), uncordon, or mark lost."""
+    if state not in NodeState.values:
+        raise ServiceError(f"Unknown node state {state!r}.", field="state")
+    node.state = state
+    node.save(update_fields=["state"])
+    events.publish_after_commit("cluster", {"type": "node.changed", "node": node.name, "state": state})
+    return node

@@ -1,0 +1,124 @@
+"""Shared fixtures: named people (alice trains, bob serves inference, carol is a team admin, admin is staff)
+and a small cluster built through the services, as the portal would build it."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+SHARED_DIR = __import__("pathlib").Path(__file__).resolve().parents[1].parent / "shared"
+
+
+@pytest.fixture
+def priority_classes(db):
+    from quotas.services import priority_classes_ensure_defaults
+
+    return {pc.name: pc for pc in priority_classes_ensure_defaults()}
+
+
+@pytest.fixture
+def teams(db, priority_classes):
+    from quotas.models import Quota
+    from quotas.services import quota_save, team_create
+
+    org = team_create(slug="ai-lab", display_name="AI Lab")
+    training = team_create(slug="ai-lab/training", display_name="Training", parent=org)
+    inference = team_create(slug="ai-lab/inference", display_name="Inference", parent=org)
+    quota_save(
+        quota=Quota(
+            team=training,
+            guaranteed_gpu_memory_mib=320 * 1024,
+            limit_gpu_memory_mib=640 * 1024,
+            guaranteed_gpus=Decimal(4),
+            limit_gpus=Decimal(8),
+            default_priority_class=priority_classes["training"],
+        ),
+        actor=None,
+    )
+    quota_save(
+        quota=Quota(
+            team=inference,
+            guaranteed_gpu_memory_mib=64 * 1024,
+            limit_gpu_memory_mib=128 * 1024,
+            guaranteed_gpus=Decimal(1),
+            limit_gpus=Decimal(2),
+            default_priority_class=priority_classes["inference"],
+        ),
+        actor=None,
+    )
+    return {"training": training, "inference": inference}
+
+
+def _user(django_user_model, username: str, **extra):
+    return django_user_model.objects.create_user(username=username, password=f"{username}-pw", **extra)
+
+
+@pytest.fixture
+def admin_user(django_user_model):
+    return _user(django_user_model, "admin", is_staff=True, is_superuser=True)
+
+
+@pytest.fixture
+def alice(django_user_model, teams):
+    from quotas.services import membership_set
+
+    user = _user(django_user_model, "alice")
+    membership_set(user=user, team=teams["training"])
+    return user
+
+
+@pytest.fixture
+def bob(django_user_model, teams):
+    from quotas.services import membership_set
+
+    user = _user(django_user_model, "bob")
+    membership_set(user=user, team=teams["inference"])
+    return user
+
+
+@pytest.fixture
+def carol(django_user_model, teams):
+    from quotas.choices import Role
+    from quotas.services import membership_set
+
+    user = _user(django_user_model, "carol")
+    membership_set(user=user, team=teams["training"], role=Role.TEAM_ADMIN)
+    return user
+
+
+@pytest.fixture
+def a100(db):
+    from scheduling.models import GpuModel
+
+    return GpuModel.objects.create(
+        name="A100-80GB",
+        memory_mib=81920,
+        compute_capability=Decimal("8.0"),
+        sharing_modes=["exclusive", "mps"],
+    )
+
+
+@pytest.fixture
+def node(db, a100):
+    """One node with 8 A100s: GPUs 0-5 exclusive, 6-7 MPS, all NVLink-connected."""
+    from scheduling.choices import LinkKind, SharingMode
+    from scheduling.models import Gpu, GpuLink, Node
+
+    node = Node.objects.create(name="a100-01", cpu_milli=128_000, memory_mib=1024 * 1024)
+    gpus = [
+        Gpu.objects.create(
+            node=node,
+            index=i,
+            uuid=f"GPU-test-{i}",
+            model=a100,
+            memory_mib=81920,
+            numa_node=i // 4,
+            sharing_mode=SharingMode.MPS if i >= 6 else SharingMode.EXCLUSIVE,
+        )
+        for i in range(8)
+    ]
+    for i, a in enumerate(gpus):
+        for b in gpus[i + 1 :]:
+            GpuLink.objects.create(gpu_a=a, gpu_b=b, kind=LinkKind.NVLINK, nvlink_count=12)
+    return node

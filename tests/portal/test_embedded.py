@@ -1,0 +1,131 @@
+"""The embedded default: no DATABASE_URL or REDIS_URL means SQLite, an in-memory channel layer, eager tasks."""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _embedded_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL"}}
+    env.update(TESSERA_VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="portal.settings", **extra)
+    return env
+
+
+def _settings(env: dict[str, str]) -> dict[str, str]:
+    code = (
+        "from django.conf import settings as s;"
+        "print(s.DATABASES['default']['ENGINE']); print(s.CHANNEL_LAYERS['default']['BACKEND']);"
+        "print(s.CELERY_TASK_ALWAYS_EAGER); print(s.SECRET_KEY)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    engine, layer, eager, key = out.stdout.split("\n")[:4]
+    return {"engine": engine, "layer": layer, "eager": eager, "key": key}
+
+
+def test_with_no_configuration_it_runs_embedded(tmp_path):
+    found = _settings(_embedded_env(tmp_path))
+    assert found["engine"] == "django.db.backends.sqlite3"
+    assert found["layer"] == "channels.layers.InMemoryChannelLayer"
+    assert found["eager"] == "True"
+
+
+def test_database_and_redis_urls_switch_to_postgres_and_redis(tmp_path):
+    found = _settings(
+        _embedded_env(
+            tmp_path, DATABASE_URL="postgres://u@127.0.0.1:5432/x", REDIS_URL="redis://127.0.0.1:6379/3"
+        )
+    )
+    assert found["engine"] == "django.db.backends.postgresql"
+    assert found["layer"] == "channels_redis.core.RedisChannelLayer"
+    assert found["eager"] == "False"
+
+
+def test_a_secret_may_come_from_a_file(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("from-a-file-" + "x" * 50)
+    assert _settings(_embedded_env(tmp_path, SECRET_KEY_FILE=str(secret)))["key"] == secret.read_text()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def embedded_server(tmp_path):
+    env = _embedded_env(tmp_path, DEBUG="1")
+    manage = [sys.executable, "manage.py"]
+    subprocess.run([*manage, "migrate", "--noinput", "-v0"], env=env, cwd=ROOT, check=True)
+    loaded = subprocess.run(
+        [*manage, "load_demo"], env=env, cwd=ROOT, check=True, capture_output=True, text=True
+    )
+    port = _free_port()
+    server = subprocess.Popen(
+        [*manage, "runserver", f"127.0.0.1:{port}", "--noreload"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                requests.get(f"{base}/healthz", timeout=1)
+                break
+            except requests.ConnectionError:
+                time.sleep(0.2)
+        yield base, loaded.stdout
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_the_demo_serves_the_portal_and_the_admin_with_no_services(embedded_server):
+    base, logins = embedded_server
+    assert "admin  / tessera-admin" in logins
+    home = requests.get(f"{base}/", timeout=5)
+    assert home.status_code == 200 and "a100-01" in home.text
+    session = requests.Session()
+    login_page = session.get(f"{base}/admin/login/", timeout=5)
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', login_page.text).group(1)
+    response = session.post(
+        f"{base}/admin/login/?next=/admin/",
+        data={
+            "csrfmiddlewaretoken": token,
+            "username": "admin",
+            "password": "tessera-admin",
+            "next": "/admin/",
+        },
+        headers={"Referer": f"{base}/admin/login/"},
+        timeout=5,
+    )
+    assert response.status_code == 200 and "Site administration" in response.text
+    assert session.get(f"{base}/static/admin/css/base.css", timeout=5).status_code == 200
+
+
+@pytest.mark.django_db
+def test_loading_the_demo_twice_keeps_one_copy():
+    from scheduling.demo import load_demo
+    from scheduling.models import Gpu, Job, Node
+    from scheduling.selectors import overcommitted_gpus
+
+    load_demo()
+    counts = (Node.objects.count(), Gpu.objects.count(), Job.objects.count())
+    load_demo()
+    assert (Node.objects.count(), Gpu.objects.count(), Job.objects.count()) == counts
+    assert counts[0] == 6 and counts[1] == 44
+    assert set(Job.objects.values_list("state", flat=True)) >= {"succeeded", "failed", "running", "pending"}
+    assert not overcommitted_gpus().exists()
