@@ -1,0 +1,98 @@
+"""FGD: place where the typical workload loses the least usable GPU (Weng et al., ATC'23), scored as the paper's code does."""
+
+from __future__ import annotations
+
+import math
+
+from scheduling.engine.fragmentation import (
+    TaskClass,
+    Workload,
+    fragmentation_milli,
+    node_state_key,
+    take_gpus,
+    workload_from_requests,
+)
+from scheduling.engine.framework import CycleContext
+from scheduling.engine.types import WHOLE_GPU_MILLI, Gpu, Job, Node
+
+NAME = "fgd"
+
+# Scores are pure functions of (workload, task class, node state); a simulator asks the same questions thousands of
+# times, so answers are kept across cycles. Bounded: cleared when it grows past this many entries.
+_MAX_MEMO = 500_000
+_workloads: dict[int, tuple[object, Workload]] = {}
+_frag_memo: dict[tuple, float] = {}
+_score_memo: dict[tuple, tuple[int, ...]] = {}
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def workload_of(ctx: CycleContext) -> tuple[int, Workload]:
+    """The snapshot's typical workload as task classes, converted once per distinct workload object."""
+    pairs = ctx.snapshot.workload
+    key = id(pairs)
+    entry = _workloads.get(key)
+    if entry is None or entry[0] is not pairs:
+        if len(_workloads) > 64:
+            _workloads.clear()
+        entry = (pairs, workload_from_requests(pairs))
+        _workloads[key] = entry
+    return key, entry[1]
+
+
+def frag(wkey: int, workload: Workload, model: str, cpu_free: int, gpu_free: tuple[int, ...]) -> float:
+    key = (wkey, model, cpu_free, gpu_free)
+    value = _frag_memo.get(key)
+    if value is None:
+        if len(_frag_memo) > _MAX_MEMO:
+            _frag_memo.clear()
+        value = fragmentation_milli(cpu_free, gpu_free, model, workload)
+        _frag_memo[key] = value
+    return value
+
+
+def fgd_scores(ctx: CycleContext, job: Job, node: Node) -> tuple[int, ...]:
+    """Per-GPU integer scores for a slice (-1 where it does not fit), or a one-element tuple for anything else."""
+    wkey, workload = workload_of(ctx)
+    task_class = TaskClass.of_request(job.request)
+    model, cpu_free, gpu_free = node_state_key(node)
+    key = (wkey, task_class, model, cpu_free, gpu_free)
+    scores = _score_memo.get(key)
+    if scores is not None:
+        return scores
+    before = frag(wkey, workload, model, cpu_free, gpu_free)
+    cpu_after = cpu_free - task_class.cpu_milli
+    if task_class.num_gpu == 1 and task_class.gpu_milli < WHOLE_GPU_MILLI:
+        per_gpu = []
+        for index, free in enumerate(gpu_free):
+            if free < task_class.gpu_milli:
+                per_gpu.append(-1)
+                continue
+            after = frag(wkey, workload, model, cpu_after, take_gpus(gpu_free, task_class, index))
+            per_gpu.append(int(_sigmoid((before - after) / 1000.0) * 100))
+        scores = tuple(per_gpu)
+    else:
+        after = frag(wkey, workload, model, cpu_after, take_gpus(gpu_free, task_class))
+        scores = (int(_sigmoid((before - after) / 1000.0) * 100),)
+    if len(_score_memo) > _MAX_MEMO:
+        _score_memo.clear()
+    _score_memo[key] = scores
+    return scores
+
+
+class FgdScore:
+    """Node: the integer FGD score of the best GPU (slices) or of the placement (whole GPUs, CPU only).
+    GPU: the slice goes to the GPU with the best integer score; ties to the lowest index."""
+
+    NAME = NAME
+
+    def score_node(self, ctx: CycleContext, job: Job, node: Node) -> float:
+        return float(max(fgd_scores(ctx, job, node)))
+
+    def score_gpu(self, ctx: CycleContext, job: Job, node: Node, gpu: Gpu) -> float:
+        scores = fgd_scores(ctx, job, node)
+        own = scores[gpu.index] if job.request.is_slice else scores[0]
+        # The index term only breaks ties (scores are integers), towards the lowest index as the paper's code does.
+        return own - gpu.index / 1000.0
