@@ -123,7 +123,16 @@ class SimBackend:
         for gpu, limit_w in zip(self._gpus, self._power_limit_w, strict=True):
             on_gpu = [j for j in jobs if gpu.uuid in j.gpu_uuids]
             util = min(100.0, sum(j.util_pct for j in on_gpu))
-            procs = [ProcessUsage(pid=j.pid, used_mib=int(j.memory_mib.get(gpu.uuid, 0))) for j in on_gpu]
+            # A job that states no memory and has no slice holds half the card.
+            procs = [
+                ProcessUsage(
+                    pid=j.pid,
+                    used_mib=m
+                    if (m := int(j.memory_mib.get(gpu.uuid, 0))) >= 0
+                    else gpu.memory_total_mib // 2,
+                )
+                for j in on_gpu
+            ]
             used = min(gpu.memory_total_mib, sum(p.used_mib or 0 for p in procs))
             out.append(
                 GpuSample(

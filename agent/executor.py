@@ -1,0 +1,469 @@
+"""Runs jobs as process groups with their GPU environment; stops, times out, logs, and re-adopts them.
+
+Each placement (job id + attempt) gets a directory under <work_dir>/jobs/ holding its spec, its launch record
+(pid, pgid, start time, command line), the exit record the launcher writes, the agent's outcome, and the job's
+stdout/stderr. That directory is the agent's persisted state: a restarted agent re-adopts a placement whose
+process is still the one it launched (same pid, start time and command line) and never launches it twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent import procfs
+from agent.backends.base import JobUsageHint
+from agent.jobspec import JobSpec, safe_name
+from agent.mps import MpsController
+
+LAUNCHER = Path(__file__).resolve().parent / "launcher.py"
+# Variables of the agent that a job must never inherit.
+_SECRET_PREFIXES = ("TESSERA_AGENT_TOKEN",)
+_AGENT_SET = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_")
+
+RUNNING, STOPPING, FINISHED = "running", "stopping", "finished"
+
+
+class LaunchError(Exception):
+    pass
+
+
+@dataclass
+class JobHandle:
+    spec: JobSpec
+    dir: Path
+    state: str = RUNNING
+    pid: int | None = None
+    pgid: int | None = None
+    start_ticks: int | None = None
+    started_at: float | None = None  # unix seconds
+    adopted: bool = False
+    popen: subprocess.Popen | None = field(default=None, repr=False)
+    stop_reason: str | None = None  # not_desired | max_runtime | memory_slice_exceeded
+    stop_deadline: float | None = None  # monotonic
+    kill_sent: bool = False
+    outcome: str | None = None  # exited | stopped | killed | launch_failed | lost
+    exit_code: int | None = None
+    finished_at: float | None = None
+    detail: str = ""
+    reported: bool = False
+    mps: str | None = None
+
+    @property
+    def key(self) -> str:
+        return self.spec.key
+
+    @property
+    def active(self) -> bool:
+        return self.state in (RUNNING, STOPPING)
+
+    def summary(self) -> dict:
+        return {
+            "job_id": self.spec.job_id,
+            "attempt": self.spec.attempt,
+            "state": self.state,
+            "pid": self.pid,
+            "started_at": self.started_at,
+            "adopted": self.adopted,
+            "stop_reason": self.stop_reason,
+            "gpus": [g.uuid for g in self.spec.gpus],
+        }
+
+
+@dataclass(frozen=True)
+class Transition:
+    kind: str  # started | adopted | finished
+    handle: JobHandle
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class Executor:
+    def __init__(
+        self,
+        work_dir: str | Path,
+        *,
+        mps: MpsController | None = None,
+        python: str = sys.executable,
+        clock: Callable[[], float] = time.monotonic,
+        base_env: dict[str, str] | None = None,
+    ) -> None:
+        self.work_dir = Path(work_dir)
+        self.jobs_dir = self.work_dir / "jobs"
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.mps = mps
+        self.python = python
+        self.clock = clock
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self._jobs: dict[str, JobHandle] = {}
+        self._transitions: list[Transition] = []
+        self._load()
+
+    # -- queries --------------------------------------------------------------------------------------------
+    def handle(self, key: str) -> JobHandle | None:
+        return self._jobs.get(key)
+
+    def handles(self) -> list[JobHandle]:
+        return list(self._jobs.values())
+
+    def active(self) -> list[JobHandle]:
+        return [h for h in self._jobs.values() if h.active]
+
+    def drain_transitions(self) -> list[Transition]:
+        out, self._transitions = self._transitions, []
+        return out
+
+    def job_dir(self, spec: JobSpec) -> Path:
+        return self.jobs_dir / safe_name(spec.job_id) / str(spec.attempt)
+
+    # -- start ----------------------------------------------------------------------------------------------
+    def start(self, spec: JobSpec) -> JobHandle:
+        """Launch a placement once. Calling it again for the same job id and attempt returns the same handle."""
+        existing = self._jobs.get(spec.key)
+        if existing is not None:
+            return existing
+        d = self.job_dir(spec)
+        d.mkdir(parents=True, exist_ok=True)
+        _write_json(d / "spec.json", spec.to_dict())
+        handle = JobHandle(spec=spec, dir=d)
+        self._jobs[spec.key] = handle
+        try:
+            env = self._job_env(spec, handle)
+            command = (
+                list(spec.command) if isinstance(spec.command, tuple) else ["/bin/sh", "-c", spec.command]
+            )
+            argv = [self.python, str(LAUNCHER), "--exit-file", str(d / "exit.json"), "--", *command]
+            cwd = spec.cwd or str(d)
+            with open(d / "stdout.log", "ab") as out, open(d / "stderr.log", "ab") as err:
+                popen = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    env=env,
+                    cwd=cwd,
+                    start_new_session=True,  # its own session and process group: pgid == pid
+                    close_fds=True,
+                )
+        except (OSError, LaunchError) as exc:
+            self._finish(handle, outcome="launch_failed", exit_code=None, detail=str(exc))
+            return handle
+        handle.popen = popen
+        handle.pid = handle.pgid = popen.pid
+        stat = procfs.read_stat(popen.pid)
+        handle.start_ticks = stat.start_ticks if stat else None
+        handle.started_at = time.time()
+        _write_json(
+            d / "launch.json",
+            {
+                "pid": handle.pid,
+                "pgid": handle.pgid,
+                "start_ticks": handle.start_ticks,
+                "cmdline": argv,
+                "started_at": handle.started_at,
+                "mps": handle.mps,
+            },
+        )
+        self._transitions.append(Transition("started", handle))
+        return handle
+
+    def reject(self, spec: JobSpec, reason: str) -> JobHandle:
+        """Record a placement this node cannot run (as launch_failed) so it is reported once, never retried."""
+        existing = self._jobs.get(spec.key)
+        if existing is not None:
+            return existing
+        d = self.job_dir(spec)
+        d.mkdir(parents=True, exist_ok=True)
+        _write_json(d / "spec.json", spec.to_dict())
+        handle = JobHandle(spec=spec, dir=d)
+        self._jobs[spec.key] = handle
+        self._finish(handle, outcome="launch_failed", exit_code=None, detail=reason)
+        return handle
+
+    def _job_env(self, spec: JobSpec, handle: JobHandle) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in self.base_env.items()
+            if not k.startswith(_SECRET_PREFIXES) and not k.startswith(_AGENT_SET)
+        }
+        env.update({k: v for k, v in spec.env.items() if not k.startswith(_AGENT_SET)})
+        env["TESSERA_JOB_ID"] = spec.job_id
+        env["TESSERA_ATTEMPT"] = str(spec.attempt)
+        env["TESSERA_PLACEMENT"] = spec.key
+        # Selects (does not fence) the job's GPUs; UUIDs so a renumbered host cannot shift a job.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(g.uuid for g in spec.gpus)
+        if any(g.sharing == "mps" for g in spec.gpus):
+            status = self.mps.ensure_running() if self.mps is not None else None
+            handle.mps = status.message if status is not None else "no MPS controller configured"
+            pcts = [g.compute_pct for g in spec.gpus if g.sharing == "mps" and g.compute_pct is not None]
+            limits = [g.memory_mib if g.sharing == "mps" else None for g in spec.gpus]
+            client = (
+                self.mps.client_env(active_thread_pct=min(pcts) if pcts else None, memory_limits_mib=limits)
+                if self.mps is not None
+                else {}
+            )
+            env.update(client)
+        return env
+
+    # -- stop -----------------------------------------------------------------------------------------------
+    def stop(self, key: str, *, reason: str, grace_s: float | None = None) -> JobHandle | None:
+        """SIGTERM the job's process group now and SIGKILL it once grace_s has passed (see poll())."""
+        handle = self._jobs.get(key)
+        if handle is None or handle.state != RUNNING:
+            return handle
+        grace = handle.spec.grace_s if grace_s is None else grace_s
+        handle.state = STOPPING
+        handle.stop_reason = reason
+        handle.stop_deadline = self.clock() + max(0.0, grace)
+        self._signal_group(handle, signal.SIGKILL if grace <= 0 else signal.SIGTERM)
+        handle.kill_sent = grace <= 0
+        return handle
+
+    def _signal_group(self, handle: JobHandle, sig: int) -> None:
+        if handle.pgid is None:
+            return
+        try:
+            os.killpg(handle.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    # -- progress ---------------------------------------------------------------------------------------------
+    def poll(self) -> list[Transition]:
+        """Notice exits, escalate stops past their grace, enforce max runtimes. Returns new transitions."""
+        before = len(self._transitions)
+        now = self.clock()
+        for handle in self.active():
+            if self._exited(handle):
+                self._collect(handle)
+            elif handle.state == STOPPING and not handle.kill_sent and now >= (handle.stop_deadline or now):
+                self._signal_group(handle, signal.SIGKILL)
+                handle.kill_sent = True
+            elif (
+                handle.state == RUNNING
+                and handle.spec.max_runtime_s is not None
+                and handle.started_at is not None
+                and time.time() - handle.started_at >= handle.spec.max_runtime_s
+            ):
+                self.stop(handle.key, reason="max_runtime")
+        return self._transitions[before:]
+
+    def _exited(self, handle: JobHandle) -> bool:
+        if handle.popen is not None:
+            # WNOWAIT keeps the zombie, so its pid (our pgid) cannot be reused before the group is cleaned.
+            try:
+                return os.waitid(os.P_PID, handle.popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+            except ChildProcessError:
+                return True
+        return handle.pid is None or not procfs.is_same_process(handle.pid, handle.start_ticks)
+
+    def _collect(self, handle: JobHandle) -> None:
+        # The first process ended; anything it left behind in the group goes with it.
+        if handle.popen is not None:
+            self._signal_group(handle, signal.SIGKILL)
+            code = handle.popen.wait()
+        else:
+            if handle.pgid is not None and procfs.group_members(handle.pgid):
+                self._signal_group(handle, signal.SIGKILL)
+            code = None
+        record = _read_json(handle.dir / "exit.json")
+        if record is not None:
+            exit_code = int(record["exit_code"])
+        elif code is not None:
+            exit_code = code
+        else:
+            exit_code = -signal.SIGKILL if handle.kill_sent else None
+        if handle.stop_reason is None:
+            outcome = "exited" if exit_code is not None else "lost"
+        else:
+            outcome = "stopped" if handle.stop_reason == "not_desired" else "killed"
+        self._finish(handle, outcome=outcome, exit_code=exit_code, detail=handle.stop_reason or "")
+
+    def _finish(self, handle: JobHandle, *, outcome: str, exit_code: int | None, detail: str) -> None:
+        handle.state = FINISHED
+        handle.outcome = outcome
+        handle.exit_code = exit_code
+        handle.detail = detail
+        handle.finished_at = time.time()
+        handle.popen = None
+        _write_json(handle.dir / "outcome.json", self._outcome_record(handle))
+        self._transitions.append(Transition("finished", handle))
+
+    def _outcome_record(self, handle: JobHandle) -> dict:
+        return {
+            "outcome": handle.outcome,
+            "exit_code": handle.exit_code,
+            "detail": handle.detail,
+            "stop_reason": handle.stop_reason,
+            "finished_at": handle.finished_at,
+            "started_at": handle.started_at,
+            "pid": handle.pid,
+            "reported": handle.reported,
+        }
+
+    def mark_reported(self, key: str) -> None:
+        """The portal acknowledged the job's final status: it need not be sent again after a restart."""
+        handle = self._jobs.get(key)
+        if handle is not None and handle.state == FINISHED and not handle.reported:
+            handle.reported = True
+            _write_json(handle.dir / "outcome.json", self._outcome_record(handle))
+
+    def forget(self, key: str) -> None:
+        """Drop a reported, finished placement from memory (its directory and logs stay on disk)."""
+        handle = self._jobs.get(key)
+        if handle is not None and handle.state == FINISHED and handle.reported:
+            del self._jobs[key]
+
+    def wait(self, key: str, timeout_s: float, *, interval_s: float = 0.05) -> JobHandle | None:
+        """Poll until the placement finished or timeout_s passed (for the CLI and tests)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.poll()
+            handle = self._jobs.get(key)
+            if handle is None or handle.state == FINISHED:
+                return handle
+            time.sleep(interval_s)
+        return self._jobs.get(key)
+
+    # -- restart adoption ---------------------------------------------------------------------------------------
+    def _load(self) -> None:
+        for spec_file in sorted(self.jobs_dir.glob("*/*/spec.json")):
+            d = spec_file.parent
+            data = _read_json(spec_file)
+            if data is None:
+                continue
+            try:
+                spec = JobSpec.from_dict(data)
+            except (KeyError, TypeError, ValueError):
+                continue
+            handle = JobHandle(spec=spec, dir=d)
+            outcome = _read_json(d / "outcome.json")
+            launch = _read_json(d / "launch.json")
+            if outcome is not None:
+                handle.state = FINISHED
+                handle.outcome = outcome.get("outcome")
+                handle.exit_code = outcome.get("exit_code")
+                handle.detail = outcome.get("detail", "")
+                handle.stop_reason = outcome.get("stop_reason")
+                handle.finished_at = outcome.get("finished_at")
+                handle.started_at = outcome.get("started_at")
+                handle.pid = outcome.get("pid")
+                handle.reported = bool(outcome.get("reported"))
+                self._jobs[spec.key] = handle
+                continue
+            if launch is None:
+                launch = self._recover_launch(spec, d)
+                if launch is None:
+                    # Written down but never launched (the agent stopped in between): launch it afresh.
+                    if not (d / "exit.json").exists():
+                        spec_file.unlink()
+                        continue
+                    launch = {}
+            handle.pid = launch.get("pid")
+            handle.pgid = launch.get("pgid", handle.pid)
+            handle.start_ticks = launch.get("start_ticks")
+            handle.started_at = launch.get("started_at")
+            handle.mps = launch.get("mps")
+            handle.adopted = True
+            self._jobs[spec.key] = handle
+            alive = handle.pid is not None and procfs.is_same_process(handle.pid, handle.start_ticks)
+            if alive and launch.get("cmdline") not in (None, procfs.read_cmdline(handle.pid)):
+                alive = False  # the pid was reused by something else
+            if alive:
+                self._transitions.append(Transition("adopted", handle))
+            else:
+                self._collect(handle)
+
+    def _recover_launch(self, spec: JobSpec, d: Path) -> dict | None:
+        """The launch record is missing: find the launcher by the placement marker in its environment."""
+        for pid in procfs.find_by_env(f"TESSERA_PLACEMENT={spec.key}"):
+            st = procfs.read_stat(pid)
+            cmdline = procfs.read_cmdline(pid) or []
+            if st is not None and st.pid == st.pgrp and str(LAUNCHER) in cmdline:
+                launch = {
+                    "pid": pid,
+                    "pgid": pid,
+                    "start_ticks": st.start_ticks,
+                    "cmdline": cmdline,
+                    "started_at": time.time(),
+                }
+                _write_json(d / "launch.json", launch)
+                return launch
+        return None
+
+    # -- logs -------------------------------------------------------------------------------------------------
+    def log_path(self, key: str, stream: str) -> Path:
+        if stream not in ("stdout", "stderr"):
+            raise ValueError("stream must be stdout or stderr")
+        handle = self._jobs.get(key)
+        if handle is None:
+            job_id, _, attempt = key.rpartition(":")
+            return self.jobs_dir / safe_name(job_id) / attempt / f"{stream}.log"
+        return handle.dir / f"{stream}.log"
+
+    def read_log(
+        self, key: str, stream: str, *, offset: int = 0, limit_bytes: int = 1 << 20
+    ) -> tuple[bytes, int]:
+        """Bytes of a log from offset (at most limit_bytes) and the file's size, for paging through it."""
+        path = self.log_path(key, stream)
+        try:
+            with open(path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                fh.seek(max(0, offset))
+                return fh.read(max(0, limit_bytes)), size
+        except FileNotFoundError:
+            return b"", 0
+
+    def tail_log(self, key: str, stream: str, *, lines: int = 50, max_bytes: int = 256 * 1024) -> list[str]:
+        """The last `lines` lines of a log (reading at most max_bytes from its end)."""
+        path = self.log_path(key, stream)
+        try:
+            with open(path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                fh.seek(max(0, size - max_bytes))
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        text = data.decode(errors="replace").splitlines()
+        return text[-lines:] if lines > 0 else []
+
+    # -- for the simulated backend -------------------------------------------------------------------------------
+    def usage_hints(self) -> list[JobUsageHint]:
+        hints = []
+        for h in self.active():
+            if h.pid is None:
+                continue
+            util = h.spec.env.get("TESSERA_SIM_UTIL_PCT")
+            mem = h.spec.env.get("TESSERA_SIM_MEMORY_MIB")
+            shares = [g.compute_pct for g in h.spec.gpus if g.compute_pct is not None]
+            hints.append(
+                JobUsageHint(
+                    pid=h.pid,
+                    gpu_uuids=tuple(g.uuid for g in h.spec.gpus),
+                    util_pct=float(util) if util is not None else float(min(shares) if shares else 100),
+                    memory_mib={
+                        g.uuid: int(mem)
+                        if mem is not None
+                        else (g.memory_mib if g.memory_mib is not None else -1)
+                        for g in h.spec.gpus
+                    },
+                )
+            )
+        return hints
