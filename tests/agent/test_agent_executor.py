@@ -152,7 +152,7 @@ def test_a_restarted_executor_adopts_a_running_job_and_never_launches_it_twice(t
     job = spec("adopt", py("import time; print('ready', flush=True); time.sleep(60)"), grace_s=5)
     h1 = first.start(job)
     wait_for(lambda: first.tail_log(h1.key, "stdout") == ["ready"])
-    del first  # the agent restarts; its job keeps running
+    # The agent restarts (a new Executor on the same work dir); its job keeps running.
 
     second = Executor(tmp_path)
     h2 = second.handle(job.key)
