@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from scheduling.engine.types import _empty, Gpu, Job, Node, Snapshot, Status
+from scheduling.engine.types import Gpu, Job, Node, Snapshot, Status, _empty
 
 
 @dataclass(slots=True)

@@ -150,7 +150,9 @@ class Job:
     assignments: tuple[Assignment, ...] = ()
     start_time: float | None = None
     borrowed: bool = False
-    cpu_assignments: Mapping[str, tuple[int, int]] = field(default_factory=_empty)  # node -> (cpu_milli, memory_mib)
+    cpu_assignments: Mapping[str, tuple[int, int]] = field(
+        default_factory=_empty
+    )  # node -> (cpu_milli, memory_mib)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,800 @@
+"""One scheduling cycle: `run_cycle(snapshot, profile) -> Decisions`.
+
+A session over an immutable snapshot keeps a working copy of the nodes in a `NodeIndex`, runs the profile's actions
+in order (admit, allocate with reservations and backfill, reclaim, preempt) and returns what to do. Evictions are
+staged in a `Statement` that commits or rolls back whole. docs/engine.md walks through it step by step.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from scheduling.engine.accounting import min_charge, team_usage, usage_add, within_guarantee
+from scheduling.engine.framework import CycleContext, Profile
+from scheduling.engine.index import NEG_INF, NodeIndex
+from scheduling.engine.plugins import get_plugin
+from scheduling.engine.profiles import DEFAULT_PARAMS, check_profile
+from scheduling.engine.reasons import (
+    NO_FIT,
+    NOT_REACHED,
+    RESERVED,
+    WAITING_FOR_RESERVATION,
+    explain_cluster,
+)
+from scheduling.engine.resources import (
+    DEFAULT_TIMESLICE_FACTOR,
+    allocate_on_node,
+    charge_of,
+    choose_whole,
+    job_host_on,
+    node_fits,
+    release_on_node,
+    slice_fits_gpu,
+    whole_assignments,
+)
+from scheduling.engine.types import (
+    WHOLE_GPU_MILLI,
+    Assignment,
+    Decisions,
+    Eviction,
+    Job,
+    Node,
+    Pending,
+    Placement,
+    Request,
+    Reservation,
+    Snapshot,
+    Status,
+)
+
+_STATE_SLOTS = 16
+
+
+@dataclass
+class _Plugins:
+    queue: list[Any]
+    admit: list[Any]
+    cached_filters: list[Any]
+    live_filters: list[Any]
+    cached_scores: list[tuple[Any, float]]
+    live_scores: list[tuple[Any, float]]
+    gpu_scores: list[tuple[Any, float]]
+    topology_aware: bool
+
+
+def _cacheable(plugin: Any) -> bool:
+    return bool(getattr(plugin, "CACHEABLE", True))
+
+
+def _load(profile: Profile) -> _Plugins:
+    check_profile(profile)
+    filters = [get_plugin(n) for n in profile.filters if n != "fits"]
+    node_scores = [(get_plugin(n), float(w)) for n, w in profile.node_scores if w]
+    return _Plugins(
+        queue=[get_plugin(n) for n in profile.queue_order],
+        admit=[get_plugin(n) for n in profile.admit],
+        cached_filters=[f for f in filters if _cacheable(f)],
+        live_filters=[f for f in filters if not _cacheable(f)],
+        cached_scores=[(p, w) for p, w in node_scores if _cacheable(p)],
+        live_scores=[(p, w) for p, w in node_scores if not _cacheable(p)],
+        gpu_scores=[(get_plugin(n), float(w)) for n, w in profile.gpu_scores if w],
+        topology_aware=any(n == "topology" for n, _ in profile.gpu_scores),
+    )
+
+
+@dataclass
+class _EngineState:
+    """What outlives one cycle for a profile: the plugins and the node index with its memos."""
+
+    profile: Profile
+    plugins: _Plugins
+    index: NodeIndex | None = None
+    dirty: set[int] = field(default_factory=set)
+    workload: Any = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_STATES: OrderedDict[int, _EngineState] = OrderedDict()
+_STATES_LOCK = threading.Lock()
+
+
+def _state_for(profile: Profile) -> _EngineState:
+    with _STATES_LOCK:
+        state = _STATES.get(id(profile))
+        if state is not None and state.profile is profile:
+            _STATES.move_to_end(id(profile))
+            return state
+        state = _STATES[id(profile)] = _EngineState(profile=profile, plugins=_load(profile))
+        while len(_STATES) > _STATE_SLOTS:
+            _STATES.popitem(last=False)
+        return state
+
+
+def run_cycle(snapshot: Snapshot, profile: Profile) -> Decisions:
+    """Decide placements, evictions, reservations and pending reasons for one snapshot. Deterministic for the
+    same snapshot (and its seed) and profile; caches kept between calls never change the answer, only its cost."""
+    state = _state_for(profile)
+    with state.lock:
+        return _Cycle(state, snapshot).run()
+
+
+@dataclass(slots=True)
+class _Held:
+    """A reservation's hold on one node."""
+
+    job_id: str
+    start: float
+    assignments: tuple[Assignment, ...]
+    cpu_milli: int
+    memory_mib: int
+
+
+def _overlay(real: Node, holds: list[_Held]) -> Node:
+    """The node as other jobs see it: reserved cards (or slices) and host resources count as taken."""
+    if not holds:
+        return real
+    gpus = list(real.gpus)
+    pos = {g.index: i for i, g in enumerate(gpus)}
+    cpu = mem = 0
+    for h in holds:
+        cpu += h.cpu_milli
+        mem += h.memory_mib
+        for a in h.assignments:
+            i = pos[a.gpu_index]
+            g = gpus[i]
+            whole = a.compute_milli >= WHOLE_GPU_MILLI and a.memory_mib >= g.memory_mib
+            gpus[i] = replace(
+                g,
+                allocated_memory_mib=g.memory_mib
+                if whole
+                else min(g.memory_mib, g.allocated_memory_mib + a.memory_mib),
+                allocated_compute_milli=max(g.allocated_compute_milli, WHOLE_GPU_MILLI)
+                if whole
+                else g.allocated_compute_milli + a.compute_milli,
+                holders=g.holders + 1,
+            )
+    return replace(
+        real,
+        gpus=tuple(gpus),
+        allocated_cpu_milli=min(real.cpu_milli, real.allocated_cpu_milli + cpu),
+        allocated_memory_mib=min(real.memory_mib, real.allocated_memory_mib + mem),
+    )
+
+
+class _Statement:
+    """Staged changes (evictions and the evicting job's placement) that commit or roll back whole."""
+
+    def __init__(self, cycle: _Cycle):
+        self.cycle = cycle
+        self.saved: dict[int, tuple[Node, Node | None]] = {}
+        self.usage: list[tuple[str, int, int]] = []
+        self.evicted: list[tuple[Job, str]] = []
+        self.placement: Placement | None = None
+
+    def touch(self, pos: int) -> None:
+        if pos not in self.saved:
+            c = self.cycle
+            self.saved[pos] = (c.index.nodes[pos], c.real.get(pos))
+
+    def rollback(self) -> None:
+        c = self.cycle
+        for pos, (view, real) in self.saved.items():
+            if real is None:
+                c.real.pop(pos, None)
+            else:
+                c.real[pos] = real
+            c.index.set(pos, view, consumed_only=False)
+        for team, mem, comp in self.usage:
+            usage_add(c.ctx, team, -mem, -comp)
+        for job, _ in self.evicted:
+            c.evicted.discard(job.id)
+
+    def commit(self, preemptor: Job) -> None:
+        c = self.cycle
+        for job, code in self.evicted:
+            c.evictions.append(Eviction(job.id, preemptor.id, code, job.grace_s))
+        if self.placement is not None:
+            c.placements.append(self.placement)
+            c.placed_jobs.append(preemptor)
+
+
+class _Cycle:
+    def __init__(self, state: _EngineState, snapshot: Snapshot):
+        self.state = state
+        self.snap = snapshot
+        self.profile = state.profile
+        self.plugins = state.plugins
+        self.ctx = CycleContext(snapshot=snapshot, profile=self.profile, rng=random.Random(snapshot.seed))
+        self.factor = float(self.param("timeslice_oversubscription"))
+        self._sync_index()
+        self.index: NodeIndex = state.index  # type: ignore[assignment]
+        self.index.touched = set()
+        self.real: dict[int, Node] = {}  # positions under a reservation: the node without the overlay
+        self.holds: dict[int, list[_Held]] = {}
+        self.placements: list[Placement] = []
+        self.placed_jobs: list[Job] = []
+        self.evictions: list[Eviction] = []
+        self.reservations: list[Reservation] = []
+        self.status: dict[str, Status] = {}
+        self.blocked: set[str] = set()  # pending for lack of room (eviction may help)
+        self.est_start: dict[str, float] = {}
+        self.evicted: set[str] = set()
+        self._pos_of: dict[str, int] | None = None
+        self._by_pos: dict[int, list[Job]] | None = None
+
+    def param(self, name: str) -> Any:
+        return self.profile.params.get(name, DEFAULT_PARAMS.get(name))
+
+    def _sync_index(self) -> None:
+        state, snap = self.state, self.snap
+        if state.index is None:
+            state.index = NodeIndex(
+                snap.nodes, float(self.param("timeslice_oversubscription") or DEFAULT_TIMESLICE_FACTOR)
+            )
+        else:
+            if snap.workload is not state.workload and snap.workload != state.workload:
+                # Scorers may read the typical workload: their cached verdicts are void.
+                state.index.verdicts.clear()
+                state.index.memos.clear()
+            state.index.sync(snap.nodes, state.dirty)
+        state.workload = snap.workload
+        state.dirty = set()
+
+    # -- the cycle ----------------------------------------------------------------------------------------
+    def run(self) -> Decisions:
+        try:
+            queue = self._queue()
+            actions = self.profile.actions
+            if "admit" in actions:
+                self._admit(queue)
+            if "allocate" in actions:
+                self._allocate(queue, reserve="backfill" in actions)
+            if "reclaim" in actions:
+                self._post_filter(queue, mode="reclaim")
+            if "preempt" in actions:
+                self._post_filter(queue, mode="preempt")
+            pending = self._pending(queue)
+        finally:
+            # The next cycle re-reads these positions from its snapshot.
+            base, nodes = self.index.base, self.index.nodes
+            self.state.dirty = {p for p in self.index.touched if nodes[p] is not base[p]}
+            self.index.touched = set()
+        return Decisions(
+            placements=tuple(self.placements),
+            evictions=tuple(self.evictions),
+            pending=tuple(pending),
+            reservations=tuple(self.reservations),
+        )
+
+    def _queue(self) -> list[Job]:
+        jobs = list(self.snap.pending)
+        if len(jobs) <= 1:
+            return jobs
+        plugins = self.plugins.queue
+        ctx = self.ctx
+
+        def key(job: Job) -> tuple:
+            parts: list[Any] = []
+            for p in plugins:
+                parts.extend(p.sort_key(ctx, job))
+            parts.append(job.submit_time)
+            parts.append(job.id)
+            return tuple(parts)
+
+        jobs.sort(key=key)
+        return jobs
+
+    def _admit(self, queue: list[Job]) -> None:
+        for job in queue:
+            for plugin in self.plugins.admit:
+                status = plugin.admit(self.ctx, job)
+                if status is not None:
+                    self.status[job.id] = status
+                    break
+
+    # -- allocate, with reservations and backfill ------------------------------------------------------------
+    def _allocate(self, queue: list[Job], *, reserve: bool) -> None:
+        max_res = int(self.param("reservations_max") or 0) if reserve else 0
+        min_prio = self.param("reservation_min_priority")
+        for job in queue:
+            if job.id in self.status:
+                continue
+            if self._try_place(job):
+                continue
+            if job.id in self.status:  # refused by quota at its exact charge
+                continue
+            self.blocked.add(job.id)
+            if len(self.reservations) < max_res and (min_prio is None or job.priority >= min_prio):
+                self._reserve(job)
+
+    def _evaluator(self, job: Job) -> Callable[[int], tuple[bool, float]]:
+        req, nodes, ctx, factor = job.request, self.index.nodes, self.ctx, self.factor
+        filters, scores = self.plugins.cached_filters, self.plugins.cached_scores
+
+        def evaluate(pos: int) -> tuple[bool, float]:
+            node = nodes[pos]
+            if not node_fits(req, node, factor):
+                return False, 0.0
+            for f in filters:
+                if f.filter(ctx, job, node) is not None:
+                    return False, 0.0
+            return True, float(sum(w * p.score_node(ctx, job, node) for p, w in scores))
+
+        return evaluate
+
+    def _node_ok(self, job: Job, node: Node) -> bool:
+        if not node_fits(job.request, node, self.factor):
+            return False
+        ctx = self.ctx
+        return all(
+            f.filter(ctx, job, node) is None
+            for f in (*self.plugins.cached_filters, *self.plugins.live_filters)
+        )
+
+    def _node_score(self, job: Job, node: Node) -> float:
+        ctx = self.ctx
+        return float(
+            sum(
+                w * p.score_node(ctx, job, node)
+                for p, w in (*self.plugins.cached_scores, *self.plugins.live_scores)
+            )
+        )
+
+    def _feasible(self, job: Job) -> tuple[np.ndarray, np.ndarray]:
+        """(fits, score) per position in the view every job sees (reserved capacity counts as taken)."""
+        memo = self.index.memo(job.request, self._evaluator(job))
+        ok, score = memo.ok, memo.score
+        live_f, live_s = self.plugins.live_filters, self.plugins.live_scores
+        if live_f or live_s:
+            ok, score = ok.copy(), score.copy()
+            nodes, ctx = self.index.nodes, self.ctx
+            for pos in np.flatnonzero(ok).tolist():
+                node = nodes[pos]
+                if any(f.filter(ctx, job, node) is not None for f in live_f):
+                    ok[pos] = False
+                    continue
+                score[pos] += sum(w * p.score_node(ctx, job, node) for p, w in live_s)
+        return ok, score
+
+    def _backfill_views(self, job: Job) -> dict[int, tuple[float, Node]]:
+        """Reserved nodes as this job may use them: a reservation it would end before does not bind it."""
+        out: dict[int, tuple[float, Node]] = {}
+        if not self.holds or job.max_runtime_s is None:
+            return out
+        end = self.snap.now + job.max_runtime_s
+        for pos in sorted(self.holds):
+            holds = self.holds[pos]
+            binding = [h for h in holds if h.start < end]
+            if len(binding) == len(holds):
+                continue
+            node = _overlay(self.real[pos], binding)
+            if self._node_ok(job, node):
+                out[pos] = (self._node_score(job, node), node)
+        return out
+
+    def _choose(self, job: Job) -> list[tuple[int, Node]] | None:
+        """The nodes (best score first, ties to snapshot order) the job would take, with the view to plan on."""
+        ok, score = self._feasible(job)
+        extra = self._backfill_views(job)
+        nodes = self.index.nodes
+        want = job.request.nodes
+        if want <= 1:
+            masked = np.where(ok, score, NEG_INF)
+            pos = int(np.argmax(masked)) if len(masked) else 0
+            best = (float(masked[pos]), -pos) if len(masked) and masked[pos] > NEG_INF else None
+            choice = (pos, nodes[pos]) if best else None
+            for p, (s, node) in extra.items():
+                if best is None or (s, -p) > best:
+                    best, choice = (s, -p), (p, node)
+            return [choice] if choice else None
+        idx = np.flatnonzero(ok)
+        ranked = [(float(score[p]), p, nodes[p]) for p in idx.tolist() if p not in extra]
+        ranked += [(s, p, node) for p, (s, node) in extra.items()]
+        if len(ranked) < want:
+            return None
+        ranked.sort(key=lambda t: (-t[0], t[1]))
+        return [(p, node) for _, p, node in ranked[:want]]
+
+    def _plan(
+        self, job: Job, chosen: list[tuple[int, Node]]
+    ) -> list[tuple[int, tuple[Assignment, ...]]] | None:
+        req = job.request
+        plan = []
+        for pos, node in chosen:
+            if req.gpus:
+                cards = choose_whole(req, node, topology_aware=self.plugins.topology_aware)
+                if cards is None:
+                    return None
+                plan.append((pos, whole_assignments(node, cards)))
+            elif req.is_slice:
+                best = None
+                for i, g in enumerate(node.gpus):
+                    charge = slice_fits_gpu(req, g, self.factor)
+                    if charge is None:
+                        continue
+                    s = sum(w * p.score_gpu(self.ctx, job, node, g) for p, w in self.plugins.gpu_scores)
+                    if best is None or s > best[0]:
+                        best = (s, i, charge)
+                if best is None:
+                    return None
+                _, i, (mem, comp) = best
+                plan.append((pos, (Assignment(node.name, node.gpus[i].index, mem, comp),)))
+            else:
+                plan.append((pos, ()))
+        return plan
+
+    def _try_place(
+        self, job: Job, *, chosen: list[tuple[int, Node]] | None = None, stmt: _Statement | None = None
+    ) -> bool:
+        if chosen is None:
+            chosen = self._choose(job)
+            if chosen is None:
+                return False
+        plan = self._plan(job, chosen)
+        if plan is None:
+            return False
+        assignments = tuple(a for _, assigns in plan for a in assigns)
+        charge = charge_of(assignments)
+        borrowed = False
+        for plugin in self.plugins.admit:
+            check = getattr(plugin, "admit_charge", None)
+            if check is not None:
+                status = check(self.ctx, job, charge)
+                if status is not None:
+                    self.status[job.id] = status
+                    return False
+            is_borrowed = getattr(plugin, "borrowed", None)
+            if is_borrowed is not None and is_borrowed(self.ctx, job, charge):
+                borrowed = True
+        req = job.request
+        cpu = {}
+        for pos, assigns in plan:
+            name = self.index.names[pos]
+            cpu[name] = (req.cpu_milli, req.memory_mib)
+            if stmt is not None:
+                stmt.touch(pos)
+            self._take(pos, assigns, req.cpu_milli, req.memory_mib)
+        usage_add(self.ctx, job.team, charge[0], charge[1])
+        placement = Placement(job.id, assignments, borrowed, cpu)
+        if stmt is not None:
+            stmt.usage.append((job.team, charge[0], charge[1]))
+            stmt.placement = placement
+        else:
+            self.placements.append(placement)
+            self.placed_jobs.append(job)
+        self.status.pop(job.id, None)
+        self.blocked.discard(job.id)
+        return True
+
+    def _take(self, pos: int, assigns: tuple[Assignment, ...], cpu_milli: int, memory_mib: int) -> None:
+        if pos in self.real:
+            self.real[pos] = allocate_on_node(self.real[pos], assigns, cpu_milli, memory_mib)
+            self.index.set(pos, _overlay(self.real[pos], self.holds[pos]))
+        else:
+            self.index.set(
+                pos,
+                allocate_on_node(self.index.nodes[pos], assigns, cpu_milli, memory_mib),
+                consumed_only=True,
+            )
+
+    def _give_back(self, pos: int, assigns: tuple[Assignment, ...], cpu_milli: int, memory_mib: int) -> None:
+        if pos in self.real:
+            self.real[pos] = release_on_node(self.real[pos], assigns, cpu_milli, memory_mib)
+            self.index.set(pos, _overlay(self.real[pos], self.holds[pos]), consumed_only=False)
+        else:
+            self.index.set(
+                pos,
+                release_on_node(self.index.nodes[pos], assigns, cpu_milli, memory_mib),
+                consumed_only=False,
+            )
+
+    # -- reservations --------------------------------------------------------------------------------------
+    def pos_of(self, name: str) -> int | None:
+        if self._pos_of is None:
+            self._pos_of = {n: i for i, n in enumerate(self.index.names)}
+        return self._pos_of.get(name)
+
+    def _real_node(self, pos: int) -> Node:
+        return self.real.get(pos) or self.index.nodes[pos]
+
+    def _end_events(self) -> list[tuple[float, str, tuple[Assignment, ...], Job]]:
+        """Running jobs (and this cycle's placements) with a known end, soonest first."""
+        now = self.snap.now
+        events = []
+        for job in self.snap.running:
+            if job.max_runtime_s is None or job.id in self.evicted:
+                continue
+            start = job.start_time if job.start_time is not None else now
+            events.append((max(now, start + job.max_runtime_s), job.id, job.assignments, job))
+        by_id = {p.job_id: p for p in self.placements}
+        for job in self.placed_jobs:
+            if job.max_runtime_s is not None and job.id in by_id:
+                events.append((now + job.max_runtime_s, job.id, by_id[job.id].assignments, job))
+        events.sort(key=lambda e: (e[0], e[1]))
+        return events
+
+    def _reserve(self, job: Job) -> None:
+        """Hold the cards the job will get when enough running jobs end, and estimate when that is."""
+        req = job.request
+        if not req.uses_gpu:
+            return
+        scratch: dict[int, Node] = {}
+
+        def view(pos: int) -> Node:
+            real = scratch.get(pos) or self._real_node(pos)
+            return _overlay(real, self.holds.get(pos, []))
+
+        ok, _ = self._feasible(job)
+        fitting: set[int] = set(np.flatnonzero(ok).tolist())
+        start = None
+        for end, _, assignments, running in self._end_events():
+            touched: dict[int, list[Assignment]] = {}
+            for a in assignments:
+                pos = self.pos_of(a.node)
+                if pos is not None:
+                    touched.setdefault(pos, []).append(a)
+            for pos, assigns in touched.items():
+                cpu, mem = job_host_on(running, self.index.names[pos])
+                scratch[pos] = release_on_node(
+                    scratch.get(pos) or self._real_node(pos), tuple(assigns), cpu, mem
+                )
+                if self._node_ok(job, view(pos)):
+                    fitting.add(pos)
+            if len(fitting) >= req.nodes:
+                start = end
+                break
+        if start is None:
+            return
+        chosen = [(p, view(p)) for p in sorted(fitting)[: req.nodes]]
+        plan = self._plan(job, chosen)
+        if plan is None:
+            return
+        assignments = tuple(a for _, assigns in plan for a in assigns)
+        self.reservations.append(Reservation(job.id, assignments, start))
+        self.est_start[job.id] = start
+        for pos, assigns in plan:
+            if pos not in self.real:
+                self.real[pos] = self.index.nodes[pos]
+            self.holds.setdefault(pos, []).append(
+                _Held(job.id, start, assigns, req.cpu_milli, req.memory_mib)
+            )
+            self.index.set(pos, _overlay(self.real[pos], self.holds[pos]), consumed_only=True)
+
+    def _drop_reservation(self, job_id: str) -> None:
+        """A job that got in by eviction no longer needs what it had reserved."""
+        if not any(r.job_id == job_id for r in self.reservations):
+            return
+        self.reservations = [r for r in self.reservations if r.job_id != job_id]
+        self.est_start.pop(job_id, None)
+        for pos in sorted(self.holds):
+            kept = [h for h in self.holds[pos] if h.job_id != job_id]
+            if len(kept) != len(self.holds[pos]):
+                self.holds[pos] = kept
+                self.index.set(pos, _overlay(self.real[pos], kept), consumed_only=False)
+
+    # -- reclaim and preempt (post-filter) -------------------------------------------------------------------
+    def _running_by_pos(self) -> dict[int, list[Job]]:
+        if self._by_pos is None:
+            by_pos: dict[int, list[Job]] = {}
+            for job in self.snap.running:
+                seen = set()
+                for a in job.assignments:
+                    pos = self.pos_of(a.node)
+                    if pos is not None and pos not in seen:
+                        seen.add(pos)
+                        by_pos.setdefault(pos, []).append(job)
+                for name in job.cpu_assignments:
+                    pos = self.pos_of(name)
+                    if pos is not None and pos not in seen:
+                        seen.add(pos)
+                        by_pos.setdefault(pos, []).append(job)
+            self._by_pos = by_pos
+        return self._by_pos
+
+    def _victim_rule(self, job: Job, mode: str) -> Callable[[Job], bool] | None:
+        now = self.snap.now
+        min_runtime_s = float(self.param("min_runtime_s") or 0.0)
+
+        def old_enough(v: Job) -> bool:
+            return v.start_time is None or now - v.start_time >= min_runtime_s
+
+        if mode == "preempt":
+            return lambda v: (
+                v.preemptible and v.priority < job.priority and v.id not in self.evicted and old_enough(v)
+            )
+        quota = self.snap.quotas.get(job.team)
+        if quota is None:
+            return None
+        used = team_usage(self.ctx).get(job.team, (0, 0))
+        if not within_guarantee(quota, used, min_charge(job.request)):
+            return None
+        team = job.team
+        return lambda v: (
+            v.preemptible and v.borrowed and v.team != team and v.id not in self.evicted and old_enough(v)
+        )
+
+    def _work_lost(self, v: Job) -> float:
+        """GPU-seconds of progress an eviction throws away (running time x cards held)."""
+        ran = self.snap.now - v.start_time if v.start_time is not None else 0.0
+        _, comp = charge_of(v.assignments)
+        return max(0.0, ran) * max(comp, 1) / WHOLE_GPU_MILLI
+
+    def _release_all(self, pos: int, base: Node, victims: list[Job]) -> Node:
+        node = base
+        name = self.index.names[pos]
+        for v in victims:
+            assigns = tuple(a for a in v.assignments if a.node == name)
+            cpu, mem = job_host_on(v, name) if (assigns or name in v.cpu_assignments) else (0, 0)
+            node = release_on_node(node, assigns, cpu, mem)
+        return _overlay(node, self.holds.get(pos, []))
+
+    def _victims_on(self, job: Job, pos: int, eligible: list[Job]) -> tuple[tuple, list[Job]] | None:
+        """The cheapest victim set on one node that lets the job fit there: greedy, then drop the unneeded."""
+        base = self._real_node(pos)
+        if not self._node_ok(job, self._release_all(pos, base, eligible)):
+            return None
+        order = sorted(eligible, key=lambda v: (v.priority, self._work_lost(v), v.id))
+        chosen: list[Job] = []
+        for v in order:
+            chosen.append(v)
+            if self._node_ok(job, self._release_all(pos, base, chosen)):
+                break
+        for v in list(reversed(chosen)):
+            trial = [c for c in chosen if c is not v]
+            if self._node_ok(job, self._release_all(pos, base, trial)):
+                chosen = trial
+        if not chosen:
+            return (-1, 0.0, 0), []
+        cost = (max(v.priority for v in chosen), sum(self._work_lost(v) for v in chosen), len(chosen))
+        return cost, chosen
+
+    def _post_filter(self, queue: list[Job], *, mode: str) -> None:
+        budget = int(self.param(f"{mode}_max_attempts") or 0)
+        failed: set[tuple] = set()
+        code = "preempted" if mode == "preempt" else "reclaimed"
+        for job in queue:
+            if budget <= 0:
+                break
+            if job.id not in self.blocked:
+                continue
+            rule = self._victim_rule(job, mode)
+            if rule is None:
+                continue
+            key = (job.request, job.priority, job.team if mode == "reclaim" else "")
+            if key in failed:
+                continue
+            budget -= 1
+            if not self._evict_for(job, rule, code):
+                failed.add(key)
+
+    def _evict_for(self, job: Job, rule: Callable[[Job], bool], code: str) -> bool:
+        req = job.request
+        static = self.index.static(req)
+        candidates: list[tuple[tuple, int, list[Job]]] = []
+        for pos, jobs in sorted(self._running_by_pos().items()):
+            if not static[pos]:
+                continue
+            eligible = [v for v in jobs if v.id not in self.evicted and rule(v)]
+            if not eligible:
+                continue
+            found = self._victims_on(job, pos, eligible)
+            if found is not None:
+                candidates.append((found[0], pos, found[1]))
+        if req.nodes > 1:
+            ok, _ = self._feasible(job)
+            candidates += [((-1, 0.0, 0), int(p), []) for p in np.flatnonzero(ok).tolist()]
+        if len({pos for _, pos, _ in candidates}) < req.nodes or not candidates:
+            return False
+        candidates.sort(key=lambda c: (c[0], c[1]))
+        picked: list[tuple[int, list[Job]]] = []
+        seen_pos: set[int] = set()
+        for _, pos, victims in candidates:
+            if pos not in seen_pos:
+                seen_pos.add(pos)
+                picked.append((pos, victims))
+            if len(picked) == req.nodes:
+                break
+        victims_by_id: dict[str, Job] = {}
+        for _, victims in picked:
+            for v in victims:
+                victims_by_id.setdefault(v.id, v)
+        if not any(victims_by_id.values()) and req.nodes <= 1:
+            return False
+        stmt = _Statement(self)
+        for v in sorted(victims_by_id.values(), key=lambda v: v.id):
+            self._evict(v, code, stmt)
+        chosen = [(pos, self.index.nodes[pos]) for pos, _ in picked]
+        if all(self._node_ok(job, node) for _, node in chosen) and self._try_place(
+            job, chosen=chosen, stmt=stmt
+        ):
+            stmt.commit(job)
+            self._drop_reservation(job.id)
+            return True
+        stmt.rollback()
+        return False
+
+    def _evict(self, victim: Job, code: str, stmt: _Statement) -> None:
+        """Give back everything a running job (a whole gang) holds, staged in the statement."""
+        by_node: dict[str, list[Assignment]] = {}
+        for a in victim.assignments:
+            by_node.setdefault(a.node, []).append(a)
+        for name in victim.cpu_assignments:
+            by_node.setdefault(name, [])
+        for name in sorted(by_node):
+            pos = self.pos_of(name)
+            if pos is None:
+                continue
+            stmt.touch(pos)
+            cpu, mem = job_host_on(victim, name)
+            self._give_back(pos, tuple(by_node[name]), cpu, mem)
+        mem, comp = charge_of(victim.assignments)
+        usage_add(self.ctx, victim.team, -mem, -comp)
+        stmt.usage.append((victim.team, -mem, -comp))
+        self.evicted.add(victim.id)
+        stmt.evicted.append((victim, code))
+
+    # -- pending reasons -------------------------------------------------------------------------------------
+    def _pending(self, queue: list[Job]) -> list[Pending]:
+        placed = {p.job_id for p in self.placements}
+        explain = bool(self.param("explain"))
+        explained: dict[Request, Status] = {}
+        holders = {r.job_id: r for r in self.reservations}
+        out: list[Pending] = []
+        position = 0
+        for job in queue:
+            if job.id in placed:
+                continue
+            position += 1
+            status = self.status.get(job.id)
+            if status is None and job.id in holders:
+                status = Status(
+                    WAITING_FOR_RESERVATION,
+                    f"capacity is reserved for it on {', '.join(sorted({a.node for a in holders[job.id].assignments}))}"
+                    f"; it should start in about {_duration(holders[job.id].estimated_start - self.snap.now)}"
+                    " when running jobs end",
+                )
+            if status is None and not explain:
+                status = Status(NO_FIT, "no node can host it now")
+            if status is None and job.id not in self.blocked and "allocate" not in self.profile.actions:
+                status = Status(NOT_REACHED, "this profile does not allocate")
+            if status is None:
+                status = self._reserved_reason(job)
+            if status is None:
+                req = job.request
+                status = explained.get(req)
+                if status is None:
+                    ok, _ = self._feasible(job)
+                    status = explained[req] = explain_cluster(req, self.index, ok, self.factor)
+            out.append(Pending(job.id, status, position, self.est_start.get(job.id)))
+        return out
+
+    def _reserved_reason(self, job: Job) -> Status | None:
+        """If the job would fit but for a reservation, say whose and until when."""
+        if not self.holds or job.id not in self.blocked:
+            return None
+        for pos in sorted(self.holds):
+            if self._node_ok(job, self.real[pos]):
+                first = min(self.holds[pos], key=lambda h: h.start)
+                return Status(
+                    RESERVED,
+                    f"the free capacity that fits it on {self.index.names[pos]} is reserved for job {first.job_id}, "
+                    f"which should start in about {_duration(first.start - self.snap.now)}; it could run there "
+                    "now if its max runtime ended before then",
+                )
+        return None
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -1,0 +1,26 @@
+"""Queue order: higher priority first, with an age boost so that nothing waits forever."""
+
+from __future__ import annotations
+
+from scheduling.engine.framework import CycleContext
+from scheduling.engine.types import Job
+
+NAME = "priority"
+
+
+def queue_priority(ctx: CycleContext, job: Job) -> float:
+    """The job's priority plus one level per `age_boost_interval_s` waited, at most `age_boost_max` levels.
+    The boost orders the queue only; preemption compares real priorities."""
+    interval = ctx.param("age_boost_interval_s", 3600.0)
+    cap = ctx.param("age_boost_max", 10)
+    if not interval or not cap:
+        return job.priority
+    waited = max(0.0, ctx.snapshot.now - job.submit_time)
+    return job.priority + min(cap, int(waited // interval))
+
+
+class Priority:
+    NAME = NAME
+
+    def sort_key(self, ctx: CycleContext, job: Job) -> tuple:
+        return (-queue_priority(ctx, job),)
