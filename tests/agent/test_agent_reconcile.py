@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent_test_helpers import py
+from agent_test_helpers import py, wait_for
 
 from agent.executor import FINISHED, RUNNING, STOPPING, Executor
 from agent.reconcile import DesiredState, Reconciler
@@ -61,13 +61,20 @@ def test_what_is_no_longer_desired_is_stopped_and_what_is_new_is_started(tmp_pat
 def test_a_preemptor_waits_until_its_victim_has_left_the_gpu(tmp_path):
     ex = Executor(tmp_path)
     rec = Reconciler(ex)
-    stubborn = list(py("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"))
+    stubborn = list(
+        py(
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+        )
+    )
     rec.converge(_state(1, _job("victim", command=stubborn, grace_s=0.5)))
+    wait_for(lambda: ex.tail_log("victim:1", "stdout") == ["ready"])
     result = rec.converge(_state(2, _job("urgent")))
     assert result.stopping == ["victim:1"]
     assert result.waiting == {"urgent:1": "waiting for victim:1 to stop"}
     assert ex.handle("urgent:1") is None
-    ex.wait("victim:1", 10)
+    ex.poll()
+    assert rec.converge(_state(2, _job("urgent"))).waiting  # SIGTERM ignored: still inside its grace
+    assert ex.wait("victim:1", 10).exit_code == -9
     result = rec.converge(_state(2, _job("urgent")))
     assert result.started == ["urgent:1"]
     _cleanup(ex)

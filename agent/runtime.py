@@ -1,0 +1,435 @@
+"""The agent loop: sample, enforce, converge on the desired state each tick; talk to the portal per session.
+
+Ticks go on while the portal is unreachable (exits are collected, runtimes and slices enforced); what must
+reach the portal (job status, events) waits in an outbox until acknowledged. A session is one connection:
+hello first, then everything still unacknowledged, then heartbeats, metrics and reports as they come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agent import __version__, protocol
+from agent.backends.base import GpuBackend, Sample
+from agent.executor import FINISHED, Executor, Transition
+from agent.reconcile import DesiredState, Reconciler
+from agent.watchdog import MemoryWatchdog
+
+log = logging.getLogger("tessera.agent")
+
+
+class ChannelClosed(Exception):
+    pass
+
+
+class Channel(Protocol):
+    """One connection to the portal carrying text frames."""
+
+    async def send(self, text: str) -> None: ...
+
+    async def recv(self) -> str: ...
+
+
+@dataclass
+class _Pending:
+    msg: dict[str, Any]
+    on_ack: Callable[[dict[str, Any]], None] | None
+    sent_at: float | None = None
+
+
+class MetricsAggregator:
+    """Folds samples into at most one metrics message per interval (mean utilisation/power, peak memory)."""
+
+    def __init__(self, interval_s: float = 1.0) -> None:
+        self.interval_s = interval_s
+        self._samples: list[Sample] = []
+        self._last_flush = 0.0
+
+    def add(self, sample: Sample) -> None:
+        self._samples.append(sample)
+
+    def flush(self, now: float, owners: dict[int, str]) -> dict[str, Any] | None:
+        if not self._samples or now - self._last_flush < self.interval_s:
+            return None
+        samples, self._samples = self._samples, []
+        self._last_flush = now
+        latest = samples[-1]
+        gpus = []
+        for i, g in enumerate(latest.gpus):
+            series = [s.gpus[i] for s in samples if i < len(s.gpus)]
+            gpus.append(
+                {
+                    "index": g.index,
+                    "uuid": g.uuid,
+                    "util_pct": _mean([s.util_pct for s in series]),
+                    "mem_util_pct": _mean([s.mem_util_pct for s in series]),
+                    "memory_used_mib": _max([s.memory_used_mib for s in series]),
+                    "memory_total_mib": g.memory_total_mib,
+                    "power_w": _mean([s.power_w for s in series]),
+                    "temperature_c": _max([s.temperature_c for s in series]),
+                    "sm_clock_mhz": g.sm_clock_mhz,
+                    "ecc_uncorrected_volatile": g.ecc_uncorrected_volatile,
+                    "xid_events": [x for s in series for x in s.xid_events],
+                    "health": g.health,
+                    "processes": [
+                        {"pid": p.pid, "used_mib": p.used_mib, "placement": owners.get(p.pid)}
+                        for p in g.processes
+                    ],
+                }
+            )
+        return {"sampled_at": latest.sampled_at, "samples": len(samples), "gpus": gpus}
+
+
+def _mean(values: list[Any]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return round(sum(vals) / len(vals), 2) if vals else None
+
+
+def _max(values: list[Any]) -> Any:
+    vals = [v for v in values if v is not None]
+    return max(vals) if vals else None
+
+
+class Agent:
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        backend: GpuBackend,
+        executor: Executor,
+        sample_interval_s: float = 1.0,
+        heartbeat_s: float = 5.0,
+        metrics_interval_s: float = 1.0,
+        ack_timeout_s: float = 30.0,
+        watchdog_tolerance_mib: int = 0,
+        watchdog_grace_s: float = 5.0,
+        log_tail_lines: int = 20,
+    ) -> None:
+        self.node_name = node_name
+        self.backend = backend
+        self.executor = executor
+        self.sample_interval_s = sample_interval_s
+        self.heartbeat_s = heartbeat_s
+        self.ack_timeout_s = ack_timeout_s
+        self.log_tail_lines = log_tail_lines
+        self.inventory = backend.inventory()
+        self.reconciler = Reconciler(executor, known_gpu_uuids={g.uuid for g in self.inventory.gpus})
+        self.watchdog = MemoryWatchdog(
+            executor, tolerance_mib=watchdog_tolerance_mib, grace_s=watchdog_grace_s
+        )
+        self.metrics = MetricsAggregator(metrics_interval_s)
+        self.started_at = time.time()
+        self._state_path = executor.work_dir / "desired.json"
+        self.desired: DesiredState | None = self._load_desired()
+        self._outbox: dict[str, _Pending] = {}
+        self._channel: Channel | None = None
+        self._send_lock: asyncio.Lock | None = None
+        self._wake: asyncio.Event | None = None
+        self._tick_lock: asyncio.Lock | None = None
+        self._last_heartbeat = 0.0
+        self._heartbeat_seq = 0
+        self._health: dict[str, str] = {}
+        self._mps_reported = False
+        self.last_result = None
+        # Final statuses the portal never acknowledged (the agent restarted): report them again.
+        for h in executor.handles():
+            if h.state == FINISHED and not h.reported:
+                self._queue(self._job_status(Transition("finished", h)))
+        for t in executor.drain_transitions():
+            self._queue(self._job_status(t))
+
+    # -- desired state ---------------------------------------------------------------------------------------
+    def _load_desired(self) -> DesiredState | None:
+        try:
+            return DesiredState.from_payload(json.loads(self._state_path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def apply_desired(self, payload: dict[str, Any]) -> tuple[bool, str | None]:
+        """Accept a desired state unless it is older than the one held; persisted for restarts."""
+        node = payload.get("node")
+        if node is not None and node != self.node_name:
+            return False, f"desired state for node {node!r}, this is {self.node_name!r}"
+        try:
+            desired = DesiredState.from_payload(payload)
+        except (KeyError, TypeError, ValueError) as exc:
+            return False, f"invalid desired state: {exc}"
+        if self.desired is not None and desired.version < self.desired.version:
+            return False, f"stale version {desired.version} < {self.desired.version}"
+        self.desired = desired
+        tmp = self._state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(desired.to_payload()))
+        os.replace(tmp, self._state_path)
+        return True, None
+
+    # -- one tick ------------------------------------------------------------------------------------------------
+    def tick(self) -> list[dict[str, Any]]:
+        """Sample, enforce, converge; return the messages this tick produced (reliable ones are queued too)."""
+        out: list[dict[str, Any]] = []
+        sample = self.backend.sample()
+        self.executor.poll()
+        for event in self.watchdog.check(sample):
+            out.append(self._queue(protocol.message("event", event.to_dict())))
+        self.executor.poll()
+        if self.desired is not None:
+            self.last_result = self.reconciler.converge(self.desired)
+        self.executor.poll()
+        for t in self.executor.drain_transitions():
+            out.append(self._queue(self._job_status(t)))
+            if (
+                t.kind == "started"
+                and t.handle.mps
+                and "not found" in t.handle.mps
+                and not self._mps_reported
+            ):
+                self._mps_reported = True
+                out.append(
+                    self._queue(
+                        protocol.message("event", {"kind": "mps_unavailable", "detail": t.handle.mps})
+                    )
+                )
+        self.backend.note_jobs(self.executor.usage_hints())
+        for g in sample.gpus:
+            if self._health.get(g.uuid, "ok") != g.health:
+                detail = {"xid_events": g.xid_events, "ecc_uncorrected_volatile": g.ecc_uncorrected_volatile}
+                out.append(
+                    self._queue(
+                        protocol.message(
+                            "event", {"kind": "gpu_health", "gpu_uuid": g.uuid, "health": g.health, **detail}
+                        )
+                    )
+                )
+            self._health[g.uuid] = g.health
+        self.metrics.add(sample)
+        now = time.monotonic()
+        metrics = self.metrics.flush(now, self._owners())
+        if metrics is not None:
+            out.append(protocol.message("metrics", metrics))
+        if now - self._last_heartbeat >= self.heartbeat_s:
+            self._last_heartbeat = now
+            out.append(self.heartbeat())
+        return out
+
+    def _owners(self) -> dict[int, str]:
+        return {h.pid: h.key for h in self.executor.active() if h.pid is not None}
+
+    def running(self) -> list[dict[str, Any]]:
+        return [h.summary() for h in self.executor.active()]
+
+    def heartbeat(self) -> dict[str, Any]:
+        self._heartbeat_seq += 1
+        return protocol.message(
+            "heartbeat",
+            {
+                "node": self.node_name,
+                "seq": self._heartbeat_seq,
+                "uptime_s": round(time.time() - self.started_at, 1),
+                "desired_version": self.desired.version if self.desired else None,
+                "running": self.running(),
+                "waiting": dict(self.last_result.waiting) if self.last_result else {},
+                "unacked": len(self._outbox),
+            },
+        )
+
+    def hello(self) -> dict[str, Any]:
+        return protocol.message(
+            "hello",
+            {
+                "node": self.node_name,
+                "hostname": socket.gethostname(),
+                "agent_version": __version__,
+                "protocol": protocol.PROTOCOL_VERSION,
+                "backend": self.backend.name,
+                "inventory": self.inventory.to_dict(),
+                "capabilities": {
+                    "mps": bool(self.executor.mps and self.executor.mps.binary),
+                    "mig": any(g.mig_mode_current for g in self.inventory.gpus),
+                    "memory_watchdog": True,
+                },
+                "running": self.running(),
+                "desired_version": self.desired.version if self.desired else None,
+            },
+        )
+
+    def _job_status(self, t: Transition) -> dict[str, Any]:
+        h = t.handle
+        payload: dict[str, Any] = {
+            "job_id": h.spec.job_id,
+            "attempt": h.spec.attempt,
+            "state": "started" if t.kind in ("started", "adopted") else h.outcome,
+            "adopted": h.adopted,
+            "pid": h.pid,
+            "started_at": h.started_at,
+            "gpus": [g.uuid for g in h.spec.gpus],
+        }
+        if t.kind in ("started", "adopted"):
+            payload["mps"] = h.mps
+            return protocol.message("job_status", payload)
+        payload.update(
+            {
+                "exit_code": h.exit_code,
+                "reason": h.stop_reason or (h.detail or None),
+                "finished_at": h.finished_at,
+                "log_tail": {
+                    "stdout": self.executor.tail_log(h.key, "stdout", lines=self.log_tail_lines),
+                    "stderr": self.executor.tail_log(h.key, "stderr", lines=self.log_tail_lines),
+                },
+            }
+        )
+        msg = protocol.message("job_status", payload)
+        self._outbox[msg["id"]] = _Pending(msg, on_ack=lambda _a, key=h.key: self.executor.mark_reported(key))
+        return msg
+
+    def _queue(self, msg: dict[str, Any]) -> dict[str, Any]:
+        if msg["type"] in protocol.RELIABLE and msg["id"] not in self._outbox:
+            self._outbox[msg["id"]] = _Pending(msg, on_ack=None)
+        return msg
+
+    def pending(self) -> list[dict[str, Any]]:
+        return [p.msg for p in list(self._outbox.values())]
+
+    # -- portal messages --------------------------------------------------------------------------------------------
+    def handle_message(self, msg: dict[str, Any]) -> list[dict[str, Any]]:
+        """React to one portal message; returns the replies to send."""
+        kind, payload = msg["type"], msg["payload"]
+        if kind == "ack":
+            pending = self._outbox.pop(str(payload.get("ack_id")), None)
+            if pending is not None:
+                if not payload.get("ok", True):
+                    log.warning(
+                        "portal refused %s %s: %s",
+                        pending.msg["type"],
+                        pending.msg["id"],
+                        payload.get("error"),
+                    )
+                if pending.on_ack is not None:
+                    pending.on_ack(payload)
+            return []
+        if kind == "desired_state":
+            ok, error = self.apply_desired(payload)
+            if ok and self._wake is not None:
+                self._wake.set()
+            return [
+                protocol.ack(
+                    msg["id"],
+                    ok=ok,
+                    error=error,
+                    desired_version=self.desired.version if self.desired else None,
+                )
+            ]
+        if kind == "logs_request":
+            return [self._logs(msg)]
+        return [protocol.ack(msg["id"], ok=False, error=f"unknown message type {kind!r}")]
+
+    def _logs(self, msg: dict[str, Any]) -> dict[str, Any]:
+        p = msg["payload"]
+        key = f"{p.get('job_id')}:{p.get('attempt')}"
+        stream = p.get("stream", "stdout")
+        base = {
+            "request_id": msg["id"],
+            "job_id": p.get("job_id"),
+            "attempt": p.get("attempt"),
+            "stream": stream,
+        }
+        try:
+            if p.get("tail_lines") is not None:
+                lines = self.executor.tail_log(key, stream, lines=min(int(p["tail_lines"]), 10_000))
+                return protocol.message("logs", {**base, "lines": lines})
+            offset = max(0, int(p.get("offset", 0)))
+            limit = min(int(p.get("limit_bytes", protocol.MAX_LOG_CHUNK_BYTES)), protocol.MAX_LOG_CHUNK_BYTES)
+            data, size = self.executor.read_log(key, stream, offset=offset, limit_bytes=limit)
+        except (TypeError, ValueError) as exc:
+            return protocol.message("logs", {**base, "error": str(exc)})
+        handle = self.executor.handle(key)
+        return protocol.message(
+            "logs",
+            {
+                **base,
+                "offset": offset,
+                "next_offset": offset + len(data),
+                "size": size,
+                "data": data.decode(errors="replace"),
+                "eof": offset + len(data) >= size and (handle is None or handle.state == FINISHED),
+            },
+        )
+
+    # -- async loop ----------------------------------------------------------------------------------------------
+    def _ensure_async(self) -> None:
+        if self._wake is None:
+            self._wake = asyncio.Event()
+            self._send_lock = asyncio.Lock()
+            self._tick_lock = asyncio.Lock()
+
+    async def _send(self, msg: dict[str, Any]) -> None:
+        channel = self._channel
+        if channel is None:
+            return  # unreliable messages are dropped while disconnected; reliable ones wait in the outbox
+        pending = self._outbox.get(msg["id"])
+        if pending is not None:
+            pending.sent_at = time.monotonic()
+        async with self._send_lock:
+            await channel.send(protocol.encode(msg))
+
+    async def run_ticks(self, stop: asyncio.Event) -> None:
+        """Tick every sample interval (or at once when a desired state arrives) until stop is set."""
+        self._ensure_async()
+        while not stop.is_set():
+            async with self._tick_lock:
+                messages = await asyncio.to_thread(self.tick)
+            for msg in messages:
+                try:
+                    await self._send(msg)
+                except ChannelClosed:
+                    break
+            await self._resend_overdue()
+            self._wake.clear()
+            waiters = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
+            await asyncio.wait(waiters, timeout=self.sample_interval_s, return_when=asyncio.FIRST_COMPLETED)
+            for w in waiters:
+                w.cancel()
+
+    async def _resend_overdue(self) -> None:
+        now = time.monotonic()
+        for pending in list(self._outbox.values()):
+            if pending.sent_at is not None and now - pending.sent_at >= self.ack_timeout_s:
+                try:
+                    await self._send(pending.msg)
+                except ChannelClosed:
+                    return
+
+    async def run_session(self, channel: Channel) -> None:
+        """Serve one connection until it closes: hello, the unacknowledged backlog, then replies to the portal."""
+        self._ensure_async()
+        self._channel = channel
+        try:
+            hello = self._queue(self.hello())
+            # A new hello replaces any older one still waiting for its ack.
+            for mid in [m for m, p in self._outbox.items() if p.msg["type"] == "hello" and m != hello["id"]]:
+                del self._outbox[mid]
+            await self._send(hello)
+            for msg in self.pending():
+                if msg["id"] != hello["id"]:
+                    await self._send(msg)
+            await self._send(self.heartbeat())
+            while True:
+                text = await channel.recv()
+                try:
+                    msg = protocol.decode(text)
+                except protocol.ProtocolError as exc:
+                    log.warning("ignoring a malformed portal message: %s", exc)
+                    continue
+                for reply in self.handle_message(msg):
+                    await self._send(reply)
+        finally:
+            self._channel = None
+
+    def close(self) -> None:
+        self.backend.close()

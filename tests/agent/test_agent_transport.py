@@ -1,0 +1,309 @@
+"""The agent loop against a real websocket server (auth header, hello/heartbeat/ack, reconnect with the whole
+desired state) and against an in-process channel."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from websockets.asyncio.server import serve
+
+from agent import protocol
+from agent.backends.sim import SimBackend
+from agent.executor import Executor
+from agent.runtime import Agent
+from agent.transport import Backoff, QueueChannel, connect_websocket, run_agent, ws_url
+
+TOKEN = "node-token-123"
+SIM = {
+    "node": "sim-1",
+    "gpus": [{"model": "Sim A100", "count": 2, "memory_mib": 81920, "sharing": "time_sliced"}],
+}
+
+
+def _agent(tmp_path: Path, **kw) -> Agent:
+    return Agent(
+        node_name="sim-1",
+        backend=SimBackend(SIM),
+        executor=Executor(tmp_path),
+        sample_interval_s=0.1,
+        metrics_interval_s=0.2,
+        heartbeat_s=kw.pop("heartbeat_s", 0.2),
+        **kw,
+    )
+
+
+def _job(agent: Agent, job_id: str, code: str, gpu: int = 0) -> dict:
+    g = agent.inventory.gpus[gpu]
+    return {
+        "job_id": job_id,
+        "attempt": 1,
+        "command": [sys.executable, "-c", code],
+        "env": {},
+        "gpus": [
+            {
+                "uuid": g.uuid,
+                "index": g.index,
+                "memory_mib": 4096,
+                "compute_pct": 50,
+                "sharing": "time_sliced",
+            }
+        ],
+        "max_runtime_s": 60,
+        "grace_s": 1,
+    }
+
+
+class Portal:
+    """A tiny portal: checks the bearer token, records what agents send, acks, pushes desired state."""
+
+    def __init__(self, desired: list[dict], *, ack_job_status: bool = True) -> None:
+        self.desired = desired  # the whole desired state sent on each connection, by connection number
+        self.ack_job_status = ack_job_status
+        self.headers: list[dict[str, str]] = []
+        self.received: list[list[dict]] = []
+        self.rejected = 0
+        self.drop_after: Callable | None = None
+        self.server = None
+        self.port = 0
+
+    def process_request(self, connection, request):
+        self.headers.append({k: request.headers.get(k) for k in ("Authorization", "X-Tessera-Node")})
+        if request.headers.get("Authorization") != f"Bearer {TOKEN}":
+            self.rejected += 1
+            return connection.respond(401, "bad token\n")
+        return None
+
+    async def handler(self, ws) -> None:
+        n = len(self.received)
+        got: list[dict] = []
+        self.received.append(got)
+        desired = self.desired[min(n, len(self.desired) - 1)]
+        async for text in ws:
+            msg = protocol.decode(text)
+            got.append(msg)
+            if msg["type"] == "hello":
+                await ws.send(protocol.encode(protocol.ack(msg["id"])))
+                await ws.send(protocol.encode(protocol.message("desired_state", desired)))
+            elif msg["type"] == "job_status" and self.ack_job_status:
+                await ws.send(protocol.encode(protocol.ack(msg["id"])))
+            elif msg["type"] == "event":
+                await ws.send(protocol.encode(protocol.ack(msg["id"])))
+            if self.drop_after is not None and self.drop_after(n, got):
+                await ws.close()
+                return
+
+    async def __aenter__(self):
+        self.server = await serve(self.handler, "127.0.0.1", 0, process_request=self.process_request)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc):
+        self.server.close()
+        await self.server.wait_closed()
+
+    @property
+    def url(self) -> str:
+        return ws_url(f"http://127.0.0.1:{self.port}")
+
+
+from collections.abc import Callable  # noqa: E402
+
+
+async def _until(predicate, timeout_s: float = 15.0):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while asyncio.get_running_loop().time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+def _of(messages: list[dict], type_: str) -> list[dict]:
+    return [m for m in messages if m["type"] == type_]
+
+
+def _cleanup(agent: Agent) -> None:
+    for h in agent.executor.active():
+        agent.executor.stop(h.key, reason="not_desired", grace_s=0)
+    for h in agent.executor.handles():
+        agent.executor.wait(h.key, 10)
+
+
+def test_ws_url_points_at_the_agent_route():
+    assert ws_url("http://portal:8000") == "ws://portal:8000/ws/agent/"
+    assert ws_url("https://gpu.example.org/tessera/") == "wss://gpu.example.org/tessera/ws/agent/"
+    assert ws_url("wss://p/ws/agent/") == "wss://p/ws/agent/"
+    with pytest.raises(ValueError):
+        ws_url("portal:8000")
+
+
+def test_the_agent_authenticates_says_hello_runs_its_desired_state_and_reports(tmp_path):
+    async def scenario():
+        agent = _agent(tmp_path)
+        desired = {"version": 7, "node": "sim-1", "jobs": [_job(agent, "j1", "print('hello from j1')")]}
+        stop = asyncio.Event()
+        async with Portal([desired]) as portal:
+            connector = lambda: connect_websocket(portal.url, token=TOKEN, node_name="sim-1")  # noqa: E731
+            task = asyncio.create_task(run_agent(agent, connector, stop=stop, backoff=Backoff(0.05, 0.2)))
+            try:
+                await _until(
+                    lambda: (
+                        [
+                            m
+                            for m in _of(portal.received[0], "job_status")
+                            if m["payload"]["state"] == "exited"
+                        ]
+                        if portal.received
+                        else None
+                    )
+                )
+                await _until(lambda: len(_of(portal.received[0], "heartbeat")) >= 2)
+                await _until(lambda: _of(portal.received[0], "metrics"))
+                await _until(lambda: not agent.pending())
+            finally:
+                stop.set()
+                await task
+        return agent, portal
+
+    agent, portal = asyncio.run(scenario())
+    assert portal.headers[0]["Authorization"] == f"Bearer {TOKEN}"
+    assert portal.headers[0]["X-Tessera-Node"] == "sim-1"
+    msgs = portal.received[0]
+    assert msgs[0]["type"] == "hello"
+    hello = msgs[0]["payload"]
+    assert hello["node"] == "sim-1" and len(hello["inventory"]["gpus"]) == 2
+    assert hello["inventory"]["gpus"][0]["sharing_mode"] == "time_sliced"
+    acks = _of(msgs, "ack")
+    assert acks and acks[0]["payload"]["ok"] is True and acks[0]["payload"]["desired_version"] == 7
+    statuses = [m["payload"] for m in _of(msgs, "job_status")]
+    assert [s["state"] for s in statuses] == ["started", "exited"]
+    assert statuses[1]["exit_code"] == 0 and statuses[1]["log_tail"]["stdout"] == ["hello from j1"]
+    beat = _of(msgs, "heartbeat")[-1]["payload"]
+    assert beat["desired_version"] == 7 and beat["node"] == "sim-1"
+    assert _of(msgs, "metrics") and len(_of(msgs, "metrics")[0]["payload"]["gpus"]) == 2
+    assert json.loads((agent.executor.handle("j1:1").dir / "outcome.json").read_text())["reported"] is True
+
+
+def test_a_bad_token_gets_no_session_and_the_agent_keeps_retrying(tmp_path):
+    async def scenario():
+        agent = _agent(tmp_path)
+        stop = asyncio.Event()
+        async with Portal([{"version": 1, "jobs": []}]) as portal:
+            connector = lambda: connect_websocket(portal.url, token="wrong", node_name="sim-1")  # noqa: E731
+            task = asyncio.create_task(run_agent(agent, connector, stop=stop, backoff=Backoff(0.02, 0.05)))
+            await _until(lambda: portal.rejected >= 3)
+            stop.set()
+            await task
+        return portal
+
+    portal = asyncio.run(scenario())
+    assert portal.received == []
+    assert all(h["Authorization"] == "Bearer wrong" for h in portal.headers)
+
+
+def test_after_a_reconnect_the_agent_converges_on_the_whole_state_and_resends_what_was_not_acked(tmp_path):
+    async def scenario():
+        agent = _agent(tmp_path, heartbeat_s=5)
+        sleeper = "import time; print('up', flush=True); time.sleep(60)"
+        first = {"version": 1, "jobs": [_job(agent, "a", sleeper)]}
+        second = {"version": 2, "jobs": [_job(agent, "a", sleeper), _job(agent, "b", sleeper, gpu=1)]}
+        stop = asyncio.Event()
+        async with Portal([first, second], ack_job_status=False) as portal:
+            # Drop the first connection as soon as the agent reported job a started (never acked).
+            portal.drop_after = lambda n, got: n == 0 and any(m["type"] == "job_status" for m in got)
+            connector = lambda: connect_websocket(portal.url, token=TOKEN, node_name="sim-1")  # noqa: E731
+            task = asyncio.create_task(run_agent(agent, connector, stop=stop, backoff=Backoff(0.05, 0.1)))
+            try:
+                await _until(
+                    lambda: (
+                        len(portal.received) >= 2
+                        and any(
+                            m["type"] == "job_status" and m["payload"]["job_id"] == "b"
+                            for m in portal.received[1]
+                        )
+                    )
+                )
+            finally:
+                stop.set()
+                await task
+        return agent, portal
+
+    agent, portal = asyncio.run(scenario())
+    try:
+        first_started = [m for m in _of(portal.received[0], "job_status") if m["payload"]["job_id"] == "a"]
+        again = [m for m in _of(portal.received[1], "job_status") if m["payload"]["job_id"] == "a"]
+        assert (
+            first_started and again and again[0]["id"] == first_started[0]["id"]
+        )  # the same message, resent
+        hello2 = _of(portal.received[1], "hello")[0]["payload"]
+        assert [r["job_id"] for r in hello2["running"]] == ["a"] and hello2["desired_version"] == 1
+        assert agent.desired.version == 2
+        launched = [h for h in agent.executor.handles() if h.spec.job_id == "a"]
+        assert len(launched) == 1 and launched[0].state == "running"  # a was not launched twice
+        assert agent.executor.handle("b:1").state == "running"
+    finally:
+        _cleanup(agent)
+
+
+def test_the_agent_loop_runs_in_process_against_a_message_source(tmp_path):
+    async def scenario():
+        agent = _agent(tmp_path)
+        mine, portal = QueueChannel.pair()
+        stop = asyncio.Event()
+        ticks = asyncio.create_task(agent.run_ticks(stop))
+        session = asyncio.create_task(agent.run_session(mine))
+        seen: list[dict] = []
+
+        async def recv_until(pred):
+            while True:
+                msg = protocol.decode(await asyncio.wait_for(portal.recv(), 10))
+                seen.append(msg)
+                if pred(msg):
+                    return msg
+
+        hello = await recv_until(lambda m: m["type"] == "hello")
+        await portal.send(protocol.encode(protocol.ack(hello["id"])))
+        desired = {"version": 3, "jobs": [_job(agent, "q", "print('in process')")]}
+        sent = protocol.message("desired_state", desired)
+        await portal.send(protocol.encode(sent))
+        ack = await recv_until(lambda m: m["type"] == "ack")
+        exited = await recv_until(lambda m: m["type"] == "job_status" and m["payload"]["state"] == "exited")
+        stale = protocol.message("desired_state", {"version": 2, "jobs": []})
+        await portal.send(protocol.encode(stale))
+        stale_ack = await recv_until(lambda m: m["type"] == "ack" and m["payload"]["ack_id"] == stale["id"])
+        foreign = protocol.message("desired_state", {"version": 9, "node": "other", "jobs": []})
+        await portal.send(protocol.encode(foreign))
+        foreign_ack = await recv_until(
+            lambda m: m["type"] == "ack" and m["payload"]["ack_id"] == foreign["id"]
+        )
+        req = protocol.message("logs_request", {"job_id": "q", "attempt": 1, "stream": "stdout", "offset": 0})
+        await portal.send(protocol.encode(req))
+        logs = await recv_until(lambda m: m["type"] == "logs")
+        tail_req = protocol.message(
+            "logs_request", {"job_id": "q", "attempt": 1, "stream": "stdout", "tail_lines": 5}
+        )
+        await portal.send(protocol.encode(tail_req))
+        tail = await recv_until(
+            lambda m: m["type"] == "logs" and m["payload"]["request_id"] == tail_req["id"]
+        )
+        stop.set()
+        mine.close()
+        with contextlib.suppress(Exception):
+            await session
+        await ticks
+        return sent, ack, exited, stale_ack, foreign_ack, logs, tail, agent
+
+    sent, ack, exited, stale_ack, foreign_ack, logs, tail, agent = asyncio.run(scenario())
+    assert ack["payload"] == {"ack_id": sent["id"], "ok": True, "error": None, "desired_version": 3}
+    assert exited["payload"]["exit_code"] == 0
+    assert stale_ack["payload"]["ok"] is False and "stale" in stale_ack["payload"]["error"]
+    assert foreign_ack["payload"]["ok"] is False and agent.desired.version == 3
+    assert logs["payload"]["data"] == "in process\n" and logs["payload"]["eof"] is True
+    assert logs["payload"]["size"] == logs["payload"]["next_offset"] == len("in process\n")
+    assert tail["payload"]["lines"] == ["in process"]
