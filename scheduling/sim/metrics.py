@@ -1,0 +1,149 @@
+"""Figures from one simulated run: allocation, utilization, fragmentation, waits, JCT, preemptions, fairness."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+
+from scheduling.sim.des import JobRecord, JobState, SimResult
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank-interpolated percentile (q in 0..100); None for no values."""
+    if not values:
+        return None
+    vs = sorted(values)
+    if len(vs) == 1:
+        return vs[0]
+    k = (len(vs) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return vs[lo] + (vs[hi] - vs[lo]) * (k - lo)
+
+
+def wait_stats(records: Iterable[JobRecord]) -> dict:
+    """p50/p95/max of queue wait (first start minus submit) over started jobs, and how many never started."""
+    started, never = [], 0
+    for r in records:
+        if r.wait_s is None:
+            never += 1
+        else:
+            started.append(r.wait_s)
+    return {
+        "jobs": len(started) + never,
+        "started": len(started),
+        "never_started": never,
+        "wait_p50_s": _round(percentile(started, 50)),
+        "wait_p95_s": _round(percentile(started, 95)),
+        "wait_max_s": _round(max(started) if started else None),
+        "wait_mean_s": _round(statistics.fmean(started) if started else None),
+    }
+
+
+def _round(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def summarize(result: SimResult) -> dict:
+    """The headline figures of a run, JSON-ready. Time averages are over [start_s, end_s]."""
+    span = max(1e-9, result.end_s - result.start_s)
+    cap = max(1, result.capacity_milli)
+    jobs = result.jobs
+    arrived = [r for r in jobs if r.spec.submit_time_s <= result.end_s]
+    done = [r for r in arrived if r.state is JobState.DONE]
+    jcts = [r.jct_s for r in done if r.jct_s is not None]
+    by_priority: dict[str, list[JobRecord]] = defaultdict(list)
+    by_team: dict[str, list[JobRecord]] = defaultdict(list)
+    by_kind: dict[str, list[JobRecord]] = defaultdict(list)
+    for r in arrived:
+        by_priority[r.spec.priority_class or str(r.spec.priority)].append(r)
+        by_team[r.spec.team].append(r)
+        if r.spec.kind:
+            by_kind[r.spec.kind].append(r)
+    team_mean_waits = [
+        statistics.fmean(ws)
+        for ws in ([r.wait_s for r in rs if r.wait_s is not None] for rs in by_team.values())
+        if ws
+    ]
+    quota = {}
+    for team, (t_s, integral) in sorted(result.quota_satisfaction.items()):
+        quota[team] = None if t_s <= 0 else round(integral / t_s, 4)
+    rated = [v for v in quota.values() if v is not None]
+    return {
+        "duration_s": round(span, 3),
+        "capacity_gpus": result.capacity_milli / 1000,
+        "allocation": round(result.allocated_milli_s / (cap * span), 4),
+        "utilization": round(result.used_milli_s / (cap * span), 4),
+        "fragmentation": round(result.fragment_milli_s / (cap * span), 4),
+        "mean_queue_len": round(result.queue_len_s / span, 3),
+        "jobs_arrived": len(arrived),
+        "jobs_completed": len(done),
+        "jobs_timed_out": sum(1 for r in arrived if r.state is JobState.TIMED_OUT),
+        "wait": wait_stats(arrived),
+        "wait_by_priority": {k: wait_stats(v) for k, v in sorted(by_priority.items())},
+        "wait_by_team": {k: wait_stats(v) for k, v in sorted(by_team.items())},
+        "wait_by_kind": {k: wait_stats(v) for k, v in sorted(by_kind.items())},
+        "jct_p50_s": _round(percentile(jcts, 50)),
+        "jct_p95_s": _round(percentile(jcts, 95)),
+        "jct_mean_s": _round(statistics.fmean(jcts) if jcts else None),
+        "preemptions": sum(r.preemptions for r in jobs),
+        "failure_requeues": sum(r.failures for r in jobs),
+        "node_failures": result.node_failures,
+        "lost_work_s": round(sum(r.lost_work_s for r in jobs), 3),
+        "lost_gpu_s": round(sum(r.lost_gpu_s for r in jobs), 3),
+        "quota_satisfaction": quota,
+        "quota_satisfaction_rate": round(statistics.fmean(rated), 4) if rated else None,
+        # The seed's fairness figure: how unequal teams' mean waits are (seconds squared; its root alongside).
+        "team_wait_variance_s2": round(statistics.pvariance(team_mean_waits), 3)
+        if len(team_mean_waits) > 1
+        else 0.0,
+        "team_wait_sd_s": round(statistics.pstdev(team_mean_waits), 3) if len(team_mean_waits) > 1 else 0.0,
+        "cycles": result.cycles,
+        "cycle_wall_s": round(result.cycle_wall_s, 3),
+    }
+
+
+def job_rows(result: SimResult) -> list[dict]:
+    """One row per job for the CSV report."""
+    rows = []
+    for r in result.jobs:
+        s = r.spec
+        rows.append(
+            {
+                "job": s.id,
+                "team": s.team,
+                "kind": s.kind,
+                "priority_class": s.priority_class,
+                "priority": s.priority,
+                "gpus": s.request.gpus * max(1, s.request.nodes),
+                "slice_memory_mib": s.request.gpu_memory_mib,
+                "slice_compute_milli": s.request.gpu_compute_milli,
+                "submit_s": s.submit_time_s,
+                "first_start_s": r.first_start_s,
+                "finish_s": r.finish_s,
+                "wait_s": r.wait_s,
+                "jct_s": r.jct_s,
+                "state": r.state.name.lower(),
+                "preemptions": r.preemptions,
+                "failure_requeues": r.failures,
+                "lost_work_s": round(r.lost_work_s, 3),
+            }
+        )
+    return rows
+
+
+def series_rows(result: SimResult) -> list[dict]:
+    """The time series as CSV rows, shares of capacity."""
+    cap = max(1, result.capacity_milli)
+    return [
+        {
+            "time_s": p.time_s,
+            "allocation": round(p.allocated_milli / cap, 5),
+            "utilization": round(p.used_milli / cap, 5),
+            "fragmentation": round(p.fragment_milli / cap, 5),
+            "queue_len": p.queue_len,
+            "running": p.running,
+        }
+        for p in result.series
+    ]
