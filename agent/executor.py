@@ -396,7 +396,8 @@ class Executor:
         for pid in procfs.find_by_env(f"TESSERA_PLACEMENT={spec.key}"):
             st = procfs.read_stat(pid)
             cmdline = procfs.read_cmdline(pid) or []
-            if st is not None and st.pid == st.pgrp and str(LAUNCHER) in cmdline:
+            # Ours, for this very directory: another agent's work dir could hold the same placement.
+            if st is not None and st.pid == st.pgrp and str(d / "exit.json") in cmdline:
                 launch = {
                     "pid": pid,
                     "pgid": pid,

@@ -143,8 +143,12 @@ def test_without_the_mps_binary_the_job_still_starts_and_says_so(tmp_path, monke
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
 
 
-def _launchers_for(key: str) -> list[int]:
-    return [p for p in procfs.find_by_env(f"TESSERA_PLACEMENT={key}") if procfs.read_stat(p).pgrp == p]
+def _launchers_for(key: str, work_dir) -> list[int]:
+    return [
+        p
+        for p in procfs.find_by_env(f"TESSERA_PLACEMENT={key}")
+        if procfs.read_stat(p).pgrp == p and any(str(work_dir) in arg for arg in procfs.read_cmdline(p))
+    ]
 
 
 def test_a_restarted_executor_adopts_a_running_job_and_never_launches_it_twice(tmp_path):
@@ -162,7 +166,7 @@ def test_a_restarted_executor_adopts_a_running_job_and_never_launches_it_twice(t
     for _ in range(2):
         result = rec.converge(DesiredState(version=3, jobs=(job,)))
         assert result.started == [] and result.running == [job.key]
-    assert _launchers_for(job.key) == [h1.pid]
+    assert _launchers_for(job.key, tmp_path) == [h1.pid]
 
     # The adopted job is stopped by a desired state without it; its exit code comes from the launcher.
     result = rec.converge(DesiredState(version=4, jobs=()))
@@ -180,3 +184,29 @@ def test_a_finished_placement_is_remembered_across_restarts(tmp_path):
     result = Reconciler(second).converge(DesiredState(version=1, jobs=(job,)))
     assert result.started == [] and second.handle(job.key).outcome == "exited"
     assert second.tail_log(job.key, "stdout") == ["ran"]
+
+
+def test_a_launch_record_lost_in_a_crash_is_recovered_from_the_running_process(tmp_path):
+    first = Executor(tmp_path)
+    job = spec("crash", py("import time; print('ready', flush=True); time.sleep(60)"))
+    h1 = first.start(job)
+    wait_for(lambda: first.tail_log(h1.key, "stdout") == ["ready"])
+    (h1.dir / "launch.json").unlink()  # the agent died between launching and writing it down
+    second = Executor(tmp_path)
+    h2 = second.handle(job.key)
+    assert h2.adopted and h2.state == RUNNING and h2.pid == h1.pid
+    assert Reconciler(second).converge(DesiredState(version=1, jobs=(job,))).started == []
+    second.stop(job.key, reason="not_desired", grace_s=0)
+    assert second.wait(job.key, 10).outcome == "stopped"
+    h1.popen.wait()
+
+
+def test_a_placement_written_down_but_never_launched_is_launched_after_a_restart(tmp_path):
+    job = spec("never", py("print('now')"))
+    d = Executor(tmp_path).job_dir(job)
+    d.mkdir(parents=True)
+    (d / "spec.json").write_text(json.dumps(job.to_dict()))
+    ex = Executor(tmp_path)
+    assert ex.handle(job.key) is None
+    assert Reconciler(ex).converge(DesiredState(version=1, jobs=(job,))).started == [job.key]
+    assert ex.wait(job.key, 10).outcome == "exited"
