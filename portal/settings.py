@@ -32,6 +32,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
     "quotas",
     "scheduling",
@@ -118,15 +119,30 @@ LOGIN_REDIRECT_URL = "/"
 
 REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
+    # Bearer first: unauthenticated requests then get 401 with WWW-Authenticate, not 403.
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "quotas.api.authentication.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_PAGINATION_CLASS": "portal.api_support.BoundedPagination",
+    "EXCEPTION_HANDLER": "portal.api_support.exception_handler",
+    "DEFAULT_THROTTLE_RATES": {"submit": env.str("TESSERA_API_SUBMIT_RATE", default="120/min")},
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Tessera API",
     "DESCRIPTION": "Submit GPU jobs, watch the queue and the cluster, manage tokens.",
     "VERSION": "1",
+    # The docs pages load their JavaScript from drf-spectacular-sidecar: no CDN, works offline.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {"JobStateEnum": "scheduling.choices.JobState"},
 }
+# Job logs shipped by agents (scheduling.joblogs).
+TESSERA_LOG_DIR = env.str("TESSERA_LOG_DIR", default=str(VAR_DIR / "logs"))
 
 # --- Security (production) --------------------------------------------------------------------------------
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)

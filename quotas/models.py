@@ -179,3 +179,41 @@ class QuotaChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.team} quota change at {self.changed_at:%Y-%m-%d %H:%M}"
+
+
+class ApiToken(models.Model):
+    """A personal API token for scripts and the CLI. Only its SHA-256 is stored; the token is shown once."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100, help_text="What it is for, e.g. 'laptop CLI'.")
+    prefix = models.CharField(max_length=16, help_text="First characters, to recognise it in lists.")
+    token_hash = models.CharField(max_length=64, unique=True, help_text="SHA-256 of the token, hex.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.user} token {self.prefix}... ({self.name})"
+
+
+class IdempotencyRecord(models.Model):
+    """The first response to a write sent with an Idempotency-Key, replayed for retries of the same request.
+
+    The unique (user, key) pair lets the database decide a race between two retries.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=200)
+    request_hash = models.CharField(max_length=64, help_text="SHA-256 of method, path and body.")
+    response_status = models.PositiveSmallIntegerField()
+    response_body = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "key"], name="idempotency_unique_user_key")]
+
+    def __str__(self) -> str:
+        return f"{self.user} {self.key}"

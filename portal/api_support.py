@@ -1,0 +1,185 @@
+"""What every API endpoint shares: one error format, bounded pagination, the submit throttle, a CSV renderer.
+
+Errors always read {"error": {"code", "message", "field", "limit"?, "fields": {field: [messages]}}}.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.renderers import BaseRenderer
+from rest_framework.response import Response
+from rest_framework.throttling import UserRateThrottle
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from scheduling.services import ServiceError
+from scheduling.states import IllegalTransition
+
+MAX_PAGE_SIZE = 500
+DEFAULT_PAGE_SIZE = 50
+
+
+class ApiError(exceptions.APIException):
+    """An error with a field and a limit, raised by views for refusals that are not a service's."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str = "invalid",
+        field: str | None = None,
+        limit: Any = None,
+        status_code: int = status.HTTP_400_BAD_REQUEST,
+    ):
+        super().__init__(detail=message, code=code)
+        self.status_code = status_code
+        self.field = field
+        self.limit = limit
+        self.error_code = code
+
+
+def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
+    """DRF's nested error details as {"field.sub": ["message", ...]}."""
+    out: dict[str, list[str]] = {}
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            for k, v in _flatten(value, name).items():
+                out.setdefault(k, []).extend(v)
+    elif isinstance(detail, list):
+        for item in detail:
+            for k, v in _flatten(item, prefix).items():
+                out.setdefault(k, []).extend(v)
+    else:
+        out.setdefault(prefix or "non_field_errors", []).append(str(detail))
+    return out
+
+
+def error_body(
+    *, code: str, message: str, field: str | None = None, limit: Any = None, fields: dict | None = None
+) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message, "field": field, "fields": fields or {}}
+    if limit is not None:
+        error["limit"] = limit
+    if field and not error["fields"]:
+        error["fields"] = {field: [message]}
+    return {"error": error}
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """Every refusal in the same shape, so clients (and the CLI) read one format."""
+    if isinstance(exc, ServiceError):
+        return Response(
+            error_body(
+                code=exc.code,
+                message=exc.message,
+                field=exc.field,
+                limit=getattr(exc, "limit", None),
+            ),
+            status=status.HTTP_403_FORBIDDEN if exc.code == "not_member" else status.HTTP_400_BAD_REQUEST,
+        )
+    if isinstance(exc, IllegalTransition):
+        return Response(
+            error_body(code="illegal_transition", message=str(exc), field="state"),
+            status=status.HTTP_409_CONFLICT,
+        )
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, ApiError):
+        response.data = error_body(
+            code=exc.error_code, message=str(exc.detail), field=exc.field, limit=exc.limit
+        )
+        return response
+    if isinstance(exc, exceptions.ValidationError):
+        fields = _flatten(exc.detail)
+        first_field, messages = next(iter(fields.items()), ("non_field_errors", ["Invalid input."]))
+        field = None if first_field == "non_field_errors" else first_field
+        message = f"{first_field}: {messages[0]}" if field else messages[0]
+        response.data = error_body(code="invalid", message=message, field=field, fields=fields)
+        return response
+    codes = exc.get_codes() if isinstance(exc, exceptions.APIException) else "error"
+    code = codes if isinstance(codes, str) else "error"
+    detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
+    limit = None
+    if isinstance(exc, exceptions.Throttled):
+        code, limit = "throttled", context.get("view") and _throttle_rate(context["view"])
+    response.data = error_body(code=code, message=str(detail), limit=limit)
+    return response
+
+
+def _throttle_rate(view: Any) -> str | None:
+    for throttle in getattr(view, "get_throttles", list)():
+        if getattr(throttle, "rate", None):
+            return throttle.rate
+    return None
+
+
+class BoundedPagination(PageNumberPagination):
+    """Pages of 50 by default; `page_size` above the maximum is refused (400), not silently clamped."""
+
+    page_size = DEFAULT_PAGE_SIZE
+    page_size_query_param = "page_size"
+    max_page_size = MAX_PAGE_SIZE
+
+    def get_page_size(self, request: Any) -> int:
+        raw = request.query_params.get(self.page_size_query_param)
+        if raw is None:
+            return self.page_size
+        try:
+            size = int(raw)
+        except ValueError:
+            raise ApiError(
+                f"page_size must be a whole number (got {raw!r}).", field="page_size", limit=MAX_PAGE_SIZE
+            ) from None
+        if size < 1 or size > MAX_PAGE_SIZE:
+            raise ApiError(
+                f"page_size must be between 1 and {MAX_PAGE_SIZE} (got {size}).",
+                field="page_size",
+                limit=MAX_PAGE_SIZE,
+            )
+        return size
+
+
+class SubmitRateThrottle(UserRateThrottle):
+    """Per-user submit rate (settings REST_FRAMEWORK.DEFAULT_THROTTLE_RATES['submit']).
+
+    A convenience against runaway scripts, not a security control: the counters are not atomic.
+    """
+
+    scope = "submit"
+
+
+class CsvRenderer(BaseRenderer):
+    """Flat rows (a list of dicts, or a paginated {"results": [...]}) as CSV, selected by ?format=csv."""
+
+    media_type = "text/csv"
+    format = "csv"
+    charset = "utf-8"
+
+    def render(
+        self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None
+    ) -> bytes:
+        if isinstance(data, dict) and "results" in data:
+            data = data["results"]
+        if isinstance(data, dict):  # an error body
+            data = [data.get("error", data)]
+        rows = list(data or [])
+        buffer = io.StringIO()
+        if rows:
+            columns = list(rows[0].keys())
+            writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
+            writer.writeheader()
+            for row in rows:
+                writer.writerow({k: v for k, v in row.items() if not isinstance(v, dict | list)})
+        return buffer.getvalue().encode()

@@ -1,0 +1,1 @@
+"""The quotas app's REST API: teams, priority classes, personal tokens, whoami."""

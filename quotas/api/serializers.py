@@ -1,0 +1,87 @@
+"""Shapes of teams, priority classes, tokens and the current user in the API."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from quotas.models import ApiToken, PriorityClass, Team
+
+
+class PriorityClassSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = PriorityClass
+        fields = ["id", "name", "value", "preemptible", "preemption_grace_s", "description"]
+
+
+class QuotaSummarySerializer(serializers.Serializer):
+    gpu_model = serializers.CharField(allow_null=True)
+    guaranteed_gpus = serializers.FloatField()
+    limit_gpus = serializers.FloatField(allow_null=True)
+    guaranteed_gpu_memory_mib = serializers.IntegerField()
+    limit_gpu_memory_mib = serializers.IntegerField(allow_null=True)
+    fair_share_weight = serializers.FloatField()
+    default_priority_class = serializers.CharField(allow_null=True)
+
+
+class TeamUsageSerializer(serializers.Serializer):
+    gpus = serializers.FloatField(help_text="Whole-GPU equivalents held now.")
+    gpu_memory_mib = serializers.IntegerField()
+    running_jobs = serializers.IntegerField()
+    pending_jobs = serializers.IntegerField()
+
+
+class TeamBorrowedSerializer(serializers.Serializer):
+    gpus = serializers.FloatField()
+    gpu_memory_mib = serializers.IntegerField()
+
+
+class FairShareSerializer(serializers.Serializer):
+    gpus = serializers.FloatField(allow_null=True)
+
+
+class TeamSerializer(serializers.ModelSerializer):
+    parent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    role = serializers.SerializerMethodField()
+    quotas = QuotaSummarySerializer(many=True, source="summary.quotas", read_only=True)
+    usage = TeamUsageSerializer(source="summary.usage", read_only=True)
+    borrowed = TeamBorrowedSerializer(source="summary.borrowed", read_only=True)
+    fair_share = FairShareSerializer(source="summary.fair_share", read_only=True)
+
+    class Meta:
+        model = Team
+        fields = ["id", "slug", "display_name", "parent", "role", "quotas", "usage", "borrowed", "fair_share"]
+
+    def get_role(self, team: Team) -> str | None:
+        return self.context.get("roles", {}).get(team.pk)
+
+
+class ApiTokenSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
+        read_only_fields = ["id", "prefix", "created_at", "last_used_at", "revoked_at"]
+
+
+class ApiTokenCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+
+
+class ApiTokenCreatedSerializer(ApiTokenSerializer):
+    token = serializers.CharField(read_only=True, help_text="Shown once; only its hash is stored.")
+
+    class Meta(ApiTokenSerializer.Meta):
+        fields = [*ApiTokenSerializer.Meta.fields, "token"]
+
+
+class MembershipBriefSerializer(serializers.Serializer):
+    team = serializers.CharField()
+    team_id = serializers.IntegerField()
+    role = serializers.CharField()
+
+
+class WhoamiSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    username = serializers.CharField()
+    is_staff = serializers.BooleanField()
+    auth = serializers.CharField(help_text="How this request authenticated: token or session.")
+    teams = MembershipBriefSerializer(many=True)

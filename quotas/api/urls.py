@@ -1,0 +1,17 @@
+"""Routes of the quotas API, mounted under /api/v1/ by portal.api_urls."""
+
+from django.urls import path
+from rest_framework.routers import DefaultRouter
+
+from quotas.api import views
+
+router = DefaultRouter(trailing_slash=True)
+router.include_root_view = False
+router.register("teams", views.TeamViewSet, basename="team")
+router.register("priority-classes", views.PriorityClassViewSet, basename="priorityclass")
+router.register("tokens", views.ApiTokenViewSet, basename="apitoken")
+
+urlpatterns = [
+    path("whoami/", views.WhoamiView.as_view(), name="whoami"),
+    *router.urls,
+]

@@ -1,0 +1,135 @@
+"""Teams (mine), priority classes, personal tokens and whoami. Tenant scoping lives in get_queryset."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from portal.api_support import ApiError
+from quotas.api.authentication import BearerTokenAuthentication
+from quotas.api.serializers import (
+    ApiTokenCreatedSerializer,
+    ApiTokenCreateSerializer,
+    ApiTokenSerializer,
+    PriorityClassSerializer,
+    TeamSerializer,
+    WhoamiSerializer,
+)
+from quotas.models import ApiToken, Membership, PriorityClass, Team
+from quotas.tokens import TokenLimitReached, api_token_create, api_token_revoke
+from scheduling.api.queries import allocations_by_team, fair_shares_gpus, team_summary
+
+
+class TeamViewSet(viewsets.ReadOnlyModelViewSet):
+    """The caller's teams (staff: all) with quota, what they hold now, what they borrow and their fair share."""
+
+    serializer_class = TeamSerializer
+    filterset_fields = ["slug", "parent"]
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # schema generation has no user
+            return Team.objects.none()
+        teams = Team.objects.select_related("parent").prefetch_related(
+            "quotas__gpu_model", "quotas__default_priority_class"
+        )
+        if self.request.user.is_staff:
+            return teams
+        return teams.filter(memberships__user=self.request.user).distinct()
+
+    def _with_summaries(self, teams: list[Team]) -> list[Team]:
+        allocations = allocations_by_team()
+        shares = fair_shares_gpus()
+        for team in teams:
+            team.summary = team_summary(
+                team=team, allocation=allocations[team.pk], fair_share_gpus=shares.get(team.pk)
+            )
+        return teams
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        context = super().get_serializer_context()
+        if self.request and self.request.user.is_authenticated:
+            context["roles"] = dict(
+                Membership.objects.filter(user=self.request.user).values_list("team_id", "role")
+            )
+        return context
+
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        queryset = self.filter_queryset(self.get_queryset())
+        page = self.paginate_queryset(queryset)
+        teams = self._with_summaries(list(page if page is not None else queryset))
+        data = self.get_serializer(teams, many=True).data
+        return self.get_paginated_response(data) if page is not None else Response(data)
+
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        team = self._with_summaries([self.get_object()])[0]
+        return Response(self.get_serializer(team).data)
+
+
+class PriorityClassViewSet(viewsets.ReadOnlyModelViewSet):
+    """Priority classes, highest first. Everyone signed in may read them."""
+
+    serializer_class = PriorityClassSerializer
+    queryset = PriorityClass.objects.all()
+    filterset_fields = ["name", "preemptible"]
+
+
+class ApiTokenViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet
+):
+    """The caller's personal tokens: create (the token is shown once), list, revoke (DELETE)."""
+
+    serializer_class = ApiTokenSerializer
+    filterset_fields = ["name"]
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return ApiToken.objects.none()
+        return ApiToken.objects.filter(user=self.request.user)
+
+    @extend_schema(request=ApiTokenCreateSerializer, responses={201: ApiTokenCreatedSerializer})
+    def create(self, request: Request) -> Response:
+        incoming = ApiTokenCreateSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        try:
+            row, token = api_token_create(user=request.user, name=incoming.validated_data["name"])
+        except TokenLimitReached as exc:
+            raise ApiError(str(exc), code="too_many_tokens", field="name") from None
+        row.token = token
+        return Response(ApiTokenCreatedSerializer(row).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={200: ApiTokenSerializer})
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        token = api_token_revoke(token=self.get_object())
+        return Response(ApiTokenSerializer(token).data)
+
+    @extend_schema(request=None, responses={200: ApiTokenSerializer})
+    @action(detail=True, methods=["post"])
+    def revoke(self, request: Request, pk: str | None = None) -> Response:
+        token = api_token_revoke(token=self.get_object())
+        return Response(ApiTokenSerializer(token).data)
+
+
+class WhoamiView(APIView):
+    """Who the request is authenticated as, and their teams."""
+
+    @extend_schema(responses={200: WhoamiSerializer})
+    def get(self, request: Request) -> Response:
+        memberships = (
+            Membership.objects.filter(user=request.user).select_related("team").order_by("team__slug")
+        )
+        data = {
+            "id": request.user.pk,
+            "username": request.user.get_username(),
+            "is_staff": request.user.is_staff,
+            "auth": "token"
+            if isinstance(request.successful_authenticator, BearerTokenAuthentication)
+            else "session",
+            "teams": [{"team": m.team.slug, "team_id": m.team_id, "role": m.role} for m in memberships],
+        }
+        return Response(WhoamiSerializer(data).data)

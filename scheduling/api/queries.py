@@ -1,0 +1,122 @@
+"""Reads the API needs beyond scheduling.selectors: who may do what to a job, and team and cluster aggregates.
+
+Aggregates count GPUs in whole-GPU equivalents: a slice counts max(memory share, compute share) of its card.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from django.contrib.auth.models import AbstractBaseUser
+
+from quotas.models import Quota, Team
+from quotas.selectors import team_ids_administered_by, team_ids_for_user
+from scheduling.choices import GpuHealth, JobState, NodeState
+from scheduling.models import Gpu, Job, Slice
+from scheduling.states import ACTIVE_STATES, LIVE_STATES
+
+
+def slice_share(*, memory_mib: int, compute_pct: int, gpu_memory_mib: int) -> float:
+    """Whole-GPU equivalents one slice holds: a 10 GiB / 25 % slice of an 80 GiB card counts 0.25."""
+    memory_share = memory_mib / gpu_memory_mib if gpu_memory_mib else 0.0
+    return min(1.0, max(memory_share, compute_pct / 100))
+
+
+def can_cancel_job(*, user: AbstractBaseUser, job: Job) -> bool:
+    """Staff: any job; a team admin: any job of the team; a member: their own jobs."""
+    if user.is_staff:
+        return True
+    if job.team_id in team_ids_administered_by(user=user):
+        return True
+    return job.submitter_id == user.pk and job.team_id in team_ids_for_user(user=user)
+
+
+@dataclass
+class TeamAllocation:
+    gpus: float = 0.0
+    gpu_memory_mib: int = 0
+    borrowed_gpus: float = 0.0
+    borrowed_gpu_memory_mib: int = 0
+    running_jobs: int = 0
+    pending_jobs: int = 0
+    members: set[int] = field(default_factory=set)
+
+
+def allocations_by_team() -> dict[int, TeamAllocation]:
+    """What each team holds right now, from the live slices, and how many of its jobs wait."""
+    out: dict[int, TeamAllocation] = defaultdict(TeamAllocation)
+    rows = Slice.objects.filter(job__state__in=ACTIVE_STATES).values_list(
+        "job__team_id", "job__borrowed", "memory_mib", "compute_pct", "gpu__memory_mib"
+    )
+    for team_id, borrowed, memory_mib, compute_pct, gpu_memory_mib in rows:
+        share = slice_share(memory_mib=memory_mib, compute_pct=compute_pct, gpu_memory_mib=gpu_memory_mib)
+        alloc = out[team_id]
+        alloc.gpus += share
+        alloc.gpu_memory_mib += memory_mib
+        if borrowed:
+            alloc.borrowed_gpus += share
+            alloc.borrowed_gpu_memory_mib += memory_mib
+    counts = Job.objects.filter(state__in=LIVE_STATES).values_list("team_id", "state").order_by()
+    for team_id, state in counts:
+        if state in ACTIVE_STATES:
+            out[team_id].running_jobs += 1
+        elif state == JobState.PENDING:
+            out[team_id].pending_jobs += 1
+    return out
+
+
+def schedulable_gpu_count() -> int:
+    return (
+        Gpu.objects.filter(node__state__in=[NodeState.READY, NodeState.DRAINING])
+        .exclude(health=GpuHealth.FAILED)
+        .count()
+    )
+
+
+def fair_shares_gpus() -> dict[int, float]:
+    """Each team's fair share in GPUs: its guarantee plus a weight-proportional part of the unguaranteed rest.
+
+    A static reading of the quota tree (KAI-style water-filling without demand), for display; the engine's
+    decisions use its own, demand-aware computation.
+    """
+    quotas = list(
+        Quota.objects.filter(gpu_model__isnull=True).values_list(
+            "team_id", "guaranteed_gpus", "fair_share_weight"
+        )
+    )
+    total = Decimal(schedulable_gpu_count())
+    guaranteed = sum((g for _, g, _ in quotas), Decimal(0))
+    weights = sum((w for _, _, w in quotas), Decimal(0))
+    rest = max(Decimal(0), total - guaranteed)
+    return {team_id: float(g + (rest * w / weights if weights else 0)) for team_id, g, w in quotas}
+
+
+def team_summary(*, team: Team, allocation: TeamAllocation, fair_share_gpus: float | None) -> dict:
+    quotas = [
+        {
+            "gpu_model": q.gpu_model.name if q.gpu_model_id else None,
+            "guaranteed_gpus": float(q.guaranteed_gpus),
+            "limit_gpus": float(q.limit_gpus) if q.limit_gpus is not None else None,
+            "guaranteed_gpu_memory_mib": q.guaranteed_gpu_memory_mib,
+            "limit_gpu_memory_mib": q.limit_gpu_memory_mib,
+            "fair_share_weight": float(q.fair_share_weight),
+            "default_priority_class": q.default_priority_class.name if q.default_priority_class_id else None,
+        }
+        for q in team.quotas.all()
+    ]
+    return {
+        "quotas": quotas,
+        "usage": {
+            "gpus": round(allocation.gpus, 3),
+            "gpu_memory_mib": allocation.gpu_memory_mib,
+            "running_jobs": allocation.running_jobs,
+            "pending_jobs": allocation.pending_jobs,
+        },
+        "borrowed": {
+            "gpus": round(allocation.borrowed_gpus, 3),
+            "gpu_memory_mib": allocation.borrowed_gpu_memory_mib,
+        },
+        "fair_share": {"gpus": round(fair_share_gpus, 3) if fair_share_gpus is not None else None},
+    }

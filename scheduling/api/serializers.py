@@ -1,0 +1,283 @@
+"""Shapes of jobs, queue entries, events, logs, the cluster and usage in the API.
+
+Serializers only shape data: submit parsing is scheduling.spec's, writes are scheduling.services'.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from scheduling.models import Job, JobEvent
+from scheduling.services import JobSpec
+from scheduling.spec import spec_to_mapping
+
+
+class JobRequestSerializer(serializers.Serializer):
+    gpus = serializers.IntegerField()
+    gpu_memory_mib = serializers.IntegerField()
+    compute_pct = serializers.IntegerField()
+    gpu_models = serializers.ListField(child=serializers.CharField())
+    min_gpu_memory_mib = serializers.IntegerField()
+    min_compute_capability = serializers.DecimalField(max_digits=3, decimal_places=1)
+    topology = serializers.CharField()
+    nodes = serializers.IntegerField()
+    cpu_milli = serializers.IntegerField()
+    memory_mib = serializers.IntegerField()
+    max_runtime_s = serializers.IntegerField(allow_null=True)
+
+
+def job_request(job: Job) -> dict[str, Any]:
+    return {
+        "gpus": job.gpus,
+        "gpu_memory_mib": job.gpu_memory_mib,
+        "compute_pct": job.compute_pct,
+        "gpu_models": job.gpu_models,
+        "min_gpu_memory_mib": job.min_gpu_memory_mib,
+        "min_compute_capability": job.min_compute_capability,
+        "topology": job.topology,
+        "nodes": job.nodes,
+        "cpu_milli": job.cpu_milli,
+        "memory_mib": job.memory_mib,
+        "max_runtime_s": job.max_runtime_s,
+    }
+
+
+class JobSerializer(serializers.ModelSerializer):
+    team = serializers.CharField(source="team.slug", read_only=True)
+    user = serializers.CharField(source="submitter.username", read_only=True)
+    priority = serializers.CharField(source="priority_class.name", read_only=True)
+    priority_value = serializers.IntegerField(source="priority_class.value", read_only=True)
+    request = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "team",
+            "team_id",
+            "user",
+            "state",
+            "command",
+            "request",
+            "priority",
+            "priority_value",
+            "preemptible",
+            "borrowed",
+            "attempt",
+            "submitted_at",
+            "placed_at",
+            "started_at",
+            "finished_at",
+            "exit_code",
+            "pending_reason_code",
+            "pending_reason",
+            "queue_position",
+            "estimated_start_at",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(JobRequestSerializer)
+    def get_request(self, job: Job) -> dict[str, Any]:
+        return JobRequestSerializer(job_request(job)).data
+
+
+class JobSliceSerializer(serializers.Serializer):
+    node = serializers.CharField(source="gpu.node.name")
+    gpu_index = serializers.IntegerField(source="gpu.index")
+    gpu_uuid = serializers.CharField(source="gpu.uuid")
+    gpu_model = serializers.CharField(source="gpu.model.name")
+    memory_mib = serializers.IntegerField()
+    compute_pct = serializers.IntegerField()
+
+
+class JobDetailSerializer(JobSerializer):
+    env = serializers.DictField(child=serializers.CharField(), read_only=True)
+    slices = JobSliceSerializer(many=True, read_only=True)
+    spec = serializers.SerializerMethodField(help_text="The job as a spec, for 'copy & edit'.")
+    can_cancel = serializers.SerializerMethodField()
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "env", "requeue_on_node_loss", "slices", "spec", "can_cancel"]
+        read_only_fields = fields
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_spec(self, job: Job) -> dict[str, Any]:
+        spec = JobSpec(
+            name=job.name,
+            command=job.command,
+            env=job.env,
+            gpus=job.gpus,
+            gpu_memory_mib=job.gpu_memory_mib,
+            compute_pct=job.compute_pct,
+            gpu_models=tuple(job.gpu_models),
+            min_gpu_memory_mib=job.min_gpu_memory_mib,
+            min_compute_capability=job.min_compute_capability,
+            topology=job.topology,
+            nodes=job.nodes,
+            cpu_milli=job.cpu_milli,
+            memory_mib=job.memory_mib,
+            priority=job.priority_class.name,
+            preemptible=job.preemptible,
+            max_runtime_s=job.max_runtime_s,
+            requeue_on_node_loss=job.requeue_on_node_loss,
+        )
+        return spec_to_mapping(spec, team=job.team.slug)
+
+    def get_can_cancel(self, job: Job) -> bool:
+        from scheduling.api.queries import can_cancel_job
+
+        request = self.context.get("request")
+        return bool(request and can_cancel_job(user=request.user, job=job))
+
+
+class JobSubmitSerializer(serializers.Serializer):
+    """The job spec as JSON (YAML is accepted too with Content-Type: application/yaml). Sizes take units."""
+
+    name = serializers.CharField(max_length=200)
+    team = serializers.CharField(required=False, help_text="Team slug; optional when you are in one team.")
+    command = serializers.JSONField(help_text="A shell command, or a list of arguments.")
+    env = serializers.DictField(child=serializers.CharField(), required=False)
+    gpus = serializers.IntegerField(required=False, min_value=0, help_text="Whole GPUs per node.")
+    gpu_memory = serializers.CharField(
+        required=False, help_text="Per GPU slice, e.g. '10GiB', '512MiB', '80GB'."
+    )
+    compute_pct = serializers.IntegerField(required=False, min_value=0, max_value=100)
+    gpu_models = serializers.ListField(child=serializers.CharField(), required=False)
+    min_gpu_memory = serializers.CharField(required=False, help_text="e.g. '40GiB'")
+    min_compute_capability = serializers.CharField(required=False, help_text="e.g. '8.0'")
+    topology = serializers.ChoiceField(choices=["none", "numa", "nvlink"], required=False)
+    nodes = serializers.IntegerField(required=False, min_value=1)
+    cpu = serializers.CharField(required=False, help_text="Cores ('4', '0.5') or millicores ('500m').")
+    memory = serializers.CharField(required=False, help_text="Host memory per node, e.g. '64GiB'.")
+    priority = serializers.CharField(required=False)
+    preemptible = serializers.BooleanField(required=False)
+    max_runtime = serializers.CharField(required=False, help_text="e.g. '2h', '30m', '90s', '1h30m'.")
+    requeue_on_node_loss = serializers.BooleanField(required=False)
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    actor = serializers.SerializerMethodField()
+
+    class Meta:
+        model = JobEvent
+        fields = ["id", "at", "from_state", "to_state", "actor_kind", "actor", "code", "message", "data"]
+        read_only_fields = fields
+
+    def get_actor(self, event: JobEvent) -> str | None:
+        return event.actor.username if event.actor_id else None
+
+
+class JobLogSerializer(serializers.Serializer):
+    job_id = serializers.IntegerField()
+    stream = serializers.CharField()
+    offset = serializers.IntegerField(help_text="Where `text` starts in the log, in bytes.")
+    next_offset = serializers.IntegerField(help_text="Ask from here to follow the log.")
+    size = serializers.IntegerField()
+    text = serializers.CharField(allow_blank=True)
+    complete = serializers.BooleanField(help_text="The job has finished: the log will not grow.")
+
+
+class QueueEntrySerializer(serializers.Serializer):
+    """A pending job as everyone sees it; name, user, command and id only for the caller's own teams."""
+
+    position = serializers.IntegerField()
+    mine = serializers.BooleanField(help_text="True when the job belongs to one of your teams.")
+    id = serializers.IntegerField(allow_null=True)
+    name = serializers.CharField(allow_null=True)
+    user = serializers.CharField(allow_null=True)
+    team = serializers.CharField(allow_null=True)
+    priority = serializers.CharField()
+    priority_value = serializers.IntegerField()
+    request = JobRequestSerializer()
+    gpu_equivalents = serializers.FloatField(allow_null=True)
+    submitted_at = serializers.DateTimeField()
+    wait_s = serializers.IntegerField()
+    pending_reason_code = serializers.CharField(allow_blank=True)
+    pending_reason = serializers.CharField(allow_blank=True, allow_null=True)
+    estimated_start_at = serializers.DateTimeField(allow_null=True)
+
+
+class SliceHolderSerializer(serializers.Serializer):
+    job_id = serializers.IntegerField(allow_null=True)
+    job_name = serializers.CharField(allow_null=True)
+    user = serializers.CharField(allow_null=True)
+    team = serializers.CharField(allow_null=True)
+    mine = serializers.BooleanField()
+    memory_mib = serializers.IntegerField()
+    compute_pct = serializers.IntegerField()
+
+
+class GpuSerializer(serializers.Serializer):
+    index = serializers.IntegerField()
+    uuid = serializers.CharField()
+    model = serializers.CharField()
+    memory_mib = serializers.IntegerField()
+    numa_node = serializers.IntegerField()
+    sharing_mode = serializers.CharField()
+    health = serializers.CharField()
+    compute_capacity_pct = serializers.IntegerField()
+    allocated_memory_mib = serializers.IntegerField()
+    allocated_compute_pct = serializers.IntegerField()
+    nvlink_peers = serializers.ListField(child=serializers.IntegerField())
+    slices = SliceHolderSerializer(many=True)
+    metrics = serializers.DictField(
+        allow_null=True, help_text="Latest utilisation sample, when agents report one."
+    )
+
+
+class NodeSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    state = serializers.CharField()
+    cpu_milli = serializers.IntegerField()
+    memory_mib = serializers.IntegerField()
+    allocated_cpu_milli = serializers.IntegerField()
+    allocated_memory_mib = serializers.IntegerField()
+    labels = serializers.DictField()
+    last_heartbeat_at = serializers.DateTimeField(allow_null=True)
+    gpus = GpuSerializer(many=True)
+
+
+class ModelCapacitySerializer(serializers.Serializer):
+    model = serializers.CharField()
+    gpus = serializers.IntegerField()
+    ready_gpus = serializers.IntegerField()
+    memory_mib = serializers.IntegerField()
+    allocated_memory_mib = serializers.IntegerField()
+    allocated_gpus = serializers.FloatField(help_text="Whole-GPU equivalents allocated.")
+    free_whole_gpus = serializers.IntegerField(help_text="Cards with nothing allocated on ready nodes.")
+
+
+class TeamAggregateSerializer(serializers.Serializer):
+    team = serializers.CharField()
+    guaranteed_gpus = serializers.FloatField(allow_null=True)
+    fair_share_gpus = serializers.FloatField(allow_null=True)
+    allocated_gpus = serializers.FloatField()
+    borrowed_gpus = serializers.FloatField()
+    running_jobs = serializers.IntegerField()
+    pending_jobs = serializers.IntegerField()
+
+
+class ClusterSerializer(serializers.Serializer):
+    nodes = serializers.DictField(child=serializers.IntegerField(), help_text="Node count by state.")
+    gpus = serializers.IntegerField()
+    memory_mib = serializers.IntegerField()
+    allocated_memory_mib = serializers.IntegerField()
+    allocated_gpus = serializers.FloatField()
+    pending_jobs = serializers.IntegerField()
+    running_jobs = serializers.IntegerField()
+    models = ModelCapacitySerializer(many=True)
+    teams = TeamAggregateSerializer(many=True, help_text="Anonymous aggregates per team: no jobs, no people.")
+
+
+class UsageRowSerializer(serializers.Serializer):
+    team = serializers.CharField(required=False)
+    user = serializers.CharField(required=False)
+    day = serializers.DateField(required=False)
+    gpu_hours = serializers.FloatField(help_text="Whole-GPU-equivalent hours: a quarter card for 4 h is 1.0.")
+    gpu_memory_gib_hours = serializers.FloatField()
+    jobs = serializers.IntegerField()

@@ -1,0 +1,127 @@
+"""Fractional GPU-hours by team, user and day, derived from job records so that history outlives slices.
+
+A job holds GPUs while it is placed, starting or running; its JobEvents give those intervals (requeues make
+several). What it holds is counted in whole-GPU equivalents: whole cards count 1 each, a slice counts
+max(memory share, compute share) of its card, so a 10 GiB / 25 % slice of an 80 GiB card counts 0.25.
+The card's size comes from the placement event's data when the scheduler records it (`gpu_equivalents`,
+`gpu_memory_mib`), else from the job's live slices, else from the smallest card the request allowed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+
+from django.db.models import Q, QuerySet
+
+from scheduling.api.queries import slice_share
+from scheduling.models import GpuModel, Job, JobEvent
+from scheduling.states import ACTIVE_STATES
+
+GROUPS = ("team", "user", "day")
+MAX_WINDOW = timedelta(days=366)
+
+
+@dataclass(frozen=True)
+class Holding:
+    gpu_equivalents: float
+    gpu_memory_mib: int
+
+
+def _card_memory_mib(job: Job, models: list[GpuModel]) -> int | None:
+    live = [s.gpu.memory_mib for s in job.slices.all()]
+    if live:
+        return min(live)
+    allowed = [m for m in models if (not job.gpu_models or m.name in job.gpu_models)]
+    allowed = [m for m in allowed if m.memory_mib >= job.min_gpu_memory_mib] or allowed
+    return min((m.memory_mib for m in allowed), default=None)
+
+
+def job_holding(job: Job, *, placement_data: dict | None, models: list[GpuModel]) -> Holding:
+    data = placement_data or {}
+    card_mib = data.get("gpu_memory_mib") or _card_memory_mib(job, models)
+    if job.gpus:
+        cards = job.gpus * job.nodes
+        equivalents = float(data.get("gpu_equivalents") or cards)
+        return Holding(equivalents, cards * (card_mib or 0))
+    memory = job.gpu_memory_mib or (card_mib or 0) * job.compute_pct // 100
+    if "gpu_equivalents" in data:
+        return Holding(float(data["gpu_equivalents"]), memory)
+    share = slice_share(
+        memory_mib=job.gpu_memory_mib, compute_pct=job.compute_pct, gpu_memory_mib=card_mib or 0
+    )
+    return Holding(share, memory)
+
+
+def _split_by_day(start: datetime, end: datetime) -> list[tuple[date, float]]:
+    """(UTC day, seconds) pieces of an interval."""
+    pieces = []
+    cursor = start
+    while cursor < end:
+        next_midnight = datetime.combine(cursor.date() + timedelta(days=1), time.min, tzinfo=UTC)
+        piece_end = min(end, next_midnight)
+        pieces.append((cursor.date(), (piece_end - cursor).total_seconds()))
+        cursor = piece_end
+    return pieces
+
+
+def usage_rows(
+    *, jobs: QuerySet[Job], since: datetime, until: datetime, group_by: tuple[str, ...]
+) -> list[dict]:
+    """Rows of {group fields..., gpu_hours, gpu_memory_gib_hours, jobs}, sorted by the group fields."""
+    candidates = (
+        jobs.filter(Q(finished_at__isnull=True) | Q(finished_at__gte=since), submitted_at__lt=until)
+        .exclude(placed_at__isnull=True, attempt=0)
+        .select_related("team", "submitter")
+        .prefetch_related("slices__gpu")
+    )
+    by_id = {job.pk: job for job in candidates}
+    if not by_id:
+        return []
+    models = list(GpuModel.objects.all())
+    active = list(ACTIVE_STATES)
+    events = (
+        JobEvent.objects.filter(job_id__in=by_id.keys(), at__lt=until)
+        .filter(Q(to_state__in=active) | Q(from_state__in=active))
+        .order_by("job_id", "at", "id")
+        .values_list("job_id", "at", "from_state", "to_state", "data")
+    )
+    totals: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0, set()])
+    open_since: dict[int, tuple[datetime, dict]] = {}
+
+    def charge(job_id: int, start: datetime, end: datetime, data: dict) -> None:
+        start, end = max(start, since), min(end, until)
+        if end <= start:
+            return
+        job = by_id[job_id]
+        holding = job_holding(job, placement_data=data, models=models)
+        for day, seconds in _split_by_day(start, end):
+            key = tuple(
+                {"team": job.team.slug, "user": job.submitter.username, "day": day}[g] for g in group_by
+            )
+            entry = totals[key]
+            entry[0] += holding.gpu_equivalents * seconds / 3600
+            entry[1] += holding.gpu_memory_mib / 1024 * seconds / 3600
+            entry[2].add(job_id)
+
+    for job_id, at, from_state, to_state, data in events:
+        entering = to_state in ACTIVE_STATES and from_state not in ACTIVE_STATES
+        leaving = from_state in ACTIVE_STATES and to_state not in ACTIVE_STATES
+        if entering and job_id not in open_since:
+            open_since[job_id] = (at, data or {})
+        elif leaving and job_id in open_since:
+            start, placement = open_since.pop(job_id)
+            charge(job_id, start, at, placement)
+    for job_id, (start, placement) in open_since.items():
+        if by_id[job_id].state in ACTIVE_STATES:
+            charge(job_id, start, until, placement)
+
+    rows = []
+    for key, (gpu_hours, gib_hours, job_ids) in sorted(
+        totals.items(), key=lambda kv: [str(k) for k in kv[0]]
+    ):
+        row = dict(zip(group_by, key, strict=True))
+        row.update(gpu_hours=round(gpu_hours, 4), gpu_memory_gib_hours=round(gib_hours, 4), jobs=len(job_ids))
+        rows.append(row)
+    return rows

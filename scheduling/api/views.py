@@ -1,0 +1,562 @@
+"""Jobs, the queue, the cluster and usage. Tenant scoping is in get_queryset; writes go through services.
+
+Visibility: staff see everything; everyone else sees their teams' jobs in full and other teams' work only as
+anonymous queue entries, anonymous slices and per-team aggregates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter, defaultdict
+from datetime import UTC, datetime, time, timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Prefetch
+from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from portal.api_support import ApiError, CsvRenderer, SubmitRateThrottle
+from quotas.models import IdempotencyRecord, Membership, Quota, Team
+from quotas.selectors import team_ids_for_user
+from scheduling import joblogs, selectors, services
+from scheduling.api import serializers as s
+from scheduling.api.filtersets import JobFilterSet, QueueFilterSet
+from scheduling.api.queries import (
+    allocations_by_team,
+    can_cancel_job,
+    fair_shares_gpus,
+    slice_share,
+)
+from scheduling.api.usage import GROUPS, MAX_WINDOW, usage_rows
+from scheduling.choices import GpuHealth, JobState, LinkKind, NodeState
+from scheduling.models import Gpu, GpuLink, Job, Node, Slice
+from scheduling.spec import SpecError, spec_from_mapping, spec_from_text
+from scheduling.states import ACTIVE_STATES, TERMINAL_STATES
+
+MAX_IDEMPOTENCY_KEY_CHARS = 200
+MAX_LOG_TAIL_LINES = 10_000
+
+
+class YamlParser(BaseParser):
+    """Job specs posted as YAML (`Content-Type: application/yaml`); parsed by scheduling.spec."""
+
+    media_type = "application/yaml"
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        return {"__yaml__": stream.read()}
+
+
+def _visible_team_ids(user: Any) -> set[int] | None:
+    """None means all (staff)."""
+    return None if user.is_staff else team_ids_for_user(user=user)
+
+
+def _resolve_team(*, user: Any, slug: str | None) -> Team:
+    """The team a submit goes to. An unknown team reads like one you are not in, so slugs cannot be probed."""
+    if slug is None:
+        slugs = list(Membership.objects.filter(user=user).values_list("team__slug", flat=True)[:2])
+        if len(slugs) != 1:
+            raise SpecError(
+                "Name the team (you belong to several)." if slugs else "Name the team: you belong to none.",
+                field="team",
+            )
+        slug = slugs[0]
+    team = Team.objects.filter(slug=slug).first()
+    if team is None:
+        if user.is_staff:
+            raise SpecError(f"Unknown team {slug!r}.", field="team")
+        raise services.ServiceError(f"You are not a member of team {slug}.", field="team", code="not_member")
+    return team
+
+
+class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Submit jobs from a spec, list and filter them, see one in detail, cancel, read its events and logs."""
+
+    filterset_class = JobFilterSet
+    parser_classes = [JSONParser, YamlParser]
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # schema generation has no user
+            return Job.objects.none()
+        jobs = selectors.jobs_visible_to(user=self.request.user).order_by("-submitted_at", "-id")
+        if self.action == "retrieve":
+            jobs = jobs.prefetch_related(
+                Prefetch("slices", queryset=Slice.objects.select_related("gpu__node", "gpu__model"))
+            )
+        return jobs
+
+    def get_serializer_class(self):
+        if self.action == "retrieve":
+            return s.JobDetailSerializer
+        if self.action == "create":
+            return s.JobSubmitSerializer
+        if self.action == "events":
+            return s.JobEventSerializer
+        return s.JobSerializer
+
+    def get_throttles(self):
+        if self.action == "create":
+            return [SubmitRateThrottle()]
+        return super().get_throttles()
+
+    @extend_schema(
+        request={"application/json": s.JobSubmitSerializer, "application/yaml": OpenApiTypes.STR},
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
+                description="Retries with the same key get the first response; another body gets 409.",
+            )
+        ],
+        responses={201: s.JobSerializer},
+    )
+    def create(self, request: Request) -> Response:
+        key = request.headers.get("Idempotency-Key")
+        if key is not None and not (0 < len(key) <= MAX_IDEMPOTENCY_KEY_CHARS):
+            raise ApiError(
+                f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters.",
+                field="Idempotency-Key",
+                limit=MAX_IDEMPOTENCY_KEY_CHARS,
+            )
+        if key is None:
+            return self._submit(request)
+        request_hash = hashlib.sha256(
+            request.method.encode() + request.path.encode() + request.body
+        ).hexdigest()
+        replay = self._replay(request.user, key, request_hash)
+        if replay is not None:
+            return replay
+        try:
+            with transaction.atomic():
+                response = self._submit(request)
+                IdempotencyRecord.objects.create(
+                    user=request.user,
+                    key=key,
+                    request_hash=request_hash,
+                    response_status=response.status_code,
+                    response_body=response.data,
+                )
+        except IntegrityError:
+            # A concurrent retry with the same key won; our job was rolled back with the record.
+            replay = self._replay(request.user, key, request_hash)
+            if replay is None:
+                raise
+            return replay
+        return response
+
+    def _replay(self, user: Any, key: str, request_hash: str) -> Response | None:
+        record = IdempotencyRecord.objects.filter(user=user, key=key).first()
+        if record is None:
+            return None
+        if record.request_hash != request_hash:
+            raise ApiError(
+                "This Idempotency-Key was used with a different request; use a new key.",
+                code="idempotency_conflict",
+                field="Idempotency-Key",
+                status_code=status.HTTP_409_CONFLICT,
+            )
+        return Response(
+            record.response_body, status=record.response_status, headers={"Idempotent-Replayed": "true"}
+        )
+
+    def _submit(self, request: Request) -> Response:
+        data = request.data
+        if isinstance(data, dict) and "__yaml__" in data:
+            parsed = spec_from_text(data["__yaml__"])
+        else:
+            parsed = spec_from_mapping(data)
+        team = _resolve_team(user=request.user, slug=parsed.team)
+        job = services.job_submit(submitter=request.user, team=team, spec=parsed.spec)
+        return Response(
+            s.JobSerializer(job, context={"request": request}).data, status=status.HTTP_201_CREATED
+        )
+
+    @extend_schema(request=None, responses={200: s.JobSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        """Cancel a job: your own as a member, any of the team's as its admin, any as staff."""
+        job = self.get_object()
+        if not can_cancel_job(user=request.user, job=job):
+            raise ApiError(
+                "Only the submitter, a team admin or staff may cancel this job.",
+                code="permission_denied",
+                status_code=status.HTTP_403_FORBIDDEN,
+            )
+        job = services.job_cancel(job=job, actor=request.user)
+        job = self.get_queryset().get(pk=job.pk)
+        return Response(s.JobSerializer(job, context={"request": request}).data)
+
+    @extend_schema(responses={200: s.JobEventSerializer(many=True)})
+    @action(detail=True, methods=["get"], filterset_class=None)
+    def events(self, request: Request, pk: str | None = None) -> Response:
+        """The job's audit trail, oldest first."""
+        job = self.get_object()
+        events = job.events.select_related("actor").order_by("at", "id")
+        page = self.paginate_queryset(events)
+        return self.get_paginated_response(s.JobEventSerializer(page, many=True).data)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("stream", str, enum=list(joblogs.STREAMS), description="Default stdout."),
+            OpenApiParameter(
+                "tail", int, description=f"Last N lines (default 100, at most {MAX_LOG_TAIL_LINES})."
+            ),
+            OpenApiParameter("offset", int, description="Read from this byte offset instead of tailing."),
+            OpenApiParameter(
+                "limit_bytes",
+                int,
+                description=f"With offset: at most this many bytes ({joblogs.MAX_READ_BYTES}).",
+            ),
+        ],
+        responses={200: s.JobLogSerializer},
+    )
+    @action(detail=True, methods=["get"], filterset_class=None, pagination_class=None)
+    def logs(self, request: Request, pk: str | None = None) -> Response:
+        """The job's output: the tail by default, or bytes from an offset (follow with next_offset)."""
+        job = self.get_object()
+        stream = request.query_params.get("stream", "stdout")
+        if stream not in joblogs.STREAMS:
+            raise ApiError(f"stream must be one of {', '.join(joblogs.STREAMS)}.", field="stream")
+        offset = _int_param(request, "offset", low=0, high=2**62, default=None)
+        if offset is not None:
+            limit = _int_param(
+                request, "limit_bytes", low=1, high=joblogs.MAX_READ_BYTES, default=joblogs.MAX_READ_BYTES
+            )
+            data, size = joblogs.log_read(job_id=job.pk, stream=stream, offset=offset, limit_bytes=limit)
+            start = min(offset, size)
+        else:
+            lines = _int_param(request, "tail", low=0, high=MAX_LOG_TAIL_LINES, default=100)
+            data, size = joblogs.log_tail(job_id=job.pk, stream=stream, lines=lines)
+            start = size - len(data)
+        body = {
+            "job_id": job.pk,
+            "stream": stream,
+            "offset": start,
+            "next_offset": start + len(data),
+            "size": size,
+            "text": data.decode("utf-8", errors="replace"),
+            "complete": job.state in TERMINAL_STATES,
+        }
+        return Response(s.JobLogSerializer(body).data)
+
+
+def _int_param(request: Request, name: str, *, low: int, high: int, default: int | None) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(f"{name} must be a whole number (got {raw!r}).", field=name) from None
+    if value < low or value > high:
+        raise ApiError(f"{name} must be between {low} and {high} (got {value}).", field=name, limit=high)
+    return value
+
+
+def _request_gpu_equivalents(job: Job) -> float | None:
+    if job.gpus:
+        return float(job.gpus * job.nodes)
+    if job.compute_pct and not job.gpu_memory_mib:
+        return job.compute_pct / 100
+    return None  # a memory slice's share depends on the card it lands on
+
+
+class QueueView(APIView):
+    """Pending jobs in the engine's order. Other teams' entries are anonymous: no id, name, user or reason text."""
+
+    filterset_class = QueueFilterSet
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("team", str),
+            OpenApiParameter("priority", str),
+            OpenApiParameter("page", int),
+            OpenApiParameter("page_size", int),
+        ],
+        responses={200: s.QueueEntrySerializer(many=True)},
+    )
+    def get(self, request: Request) -> Response:
+        from django_filters.rest_framework import DjangoFilterBackend
+
+        from portal.api_support import BoundedPagination
+
+        jobs = DjangoFilterBackend().filter_queryset(request, selectors.queue(), self)
+        paginator = BoundedPagination()
+        page = paginator.paginate_queryset(jobs, request, view=self)
+        first = (paginator.page.number - 1) * paginator.get_page_size(request) + 1
+        mine_ids = _visible_team_ids(request.user)
+        now = timezone.now()
+        entries = []
+        for i, job in enumerate(page):
+            mine = mine_ids is None or job.team_id in mine_ids
+            entries.append(
+                {
+                    "position": first + i,
+                    "mine": mine,
+                    "id": job.pk if mine else None,
+                    "name": job.name if mine else None,
+                    "user": job.submitter.username if mine else None,
+                    "team": job.team.slug,
+                    "priority": job.priority_class.name,
+                    "priority_value": job.priority_class.value,
+                    "request": s.job_request(job),
+                    "gpu_equivalents": _request_gpu_equivalents(job),
+                    "submitted_at": job.submitted_at,
+                    "wait_s": int((now - job.submitted_at).total_seconds()),
+                    "pending_reason_code": job.pending_reason_code,
+                    "pending_reason": job.pending_reason if mine else None,
+                    "estimated_start_at": job.estimated_start_at,
+                }
+            )
+        return paginator.get_paginated_response(s.QueueEntrySerializer(entries, many=True).data)
+
+
+def _node_payload(node: Node, *, links: dict[int, list[int]], mine_ids: set[int] | None) -> dict[str, Any]:
+    gpus = []
+    for gpu in node.gpus.all():
+        holders = []
+        for sl in gpu.slices.all():
+            mine = mine_ids is None or sl.job.team_id in mine_ids
+            holders.append(
+                {
+                    "job_id": sl.job_id if mine else None,
+                    "job_name": sl.job.name if mine else None,
+                    "user": sl.job.submitter.username if mine else None,
+                    "team": sl.job.team.slug if mine else None,
+                    "mine": mine,
+                    "memory_mib": sl.memory_mib,
+                    "compute_pct": sl.compute_pct,
+                }
+            )
+        gpus.append(
+            {
+                "index": gpu.index,
+                "uuid": gpu.uuid,
+                "model": gpu.model.name,
+                "memory_mib": gpu.memory_mib,
+                "numa_node": gpu.numa_node,
+                "sharing_mode": gpu.sharing_mode,
+                "health": gpu.health,
+                "compute_capacity_pct": gpu.compute_capacity_pct,
+                "allocated_memory_mib": gpu.allocated_memory_mib,
+                "allocated_compute_pct": gpu.allocated_compute_pct,
+                "nvlink_peers": sorted(links.get(gpu.pk, [])),
+                "slices": holders,
+                "metrics": getattr(gpu, "latest_metrics", None),
+            }
+        )
+    return {
+        "name": node.name,
+        "state": node.state,
+        "cpu_milli": node.cpu_milli,
+        "memory_mib": node.memory_mib,
+        "allocated_cpu_milli": node.allocated_cpu_milli,
+        "allocated_memory_mib": node.allocated_memory_mib,
+        "labels": node.labels,
+        "last_heartbeat_at": node.last_heartbeat_at,
+        "gpus": gpus,
+    }
+
+
+class NodeViewSet(viewsets.ReadOnlyModelViewSet):
+    """Nodes with one entry per GPU and each GPU's slices (other teams' slices anonymous) and NVLink peers."""
+
+    serializer_class = s.NodeSerializer
+    lookup_field = "name"
+    lookup_value_regex = "[^/]+"
+    filterset_fields = ["state"]
+
+    def get_queryset(self):
+        return Node.objects.order_by("name").prefetch_related(
+            Prefetch(
+                "gpus",
+                queryset=Gpu.objects.select_related("model")
+                .order_by("index")
+                .prefetch_related(
+                    Prefetch("slices", queryset=Slice.objects.select_related("job__team", "job__submitter"))
+                ),
+            )
+        )
+
+    def _payloads(self, nodes: list[Node]) -> list[dict[str, Any]]:
+        gpu_ids = [g.pk for n in nodes for g in n.gpus.all()]
+        index_of = {g.pk: g.index for n in nodes for g in n.gpus.all()}
+        links: dict[int, list[int]] = defaultdict(list)
+        for a, b in GpuLink.objects.filter(gpu_a_id__in=gpu_ids, kind=LinkKind.NVLINK).values_list(
+            "gpu_a_id", "gpu_b_id"
+        ):
+            if a in index_of and b in index_of:
+                links[a].append(index_of[b])
+                links[b].append(index_of[a])
+        mine_ids = _visible_team_ids(self.request.user)
+        return [_node_payload(n, links=links, mine_ids=mine_ids) for n in nodes]
+
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        queryset = self.filter_queryset(self.get_queryset())
+        page = self.paginate_queryset(queryset)
+        data = s.NodeSerializer(self._payloads(list(page)), many=True).data
+        return self.get_paginated_response(data)
+
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return Response(s.NodeSerializer(self._payloads([self.get_object()])[0]).data)
+
+
+class ClusterView(APIView):
+    """The whole cluster in numbers: nodes by state, capacity and allocation by GPU model, per-team aggregates."""
+
+    @extend_schema(responses={200: s.ClusterSerializer})
+    def get(self, request: Request) -> Response:
+        node_states = Counter(Node.objects.values_list("state", flat=True))
+        models: dict[str, dict[str, Any]] = {}
+        ready_states = {NodeState.READY, NodeState.DRAINING}
+        gpu_rows = Gpu.objects.values_list(
+            "pk",
+            "model__name",
+            "memory_mib",
+            "allocated_memory_mib",
+            "allocated_compute_pct",
+            "health",
+            "node__state",
+        )
+        for _pk, model, memory, alloc_mem, alloc_pct, health, node_state in gpu_rows:
+            entry = models.setdefault(
+                model,
+                {
+                    "model": model,
+                    "gpus": 0,
+                    "ready_gpus": 0,
+                    "memory_mib": 0,
+                    "allocated_memory_mib": 0,
+                    "allocated_gpus": 0.0,
+                    "free_whole_gpus": 0,
+                },
+            )
+            ready = node_state in ready_states and health != GpuHealth.FAILED
+            entry["gpus"] += 1
+            entry["ready_gpus"] += int(ready)
+            entry["memory_mib"] += memory
+            entry["allocated_memory_mib"] += alloc_mem
+            entry["allocated_gpus"] += slice_share(
+                memory_mib=alloc_mem, compute_pct=alloc_pct, gpu_memory_mib=memory
+            )
+            entry["free_whole_gpus"] += int(ready and alloc_mem == 0 and alloc_pct == 0)
+        allocations = allocations_by_team()
+        shares = fair_shares_gpus()
+        guaranteed = dict(
+            Quota.objects.filter(gpu_model__isnull=True).values_list("team_id", "guaranteed_gpus")
+        )
+        team_rows = []
+        for team in Team.objects.filter(parent__isnull=False) | Team.objects.filter(pk__in=list(guaranteed)):
+            alloc = allocations.get(team.pk)
+            team_rows.append(
+                {
+                    "team": team.slug,
+                    "guaranteed_gpus": float(guaranteed[team.pk]) if team.pk in guaranteed else None,
+                    "fair_share_gpus": round(shares[team.pk], 3) if team.pk in shares else None,
+                    "allocated_gpus": round(alloc.gpus, 3) if alloc else 0.0,
+                    "borrowed_gpus": round(alloc.borrowed_gpus, 3) if alloc else 0.0,
+                    "running_jobs": alloc.running_jobs if alloc else 0,
+                    "pending_jobs": alloc.pending_jobs if alloc else 0,
+                }
+            )
+        team_rows.sort(key=lambda r: r["team"])
+        for entry in models.values():
+            entry["allocated_gpus"] = round(entry["allocated_gpus"], 3)
+        body = {
+            "nodes": dict(node_states),
+            "gpus": sum(m["gpus"] for m in models.values()),
+            "memory_mib": sum(m["memory_mib"] for m in models.values()),
+            "allocated_memory_mib": sum(m["allocated_memory_mib"] for m in models.values()),
+            "allocated_gpus": round(sum(m["allocated_gpus"] for m in models.values()), 3),
+            "pending_jobs": Job.objects.filter(state=JobState.PENDING).count(),
+            "running_jobs": Job.objects.filter(state__in=ACTIVE_STATES).count(),
+            "models": sorted(models.values(), key=lambda m: m["model"]),
+            "teams": team_rows,
+        }
+        return Response(s.ClusterSerializer(body).data)
+
+
+def _moment(raw: str | None, *, name: str, default: datetime) -> datetime:
+    if raw in (None, ""):
+        return default
+    moment = parse_datetime(raw) if "T" in raw or " " in raw else None
+    if moment is None:
+        try:
+            day = parse_date(raw)
+        except ValueError:
+            day = None
+        if day is None:
+            raise ApiError(
+                f"{name} must be a date (2026-01-31) or an ISO date-time (got {raw!r}).", field=name
+            )
+        moment = datetime.combine(day, time.min)
+    if timezone.is_naive(moment):
+        moment = moment.replace(tzinfo=UTC)
+    return moment
+
+
+class UsageView(APIView):
+    """GPU-hours in whole-GPU equivalents by team, user and/or day, as JSON or CSV (?format=csv).
+
+    Members see their teams' usage; staff see everyone's.
+    """
+
+    renderer_classes = [JSONRenderer, CsvRenderer, BrowsableAPIRenderer]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("since", str, description="Date or date-time; default 30 days ago."),
+            OpenApiParameter("until", str, description="Date or date-time (exclusive); default now."),
+            OpenApiParameter(
+                "group_by", str, description="Comma list of team, user, day (default team,user,day)."
+            ),
+            OpenApiParameter("team", str, description="Only this team (slug)."),
+            OpenApiParameter("user", str, description="Only this user."),
+            OpenApiParameter("format", str, enum=["json", "csv"]),
+        ],
+        responses={
+            (200, "application/json"): s.UsageRowSerializer(many=True),
+            (200, "text/csv"): OpenApiTypes.STR,
+        },
+    )
+    def get(self, request: Request) -> Response:
+        now = timezone.now()
+        until = _moment(request.query_params.get("until"), name="until", default=now)
+        since = _moment(request.query_params.get("since"), name="since", default=until - timedelta(days=30))
+        if since >= until:
+            raise ApiError("since must be before until.", field="since")
+        if until - since > MAX_WINDOW:
+            raise ApiError(
+                f"The window may span at most {MAX_WINDOW.days} days.",
+                field="since",
+                limit=f"{MAX_WINDOW.days}d",
+            )
+        raw_groups = request.query_params.get("group_by") or ",".join(GROUPS)
+        group_by = tuple(g.strip() for g in raw_groups.split(",") if g.strip())
+        unknown = [g for g in group_by if g not in GROUPS]
+        if unknown or not group_by or len(set(group_by)) != len(group_by):
+            raise ApiError(
+                f"group_by takes a comma list of {', '.join(GROUPS)} (got {raw_groups!r}).", field="group_by"
+            )
+        jobs = selectors.jobs_visible_to(user=request.user)
+        if request.query_params.get("team"):
+            jobs = jobs.filter(team__slug=request.query_params["team"])
+        if request.query_params.get("user"):
+            jobs = jobs.filter(submitter__username=request.query_params["user"])
+        rows = usage_rows(jobs=jobs, since=since, until=min(until, now), group_by=group_by)
+        data = s.UsageRowSerializer(rows, many=True).data
+        headers = {}
+        if getattr(request.accepted_renderer, "format", "") == "csv":
+            headers["Content-Disposition"] = 'attachment; filename="tessera-usage.csv"'
+        return Response(data, headers=headers)

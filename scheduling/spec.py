@@ -1,0 +1,432 @@
+"""Job specs as people write them (YAML or JSON, with units such as "10GiB", "2h", "500m") into services.JobSpec.
+
+Parsing checks shape and absolute limits and names the field and the limit; whether the cluster can ever run the
+job is `services.job_spec_validate`'s call.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import yaml
+
+from scheduling.choices import Topology
+from scheduling.services import MAX_GANG_NODES, MAX_GPUS_PER_JOB_NODE, JobSpec, ServiceError
+
+MAX_NAME_CHARS = 200
+MAX_COMMAND_CHARS = 64 * 1024
+MAX_ENV_VARS = 256
+MAX_ENV_VALUE_CHARS = 32 * 1024
+MAX_GPU_MEMORY_MIB = 16 * 1024 * 1024  # 16 TiB: far above any card, keeps integers sane
+MAX_HOST_MEMORY_MIB = 64 * 1024 * 1024
+MAX_CPU_MILLI = 4096 * 1000
+MAX_RUNTIME_S = 365 * 24 * 3600
+MAX_SPEC_BYTES = 256 * 1024
+MAX_GPU_MODELS = 32
+
+# Every key a spec may carry, with the unit-free aliases the API and the CLI also accept.
+SPEC_FIELDS = (
+    "name",
+    "team",
+    "command",
+    "env",
+    "gpus",
+    "gpu_memory",
+    "compute_pct",
+    "gpu_models",
+    "min_gpu_memory",
+    "min_compute_capability",
+    "topology",
+    "nodes",
+    "cpu",
+    "memory",
+    "priority",
+    "preemptible",
+    "max_runtime",
+    "requeue_on_node_loss",
+)
+ALIASES = {
+    "gpu_memory_mib": "gpu_memory",
+    "min_gpu_memory_mib": "min_gpu_memory",
+    "memory_mib": "memory",
+    "cpu_milli": "cpu",
+    "max_runtime_s": "max_runtime",
+    "gpu_model": "gpu_models",
+}
+
+_BYTES_PER_UNIT = {
+    "": None,  # a bare number is refused for memory: "10" could mean anything
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "ki": 1024,
+    "kib": 1024,
+    "mi": 1024**2,
+    "mib": 1024**2,
+    "gi": 1024**3,
+    "gib": 1024**3,
+    "ti": 1024**4,
+    "tib": 1024**4,
+}
+_SECONDS_PER_UNIT = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+_QUANTITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|min|m|sec|s)", re.IGNORECASE)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class SpecError(ServiceError):
+    """A spec refused before it reaches the services; `limit` is the bound it broke, when there is one."""
+
+    def __init__(self, message: str, *, field: str, limit: Any = None, code: str = "invalid"):
+        super().__init__(message, field=field, code=code)
+        self.limit = limit
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParsedSpec:
+    team: str | None
+    spec: JobSpec
+
+
+def _int_in(field: str, value: Any, *, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str | float):
+        raise SpecError(f"{field} must be a whole number (got {value!r}).", field=field)
+    try:
+        number = int(str(value).strip()) if not isinstance(value, float) else value
+    except ValueError:
+        raise SpecError(f"{field} must be a whole number (got {value!r}).", field=field) from None
+    if isinstance(number, float):
+        if not number.is_integer():
+            raise SpecError(f"{field} must be a whole number (got {value!r}).", field=field)
+        number = int(number)
+    if number < low:
+        raise SpecError(f"{field} must be at least {low} (got {number}).", field=field, limit=low)
+    if number > high:
+        raise SpecError(f"{field} must be at most {high} (got {number}).", field=field, limit=high)
+    return number
+
+
+def parse_memory_mib(value: Any, *, field: str = "memory", high: int = MAX_HOST_MEMORY_MIB) -> int:
+    """'10GiB' -> 10240, '512MiB' -> 512, '80GB' -> 76294 (decimal units, rounded up to whole MiB)."""
+    if isinstance(value, bool):
+        raise SpecError(f"{field} must be a size such as '10GiB' (got {value!r}).", field=field)
+    if isinstance(value, int | float):
+        raise SpecError(
+            f"{field} needs a unit, e.g. '{value}GiB' or '{value}MiB' (or give {field}_mib as a number).",
+            field=field,
+        )
+    match = _QUANTITY.match(str(value))
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _BYTES_PER_UNIT:
+        raise SpecError(
+            f"{field} must be a size such as '10GiB', '512MiB' or '80GB' (got {value!r}).", field=field
+        )
+    if _BYTES_PER_UNIT[unit] is None:
+        raise SpecError(f"{field} needs a unit, e.g. '{match.group(1)}GiB' (got {value!r}).", field=field)
+    mib = math.ceil(Decimal(match.group(1)) * _BYTES_PER_UNIT[unit] / (1024**2))
+    if mib > high:
+        raise SpecError(
+            f"{field} must be at most {high} MiB (got {mib} MiB).", field=field, limit=f"{high}MiB"
+        )
+    return int(mib)
+
+
+def parse_duration_s(value: Any, *, field: str = "max_runtime") -> int:
+    """'2h' -> 7200, '30m' -> 1800, '90s' -> 90, '1h30m' -> 5400, 3600 -> 3600 (a bare number is seconds)."""
+    if isinstance(value, bool):
+        raise SpecError(f"{field} must be a duration such as '2h' (got {value!r}).", field=field)
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        text = str(value).strip().replace(" ", "")
+        if re.fullmatch(r"\d+(\.\d+)?", text):
+            seconds = float(text)
+        elif text and _DURATION_PART.sub("", text) == "":
+            seconds = sum(float(n) * _SECONDS_PER_UNIT[u.lower()] for n, u in _DURATION_PART.findall(text))
+        else:
+            raise SpecError(
+                f"{field} must be a duration such as '2h', '30m', '90s' or '1h30m' (got {value!r}).",
+                field=field,
+            )
+    if seconds <= 0:
+        raise SpecError(f"{field} must be positive (got {value!r}).", field=field, limit=1)
+    if seconds > MAX_RUNTIME_S:
+        raise SpecError(
+            f"{field} must be at most {MAX_RUNTIME_S} s (365 days) (got {value!r}).",
+            field=field,
+            limit=MAX_RUNTIME_S,
+        )
+    return math.ceil(seconds)
+
+
+def parse_cpu_milli(value: Any, *, field: str = "cpu") -> int:
+    """'4' or 4 -> 4000 (cores), '500m' -> 500 (millicores), 0.5 -> 500."""
+    if isinstance(value, bool):
+        raise SpecError(f"{field} must be cores such as '4' or millicores such as '500m'.", field=field)
+    text = str(value).strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(m?)", text)
+    if not match:
+        raise SpecError(
+            f"{field} must be cores such as '4' or '0.5', or millicores such as '500m' (got {value!r}).",
+            field=field,
+        )
+    milli = Decimal(match.group(1)) if match.group(2) else Decimal(match.group(1)) * 1000
+    if milli != milli.to_integral_value():
+        raise SpecError(f"{field} is counted in whole millicores (got {value!r}).", field=field)
+    if milli < 1:
+        raise SpecError(f"{field} must be at least 1m (got {value!r}).", field=field, limit="1m")
+    if milli > MAX_CPU_MILLI:
+        raise SpecError(
+            f"{field} must be at most {MAX_CPU_MILLI // 1000} cores (got {value!r}).",
+            field=field,
+            limit=MAX_CPU_MILLI // 1000,
+        )
+    return int(milli)
+
+
+def _bool(field: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in {"true", "yes", "1", "on"}:
+        return True
+    if text in {"false", "no", "0", "off"}:
+        return False
+    raise SpecError(f"{field} must be true or false (got {value!r}).", field=field)
+
+
+def _str(field: str, value: Any, *, high: int) -> str:
+    if not isinstance(value, str | int | float) or isinstance(value, bool):
+        raise SpecError(f"{field} must be text (got {type(value).__name__}).", field=field)
+    text = str(value)
+    if "\x00" in text:
+        raise SpecError(f"{field} must not contain NUL characters.", field=field)
+    if len(text) > high:
+        raise SpecError(
+            f"{field} must be at most {high} characters (got {len(text)}).", field=field, limit=high
+        )
+    return text
+
+
+def _command(value: Any) -> str:
+    if isinstance(value, list):
+        if not all(isinstance(v, str | int | float) and not isinstance(v, bool) for v in value):
+            raise SpecError("command must be a string or a list of strings.", field="command")
+        value = shlex.join(str(v) for v in value)
+    return _str("command", value, high=MAX_COMMAND_CHARS)
+
+
+def _env(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SpecError("env must be a mapping of NAME: value.", field="env")
+    if len(value) > MAX_ENV_VARS:
+        raise SpecError(
+            f"env may hold at most {MAX_ENV_VARS} variables (got {len(value)}).",
+            field="env",
+            limit=MAX_ENV_VARS,
+        )
+    env = {}
+    for name, raw in value.items():
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            raise SpecError(f"env name {name!r} is not a valid variable name.", field="env")
+        if isinstance(raw, dict | list) or raw is None:
+            raise SpecError(f"env {name} must be a plain value.", field="env")
+        text = str(raw).lower() if isinstance(raw, bool) else str(raw)
+        env[name] = _str("env", text, high=MAX_ENV_VALUE_CHARS)
+    return env
+
+
+def _gpu_models(value: Any) -> tuple[str, ...]:
+    if value is None or value == "":
+        return ()
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(v, str) and v.strip() for v in items):
+        raise SpecError(
+            "gpu_models must be a list of model names, e.g. [A100-80GB, H100-80GB].", field="gpu_models"
+        )
+    if len(items) > MAX_GPU_MODELS:
+        raise SpecError(
+            f"gpu_models may list at most {MAX_GPU_MODELS} models.", field="gpu_models", limit=MAX_GPU_MODELS
+        )
+    return tuple(v.strip() for v in items)
+
+
+def _compute_capability(value: Any) -> Decimal:
+    try:
+        number = Decimal(str(value).strip())
+    except InvalidOperation:
+        raise SpecError(
+            f"min_compute_capability must be a number such as 8.0 (got {value!r}).",
+            field="min_compute_capability",
+        ) from None
+    if not number.is_finite() or number < 0 or number > Decimal("99.9"):
+        raise SpecError(
+            f"min_compute_capability must be between 0 and 99.9 (got {value!r}).",
+            field="min_compute_capability",
+            limit="99.9",
+        )
+    return number.quantize(Decimal("0.1"))
+
+
+def spec_from_mapping(data: Any) -> ParsedSpec:
+    """Turn a decoded spec (a dict from YAML or JSON) into a JobSpec, refusing unknown keys and bad values."""
+    if not isinstance(data, dict):
+        raise SpecError("A job spec must be a mapping of fields (name, command, gpus, ...).", field="spec")
+    fields: dict[str, Any] = {}
+    for key, value in data.items():
+        name = ALIASES.get(key, key)
+        if name not in SPEC_FIELDS:
+            raise SpecError(
+                f"Unknown field {key!r}; a spec may have: {', '.join(SPEC_FIELDS)}.", field=str(key)
+            )
+        if name in fields:
+            raise SpecError(f"{name} is given twice ({key!r} is another name for it).", field=name)
+        # Unit-free aliases carry the model's units directly.
+        if key in ("gpu_memory_mib", "min_gpu_memory_mib", "memory_mib"):
+            value = f"{_int_in(name, value, low=0, high=MAX_HOST_MEMORY_MIB)}MiB"
+        elif key == "cpu_milli":
+            value = f"{_int_in(name, value, low=1, high=MAX_CPU_MILLI)}m"
+        fields[name] = value
+
+    for required in ("name", "command"):
+        if fields.get(required) in (None, ""):
+            raise SpecError(f"{required} is required.", field=required)
+
+    kwargs: dict[str, Any] = {
+        "name": _str("name", fields["name"], high=MAX_NAME_CHARS).strip(),
+        "command": _command(fields["command"]),
+        "env": _env(fields.get("env")),
+    }
+    if not kwargs["name"]:
+        raise SpecError("name must not be empty.", field="name")
+    if not kwargs["command"].strip():
+        raise SpecError("command must not be empty.", field="command")
+    if fields.get("gpus") is not None:
+        kwargs["gpus"] = _int_in("gpus", fields["gpus"], low=0, high=MAX_GPUS_PER_JOB_NODE)
+    if fields.get("gpu_memory") not in (None, 0, "0"):
+        kwargs["gpu_memory_mib"] = parse_memory_mib(
+            fields["gpu_memory"], field="gpu_memory", high=MAX_GPU_MEMORY_MIB
+        )
+    if fields.get("compute_pct") is not None:
+        kwargs["compute_pct"] = _int_in("compute_pct", fields["compute_pct"], low=0, high=100)
+    kwargs["gpu_models"] = _gpu_models(fields.get("gpu_models"))
+    if fields.get("min_gpu_memory") not in (None, 0, "0"):
+        kwargs["min_gpu_memory_mib"] = parse_memory_mib(
+            fields["min_gpu_memory"], field="min_gpu_memory", high=MAX_GPU_MEMORY_MIB
+        )
+    if fields.get("min_compute_capability") is not None:
+        kwargs["min_compute_capability"] = _compute_capability(fields["min_compute_capability"])
+    if fields.get("topology") is not None:
+        topology = str(fields["topology"]).strip().lower()
+        if topology not in Topology.values:
+            raise SpecError(
+                f"topology must be one of {', '.join(Topology.values)} (got {fields['topology']!r}).",
+                field="topology",
+            )
+        kwargs["topology"] = topology
+    if fields.get("nodes") is not None:
+        kwargs["nodes"] = _int_in("nodes", fields["nodes"], low=1, high=MAX_GANG_NODES)
+    if fields.get("cpu") is not None:
+        kwargs["cpu_milli"] = parse_cpu_milli(fields["cpu"])
+    if fields.get("memory") is not None:
+        kwargs["memory_mib"] = parse_memory_mib(fields["memory"], field="memory")
+        if kwargs["memory_mib"] < 1:
+            raise SpecError("memory must be at least 1MiB.", field="memory", limit="1MiB")
+    if fields.get("priority") not in (None, ""):
+        kwargs["priority"] = _str("priority", fields["priority"], high=50).strip()
+    if fields.get("preemptible") is not None:
+        kwargs["preemptible"] = _bool("preemptible", fields["preemptible"])
+    if fields.get("max_runtime") not in (None, ""):
+        kwargs["max_runtime_s"] = parse_duration_s(fields["max_runtime"])
+    if fields.get("requeue_on_node_loss") is not None:
+        kwargs["requeue_on_node_loss"] = _bool("requeue_on_node_loss", fields["requeue_on_node_loss"])
+    if not kwargs.get("gpus") and not kwargs.get("gpu_memory_mib") and not kwargs.get("compute_pct"):
+        raise SpecError(
+            "Ask for GPUs: set gpus (whole cards) or gpu_memory and/or compute_pct (a slice of one card).",
+            field="gpus",
+        )
+    team = fields.get("team")
+    return ParsedSpec(
+        team=_str("team", team, high=100).strip() if team not in (None, "") else None, spec=JobSpec(**kwargs)
+    )
+
+
+def spec_from_text(text: str | bytes) -> ParsedSpec:
+    """Parse a YAML or JSON document (JSON is YAML) into a spec."""
+    if isinstance(text, bytes):
+        if len(text) > MAX_SPEC_BYTES:
+            raise SpecError(
+                f"A spec must be at most {MAX_SPEC_BYTES} bytes.", field="spec", limit=MAX_SPEC_BYTES
+            )
+        text = text.decode("utf-8", errors="replace")
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError(f"A spec must be at most {MAX_SPEC_BYTES} bytes.", field="spec", limit=MAX_SPEC_BYTES)
+    try:
+        data = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise SpecError(f"The spec is not valid YAML or JSON: {exc}", field="spec") from None
+    return spec_from_mapping(data)
+
+
+def spec_to_mapping(spec: JobSpec, *, team: str | None = None) -> dict[str, Any]:
+    """The spec back in the written form (units as strings), for "copy & edit" and `tessera show`."""
+    out: dict[str, Any] = {"name": spec.name}
+    if team:
+        out["team"] = team
+    out["command"] = spec.command
+    if spec.env:
+        out["env"] = dict(spec.env)
+    if spec.gpus:
+        out["gpus"] = spec.gpus
+    if spec.gpu_memory_mib:
+        out["gpu_memory"] = format_mib(spec.gpu_memory_mib)
+    if spec.compute_pct:
+        out["compute_pct"] = spec.compute_pct
+    if spec.gpu_models:
+        out["gpu_models"] = list(spec.gpu_models)
+    if spec.min_gpu_memory_mib:
+        out["min_gpu_memory"] = format_mib(spec.min_gpu_memory_mib)
+    if spec.min_compute_capability:
+        out["min_compute_capability"] = str(spec.min_compute_capability)
+    if spec.topology != Topology.NONE:
+        out["topology"] = spec.topology
+    if spec.nodes != 1:
+        out["nodes"] = spec.nodes
+    out["cpu"] = f"{spec.cpu_milli}m" if spec.cpu_milli % 1000 else str(spec.cpu_milli // 1000)
+    out["memory"] = format_mib(spec.memory_mib)
+    if spec.priority:
+        out["priority"] = spec.priority
+    if spec.preemptible is not None:
+        out["preemptible"] = spec.preemptible
+    if spec.max_runtime_s:
+        out["max_runtime"] = format_duration(spec.max_runtime_s)
+    if not spec.requeue_on_node_loss:
+        out["requeue_on_node_loss"] = False
+    return out
+
+
+def format_mib(mib: int) -> str:
+    return f"{mib // 1024}GiB" if mib % 1024 == 0 else f"{mib}MiB"
+
+
+def format_duration(seconds: int) -> str:
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size:
+            parts.append(f"{seconds // size}{unit}")
+            seconds %= size
+    return "".join(parts) or "0s"

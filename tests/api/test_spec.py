@@ -1,0 +1,134 @@
+"""Job spec parsing: units, aliases, and refusals that name the field and the limit (no database)."""
+
+from decimal import Decimal
+
+import pytest
+
+from scheduling.spec import (
+    SpecError,
+    parse_cpu_milli,
+    parse_duration_s,
+    parse_memory_mib,
+    spec_from_mapping,
+    spec_from_text,
+    spec_to_mapping,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "mib"),
+    [
+        ("10GiB", 10240),
+        ("512MiB", 512),
+        ("80GB", 76294),
+        ("1.5Gi", 1536),
+        ("1TiB", 1024 * 1024),
+        ("2048 Mi", 2048),
+    ],
+)
+def test_it_reads_memory_sizes_with_units(text, mib):
+    assert parse_memory_mib(text) == mib
+
+
+@pytest.mark.parametrize("text", ["10", 10, "ten GiB", "10XB", "", True])
+def test_it_refuses_a_memory_size_without_a_known_unit(text):
+    with pytest.raises(SpecError) as caught:
+        parse_memory_mib(text, field="gpu_memory")
+    assert caught.value.field == "gpu_memory"
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("2h", 7200), ("30m", 1800), ("90s", 90), ("1h30m", 5400), (3600, 3600), ("1d", 86400)],
+)
+def test_it_reads_durations(text, seconds):
+    assert parse_duration_s(text) == seconds
+
+
+def test_it_refuses_a_runtime_over_a_year_naming_the_limit():
+    with pytest.raises(SpecError) as caught:
+        parse_duration_s("400d")
+    assert caught.value.field == "max_runtime"
+    assert caught.value.limit == 365 * 24 * 3600
+
+
+@pytest.mark.parametrize(
+    ("text", "milli"), [("4", 4000), (4, 4000), ("500m", 500), (0.5, 500), ("2.5", 2500)]
+)
+def test_it_reads_cpu_as_cores_or_millicores(text, milli):
+    assert parse_cpu_milli(text) == milli
+
+
+def test_it_turns_a_yaml_spec_into_a_job_spec():
+    parsed = spec_from_text(
+        """
+name: finetune
+team: ai-lab/training
+command: [python, train.py, --lr, "3e-4"]
+env: {WANDB_MODE: offline, SEED: 7}
+gpu_memory: 10GiB
+compute_pct: 25
+gpu_models: [A100-80GB]
+min_compute_capability: 8.0
+cpu: 500m
+memory: 16GiB
+priority: training
+preemptible: true
+max_runtime: 2h
+"""
+    )
+    assert parsed.team == "ai-lab/training"
+    spec = parsed.spec
+    assert spec.command == "python train.py --lr 3e-4"
+    assert spec.env == {"WANDB_MODE": "offline", "SEED": "7"}
+    assert (spec.gpu_memory_mib, spec.compute_pct, spec.cpu_milli, spec.memory_mib) == (10240, 25, 500, 16384)
+    assert spec.min_compute_capability == Decimal("8.0")
+    assert spec.max_runtime_s == 7200
+    assert spec.gpu_models == ("A100-80GB",)
+
+
+def test_a_spec_round_trips_through_its_written_form():
+    parsed = spec_from_mapping(
+        {
+            "name": "a",
+            "command": "run",
+            "gpus": 2,
+            "topology": "nvlink",
+            "memory": "64GiB",
+            "max_runtime": "90m",
+        }
+    )
+    again = spec_from_mapping(spec_to_mapping(parsed.spec))
+    assert again.spec == parsed.spec
+
+
+def test_unit_free_aliases_take_the_model_units():
+    parsed = spec_from_mapping({"name": "a", "command": "run", "gpu_memory_mib": 2048, "cpu_milli": 250})
+    assert (parsed.spec.gpu_memory_mib, parsed.spec.cpu_milli) == (2048, 250)
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "limit"),
+    [
+        ({"compute_pct": 150}, "compute_pct", 100),
+        ({"gpus": 10_000}, "gpus", 64),
+        ({"gpus": 1, "nodes": 100_000}, "nodes", 256),
+        ({"gpus": 1, "colour": "red"}, "colour", None),
+        ({"gpus": 1, "topology": "ring"}, "topology", None),
+        ({"gpus": 1, "env": {"1BAD": "x"}}, "env", None),
+        ({}, "gpus", None),
+        ({"gpus": 1, "name": "x" * 300}, "name", 200),
+    ],
+)
+def test_it_refuses_bad_fields_naming_the_field_and_the_limit(spec, field, limit):
+    spec = {"name": "job", "command": "run", **spec}
+    with pytest.raises(SpecError) as caught:
+        spec_from_mapping(spec)
+    assert caught.value.field == field
+    assert caught.value.limit == limit
+
+
+def test_it_refuses_text_that_is_not_yaml():
+    with pytest.raises(SpecError) as caught:
+        spec_from_text("name: [unclosed")
+    assert caught.value.field == "spec"
