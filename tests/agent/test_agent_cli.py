@@ -1,0 +1,161 @@
+"""`tessera-agent` configuration and commands: check against the fake NVML, run against a websocket portal."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from websockets.asyncio.server import serve
+
+from agent import protocol
+from agent.config import ConfigError, add_arguments, load_config, parse_sharing
+
+REPO = Path(__file__).resolve().parents[2]
+SIM_YAML = REPO / "agent/examples/sim-node.yaml"
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def _cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "agent.cli", *argv],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_the_token_comes_from_the_flag_then_the_environment_then_its_file(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("from-file\n")
+    env = {"TESSERA_AGENT_TOKEN_FILE": str(token_file)}
+    assert load_config(_args(), env).token == "from-file"
+    assert load_config(_args(), {**env, "TESSERA_AGENT_TOKEN": "from-env"}).token == "from-env"
+    assert (
+        load_config(_args("--token", "from-flag"), {**env, "TESSERA_AGENT_TOKEN": "from-env"}).token
+        == "from-flag"
+    )
+    assert (
+        load_config(_args("--token-file", str(token_file)), {"TESSERA_AGENT_TOKEN": "x"}).token == "from-file"
+    )
+    assert "from-file" not in repr(load_config(_args(), env))
+    with pytest.raises(ConfigError):
+        load_config(_args("--token-file", str(tmp_path / "missing")), {})
+
+
+def test_configuration_reads_flags_and_environment(tmp_path):
+    env = {
+        "TESSERA_PORTAL_URL": "https://portal",
+        "TESSERA_NODE_NAME": "gpu-07",
+        "TESSERA_AGENT_WORK_DIR": str(tmp_path),
+        "TESSERA_AGENT_BACKEND": "sim",
+        "TESSERA_SIM_CONFIG": str(SIM_YAML),
+        "TESSERA_AGENT_HEARTBEAT_S": "2.5",
+    }
+    config = load_config(_args("--node", "gpu-08", "--sharing", "time_sliced,1=mps"), env)
+    assert (config.portal_url, config.node_name, config.work_dir) == ("https://portal", "gpu-08", tmp_path)
+    assert (config.backend, config.sim_config, config.heartbeat_s) == ("sim", SIM_YAML, 2.5)
+    assert (config.sharing, config.sharing_overrides) == ("time_sliced", {1: "mps"})
+    with pytest.raises(ConfigError):
+        load_config(_args("--backend", "sim"), {})
+    with pytest.raises(ConfigError):
+        parse_sharing("shared")
+    with pytest.raises(ConfigError):
+        load_config(_args(), {"TESSERA_AGENT_WORK_DIR": str(tmp_path)}).require_portal()
+
+
+def test_check_prints_what_the_agent_sees_on_the_fake_h200(h200_dir, tmp_path):
+    result = _cli(
+        "check",
+        "--backend",
+        "nvml",
+        "--json",
+        "--mps-smoke",
+        "--work-dir",
+        str(tmp_path),
+        env={"TESSERA_FAKE_NVML": str(h200_dir), "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    snap = json.loads((h200_dir / "nvml_snapshot.json").read_text())["devices"][0]
+    gpu = report["inventory"]["gpus"][0]
+    assert (gpu["uuid"], gpu["name"], gpu["memory_total_mib"]) == (snap["uuid"], snap["name"], 143771)
+    assert report["mig"][snap["uuid"]] == {"capable": True, "enabled": False, "profiles": 7}
+    smoke = report["mps_smoke"]
+    assert smoke["limits_received"] is True and smoke["exit_code"] == 0
+    assert smoke["observed"]["env"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+    assert smoke["observed"]["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    human = _cli("check", "--work-dir", str(tmp_path), env={"TESSERA_FAKE_NVML": str(h200_dir)})
+    assert "NVIDIA H200" in human.stdout and "7g.141gb" in human.stdout and "nvlink" in human.stdout
+
+
+def test_run_needs_a_portal_and_a_token(tmp_path):
+    result = _cli(
+        "run",
+        "--backend",
+        "sim",
+        "--sim-config",
+        str(SIM_YAML),
+        "--work-dir",
+        str(tmp_path),
+        env={"TESSERA_PORTAL_URL": "", "TESSERA_AGENT_TOKEN": ""},
+    )
+    assert result.returncode == 2 and "portal" in result.stderr
+
+
+def test_the_agent_process_connects_reports_and_stops_on_sigterm(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("t0k3n")
+
+    async def scenario():
+        seen: list[dict] = []
+        hello_seen = asyncio.Event()
+
+        async def handler(ws):
+            seen.append({"auth": ws.request.headers.get("Authorization")})
+            async for text in ws:
+                msg = protocol.decode(text)
+                seen.append(msg)
+                if msg["type"] == "hello":
+                    await ws.send(protocol.encode(protocol.ack(msg["id"])))
+                    await ws.send(
+                        protocol.encode(protocol.message("desired_state", {"version": 1, "jobs": []}))
+                    )
+                if msg["type"] == "heartbeat":
+                    hello_seen.set()
+
+        async with serve(handler, "127.0.0.1", 0) as server:
+            port = server.sockets[0].getsockname()[1]
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "agent.cli", "run", "--portal", f"http://127.0.0.1:{port}",
+                "--token-file", str(token_file), "--node", "sim-a100-01", "--backend", "sim",
+                "--sim-config", str(SIM_YAML), "--work-dir", str(tmp_path / "wd"), cwd=str(REPO),
+                stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            try:
+                await asyncio.wait_for(hello_seen.wait(), 30)
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                _, err = await asyncio.wait_for(proc.communicate(), 30)
+        return seen, proc.returncode, err.decode()
+
+    seen, code, err = asyncio.run(scenario())
+    assert code == 0, err
+    assert seen[0] == {"auth": "Bearer t0k3n"}
+    hello = next(m for m in seen[1:] if m["type"] == "hello")["payload"]
+    assert hello["node"] == "sim-a100-01" and len(hello["inventory"]["gpus"]) == 6
+    assert any(m.get("type") == "ack" and m["payload"]["desired_version"] == 1 for m in seen[1:])
+    assert (tmp_path / "wd/agent.log").exists()
