@@ -1,3 +1,10 @@
 """Websocket routes. Browser streams and the agent route are added by the apps that own them."""
 
 websocket_urlpatterns: list = []
+
+# Node agents: token-authenticated, no cookies, no Origin check (agents send none); see scheduling/consumers.py.
+from django.urls import path  # noqa: E402
+
+from scheduling.consumers import AgentConsumer  # noqa: E402
+
+websocket_urlpatterns.append(path("ws/agent/", AgentConsumer.as_asgi()))

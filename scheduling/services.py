@@ -210,7 +210,15 @@ def job_submit(*, submitter: AbstractBaseUser, team: Team, spec: JobSpec) -> Job
         message=f"Submitted by {submitter} to {team.slug}.",
     )
     events.job_changed(job_id=job.id, team_id=team.id, state=job.state, code="submitted")
+    _cycle_wanted()
     return job
+
+
+def _cycle_wanted() -> None:
+    """Ask for a scheduling cycle once this write commits: the queue or the free capacity changed."""
+    from scheduling.tasks import cycle_request_after_commit  # local: the cycle's modules import services
+
+    cycle_request_after_commit()
 
 
 def job_transition(
@@ -269,7 +277,13 @@ def job_transition(
         data=data or {},
     )
     if from_state in ACTIVE_STATES and to_state not in ACTIVE_STATES:
+        # The agents running it must stop it: their desired state changed.
+        for node_name in set(Slice.objects.filter(job=job).values_list("gpu__node__name", flat=True)):
+            events.node_desired_state_changed(node_name=node_name)
         job_release_slices(job=job)
+        _cycle_wanted()
+    elif to_state == JobState.PENDING:
+        _cycle_wanted()
     events.job_changed(job_id=job.pk, team_id=job.team_id, state=to_state, code=code, message=message)
     return job
 
@@ -383,4 +397,5 @@ def node_set_state(*, node: Node, state: str, actor: AbstractBaseUser | None, re
     node.state = state
     node.save(update_fields=["state"])
     events.publish_after_commit("cluster", {"type": "node.changed", "node": node.name, "state": state})
+    _cycle_wanted()
     return node

@@ -1,0 +1,343 @@
+"""What node agents report, turned into writes: hello (inventory), heartbeats, job status, events and logs.
+
+Each function is idempotent: agents resend unacknowledged reports after a reconnect. A report about a placement
+the database no longer gives to this node (an older attempt, a job requeued after the node was lost) is refused
+and changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from scheduling import events, joblogs, lock_objects
+from scheduling.choices import ActorKind, GpuHealth, JobState, NodeState
+from scheduling.models import Gpu, Job, JobEvent, Node, NodeSync, Slice
+from scheduling.services import job_transition
+from scheduling.states import ACTIVE_STATES
+from scheduling.tasks import cycle_request_after_commit
+from scheduling.watchdog import job_requeue_or_fail, last_placement
+
+log = logging.getLogger(__name__)
+
+# The agent's health words -> the inventory's.
+_HEALTH = {
+    "ok": GpuHealth.OK,
+    "degraded": GpuHealth.DEGRADED,
+    "lost": GpuHealth.FAILED,
+    "failed": GpuHealth.FAILED,
+}
+_STOP_REASONS = {
+    "max_runtime": "Stopped: it ran longer than its max runtime.",
+    "memory_slice_exceeded": "Stopped: it used more GPU memory than its slice (protecting its neighbours).",
+}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The answer to one report: accepted or not, and why (sent back in the ack)."""
+
+    ok: bool
+    error: str | None = None
+    changed: bool = False
+
+
+def _revive(node: Node) -> None:
+    """A lost node that speaks again is ready again; its old jobs were already requeued."""
+    if node.state == NodeState.LOST:
+        node.state = NodeState.READY
+        node.save(update_fields=["state"])
+        events.publish_after_commit(
+            "cluster", {"type": "node.changed", "node": node.name, "state": node.state}
+        )
+        cycle_request_after_commit()
+
+
+def node_hello(*, node_id: int, payload: dict[str, Any]) -> dict[str, Any]:
+    """Reconcile the inventory the agent sees with the database's; returns what differed."""
+    inventory = payload.get("inventory") or {}
+    reported = {int(g["index"]): g for g in inventory.get("gpus") or [] if "index" in g}
+    report: dict[str, Any] = {"uuid_updated": [], "missing": [], "unregistered": [], "memory_mismatch": []}
+    with transaction.atomic():
+        node = lock_objects.nodes_for_update(ids=[node_id]).get()
+        for gpu in Gpu.objects.filter(node=node).order_by("index"):
+            seen = reported.pop(gpu.index, None)
+            fields = []
+            if seen is None:
+                if gpu.health != GpuHealth.FAILED:
+                    gpu.health = GpuHealth.FAILED
+                    fields.append("health")
+                report["missing"].append(gpu.index)
+            else:
+                uuid = str(seen.get("uuid") or "")
+                if (
+                    uuid
+                    and uuid != gpu.uuid
+                    and not Gpu.objects.filter(uuid=uuid).exclude(pk=gpu.pk).exists()
+                ):
+                    gpu.uuid = uuid
+                    fields.append("uuid")
+                    report["uuid_updated"].append(gpu.index)
+                if gpu.health == GpuHealth.FAILED:
+                    gpu.health = GpuHealth.OK  # present again; later samples report its health
+                    fields.append("health")
+                total = seen.get("memory_total_mib")
+                if total is not None and int(total) < gpu.memory_mib:
+                    report["memory_mismatch"].append([gpu.index, int(total), gpu.memory_mib])
+            if fields:
+                gpu.save(update_fields=fields)
+        report["unregistered"] = sorted(reported)
+        node.last_heartbeat_at = timezone.now()
+        node.save(update_fields=["last_heartbeat_at"])
+        _revive(node)
+        sync, _ = NodeSync.objects.get_or_create(node=node)
+        sync.agent_version = str(payload.get("agent_version") or "")[:50]
+        sync.inventory = {**inventory, "capabilities": payload.get("capabilities") or {}, "reconcile": report}
+        sync.connected_at = timezone.now()
+        sync.save(update_fields=["agent_version", "inventory", "connected_at"])
+        if report["missing"] or report["uuid_updated"]:
+            cycle_request_after_commit()
+    if any(report.values()):
+        log.info("node %s inventory reconciled: %s", node.name, report)
+    return report
+
+
+def node_heartbeat(*, node_id: int) -> None:
+    with transaction.atomic():
+        updated = (
+            Node.objects.filter(pk=node_id)
+            .exclude(state=NodeState.LOST)
+            .update(last_heartbeat_at=timezone.now())
+        )
+        if not updated:
+            node = lock_objects.nodes_for_update(ids=[node_id]).first()
+            if node is not None:
+                node.last_heartbeat_at = timezone.now()
+                node.save(update_fields=["last_heartbeat_at"])
+                _revive(node)
+
+
+def node_disconnected(*, node_id: int) -> None:
+    NodeSync.objects.filter(node_id=node_id).update(disconnected_at=timezone.now())
+
+
+def node_acked(*, node_id: int, version: int | None) -> None:
+    if version is not None:
+        NodeSync.objects.filter(node_id=node_id, acked_version__lt=version).update(acked_version=version)
+
+
+def _placed_here(job: Job, node: Node) -> bool:
+    """Whether the job's current attempt was placed on this node (slices, or the placement record)."""
+    if Slice.objects.filter(job=job, gpu__node=node).exists():
+        return True
+    placed = last_placement(job)
+    return placed is not None and node.name in (placed.data or {}).get("nodes", [])
+
+
+def _log_tail_data(payload: dict[str, Any]) -> dict[str, Any]:
+    tail = payload.get("log_tail") or {}
+    return {k: list(v)[-20:] for k, v in tail.items() if k in joblogs.STREAMS and isinstance(v, list)}
+
+
+def job_report(*, node_id: int, payload: dict[str, Any]) -> Outcome:
+    """Apply one job_status report: started -> running; exited -> succeeded/failed; stopped after a
+    preemption -> back to the queue (keeping its submit time); killed by a limit -> failed; lost -> requeued."""
+    try:
+        job_id, attempt, state = int(payload["job_id"]), int(payload["attempt"]), str(payload["state"])
+    except (KeyError, TypeError, ValueError):
+        return Outcome(False, "a job_status needs job_id, attempt and state")
+    with transaction.atomic():
+        node = Node.objects.get(pk=node_id)
+        if node.state == NodeState.LOST:
+            return Outcome(False, f"node {node.name} is lost; its reports are refused until it says hello")
+        job = lock_objects.jobs_for_update(ids=[job_id]).first()
+        if job is None:
+            return Outcome(False, f"no job {job_id}")
+        if attempt != job.attempt or not _placed_here(job, node):
+            return Outcome(
+                False, f"stale report: job {job_id} attempt {attempt} is not placed on {node.name}"
+            )
+        data = {"node": node.name, "attempt": attempt, "pid": payload.get("pid")}
+        exit_code = payload.get("exit_code")
+        if exit_code is not None:
+            data["exit_code"] = int(exit_code)
+        tails = _log_tail_data(payload)
+        if tails:
+            data["log_tail"] = tails
+        return _apply_report(job, node, state, payload, data)
+
+
+def _apply_report(job: Job, node: Node, state: str, payload: dict[str, Any], data: dict) -> Outcome:
+    reason = payload.get("reason") or ""
+    if state == "started":
+        if job.state in (JobState.PLACED, JobState.STARTING):
+            how = "Re-adopted" if payload.get("adopted") else "Started"
+            job_transition(
+                job=job,
+                to_state=JobState.RUNNING,
+                actor_kind=ActorKind.AGENT,
+                code="started",
+                message=f"{how} on {node.name} (pid {payload.get('pid')}).",
+                data=data,
+            )
+            return Outcome(True, changed=True)
+        return Outcome(True)
+
+    if job.state == JobState.PREEMPTED and state in ("stopped", "killed", "exited", "lost"):
+        job_requeue_or_fail(
+            job=job,
+            code="requeued",
+            message=f"Stopped on {node.name} after its preemption; back in the queue with its original submit time.",
+            data=data,
+        )
+        return Outcome(True, changed=True)
+    if job.state not in ACTIVE_STATES:
+        return Outcome(True)  # cancelled meanwhile, or already final: nothing left to do
+
+    if job.state == JobState.PLACED and state in ("exited", "killed"):
+        # The start report was lost (an agent restart): record that it ran before recording how it ended.
+        job_transition(
+            job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT, code="started", data=data
+        )
+    if state == "exited" and "exit_code" in data:
+        code = data["exit_code"]
+        job.exit_code = code
+        job.save(update_fields=["exit_code"])
+        job_transition(
+            job=job,
+            to_state=JobState.SUCCEEDED if code == 0 else JobState.FAILED,
+            actor_kind=ActorKind.AGENT,
+            code="exited",
+            message=f"Exited with code {code} on {node.name}.",
+            data=data,
+        )
+    elif state in ("killed", "launch_failed"):
+        if data.get("exit_code") is not None:
+            job.exit_code = data["exit_code"]
+            job.save(update_fields=["exit_code"])
+        job_transition(
+            job=job,
+            to_state=JobState.FAILED,
+            actor_kind=ActorKind.AGENT,
+            code=reason if reason in _STOP_REASONS else state,
+            message=_STOP_REASONS.get(reason)
+            or f"{state.replace('_', ' ').capitalize()} on {node.name}: {reason}",
+            data=data,
+        )
+    else:  # "lost", or "stopped" although still wanted (the agent held an older desired state)
+        job_transition(
+            job=job,
+            to_state=JobState.LOST,
+            actor_kind=ActorKind.AGENT,
+            code=f"agent_{state}",
+            message=f"The agent on {node.name} reported the job {state} ({reason or 'no reason given'}).",
+            data=data,
+        )
+        job_requeue_or_fail(
+            job=job, code="requeued", message="Requeued after its process was lost.", data=data
+        )
+    return Outcome(True, changed=True)
+
+
+def node_event(*, node_id: int, payload: dict[str, Any]) -> Outcome:
+    """Agent events: prevented neighbour interference (memory watchdog), GPU health changes, MPS trouble."""
+    kind = str(payload.get("kind") or "")
+    with transaction.atomic():
+        node = Node.objects.get(pk=node_id)
+        if kind == "prevented_neighbour_interference":
+            job = Job.objects.filter(pk=int(payload.get("job_id") or 0)).first()
+            if job is None or int(payload.get("attempt") or -1) != job.attempt:
+                return Outcome(False, "stale event: no such placement")
+            JobEvent.objects.create(
+                job=job,
+                from_state=job.state,
+                to_state=job.state,
+                actor_kind=ActorKind.AGENT,
+                code=kind,
+                message=(
+                    f"Used {payload.get('used_mib')} MiB on {node.name} against a {payload.get('limit_mib')} MiB "
+                    "slice: stopped before it could push its neighbours out of memory."
+                ),
+                data={k: v for k, v in payload.items() if k != "kind"},
+            )
+            return Outcome(True, changed=True)
+        if kind == "gpu_health":
+            health = _HEALTH.get(str(payload.get("health")), GpuHealth.DEGRADED)
+            updated = Gpu.objects.filter(node=node, uuid=payload.get("gpu_uuid")).exclude(health=health)
+            if updated.update(health=health):
+                events.publish_after_commit(
+                    "cluster",
+                    {
+                        "type": "gpu.health",
+                        "node": node.name,
+                        "uuid": payload.get("gpu_uuid"),
+                        "health": health,
+                    },
+                )
+                cycle_request_after_commit()
+            return Outcome(True, changed=True)
+        log.info("node %s event %s: %s", node.name, kind, payload)
+        return Outcome(True)
+
+
+def job_logs_store(*, node_id: int, payload: dict[str, Any]) -> tuple[int, int] | None:
+    """Store a chunk of a job's log the agent sent (a reply to our logs_request). Returns (next offset, size)
+    on the agent's side, or None when the chunk is refused (unknown job, not this node's)."""
+    try:
+        job_id, attempt, stream = int(payload["job_id"]), int(payload["attempt"]), str(payload["stream"])
+        offset, data = int(payload.get("offset", 0)), str(payload.get("data") or "")
+    except (KeyError, TypeError, ValueError):
+        return None
+    if stream not in joblogs.STREAMS or "error" in payload:
+        return None
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None or job.attempt != attempt:
+        return None
+    chunk = data.encode()
+    joblogs.log_append(
+        job_id=job_id, stream=stream, data=chunk, offset=_attempt_base(job_id, stream, attempt) + offset
+    )
+    return int(payload.get("next_offset", offset + len(chunk))), int(payload.get("size", 0))
+
+
+def _attempt_base(job_id: int, stream: str, attempt: int) -> int:
+    """Where this attempt's log starts in the portal's per-job file: earlier attempts' logs come first."""
+    marker = joblogs.log_path(job_id=job_id, stream=stream).with_suffix(f".attempt{attempt}")
+    try:
+        return int(marker.read_text())
+    except (FileNotFoundError, ValueError):
+        base = joblogs.log_size(job_id=job_id, stream=stream)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(str(base))
+        return base
+
+
+def running_here(*, node_id: int) -> list[tuple[int, int]]:
+    """(job id, attempt) of the jobs the node runs now, whose logs the portal keeps pulling."""
+    return list(
+        Job.objects.filter(state__in=ACTIVE_STATES, slices__gpu__node_id=node_id)
+        .distinct()
+        .values_list("pk", "attempt")
+    )
+
+
+def job_team_ids(*, job_ids: list[int]) -> dict[int, int]:
+    return dict(Job.objects.filter(pk__in=job_ids).values_list("pk", "team_id"))
+
+
+__all__ = [
+    "Outcome",
+    "job_logs_store",
+    "job_report",
+    "job_team_ids",
+    "node_acked",
+    "node_disconnected",
+    "node_event",
+    "node_heartbeat",
+    "node_hello",
+    "running_here",
+]

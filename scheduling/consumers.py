@@ -1,0 +1,273 @@
+"""The node agents' websocket (/ws/agent/): token auth for the agent's own node, desired state out, reports in.
+
+Agents send no cookies and no Origin, so this route has neither session auth nor an Origin check: the bearer
+token alone says which node is speaking, and every report is checked against that node. Wire format: agent/protocol.py
+and docs/agent.md. The consumer authorises and relays; the writes live in scheduling.agent_services.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from agent import protocol
+from scheduling import agent_services
+from scheduling.desired_state import DesiredState, desired_state_for_node
+from scheduling.models import Node
+from scheduling.services import node_authenticate
+
+log = logging.getLogger(__name__)
+
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_WRONG_NODE = 4403
+# Browsers see utilisation at most this often per node, however often agents send it.
+METRICS_PUBLISH_INTERVAL_S = 1.0
+# How often the portal pulls new log bytes of running jobs from the agent.
+LOG_PULL_INTERVAL_S = 2.0
+LOG_CHUNK_BYTES = protocol.MAX_LOG_CHUNK_BYTES
+FINAL_STATES = frozenset({"exited", "stopped", "killed", "launch_failed", "lost"})
+
+
+def _header(scope: dict, name: bytes) -> str:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return ""
+
+
+def _bearer(scope: dict) -> str:
+    scheme, _, token = _header(scope, b"authorization").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def _desired_for(node_id: int) -> DesiredState:
+    state, _ = desired_state_for_node(node=Node.objects.get(pk=node_id))
+    return state
+
+
+class AgentConsumer(AsyncWebsocketConsumer):
+    node_id: int | None = None
+    node_name = ""
+
+    async def connect(self) -> None:
+        node = await database_sync_to_async(node_authenticate)(token=_bearer(self.scope))
+        if node is None:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        claimed = _header(self.scope, b"x-tessera-node")
+        if claimed and claimed != node.name:
+            log.warning("agent token of %s used to speak for %s: refused", node.name, claimed)
+            await self.close(code=CLOSE_WRONG_NODE)
+            return
+        self.node_id, self.node_name = node.pk, node.name
+        self.group = f"node-{node.name}"
+        self.sent_version: int | None = None
+        self.job_gpus: dict[str, list[tuple[int, int]]] = {}  # gpu uuid -> [(job id, team id)]
+        self.last_metrics_at = 0.0
+        self.log_next: dict[tuple[int, int, str], int] = {}  # (job, attempt, stream) -> agent offset
+        self.log_waiting: dict[str, tuple[int, int, str]] = {}  # request id -> (job, attempt, stream)
+        self.log_draining: set[tuple[int, int]] = set()  # finished placements whose logs are still coming
+        self.log_eof: set[tuple[int, int, str]] = set()
+        self.rpc_replies: dict[str, str] = {}  # request id -> reply channel (logs asked for by the web)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        await self.send_desired(force=True)
+        self.log_task = asyncio.ensure_future(self._pull_logs_forever())
+
+    async def disconnect(self, code: int) -> None:
+        if self.node_id is None:
+            return
+        task = getattr(self, "log_task", None)
+        if task is not None:
+            task.cancel()
+        await self.channel_layer.group_discard(self.group, self.channel_name)
+        await database_sync_to_async(agent_services.node_disconnected)(node_id=self.node_id)
+
+    # -- out ---------------------------------------------------------------------------------------------------
+    async def send_msg(self, msg: dict[str, Any]) -> None:
+        await self.send(text_data=protocol.encode(msg))
+
+    async def send_desired(self, *, force: bool = False) -> None:
+        state = await database_sync_to_async(_desired_for)(self.node_id)
+        if not force and state.version == self.sent_version:
+            return
+        self.sent_version = state.version
+        job_ids = [int(j["job_id"]) for j in state.jobs]
+        teams = await database_sync_to_async(agent_services.job_team_ids)(job_ids=job_ids)
+        self.job_gpus = {}
+        for j in state.jobs:
+            for g in j["gpus"]:
+                self.job_gpus.setdefault(g["uuid"], []).append(
+                    (int(j["job_id"]), teams.get(int(j["job_id"]), 0))
+                )
+        payload = state.message()
+        payload.pop("type")
+        await self.send_msg(protocol.message("desired_state", payload))
+
+    # -- group messages (from the cycle, the watchdog, the web) -------------------------------------------------------
+    async def desired_changed(self, event: dict) -> None:
+        await self.send_desired()
+
+    async def logs_request(self, event: dict) -> None:
+        """A web process asks for a job's log through us; the agent's answer goes to its reply channel."""
+        msg = protocol.message("logs_request", event["payload"])
+        if event.get("reply_channel"):
+            self.rpc_replies[msg["id"]] = event["reply_channel"]
+        await self.send_msg(msg)
+
+    # -- in ------------------------------------------------------------------------------------------------------
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        try:
+            msg = protocol.decode(text_data if text_data is not None else bytes_data)
+        except protocol.ProtocolError as exc:
+            log.warning("node %s sent a malformed message: %s", self.node_name, exc)
+            return
+        kind, payload = msg["type"], msg["payload"]
+        handler = getattr(self, f"on_{kind}", None)
+        if handler is None:
+            await self.send_msg(protocol.ack(msg["id"], ok=False, error=f"unknown message type {kind!r}"))
+            return
+        try:
+            outcome = await handler(payload)
+        except Exception as exc:  # one bad report must not drop the node's connection
+            log.exception("node %s: %s failed", self.node_name, kind)
+            outcome = agent_services.Outcome(False, f"portal error: {type(exc).__name__}")
+        if kind in protocol.RELIABLE:
+            ok = outcome.ok if outcome is not None else True
+            await self.send_msg(protocol.ack(msg["id"], ok=ok, error=outcome.error if outcome else None))
+
+    async def on_hello(self, payload: dict) -> agent_services.Outcome:
+        node = payload.get("node")
+        if node is not None and node != self.node_name:
+            await self.close(code=CLOSE_WRONG_NODE)
+            return agent_services.Outcome(False, f"this token is for node {self.node_name}, not {node}")
+        await database_sync_to_async(agent_services.node_hello)(node_id=self.node_id, payload=payload)
+        # The inventory may have renamed GPUs (their UUIDs): the agent gets the state it can run.
+        await self.send_desired(force=True)
+        return agent_services.Outcome(True)
+
+    async def on_heartbeat(self, payload: dict) -> None:
+        await database_sync_to_async(agent_services.node_heartbeat)(node_id=self.node_id)
+        held = payload.get("desired_version")
+        if held is None or self.sent_version is None or int(held) < self.sent_version:
+            await self.send_desired(force=True)
+
+    async def on_ack(self, payload: dict) -> None:
+        version = payload.get("desired_version")
+        if version is not None:
+            await database_sync_to_async(agent_services.node_acked)(
+                node_id=self.node_id, version=int(version)
+            )
+
+    async def on_job_status(self, payload: dict) -> agent_services.Outcome:
+        outcome = await database_sync_to_async(agent_services.job_report)(
+            node_id=self.node_id, payload=payload
+        )
+        if outcome.ok and payload.get("state") in FINAL_STATES:
+            try:
+                self.log_draining.add((int(payload["job_id"]), int(payload["attempt"])))
+            except (KeyError, TypeError, ValueError):
+                pass
+            await self._pull_logs()
+        return outcome
+
+    async def on_event(self, payload: dict) -> agent_services.Outcome:
+        return await database_sync_to_async(agent_services.node_event)(node_id=self.node_id, payload=payload)
+
+    async def on_metrics(self, payload: dict) -> None:
+        now = time.monotonic()
+        if now - self.last_metrics_at < METRICS_PUBLISH_INTERVAL_S:
+            return
+        self.last_metrics_at = now
+        keep = (
+            "index",
+            "uuid",
+            "util_pct",
+            "memory_used_mib",
+            "memory_total_mib",
+            "power_w",
+            "temperature_c",
+            "health",
+        )
+        gpus = [{k: g.get(k) for k in keep} for g in payload.get("gpus") or []]
+        at = payload.get("sampled_at")
+        await self.channel_layer.group_send(
+            "cluster", {"type": "gpu.metrics", "node": self.node_name, "at": at, "gpus": gpus}
+        )
+        per_job: dict[tuple[int, int], list[dict]] = {}
+        for g in gpus:
+            for job_id, team_id in self.job_gpus.get(str(g.get("uuid")), []):
+                per_job.setdefault((job_id, team_id), []).append(g)
+        for (job_id, team_id), job_gpus in per_job.items():
+            msg = {
+                "type": "job.metrics",
+                "job_id": job_id,
+                "node": self.node_name,
+                "at": at,
+                "gpus": job_gpus,
+            }
+            await self.channel_layer.group_send(f"job-{job_id}", msg)
+            await self.channel_layer.group_send(f"team-{team_id}", msg)
+
+    async def on_logs(self, payload: dict) -> None:
+        request_id = str(payload.get("request_id") or "")
+        reply = self.rpc_replies.pop(request_id, None)
+        if reply is not None:
+            await self.channel_layer.send(reply, {"type": "logs.reply", "payload": payload})
+            return
+        key = self.log_waiting.pop(request_id, None)
+        if key is None:
+            return
+        stored = await database_sync_to_async(agent_services.job_logs_store)(
+            node_id=self.node_id, payload=payload
+        )
+        if stored is None:
+            self.log_draining.discard(key[:2])
+            return
+        next_offset, size = stored
+        self.log_next[key] = next_offset
+        if next_offset < size:
+            await self._request_log(*key)  # more to read right away
+        elif payload.get("eof"):
+            self.log_eof.add(key)
+            if all((key[0], key[1], s) in self.log_eof for s in ("stdout", "stderr")):
+                self.log_draining.discard(key[:2])
+
+    # -- log pulling ---------------------------------------------------------------------------------------------
+    async def _request_log(self, job_id: int, attempt: int, stream: str) -> None:
+        key = (job_id, attempt, stream)
+        if key in self.log_waiting.values():
+            return
+        payload = {
+            "job_id": str(job_id),
+            "attempt": attempt,
+            "stream": stream,
+            "offset": self.log_next.get(key, 0),
+            "limit_bytes": LOG_CHUNK_BYTES,
+        }
+        msg = protocol.message("logs_request", payload)
+        self.log_waiting[msg["id"]] = key
+        await self.send_msg(msg)
+
+    async def _pull_logs(self) -> None:
+        running = await database_sync_to_async(agent_services.running_here)(node_id=self.node_id)
+        for job_id, attempt in set(running) | set(self.log_draining):
+            for stream in ("stdout", "stderr"):
+                await self._request_log(job_id, attempt, stream)
+
+    async def _pull_logs_forever(self) -> None:
+        while True:
+            await asyncio.sleep(LOG_PULL_INTERVAL_S)
+            try:
+                # Requests the agent never answered (a reconnect) are asked again.
+                self.log_waiting.clear()
+                await self._pull_logs()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("node %s: log pull failed", self.node_name, exc_info=True)

@@ -1,0 +1,104 @@
+"""Each node's desired state, derived from the database: the placements (job, attempt, GPU slices) it should run.
+
+The version grows only when the content changes (a digest is kept in NodeSync), so agents can drop an older
+state that arrives late, and computing it twice is harmless. Agents receive the whole state, never a diff.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+
+from scheduling import events, lock_objects
+from scheduling.choices import SharingMode
+from scheduling.models import Job, Node, NodeSync, Slice
+from scheduling.states import ACTIVE_STATES
+
+# The agent names time-slicing `time_sliced`; everything else matches.
+_AGENT_SHARING = {SharingMode.TIMESLICE: "time_sliced"}
+
+
+@dataclass(frozen=True)
+class DesiredState:
+    node: str
+    version: int
+    jobs: tuple[dict[str, Any], ...]
+
+    def message(self) -> dict[str, Any]:
+        return {"type": "desired_state", "node": self.node, "version": self.version, "jobs": list(self.jobs)}
+
+
+def _job_entry(job: Job, slices: list[Slice]) -> dict[str, Any]:
+    gpus = []
+    for s in sorted(slices, key=lambda s: s.gpu.index):
+        whole = s.gpu.sharing_mode == SharingMode.EXCLUSIVE
+        gpus.append(
+            {
+                "uuid": s.gpu.uuid,
+                "index": s.gpu.index,
+                "memory_mib": None if whole else s.memory_mib,
+                "compute_pct": None if whole else s.compute_pct,
+                "sharing": _AGENT_SHARING.get(s.gpu.sharing_mode, s.gpu.sharing_mode),
+            }
+        )
+    env = {str(k): str(v) for k, v in (job.env or {}).items()}
+    env.update({"TESSERA_JOB_ID": str(job.pk), "TESSERA_ATTEMPT": str(job.attempt)})
+    return {
+        "job_id": str(job.pk),
+        "attempt": job.attempt,
+        "name": job.name,
+        "command": job.command,
+        "env": env,
+        "gpus": gpus,
+        "max_runtime_s": job.max_runtime_s,
+        "grace_s": float(job.priority_class.preemption_grace_s),
+    }
+
+
+def desired_jobs(*, node: Node) -> tuple[dict[str, Any], ...]:
+    """The placements a node should run now, in job-id order."""
+    by_job: dict[int, list[Slice]] = defaultdict(list)
+    for s in Slice.objects.filter(gpu__node=node, job__state__in=ACTIVE_STATES).select_related("gpu"):
+        by_job[s.job_id].append(s)
+    jobs = Job.objects.filter(pk__in=by_job).select_related("priority_class").order_by("pk")
+    return tuple(_job_entry(job, by_job[job.pk]) for job in jobs)
+
+
+def _digest(jobs: tuple[dict[str, Any], ...]) -> str:
+    return hashlib.sha256(json.dumps(jobs, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def desired_state_for_node(*, node: Node) -> tuple[DesiredState, bool]:
+    """The node's desired state and whether its version moved just now (the content changed)."""
+    with transaction.atomic():
+        NodeSync.objects.get_or_create(node=node)
+        sync = lock_objects.node_sync_for_update(node_id=node.pk).get()
+        jobs = desired_jobs(node=node)
+        digest = _digest(jobs)
+        changed = digest != sync.desired_digest
+        if changed:
+            sync.desired_version += 1
+            sync.desired_digest = digest
+            sync.save(update_fields=["desired_version", "desired_digest"])
+        return DesiredState(node=node.name, version=sync.desired_version, jobs=jobs), changed
+
+
+def desired_state_sync(*, nodes: list[Node] | None = None) -> list[str]:
+    """Recompute desired states (all nodes by default); tell the agents of those that changed, after commit.
+
+    This is the level-triggered catch-all: whatever path changed a job (a cancel, a finish, an admin edit),
+    the next cycle brings every agent's desired state back in line with the database.
+    """
+    changed = []
+    for node in nodes if nodes is not None else Node.objects.all():
+        _, moved = desired_state_for_node(node=node)
+        if moved:
+            changed.append(node.name)
+            with transaction.atomic():
+                events.node_desired_state_changed(node_name=node.name)
+    return changed

@@ -1,0 +1,42 @@
+"""The `select_for_update()` querysets of the scheduling writes, in one place so every writer locks in one order.
+
+Order (to keep writers from deadlocking each other): the scheduler lease, then nodes by id, then jobs by id;
+GPU ledger rows are taken last, implicitly, by the guarded UPDATEs of `slice_allocate` / `job_release_slices`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db.models import QuerySet
+
+from scheduling.models import Job, Node, NodeSync, SchedulerLease
+
+
+def scheduler_lease_for_update() -> QuerySet[SchedulerLease]:
+    return SchedulerLease.objects.select_for_update()
+
+
+def nodes_for_update(
+    *, names: Iterable[str] | None = None, ids: Iterable[int] | None = None
+) -> QuerySet[Node]:
+    nodes = Node.objects.select_for_update().order_by("id")
+    if names is not None:
+        nodes = nodes.filter(name__in=list(names))
+    if ids is not None:
+        nodes = nodes.filter(pk__in=list(ids))
+    return nodes
+
+
+def jobs_for_update(*, ids: Iterable[int], skip_locked: bool = False) -> QuerySet[Job]:
+    # `of=("self",)`: lock the job rows only, never the team or priority class they join.
+    return (
+        Job.objects.select_for_update(of=("self",), skip_locked=skip_locked)
+        .select_related("priority_class", "team")
+        .filter(pk__in=list(ids))
+        .order_by("id")
+    )
+
+
+def node_sync_for_update(*, node_id: int) -> QuerySet[NodeSync]:
+    return NodeSync.objects.select_for_update().filter(node_id=node_id)

@@ -1,0 +1,144 @@
+"""Failure handling: silent nodes become lost and their jobs go back to the queue; unanswered preemptions finish.
+
+Every step re-reads its condition under a row lock, so two watchdogs (two beats) running at once do each thing
+once. Requeues are bounded by TESSERA_MAX_REQUEUES; past it a job fails with a reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Max, Q
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from scheduling import events, lock_objects
+from scheduling.choices import ActorKind, JobState, NodeState
+from scheduling.models import Job, JobEvent, Node, Slice
+from scheduling.services import job_transition
+from scheduling.states import ACTIVE_STATES
+
+log = logging.getLogger(__name__)
+
+
+def job_requeue_or_fail(*, job: Job, code: str, message: str, data: dict | None = None) -> Job:
+    """From preempted or lost back to pending, unless the job has used up its requeues (then failed)."""
+    max_requeues = settings.TESSERA_MAX_REQUEUES
+    if job.attempt > max_requeues:
+        return job_transition(
+            job=job,
+            to_state=JobState.FAILED,
+            actor_kind=ActorKind.SYSTEM,
+            code="too_many_requeues",
+            message=f"{message} It has been placed {job.attempt} times; the limit is {max_requeues} requeues.",
+            data=data,
+        )
+    return job_transition(
+        job=job, to_state=JobState.PENDING, actor_kind=ActorKind.SYSTEM, code=code, message=message, data=data
+    )
+
+
+def _silent_nodes(now):
+    threshold = now - timedelta(seconds=settings.TESSERA_NODE_LOST_AFTER_S)
+    # A node that never reported counts from its registration: pre-registered hosts without agents are lost too.
+    return Node.objects.exclude(state=NodeState.LOST).filter(
+        Q(last_heartbeat_at__lt=threshold) | Q(last_heartbeat_at__isnull=True, created_at__lt=threshold)
+    )
+
+
+def node_mark_lost(*, node_id: int, now=None) -> list[int]:
+    """Declare one node lost (if it is still silent) and requeue or fail its jobs. Returns the affected job ids."""
+    now = now or timezone.now()
+    affected = []
+    with transaction.atomic():
+        node = _silent_nodes(now).filter(pk=node_id).select_for_update().first()
+        if node is None:  # it spoke up meanwhile, or another watchdog got here first
+            return []
+        node.state = NodeState.LOST
+        node.save(update_fields=["state"])
+        silent_for = (
+            f"{(now - node.last_heartbeat_at).total_seconds():.0f} s"
+            if node.last_heartbeat_at
+            else "ever since it was registered"
+        )
+        job_ids = set(
+            Slice.objects.filter(gpu__node=node, job__state__in=ACTIVE_STATES).values_list("job_id", flat=True)
+        )
+        for job in lock_objects.jobs_for_update(ids=job_ids):
+            if job.state not in ACTIVE_STATES:
+                continue
+            data = {"node": node.name}
+            job_transition(
+                job=job,
+                to_state=JobState.LOST,
+                actor_kind=ActorKind.SYSTEM,
+                code="node_lost",
+                message=f"Node {node.name} sent no heartbeat for {silent_for}.",
+                data=data,
+            )
+            if job.requeue_on_node_loss:
+                job_requeue_or_fail(
+                    job=job,
+                    code="requeued_node_lost",
+                    message=f"Requeued after node {node.name} was lost.",
+                    data=data,
+                )
+            else:
+                job_transition(
+                    job=job,
+                    to_state=JobState.FAILED,
+                    actor_kind=ActorKind.SYSTEM,
+                    code="node_lost",
+                    message=f"Failed: node {node.name} was lost and the job asked not to be requeued.",
+                    data=data,
+                )
+            affected.append(job.pk)
+        events.publish_after_commit(
+            "cluster", {"type": "node.changed", "node": node.name, "state": NodeState.LOST}
+        )
+    log.warning("node %s lost; jobs %s requeued or failed", node.name, affected)
+    return affected
+
+
+def nodes_check(*, now=None) -> dict[str, list[int]]:
+    """Every node silent for longer than TESSERA_NODE_LOST_AFTER_S: lost. Returns node name -> job ids."""
+    now = now or timezone.now()
+    out = {}
+    for node_id, name in _silent_nodes(now).values_list("pk", "name"):
+        out[name] = node_mark_lost(node_id=node_id, now=now)
+    return out
+
+
+def preemptions_check(*, now=None) -> list[int]:
+    """Preempted jobs whose agent never confirmed the stop within grace + the node-lost timeout: requeue them."""
+    now = now or timezone.now()
+    slack_s = settings.TESSERA_NODE_LOST_AFTER_S
+    overdue = []
+    preempted = (
+        Job.objects.filter(state=JobState.PREEMPTED)
+        .annotate(since=Max("events__at", filter=Q(events__to_state=JobState.PREEMPTED)))
+        .annotate(grace_s=Coalesce(F("priority_class__preemption_grace_s"), 0))
+    )
+    for job_id, since, grace_s in preempted.values_list("pk", "since", "grace_s"):
+        if since is None or since + timedelta(seconds=grace_s + slack_s) > now:
+            continue
+        with transaction.atomic():
+            job = lock_objects.jobs_for_update(ids=[job_id]).first()
+            if job is None or job.state != JobState.PREEMPTED:
+                continue
+            job_requeue_or_fail(
+                job=job,
+                code="requeued",
+                message=f"Preempted {grace_s + slack_s:.0f} s ago and its agent never confirmed the stop; "
+                "back in the queue.",
+            )
+            overdue.append(job_id)
+    return overdue
+
+
+def last_placement(job: Job) -> JobEvent | None:
+    """The event that placed the job's current attempt (it records the nodes and GPUs)."""
+    return job.events.filter(to_state=JobState.PLACED).order_by("-at", "-id").first()

@@ -1,0 +1,169 @@
+"""The cycle's two crossings with the database: the snapshot it reads and the decisions it writes."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from scheduling import cycle
+from scheduling.choices import JobState, NodeState
+from scheduling.desired_state import desired_state_for_node
+from scheduling.engine import types as eng
+from scheduling.models import Gpu, Job, Node, Slice
+from scheduling.services import JobSpec, job_cancel, job_submit
+from scheduling.watchdog import nodes_check
+
+pytestmark = pytest.mark.django_db
+
+
+def submit(user, team, **spec):
+    spec.setdefault("command", "echo hi")
+    spec.setdefault("name", "job")
+    return job_submit(submitter=user, team=team, spec=JobSpec(**spec))
+
+
+def overcommitted_in_sql() -> int:
+    """GPUs whose slices add up to more than the card: counted by the database, not by the ledger columns."""
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            SELECT count(*) FROM (
+              SELECT g.id FROM scheduling_gpu g JOIN scheduling_slice s ON s.gpu_id = g.id
+              GROUP BY g.id, g.memory_mib, g.compute_capacity_pct
+              HAVING sum(s.memory_mib) > g.memory_mib OR sum(s.compute_pct) > g.compute_capacity_pct
+            ) over
+            """
+        )
+        return cur.fetchone()[0]
+
+
+def test_the_snapshot_speaks_engine_units(node, alice, teams):
+    sliced = submit(alice, teams["training"], gpu_memory_mib=8192, compute_pct=25)
+    snap = cycle.snapshot_from_db()
+    (n,) = snap.nodes
+    assert n.name == "a100-01" and len(n.gpus) == 8
+    assert (0, 1) in n.nvlink
+    assert n.gpus[6].sharing is eng.Sharing.MPS
+    (job,) = snap.pending
+    assert job.id == str(sliced.pk)
+    assert job.request.gpu_compute_milli == 250 and job.request.gpu_memory_mib == 8192
+    assert snap.quotas["ai-lab/training"].guaranteed_compute_milli == 4000
+
+
+def test_a_cycle_places_a_pending_job_and_the_ledger_holds_it(node, alice, teams):
+    job = submit(alice, teams["training"], gpus=2)
+    report = cycle.cycle_run_once()
+    job.refresh_from_db()
+    assert report.placed == 1
+    assert job.state == JobState.PLACED and job.attempt == 1
+    assert Slice.objects.filter(job=job).count() == 2
+    assert sum(Gpu.objects.values_list("allocated_compute_pct", flat=True)) == 200
+    placed = job.events.get(to_state=JobState.PLACED)
+    assert placed.data["nodes"] == ["a100-01"] and placed.data["epoch"] == report.epoch
+
+
+def test_it_refuses_a_stale_epoch_whole(node, alice, teams):
+    job = submit(alice, teams["training"], gpus=1)
+    old = cycle.epoch_issue()
+    decisions = eng.Decisions(
+        placements=(
+            eng.Placement(job_id=str(job.pk), assignments=(eng.Assignment("a100-01", 0, 81920, 1000),)),
+        )
+    )
+    cycle.epoch_issue()  # a newer cycle started: the older one may no longer write
+    with pytest.raises(cycle.StaleEpoch):
+        cycle.apply_decisions(decisions=decisions, epoch=old)
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING and not Slice.objects.exists()
+
+
+def test_an_epoch_applies_only_once(node, alice, teams):
+    job = submit(alice, teams["training"], gpus=1)
+    epoch = cycle.epoch_issue()
+    cycle.apply_decisions(decisions=eng.Decisions(), epoch=epoch)
+    with pytest.raises(cycle.StaleEpoch):
+        cycle.apply_decisions(
+            decisions=eng.Decisions(
+                placements=(eng.Placement(str(job.pk), (eng.Assignment("a100-01", 0, 81920, 1000),)),)
+            ),
+            epoch=epoch,
+        )
+
+
+def test_a_placement_the_ledger_refuses_leaves_the_job_pending_with_a_reason(node, alice, teams):
+    first = submit(alice, teams["training"], gpus=1)
+    second = submit(alice, teams["training"], gpus=1)
+    same_gpu = (eng.Assignment("a100-01", 3, 81920, 1000),)
+    decisions = eng.Decisions(
+        placements=(eng.Placement(str(first.pk), same_gpu), eng.Placement(str(second.pk), same_gpu))
+    )
+    result = cycle.apply_decisions(decisions=decisions, epoch=cycle.epoch_issue())
+    assert result.placed == [first.pk] and second.pk in result.conflicts
+    second.refresh_from_db()
+    assert second.state == JobState.PENDING and second.pending_reason_code == "conflict"
+    assert overcommitted_in_sql() == 0
+    assert not second.events.filter(to_state=JobState.PLACED).exists()
+
+
+def test_an_eviction_preempts_with_its_grace_recorded_and_frees_the_gpus(node, alice, teams):
+    victim = submit(alice, teams["training"], gpus=8)
+    cycle.cycle_run_once()
+    victim.refresh_from_db()
+    decisions = eng.Decisions(evictions=(eng.Eviction(str(victim.pk), "999", "preempted", 30.0),))
+    cycle.apply_decisions(decisions=decisions, epoch=cycle.epoch_issue())
+    victim.refresh_from_db()
+    assert victim.state == JobState.PREEMPTED
+    event = victim.events.get(to_state=JobState.PREEMPTED)
+    assert event.data["grace_s"] == 30.0 and event.data["preemptor"] == "999"
+    assert not Slice.objects.filter(job=victim).exists()
+    assert sum(Gpu.objects.values_list("allocated_memory_mib", flat=True)) == 0
+
+
+def test_the_desired_version_moves_only_when_the_content_does(node, alice, teams):
+    state0, moved0 = desired_state_for_node(node=node)
+    again, moved_again = desired_state_for_node(node=node)
+    assert not moved_again and again.version == state0.version
+    job = submit(alice, teams["training"], gpus=1, env={"A": "1"})
+    cycle.cycle_run_once()
+    state1, moved1 = desired_state_for_node(node=node)
+    assert moved1 and state1.version == state0.version + 1
+    (entry,) = state1.jobs
+    assert entry["job_id"] == str(job.pk) and entry["attempt"] == 1 and entry["env"]["A"] == "1"
+    assert entry["gpus"][0]["sharing"] == "exclusive" and entry["gpus"][0]["memory_mib"] is None
+    job_cancel(job=job, actor=alice)
+    state2, moved2 = desired_state_for_node(node=node)
+    assert moved2 and state2.version == state1.version + 1 and state2.jobs == ()
+
+
+def test_a_silent_node_is_lost_only_after_the_timeout_and_its_jobs_are_requeued(node, alice, teams, settings):
+    settings.TESSERA_NODE_LOST_AFTER_S = 30
+    job = submit(alice, teams["training"], gpus=1)
+    cycle.cycle_run_once()
+    now = timezone.now()
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now - timedelta(seconds=29))
+    assert nodes_check(now=now) == {}
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now - timedelta(seconds=31))
+    assert nodes_check(now=now) == {"a100-01": [job.pk]}
+    job.refresh_from_db()
+    node.refresh_from_db()
+    assert node.state == NodeState.LOST
+    assert job.state == JobState.PENDING and not Slice.objects.filter(job=job).exists()
+    assert list(job.events.values_list("to_state", flat=True))[-2:] == [JobState.LOST, JobState.PENDING]
+    assert Job.objects.get(pk=job.pk).submitted_at == job.submitted_at
+
+
+def test_requeues_are_bounded(node, alice, teams, settings):
+    settings.TESSERA_MAX_REQUEUES = 1
+    settings.TESSERA_NODE_LOST_AFTER_S = 30
+    job = submit(alice, teams["training"], gpus=1)
+    for _ in range(2):
+        Node.objects.filter(pk=node.pk).update(state=NodeState.READY, last_heartbeat_at=timezone.now())
+        cycle.cycle_run_once()
+        Node.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now() - timedelta(seconds=60))
+        nodes_check()
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED and job.attempt == 2
+    assert job.events.last().code == "too_many_requeues"
