@@ -430,3 +430,28 @@ def format_duration(seconds: int) -> str:
             parts.append(f"{seconds // size}{unit}")
             seconds %= size
     return "".join(parts) or "0s"
+
+
+def spec_check_card_limits(spec: JobSpec) -> None:
+    """Refuse a slice larger than the largest card the spec allows, naming that card's size as the limit.
+
+    services.job_spec_validate refuses it too; this check only adds the limit to the error.
+    """
+    if not spec.gpu_memory_mib:
+        return
+    from scheduling.models import GpuModel  # local: parsing itself needs no database
+
+    sizes = GpuModel.objects.values_list("name", "memory_mib", "compute_capability")
+    allowed = [
+        mib
+        for name, mib, capability in sizes
+        if (not spec.gpu_models or name in spec.gpu_models)
+        and mib >= spec.min_gpu_memory_mib
+        and capability >= spec.min_compute_capability
+    ]
+    if allowed and spec.gpu_memory_mib > max(allowed):
+        raise SpecError(
+            f"gpu_memory {spec.gpu_memory_mib} MiB is more than the largest allowed GPU has ({max(allowed)} MiB).",
+            field="gpu_memory",
+            limit=f"{max(allowed)}MiB",
+        )

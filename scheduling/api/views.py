@@ -40,7 +40,7 @@ from scheduling.api.queries import (
 from scheduling.api.usage import GROUPS, MAX_WINDOW, usage_rows
 from scheduling.choices import GpuHealth, JobState, LinkKind, NodeState
 from scheduling.models import Gpu, GpuLink, Job, Node, Slice
-from scheduling.spec import SpecError, spec_from_mapping, spec_from_text
+from scheduling.spec import SpecError, spec_check_card_limits, spec_from_mapping, spec_from_text
 from scheduling.states import ACTIVE_STATES, TERMINAL_STATES
 
 MAX_IDEMPOTENCY_KEY_CHARS = 200
@@ -177,6 +177,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         else:
             parsed = spec_from_mapping(data)
         team = _resolve_team(user=request.user, slug=parsed.team)
+        spec_check_card_limits(parsed.spec)
         job = services.job_submit(submitter=request.user, team=team, spec=parsed.spec)
         return Response(
             s.JobSerializer(job, context={"request": request}).data, status=status.HTTP_201_CREATED

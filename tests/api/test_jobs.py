@@ -1,0 +1,189 @@
+"""/api/v1/jobs: submit from a spec, validation with one error format, idempotency, throttling, cancel, events, logs."""
+
+import pytest
+
+from scheduling.choices import JobState
+from scheduling.models import Job
+
+pytestmark = pytest.mark.django_db
+
+SLICE = {
+    "name": "notebook",
+    "team": "ai-lab/training",
+    "command": "jupyter lab",
+    "gpu_memory": "10GiB",
+    "compute_pct": 25,
+}
+
+
+def test_a_member_submits_a_slice_job_from_a_json_spec(as_alice):
+    response = as_alice.post("/api/v1/jobs/", SLICE, format="json")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["state"] == "pending"
+    assert body["request"]["gpu_memory_mib"] == 10240
+    assert body["pending_reason_code"] == "queued"
+    job = Job.objects.get(pk=body["id"])
+    assert (job.submitter.username, job.team.slug, job.compute_pct) == ("alice", "ai-lab/training", 25)
+
+
+def test_a_member_submits_a_yaml_spec_and_the_team_defaults_to_their_only_team(as_alice):
+    text = "name: train\ncommand: python train.py\ngpus: 2\ntopology: nvlink\nmax_runtime: 2h\n"
+    response = as_alice.post("/api/v1/jobs/", text, content_type="application/yaml")
+    assert response.status_code == 201, response.json()
+    assert response.json()["team"] == "ai-lab/training"
+    assert response.json()["request"]["max_runtime_s"] == 7200
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "limit", "words"),
+    [
+        ({"gpu_memory": "96GiB"}, "gpu_memory", "81920MiB", "largest"),
+        ({"gpus": 16, "topology": "nvlink"}, "gpus", None, "the most on any node is 8"),
+        ({"gpus": 1, "gpu_models": ["V100"]}, "gpu_models", None, "Unknown GPU model V100"),
+        ({"compute_pct": 150}, "compute_pct", 100, "at most 100"),
+        ({"gpus": 10_000}, "gpus", 64, "at most 64"),
+        ({"gpus": 1, "team": "ai-lab/inference"}, "team", None, "not a member"),
+        ({"gpus": 1, "team": "no-such-team"}, "team", None, "not a member"),
+    ],
+)
+def test_a_spec_that_can_never_run_is_refused_with_the_field_and_the_reason(
+    as_alice, spec, field, limit, words
+):
+    body = {"name": "x", "team": "ai-lab/training", "command": "run", **spec}
+    response = as_alice.post("/api/v1/jobs/", body, format="json")
+    assert response.status_code in (400, 403)
+    error = response.json()["error"]
+    assert error["field"] == field
+    assert words in error["message"]
+    assert error.get("limit") == limit
+    assert field in error["fields"]
+    assert not Job.objects.exists()
+
+
+def test_a_spec_over_quota_but_within_the_cluster_is_accepted_and_waits(as_bob):
+    # bob's team is guaranteed 1 GPU with a limit of 2; 8 GPUs exist on the node.
+    response = as_bob.post(
+        "/api/v1/jobs/",
+        {"name": "big", "command": "serve", "gpus": 8, "team": "ai-lab/inference"},
+        format="json",
+    )
+    assert response.status_code == 201
+    assert response.json()["state"] == "pending"
+
+
+def test_a_replayed_idempotency_key_returns_the_first_response_and_creates_one_job(as_alice):
+    first = as_alice.post("/api/v1/jobs/", SLICE, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    again = as_alice.post("/api/v1/jobs/", SLICE, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    assert first.status_code == again.status_code == 201
+    assert again.json() == first.json()
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert Job.objects.count() == 1
+
+
+def test_an_idempotency_key_reused_with_another_body_is_a_conflict(as_alice):
+    as_alice.post("/api/v1/jobs/", SLICE, format="json", HTTP_IDEMPOTENCY_KEY="k-2")
+    response = as_alice.post(
+        "/api/v1/jobs/", {**SLICE, "name": "other"}, format="json", HTTP_IDEMPOTENCY_KEY="k-2"
+    )
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "idempotency_conflict"
+    assert Job.objects.count() == 1
+
+
+def test_idempotency_keys_are_per_user(as_alice, as_carol):
+    as_alice.post("/api/v1/jobs/", SLICE, format="json", HTTP_IDEMPOTENCY_KEY="shared")
+    response = as_carol.post("/api/v1/jobs/", SLICE, format="json", HTTP_IDEMPOTENCY_KEY="shared")
+    assert response.status_code == 201
+    assert Job.objects.count() == 2
+
+
+def test_submits_beyond_the_per_user_rate_are_throttled(as_alice, settings, monkeypatch):
+    from portal.api_support import SubmitRateThrottle
+
+    monkeypatch.setattr(SubmitRateThrottle, "THROTTLE_RATES", {"submit": "3/min"})
+    codes = [as_alice.post("/api/v1/jobs/", SLICE, format="json").status_code for _ in range(4)]
+    assert codes == [201, 201, 201, 429]
+    assert as_alice.post("/api/v1/jobs/", SLICE, format="json").json()["error"]["code"] == "throttled"
+    # Reads are not throttled.
+    assert as_alice.get("/api/v1/jobs/").status_code == 200
+
+
+def test_the_list_filters_by_state_user_and_priority(as_carol, alice, carol, teams, submit):
+    a = submit(alice, teams["training"], name="a")
+    submit(carol, teams["training"], name="c", priority="critical")
+    Job.objects.filter(pk=a.pk).update(state=JobState.CANCELLED)
+    names = lambda r: sorted(j["name"] for j in r.json()["results"])  # noqa: E731
+    assert names(as_carol.get("/api/v1/jobs/?state=pending")) == ["c"]
+    assert names(as_carol.get("/api/v1/jobs/?user=alice")) == ["a"]
+    assert names(as_carol.get("/api/v1/jobs/?priority=critical")) == ["c"]
+    assert names(as_carol.get("/api/v1/jobs/?team=ai-lab/training")) == ["a", "c"]
+    assert names(as_carol.get("/api/v1/jobs/?state=pending&state=cancelled")) == ["a", "c"]
+    assert names(as_carol.get("/api/v1/jobs/?mine=true")) == ["c"]
+
+
+def test_a_page_size_of_a_million_is_refused_by_validation(as_alice):
+    response = as_alice.get("/api/v1/jobs/?page_size=1000000")
+    assert response.status_code == 400
+    assert response.json()["error"]["field"] == "page_size"
+    assert response.json()["error"]["limit"] == 500
+
+
+def test_detail_shows_the_pending_reason_queue_position_and_estimate(as_alice, alice, teams, submit):
+    job = submit(alice, teams["training"])
+    Job.objects.filter(pk=job.pk).update(
+        pending_reason_code="quota", pending_reason="Over quota: 4 of 4 GPUs in use.", queue_position=3
+    )
+    body = as_alice.get(f"/api/v1/jobs/{job.pk}/").json()
+    assert body["pending_reason"] == "Over quota: 4 of 4 GPUs in use."
+    assert body["queue_position"] == 3
+    assert "estimated_start_at" in body
+    assert body["spec"]["gpus"] == 1 and body["spec"]["team"] == "ai-lab/training"
+    assert body["can_cancel"] is True
+
+
+def test_a_member_cancels_their_own_job_and_the_event_is_recorded(as_alice, alice, teams, submit):
+    job = submit(alice, teams["training"])
+    response = as_alice.post(f"/api/v1/jobs/{job.pk}/cancel/")
+    assert response.status_code == 200
+    assert response.json()["state"] == "cancelled"
+    events = as_alice.get(f"/api/v1/jobs/{job.pk}/events/").json()["results"]
+    assert [e["code"] for e in events] == ["submitted", "cancelled"]
+    assert events[-1]["actor"] == "alice"
+
+
+def test_cancelling_a_finished_job_is_a_conflict(as_alice, alice, teams, submit):
+    job = submit(alice, teams["training"])
+    as_alice.post(f"/api/v1/jobs/{job.pk}/cancel/")
+    response = as_alice.post(f"/api/v1/jobs/{job.pk}/cancel/")
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "illegal_transition"
+
+
+def test_logs_give_the_tail_and_pages_from_an_offset(as_alice, alice, teams, submit, settings, tmp_path):
+    from scheduling import joblogs
+
+    settings.TESSERA_LOG_DIR = str(tmp_path)
+    job = submit(alice, teams["training"])
+    joblogs.log_append(job_id=job.pk, stream="stdout", data="".join(f"step {i}\n" for i in range(200)))
+    tail = as_alice.get(f"/api/v1/jobs/{job.pk}/logs/?tail=2").json()
+    assert tail["text"] == "step 198\nstep 199\n"
+    assert tail["next_offset"] == tail["size"]
+    first = as_alice.get(f"/api/v1/jobs/{job.pk}/logs/?offset=0&limit_bytes=14").json()
+    assert first["text"] == "step 0\nstep 1\n"
+    assert first["next_offset"] == 14
+    joblogs.log_append(job_id=job.pk, stream="stdout", data="done\n")
+    follow = as_alice.get(f"/api/v1/jobs/{job.pk}/logs/?offset={tail['next_offset']}").json()
+    assert follow["text"] == "done\n"
+    assert as_alice.get(f"/api/v1/jobs/{job.pk}/logs/?stream=stderr").json()["text"] == ""
+    assert as_alice.get(f"/api/v1/jobs/{job.pk}/logs/?stream=secrets").status_code == 400
+
+
+def test_a_resent_log_chunk_is_stored_once(settings, tmp_path):
+    from scheduling import joblogs
+
+    settings.TESSERA_LOG_DIR = str(tmp_path)
+    joblogs.log_append(job_id=1, stream="stdout", data="abc", offset=0)
+    joblogs.log_append(job_id=1, stream="stdout", data="abc", offset=0)
+    joblogs.log_append(job_id=1, stream="stdout", data="cdef", offset=2)
+    assert joblogs.log_read(job_id=1, stream="stdout")[0] == b"abcdef"

@@ -1,0 +1,143 @@
+"""Teams with quota, usage, borrowing and fair share; priority classes; tokens; whoami; usage in GPU-hours and CSV;
+the schema and the offline docs page."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from quotas.models import ApiToken
+from scheduling import services
+from scheduling.choices import ActorKind, JobState
+from scheduling.models import Gpu, Job, JobEvent
+
+pytestmark = pytest.mark.django_db
+
+
+def _run(job, gpu, *, memory_mib, compute_pct, borrowed=False):
+    services.job_transition(job=job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
+    services.slice_allocate(job=job, gpu=gpu, memory_mib=memory_mib, compute_pct=compute_pct)
+    services.job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
+    if borrowed:
+        Job.objects.filter(pk=job.pk).update(borrowed=True)
+
+
+def test_my_team_shows_quota_usage_borrowed_and_fair_share(as_alice, alice, teams, node, submit):
+    job = submit(alice, teams["training"], gpu_memory_mib=20480, compute_pct=25, gpus=0)
+    _run(job, Gpu.objects.get(node=node, index=6), memory_mib=20480, compute_pct=25, borrowed=True)
+    team = as_alice.get(f"/api/v1/teams/{teams['training'].pk}/").json()
+    assert team["quotas"][0]["guaranteed_gpus"] == 4.0
+    assert team["quotas"][0]["default_priority_class"] == "training"
+    assert team["usage"] == {"gpus": 0.25, "gpu_memory_mib": 20480, "running_jobs": 1, "pending_jobs": 0}
+    assert team["borrowed"] == {"gpus": 0.25, "gpu_memory_mib": 20480}
+    # 8 GPUs; guarantees 4 + 1; the 3 left split by equal weights.
+    assert team["fair_share"]["gpus"] == 5.5
+
+
+def test_priority_classes_are_listed_highest_first(as_alice):
+    names = [p["name"] for p in as_alice.get("/api/v1/priority-classes/").json()["results"]]
+    assert names == ["critical", "training", "inference"]
+
+
+def test_a_token_is_shown_once_stored_hashed_and_revocable(as_alice):
+    created = as_alice.post("/api/v1/tokens/", {"name": "laptop"}, format="json")
+    assert created.status_code == 201
+    token = created.json()["token"]
+    row = ApiToken.objects.get(pk=created.json()["id"])
+    assert token.startswith("tsk_") and token not in (row.token_hash, row.prefix)
+    listed = as_alice.get("/api/v1/tokens/").json()["results"]
+    assert all("token" not in t for t in listed)
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert client.get("/api/v1/whoami/").json()["username"] == "alice"
+    assert as_alice.delete(f"/api/v1/tokens/{row.pk}/").json()["revoked_at"] is not None
+    assert client.get("/api/v1/whoami/").status_code == 401
+
+
+def test_whoami_names_the_user_their_teams_and_the_auth(as_carol):
+    body = as_carol.get("/api/v1/whoami/").json()
+    assert body["username"] == "carol"
+    assert body["auth"] == "token"
+    assert body["teams"] == [
+        {"team": "ai-lab/training", "team_id": body["teams"][0]["team_id"], "role": "team_admin"}
+    ]
+
+
+def _backdate(job, hours_ago_start, hours_ago_end=None):
+    now = timezone.now()
+    for event in JobEvent.objects.filter(job=job):
+        if event.to_state == JobState.PLACED:
+            JobEvent.objects.filter(pk=event.pk).update(at=now - timedelta(hours=hours_ago_start))
+        elif event.to_state in (JobState.SUCCEEDED, JobState.CANCELLED) and hours_ago_end is not None:
+            JobEvent.objects.filter(pk=event.pk).update(at=now - timedelta(hours=hours_ago_end))
+
+
+def test_usage_counts_a_quarter_slice_as_a_quarter_gpu_and_survives_slice_deletion(
+    as_alice, alice, teams, node, submit
+):
+    job = submit(alice, teams["training"], gpus=0, gpu_memory_mib=20480, compute_pct=25)
+    _run(job, Gpu.objects.get(node=node, index=6), memory_mib=20480, compute_pct=25)
+    services.job_transition(job=job, to_state=JobState.SUCCEEDED, actor_kind=ActorKind.AGENT)
+    assert not job.slices.exists()
+    _backdate(job, hours_ago_start=6, hours_ago_end=2)  # 4 h at a quarter card = 1 GPU-hour
+    rows = as_alice.get("/api/v1/usage/?group_by=team,user").json()
+    assert rows == [
+        {
+            "team": "ai-lab/training",
+            "user": "alice",
+            "gpu_hours": 1.0,
+            "gpu_memory_gib_hours": 80.0,
+            "jobs": 1,
+        }
+    ]
+
+
+def test_usage_splits_by_day_and_exports_csv(as_admin, alice, teams, node, submit):
+    job = submit(alice, teams["training"], gpus=2)
+    gpus = list(Gpu.objects.filter(node=node, index__in=[0, 1]))
+    services.job_transition(job=job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
+    for gpu in gpus:
+        services.slice_allocate(job=job, gpu=gpu, memory_mib=gpu.memory_mib, compute_pct=100)
+    services.job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
+    services.job_transition(job=job, to_state=JobState.SUCCEEDED, actor_kind=ActorKind.AGENT)
+    _backdate(job, hours_ago_start=30, hours_ago_end=0)
+    rows = as_admin.get("/api/v1/usage/?group_by=day").json()
+    assert len(rows) >= 2
+    assert round(sum(r["gpu_hours"] for r in rows), 2) == 60.0
+    csv = as_admin.get("/api/v1/usage/?group_by=team,day&format=csv")
+    assert csv["Content-Type"].startswith("text/csv")
+    lines = csv.content.decode().strip().splitlines()
+    assert lines[0] == "team,day,gpu_hours,gpu_memory_gib_hours,jobs"
+    assert len(lines) == len(rows) + 1
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("group_by=colour", "group_by"),
+        ("since=yesterday", "since"),
+        ("since=2020-01-01&until=2026-01-01", "since"),
+    ],
+)
+def test_usage_refuses_bad_parameters_naming_them(as_alice, query, field):
+    response = as_alice.get(f"/api/v1/usage/?{query}")
+    assert response.status_code == 400
+    assert response.json()["error"]["field"] == field
+
+
+def test_the_schema_and_the_interactive_docs_are_served_without_the_network(as_alice, client):
+    schema = as_alice.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    assert schema.status_code == 200
+    assert "/api/v1/jobs/" in schema.json()["paths"]
+    page = as_alice.get("/api/docs/")
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert "cdn." not in html and "unpkg" not in html
+    import re
+
+    assets = re.findall(r'(?:src|href)="(/static/[^"]+)"', html)
+    assert any("swagger-ui-bundle" in a for a in assets)
+    for asset in assets:
+        assert client.get(asset).status_code == 200, asset
