@@ -48,6 +48,7 @@ def cmd_run(config: AgentConfig) -> int:
         heartbeat_s=config.heartbeat_s,
         watchdog_tolerance_mib=config.watchdog_tolerance_mib,
         watchdog_grace_s=config.watchdog_grace_s,
+        fence_after_s=config.fence_after_s,
     )
     logging.getLogger("tessera.agent").info(
         "node %s: %d GPU(s) via %s, portal %s, work dir %s",

@@ -32,6 +32,7 @@ class AgentConfig:
     watchdog_tolerance_mib: int = 0
     watchdog_grace_s: float = 5.0
     log_level: str = "INFO"
+    fence_after_s: float | None = None
 
     def require_portal(self) -> None:
         if not self.portal_url:
@@ -119,6 +120,8 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
     try:
         heartbeat_s = float(pick("heartbeat_s", "TESSERA_AGENT_HEARTBEAT_S", 5.0))
         sample_s = float(pick("sample_s", "TESSERA_AGENT_SAMPLE_S", 1.0))
+        fence = pick("fence_after_s", "TESSERA_AGENT_FENCE_AFTER_S")
+        fence_after_s = float(fence) if fence not in (None, "", "0") else None
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     if heartbeat_s <= 0 or sample_s <= 0:
@@ -136,4 +139,5 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
         sharing_overrides=overrides,
         mps_control=pick("mps_control", "TESSERA_MPS_CONTROL"),
         log_level=environ.get("TESSERA_AGENT_LOG_LEVEL", "INFO"),
+        fence_after_s=fence_after_s,
     )

@@ -29,6 +29,7 @@ _SECRET_PREFIXES = ("TESSERA_AGENT_TOKEN",)
 _AGENT_SET = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_")
 
 RUNNING, STOPPING, FINISHED = "running", "stopping", "finished"
+ENFORCED_STOPS = ("max_runtime", "memory_slice_exceeded")
 
 
 class LaunchError(Exception):
@@ -115,6 +116,7 @@ class Executor:
         self.base_env = dict(os.environ if base_env is None else base_env)
         self._jobs: dict[str, JobHandle] = {}
         self._transitions: list[Transition] = []
+        self.launches = 0  # processes started by this instance (tests and reconcile count on it)
         self._load()
 
     # -- queries --------------------------------------------------------------------------------------------
@@ -141,6 +143,11 @@ class Executor:
         if existing is not None:
             return existing
         d = self.job_dir(spec)
+        if (d / "spec.json").exists():
+            # Launched before and since forgotten from memory: the record on disk stands, never a second launch.
+            known = self._load_dir(d)
+            if known is not None:
+                return known
         d.mkdir(parents=True, exist_ok=True)
         _write_json(d / "spec.json", spec.to_dict())
         handle = JobHandle(spec=spec, dir=d)
@@ -166,6 +173,7 @@ class Executor:
         except (OSError, LaunchError) as exc:
             self._finish(handle, outcome="launch_failed", exit_code=None, detail=str(exc))
             return handle
+        self.launches += 1
         handle.popen = popen
         handle.pid = handle.pgid = popen.pid
         stat = procfs.read_stat(popen.pid)
@@ -293,7 +301,8 @@ class Executor:
         if handle.stop_reason is None:
             outcome = "exited" if exit_code is not None else "lost"
         else:
-            outcome = "stopped" if handle.stop_reason == "not_desired" else "killed"
+            # Enforcement ends a job against its will ("killed"); the portal's or agent's decisions "stop" it.
+            outcome = "killed" if handle.stop_reason in ENFORCED_STOPS else "stopped"
         self._finish(handle, outcome=outcome, exit_code=exit_code, detail=handle.stop_reason or "")
 
     def _finish(self, handle: JobHandle, *, outcome: str, exit_code: int | None, detail: str) -> None:
@@ -331,6 +340,21 @@ class Executor:
         if handle is not None and handle.state == FINISHED and handle.reported:
             del self._jobs[key]
 
+    def prune(self, *, older_than_s: float, keep: set[str] = frozenset()) -> list[str]:
+        """Delete directories (logs included) of reported placements that finished more than older_than_s ago."""
+        import shutil
+
+        removed = []
+        now = time.time()
+        for handle in [
+            h for h in self._jobs.values() if h.state == FINISHED and h.reported and h.key not in keep
+        ]:
+            if handle.finished_at is not None and now - handle.finished_at >= older_than_s:
+                shutil.rmtree(handle.dir, ignore_errors=True)
+                del self._jobs[handle.key]
+                removed.append(handle.key)
+        return removed
+
     def wait(self, key: str, timeout_s: float, *, interval_s: float = 0.05) -> JobHandle | None:
         """Poll until the placement finished or timeout_s passed (for the CLI and tests)."""
         deadline = time.monotonic() + timeout_s
@@ -345,51 +369,56 @@ class Executor:
     # -- restart adoption ---------------------------------------------------------------------------------------
     def _load(self) -> None:
         for spec_file in sorted(self.jobs_dir.glob("*/*/spec.json")):
-            d = spec_file.parent
-            data = _read_json(spec_file)
-            if data is None:
-                continue
-            try:
-                spec = JobSpec.from_dict(data)
-            except (KeyError, TypeError, ValueError):
-                continue
-            handle = JobHandle(spec=spec, dir=d)
-            outcome = _read_json(d / "outcome.json")
-            launch = _read_json(d / "launch.json")
-            if outcome is not None:
-                handle.state = FINISHED
-                handle.outcome = outcome.get("outcome")
-                handle.exit_code = outcome.get("exit_code")
-                handle.detail = outcome.get("detail", "")
-                handle.stop_reason = outcome.get("stop_reason")
-                handle.finished_at = outcome.get("finished_at")
-                handle.started_at = outcome.get("started_at")
-                handle.pid = outcome.get("pid")
-                handle.reported = bool(outcome.get("reported"))
-                self._jobs[spec.key] = handle
-                continue
-            if launch is None:
-                launch = self._recover_launch(spec, d)
-                if launch is None:
-                    # Written down but never launched (the agent stopped in between): launch it afresh.
-                    if not (d / "exit.json").exists():
-                        spec_file.unlink()
-                        continue
-                    launch = {}
-            handle.pid = launch.get("pid")
-            handle.pgid = launch.get("pgid", handle.pid)
-            handle.start_ticks = launch.get("start_ticks")
-            handle.started_at = launch.get("started_at")
-            handle.mps = launch.get("mps")
-            handle.adopted = True
+            self._load_dir(spec_file.parent)
+
+    def _load_dir(self, d: Path) -> JobHandle | None:
+        """Rebuild a placement's handle from its directory: finished, adopted (still running), or collected."""
+        spec_file = d / "spec.json"
+        data = _read_json(spec_file)
+        if data is None:
+            return None
+        try:
+            spec = JobSpec.from_dict(data)
+        except (KeyError, TypeError, ValueError):
+            return None
+        handle = JobHandle(spec=spec, dir=d)
+        outcome = _read_json(d / "outcome.json")
+        launch = _read_json(d / "launch.json")
+        if outcome is not None:
+            handle.state = FINISHED
+            handle.outcome = outcome.get("outcome")
+            handle.exit_code = outcome.get("exit_code")
+            handle.detail = outcome.get("detail", "")
+            handle.stop_reason = outcome.get("stop_reason")
+            handle.finished_at = outcome.get("finished_at")
+            handle.started_at = outcome.get("started_at")
+            handle.pid = outcome.get("pid")
+            handle.reported = bool(outcome.get("reported"))
             self._jobs[spec.key] = handle
-            alive = handle.pid is not None and procfs.is_same_process(handle.pid, handle.start_ticks)
-            if alive and launch.get("cmdline") not in (None, procfs.read_cmdline(handle.pid)):
-                alive = False  # the pid was reused by something else
-            if alive:
-                self._transitions.append(Transition("adopted", handle))
-            else:
-                self._collect(handle)
+            return handle
+        if launch is None:
+            launch = self._recover_launch(spec, d)
+            if launch is None:
+                if not (d / "exit.json").exists():
+                    # Written down but never launched (the agent stopped in between): launch it afresh.
+                    spec_file.unlink()
+                    return None
+                launch = {}
+        handle.pid = launch.get("pid")
+        handle.pgid = launch.get("pgid", handle.pid)
+        handle.start_ticks = launch.get("start_ticks")
+        handle.started_at = launch.get("started_at")
+        handle.mps = launch.get("mps")
+        handle.adopted = True
+        self._jobs[spec.key] = handle
+        alive = handle.pid is not None and procfs.is_same_process(handle.pid, handle.start_ticks)
+        if alive and launch.get("cmdline") not in (None, procfs.read_cmdline(handle.pid)):
+            alive = False  # the pid was reused by something else
+        if alive:
+            self._transitions.append(Transition("adopted", handle))
+        else:
+            self._collect(handle)
+        return handle
 
     def _recover_launch(self, spec: JobSpec, d: Path) -> dict | None:
         """The launch record is missing: find the launcher by the placement marker in its environment."""

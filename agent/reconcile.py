@@ -77,7 +77,10 @@ class Reconciler:
             if blockers:
                 result.waiting[key] = f"waiting for {', '.join(blockers)} to stop"
                 continue
-            self.executor.start(spec)
-            result.started.append(key)
-            result.running.append(key)
+            before = self.executor.launches
+            handle = self.executor.start(spec)
+            if self.executor.launches > before:
+                result.started.append(key)
+            if handle.state != FINISHED:
+                result.running.append(key)
         return result

@@ -112,6 +112,8 @@ class Agent:
         watchdog_tolerance_mib: int = 0,
         watchdog_grace_s: float = 5.0,
         log_tail_lines: int = 20,
+        fence_after_s: float | None = None,
+        retention_s: float = 7 * 24 * 3600,
     ) -> None:
         self.node_name = node_name
         self.backend = backend
@@ -120,6 +122,13 @@ class Agent:
         self.heartbeat_s = heartbeat_s
         self.ack_timeout_s = ack_timeout_s
         self.log_tail_lines = log_tail_lines
+        # Without word from the portal for this long, stop every job: the portal may have declared this node
+        # lost and placed its jobs elsewhere. Keep it below the portal's node-lost timeout. None: never.
+        self.fence_after_s = fence_after_s
+        self.retention_s = retention_s
+        self._last_contact = time.monotonic()
+        self._fenced = False
+        self._last_prune = 0.0
         self.inventory = backend.inventory()
         self.reconciler = Reconciler(executor, known_gpu_uuids={g.uuid for g in self.inventory.gpus})
         self.watchdog = MemoryWatchdog(
@@ -179,9 +188,18 @@ class Agent:
         for event in self.watchdog.check(sample):
             out.append(self._queue(protocol.message("event", event.to_dict())))
         self.executor.poll()
-        if self.desired is not None:
+        silent_s = time.monotonic() - self._last_contact
+        if self.fence_after_s is not None and silent_s > self.fence_after_s:
+            if not self._fenced:
+                log.warning("no word from the portal for %.0f s: stopping all jobs", silent_s)
+            self._fenced = True
+            for h in self.executor.active():
+                self.executor.stop(h.key, reason="portal_unreachable")
+        elif self.desired is not None:
+            self._fenced = False
             self.last_result = self.reconciler.converge(self.desired)
         self.executor.poll()
+        self._housekeeping()
         for t in self.executor.drain_transitions():
             out.append(self._queue(self._job_status(t)))
             if (
@@ -217,6 +235,16 @@ class Agent:
             self._last_heartbeat = now
             out.append(self.heartbeat())
         return out
+
+    def _housekeeping(self) -> None:
+        wanted = {j.key for j in self.desired.jobs} if self.desired else set()
+        for h in self.executor.handles():
+            if h.state == FINISHED and h.reported and h.key not in wanted:
+                self.executor.forget(h.key)  # its directory stays: start() would find it, never relaunch
+        now = time.monotonic()
+        if now - self._last_prune >= 3600:
+            self._last_prune = now
+            self.executor.prune(older_than_s=self.retention_s, keep=wanted)
 
     def _owners(self) -> dict[int, str]:
         return {h.pid: h.key for h in self.executor.active() if h.pid is not None}
@@ -299,6 +327,7 @@ class Agent:
     # -- portal messages --------------------------------------------------------------------------------------------
     def handle_message(self, msg: dict[str, Any]) -> list[dict[str, Any]]:
         """React to one portal message; returns the replies to send."""
+        self._last_contact = time.monotonic()
         kind, payload = msg["type"], msg["payload"]
         if kind == "ack":
             pending = self._outbox.pop(str(payload.get("ack_id")), None)

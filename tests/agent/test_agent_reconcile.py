@@ -108,3 +108,16 @@ def test_a_desired_state_listing_a_placement_twice_is_refused(tmp_path):
 
     with pytest.raises(ValueError):
         _state(1, _job("a"), _job("a"))
+
+
+def test_a_placement_forgotten_from_memory_is_not_launched_again(tmp_path):
+    ex = Executor(tmp_path)
+    rec = Reconciler(ex)
+    rec.converge(_state(1, _job("done", command=list(py("pass")))))
+    ex.wait("done:1", 10)
+    ex.mark_reported("done:1")
+    ex.forget("done:1")
+    assert ex.handle("done:1") is None
+    result = rec.converge(_state(1, _job("done", command=list(py("pass")))))
+    assert result.started == [] and ex.launches == 1
+    assert ex.handle("done:1").outcome == "exited"

@@ -307,3 +307,20 @@ def test_the_agent_loop_runs_in_process_against_a_message_source(tmp_path):
     assert logs["payload"]["data"] == "in process\n" and logs["payload"]["eof"] is True
     assert logs["payload"]["size"] == logs["payload"]["next_offset"] == len("in process\n")
     assert tail["payload"]["lines"] == ["in process"]
+
+
+def test_an_agent_cut_off_from_the_portal_stops_its_jobs_after_the_fence_timeout(tmp_path):
+    agent = _agent(tmp_path, fence_after_s=0.3)
+    agent.apply_desired({"version": 1, "jobs": [_job(agent, "f", "import time; time.sleep(60)")]})
+    agent.tick()
+    assert agent.executor.handle("f:1").state == "running"
+    agent._last_contact -= 1.0  # a second without any portal message
+    agent.tick()
+    done = agent.executor.wait("f:1", 10)
+    assert done.outcome == "stopped" and done.stop_reason == "portal_unreachable"
+    messages = agent.tick()
+    assert agent.executor.launches == 1  # fenced: not started again while the portal is silent
+    statuses = [m["payload"] for m in messages if m["type"] == "job_status"]
+    assert [(s["job_id"], s["state"], s["reason"]) for s in statuses] == [
+        ("f", "stopped", "portal_unreachable")
+    ]
