@@ -8,3 +8,8 @@ from django.urls import path  # noqa: E402
 from scheduling.consumers import AgentConsumer  # noqa: E402
 
 websocket_urlpatterns.append(path("ws/agent/", AgentConsumer.as_asgi()))
+
+# Browser streams (cluster, queue, one job): session auth, Origin checked; see scheduling/streams.py.
+from scheduling.streams import websocket_urlpatterns as browser_streams  # noqa: E402
+
+websocket_urlpatterns.extend(browser_streams)

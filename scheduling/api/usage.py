@@ -3,8 +3,9 @@
 A job holds GPUs while it is placed, starting or running; its JobEvents give those intervals (requeues make
 several). What it holds is counted in whole-GPU equivalents: whole cards count 1 each, a slice counts
 max(memory share, compute share) of its card, so a 10 GiB / 25 % slice of an 80 GiB card counts 0.25.
-The card's size comes from the placement event's data when the scheduler records it (`gpu_equivalents`,
-`gpu_memory_mib`), else from the job's live slices, else from the smallest card the request allowed.
+What a placement held comes from its "placed" event's data (`gpus`: [node, gpu index, memory MiB,
+compute milli] per card, as scheduling.cycle records it) with the card sizes from the inventory; failing that
+from the job's live slices, else from the smallest card the request allowed.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from django.db.models import Q, QuerySet
 
 from scheduling.api.queries import slice_share
-from scheduling.models import GpuModel, Job, JobEvent
+from scheduling.models import Gpu, GpuModel, Job, JobEvent
 from scheduling.states import ACTIVE_STATES
 
 GROUPS = ("team", "user", "day")
@@ -38,8 +39,33 @@ def _card_memory_mib(job: Job, models: list[GpuModel]) -> int | None:
     return min((m.memory_mib for m in allowed), default=None)
 
 
-def job_holding(job: Job, *, placement_data: dict | None, models: list[GpuModel]) -> Holding:
+def _holding_from_assignments(assignments: list, cards: dict[tuple[str, int], int]) -> Holding | None:
+    total, memory = 0.0, 0
+    for assignment in assignments:
+        try:
+            node, index, memory_mib, compute_milli = assignment
+            card_mib = cards[(str(node), int(index))]
+        except (KeyError, TypeError, ValueError):
+            return None
+        total += slice_share(
+            memory_mib=int(memory_mib), compute_pct=int(compute_milli) / 10, gpu_memory_mib=card_mib
+        )
+        memory += int(memory_mib)
+    return Holding(total, memory) if assignments else None
+
+
+def job_holding(
+    job: Job,
+    *,
+    placement_data: dict | None,
+    models: list[GpuModel],
+    cards: dict[tuple[str, int], int] | None = None,
+) -> Holding:
     data = placement_data or {}
+    if isinstance(data.get("gpus"), list) and cards is not None:
+        recorded = _holding_from_assignments(data["gpus"], cards)
+        if recorded is not None:
+            return recorded
     card_mib = data.get("gpu_memory_mib") or _card_memory_mib(job, models)
     if job.gpus:
         cards = job.gpus * job.nodes
@@ -80,6 +106,10 @@ def usage_rows(
     if not by_id:
         return []
     models = list(GpuModel.objects.all())
+    cards = {
+        (node, index): mib
+        for node, index, mib in Gpu.objects.values_list("node__name", "index", "memory_mib")
+    }
     active = list(ACTIVE_STATES)
     events = (
         JobEvent.objects.filter(job_id__in=by_id.keys(), at__lt=until)
@@ -95,7 +125,7 @@ def usage_rows(
         if end <= start:
             return
         job = by_id[job_id]
-        holding = job_holding(job, placement_data=data, models=models)
+        holding = job_holding(job, placement_data=data, models=models, cards=cards)
         for day, seconds in _split_by_day(start, end):
             key = tuple(
                 {"team": job.team.slug, "user": job.submitter.username, "day": day}[g] for g in group_by

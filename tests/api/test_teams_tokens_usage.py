@@ -141,3 +141,19 @@ def test_the_schema_and_the_interactive_docs_are_served_without_the_network(as_a
     assert any("swagger-ui-bundle" in a for a in assets)
     for asset in assets:
         assert client.get(asset).status_code == 200, asset
+
+
+def test_usage_reads_what_a_placement_held_from_its_event(as_alice, alice, teams, node, submit):
+    job = submit(alice, teams["training"], gpus=0, gpu_memory_mib=40960, compute_pct=10)
+    services.job_transition(
+        job=job,
+        to_state=JobState.PLACED,
+        actor_kind=ActorKind.SCHEDULER,
+        code="placed",
+        data={"gpus": [["a100-01", 6, 40960, 100]]},
+    )
+    services.job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
+    services.job_transition(job=job, to_state=JobState.SUCCEEDED, actor_kind=ActorKind.AGENT)
+    _backdate(job, hours_ago_start=3, hours_ago_end=1)  # 2 h at half a card (memory dominates)
+    rows = as_alice.get("/api/v1/usage/?group_by=user").json()
+    assert rows == [{"user": "alice", "gpu_hours": 1.0, "gpu_memory_gib_hours": 80.0, "jobs": 1}]

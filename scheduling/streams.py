@@ -1,0 +1,182 @@
+"""Browser websocket streams: /ws/cluster/, /ws/queue/ and /ws/jobs/<id>/, with the REST API's permissions.
+
+Consumers only subscribe and authorize: they join the groups scheduling.events publishes to (`cluster`,
+`team-<id>`, `job-<id>`), check access when a socket connects and again before forwarding each event, and send
+nothing the REST API would not show the same user. Routes are wrapped in AllowedHostsOriginValidator (foreign
+Origins are refused) and AuthMiddlewareStack (the session cookie); agents have their own route.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from channels.auth import AuthMiddlewareStack
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.security.websocket import AllowedHostsOriginValidator
+from django.urls import path
+
+from quotas.models import Team
+from quotas.selectors import team_ids_for_user
+
+# Membership is re-read at most this often per socket: revoking access takes effect within it.
+AUTHZ_TTL_S = 5.0
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
+
+
+class _StreamConsumer(AsyncJsonWebsocketConsumer):
+    """Shared parts: refuse anonymous sockets, cache the user's team ids briefly, answer pings."""
+
+    groups_joined: list[str]
+
+    async def connect(self) -> None:
+        self.user = self.scope.get("user")
+        self.groups_joined = []
+        self._team_ids: set[int] | None = None
+        self._team_ids_at = 0.0
+        if self.user is None or not self.user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        groups = await self.groups_for_user()
+        if groups is None:
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        for group in groups:
+            await self.channel_layer.group_add(group, self.channel_name)
+        self.groups_joined = groups
+        await self.accept()
+        await self.send_json({"type": "hello", "stream": self.stream_name, "user": self.user.get_username()})
+
+    async def disconnect(self, code: int) -> None:
+        for group in getattr(self, "groups_joined", []):
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        # Clients only ping; any other message is checked against the user's current access first.
+        if not await self.still_allowed():
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        if isinstance(content, dict) and content.get("type") == "ping":
+            await self.send_json({"type": "pong"})
+
+    async def team_ids(self) -> set[int] | None:
+        """The user's team ids (None: staff, all teams), re-read every AUTHZ_TTL_S."""
+        if time.monotonic() - self._team_ids_at > AUTHZ_TTL_S:
+            self._team_ids = await database_sync_to_async(self._load_team_ids)()
+            self._team_ids_at = time.monotonic()
+        return self._team_ids
+
+    def _load_team_ids(self) -> set[int] | None:
+        self.user.refresh_from_db(fields=["is_staff", "is_active"])
+        if not self.user.is_active:
+            return set()
+        return None if self.user.is_staff else team_ids_for_user(user=self.user)
+
+    async def still_allowed(self) -> bool:
+        await self.team_ids()
+        return self.user.is_active
+
+    async def groups_for_user(self) -> list[str] | None:
+        raise NotImplementedError
+
+    stream_name = ""
+
+
+class ClusterStream(_StreamConsumer):
+    """Node and queue changes, anonymous for everyone (the same as GET /api/v1/cluster/)."""
+
+    stream_name = "cluster"
+
+    async def groups_for_user(self) -> list[str] | None:
+        return ["cluster"]
+
+    async def node_changed(self, event: dict[str, Any]) -> None:
+        if await self.still_allowed():
+            await self.send_json(
+                {"type": "node.changed", "node": event.get("node"), "state": event.get("state")}
+            )
+
+    async def queue_changed(self, event: dict[str, Any]) -> None:
+        if await self.still_allowed():
+            await self.send_json({"type": "queue.changed", "state": event.get("state")})
+
+    async def job_changed(self, event: dict[str, Any]) -> None:
+        return  # only team and job groups carry job details; never forward them here
+
+
+class QueueStream(ClusterStream):
+    """Anonymous queue movement for everyone, plus job changes of the user's own teams (staff: all teams)."""
+
+    stream_name = "queue"
+
+    async def groups_for_user(self) -> list[str] | None:
+        team_ids = await database_sync_to_async(self._load_team_ids)()
+        if team_ids is None:
+            team_ids = set(
+                await database_sync_to_async(lambda: list(Team.objects.values_list("pk", flat=True)))()
+            )
+        return ["cluster", *(f"team-{team_id}" for team_id in sorted(team_ids))]
+
+    async def job_changed(self, event: dict[str, Any]) -> None:
+        team_ids = await self.team_ids()
+        if not self.user.is_active:
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        if team_ids is not None and event.get("team_id") not in team_ids:
+            return  # membership revoked since connect: drop silently, like a list that no longer shows it
+        await self.send_json(_job_event(event))
+
+
+class JobStream(_StreamConsumer):
+    """One job's changes, for those who may see it (GET /api/v1/jobs/<id>/ would answer 200)."""
+
+    stream_name = "job"
+
+    async def groups_for_user(self) -> list[str] | None:
+        self.job_id = int(self.scope["url_route"]["kwargs"]["job_id"])
+        self.team_id = await database_sync_to_async(self._job_team_id)()
+        if self.team_id is None or not await self._may_see():
+            return None
+        return [f"job-{self.job_id}"]
+
+    def _job_team_id(self) -> int | None:
+        from scheduling.models import Job
+
+        return Job.objects.filter(pk=self.job_id).values_list("team_id", flat=True).first()
+
+    async def _may_see(self) -> bool:
+        team_ids = await self.team_ids()
+        return self.user.is_active and (team_ids is None or self.team_id in team_ids)
+
+    async def still_allowed(self) -> bool:
+        return await self._may_see()
+
+    async def job_changed(self, event: dict[str, Any]) -> None:
+        if not await self._may_see():
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        await self.send_json(_job_event(event))
+
+    async def logs_appended(self, event: dict[str, Any]) -> None:
+        if await self._may_see():
+            await self.send_json(
+                {"type": "logs.appended", "stream": event.get("stream"), "size": event.get("size")}
+            )
+
+
+def _job_event(event: dict[str, Any]) -> dict[str, Any]:
+    keys = ("job_id", "team_id", "state", "code", "message")
+    return {"type": "job.changed", **{k: event.get(k) for k in keys}}
+
+
+def _browser(consumer: type[_StreamConsumer]) -> Any:
+    return AllowedHostsOriginValidator(AuthMiddlewareStack(consumer.as_asgi()))
+
+
+websocket_urlpatterns = [
+    path("ws/cluster/", _browser(ClusterStream)),
+    path("ws/queue/", _browser(QueueStream)),
+    path("ws/jobs/<int:job_id>/", _browser(JobStream)),
+]
