@@ -874,6 +874,7 @@ class Simulator:
             file=sys.stderr,
             leave=False,
             mininterval=0.5,
+            disable=None,  # only on a terminal: logs and pipes stay clean
         )
 
 

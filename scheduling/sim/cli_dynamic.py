@@ -1,0 +1,241 @@
+"""`tessera simulate scenario ...` and `tessera simulate dynamic ...`: run, print figures, write reports.
+
+Also runnable as `python -m scheduling.sim.cli_dynamic scenario|dynamic ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from scheduling.sim.des import SimResult, simulate
+from scheduling.sim.metrics import summarize
+from scheduling.sim.scenario import Scenario, ScenarioError, build_profile, builtin_scenarios, load_scenario
+
+DEFAULT_OUT = Path("reports")
+
+
+def kind_wait(result: SimResult, kind: str) -> tuple[float | None, bool | None]:
+    """The longest queue wait among jobs of one kind; a job still waiting at the end counts what it has waited.
+
+    Returns (seconds, whether all of them started); (None, None) when the run has no such job.
+    """
+    jobs = [r for r in result.jobs if r.spec.kind == kind and r.spec.submit_time_s <= result.end_s]
+    if not jobs:
+        return None, None
+    waits = [r.wait_s if r.wait_s is not None else result.end_s - r.spec.submit_time_s for r in jobs]
+    return round(max(waits), 3), all(r.wait_s is not None for r in jobs)
+
+
+def run_scenario(
+    name_or_path: str | Path,
+    *,
+    policies: Sequence[str] | None = None,
+    seed: int | None = None,
+    progress: bool = False,
+) -> tuple[Scenario, dict[str, SimResult], dict]:
+    """Run every policy of a scenario (or the named ones) on the same jobs; return results and a JSON summary."""
+    scenario = load_scenario(name_or_path)
+    chosen = [p for p in scenario.policies if not policies or p.name in policies]
+    unknown = sorted(set(policies or ()) - {p.name for p in scenario.policies})
+    if unknown:
+        raise ScenarioError(f"policies: {scenario.name} has no policy {unknown[0]!r}")
+    config = scenario.config if seed is None else replace(scenario.config, seed=seed)
+    results: dict[str, SimResult] = {}
+    out: dict = {
+        "scenario": scenario.name,
+        "description": scenario.description,
+        "nodes": len(scenario.nodes),
+        "gpus": sum(len(n.gpus) for n in scenario.nodes),
+        "seed": config.seed,
+        "horizon_s": config.horizon_s,
+        "cycle_interval_s": config.cycle_interval_s,
+        "policies": {},
+    }
+    for policy in chosen:
+        profile = build_profile(policy.profile)
+        t0 = time.perf_counter()
+        result = simulate(
+            nodes=scenario.nodes_for(policy),
+            jobs=scenario.jobs_for(policy, seed=config.seed),
+            profile=profile,
+            quotas=scenario.quotas,
+            config=replace(config, progress=progress, progress_label=policy.name),
+            failures=scenario.failures,
+        )
+        results[policy.name] = result
+        figures = summarize(result)
+        training_wait, training_started = kind_wait(result, "training")
+        out["policies"][policy.name] = {
+            "description": policy.description,
+            "profile": getattr(profile, "name", str(policy.profile)),
+            "whole_cards": policy.whole_cards,
+            "allocation": figures["allocation"],
+            "utilization": figures["utilization"],
+            "training_wait_s": training_wait,
+            "training_started": training_started,
+            **{k: v for k, v in figures.items() if k not in ("allocation", "utilization")},
+            "wall_s": round(time.perf_counter() - t0, 3),
+        }
+    return scenario, results, out
+
+
+def _table(summary: dict) -> str:
+    lines = [f"{summary.get('scenario', 'run')}: {summary.get('gpus')} GPUs on {summary.get('nodes')} nodes"]
+    head = f"{'policy':<22}{'alloc':>7}{'util':>7}{'frag':>7}{'wait p50':>10}{'wait p95':>10}{'preempt':>9}{'lost GPU-h':>11}"
+    extra = any(p.get("training_wait_s") is not None for p in summary["policies"].values())
+    if extra:
+        head += f"{'training wait':>15}"
+    lines.append(head)
+    for name, p in summary["policies"].items():
+        w = p["wait"]
+        row = (
+            f"{name:<22}{p['allocation']:>7.1%}{p['utilization']:>7.1%}{p['fragmentation']:>7.1%}"
+            f"{_dur(w['wait_p50_s']):>10}{_dur(w['wait_p95_s']):>10}{p['preemptions']:>9}{p['lost_gpu_s'] / 3600:>11.2f}"
+        )
+        if extra:
+            tw = _dur(p.get("training_wait_s"))
+            row += f"{tw + ('' if p.get('training_started') in (True, None) else ' (not started)'):>15}"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def _dur(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 120:
+        return f"{s:.0f}s"
+    if s < 7200:
+        return f"{s / 60:.1f}m"
+    return f"{s / 3600:.2f}h"
+
+
+def _emit(summary: dict, args: argparse.Namespace, name: str, results: dict[str, SimResult]) -> None:
+    if not args.no_report:
+        from scheduling.sim.report import write_run_report
+
+        files = write_run_report(Path(args.out), name, results, summary, plots=not args.no_plots)
+        print(f"report: {files[0].parent}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(_table(summary))
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--out", default=str(DEFAULT_OUT), help="report directory (JSON, CSV, PNG); default reports/"
+    )
+    parser.add_argument("--no-report", action="store_true", help="write no files, only print")
+    parser.add_argument("--no-plots", action="store_true", help="write JSON and CSV but no PNG")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def main_scenario(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tessera simulate scenario",
+        description="Run a YAML scenario (a built-in name or a path) under each of its policies.",
+        epilog=f"built-in scenarios: {', '.join(builtin_scenarios())}",
+    )
+    parser.add_argument("scenario", help="built-in name (e.g. seed-case) or path to a YAML file")
+    parser.add_argument("--policy", action="append", help="run only this policy of the scenario (repeatable)")
+    parser.add_argument("--seed", type=int, help="override the scenario's seed")
+    _common(parser)
+    args = parser.parse_args(argv)
+    try:
+        scenario, results, summary = run_scenario(
+            args.scenario, policies=args.policy, seed=args.seed, progress=not args.quiet
+        )
+    except ScenarioError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    _emit(summary, args, scenario.name, results)
+    return 0
+
+
+def main_dynamic(argv: Sequence[str] | None = None) -> int:
+    from scheduling.sim.des import SimConfig
+    from scheduling.sim.dynamic import DEFAULT_TEAMS, QOS_CLASSES, run_dynamic
+
+    parser = argparse.ArgumentParser(
+        prog="tessera simulate dynamic",
+        description="Replay an openb pod list on its timestamps (creation to deletion) through the engine.",
+    )
+    parser.add_argument("--nodes", required=True, help="openb node list CSV")
+    parser.add_argument("--pods", required=True, help="openb pod list CSV (with timestamps)")
+    parser.add_argument(
+        "--policy", action="append", help="engine profile name (repeatable); default: default"
+    )
+    parser.add_argument("--teams", type=int, default=DEFAULT_TEAMS, help="teams the pods are spread over")
+    parser.add_argument("--limit", type=int, help="replay only the first N pods of the list")
+    parser.add_argument(
+        "--compression",
+        type=float,
+        default=1.0,
+        help="divide arrival times by this (runtimes kept): more load",
+    )
+    parser.add_argument(
+        "--cycle-interval", type=float, default=10.0, help="seconds between scheduling cycles"
+    )
+    parser.add_argument("--checkpoint-interval", type=float, help="seconds of work between checkpoints")
+    parser.add_argument("--seed", type=int, default=0)
+    _common(parser)
+    args = parser.parse_args(argv)
+    policies = args.policy or ["default"]
+    try:
+        runs = run_dynamic(
+            nodes_csv=args.nodes,
+            pods_csv=args.pods,
+            policies=policies,
+            teams=args.teams,
+            limit=args.limit,
+            compression=args.compression,
+            checkpoint_interval_s=args.checkpoint_interval,
+            config=SimConfig(cycle_interval_s=args.cycle_interval, seed=args.seed, progress=not args.quiet),
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    name = f"dynamic-{Path(args.pods).stem}"
+    results = {r.policy: r.result for r in runs}
+    summary: dict = {
+        "scenario": name,
+        "nodes_csv": str(args.nodes),
+        "pods_csv": str(args.pods),
+        "nodes": runs[0].nodes if runs else 0,
+        "gpus": runs[0].result.capacity_milli // 1000 if runs else 0,
+        "jobs": runs[0].jobs if runs else 0,
+        "teams": args.teams,
+        "team_rule": "team-(crc32(pod name) mod teams)",
+        "qos_classes": {
+            k: {"class": v.name, "priority": v.priority, "preemptible": v.preemptible}
+            for k, v in QOS_CLASSES.items()
+        },
+        "compression": args.compression,
+        "policies": {},
+    }
+    for r in runs:
+        figures = summarize(r.result)
+        summary["policies"][r.policy] = {"profile": r.policy, **figures}
+    _emit(summary, args, name, results)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "scenario":
+        return main_scenario(argv[1:])
+    if argv and argv[0] == "dynamic":
+        return main_dynamic(argv[1:])
+    print("usage: python -m scheduling.sim.cli_dynamic {scenario,dynamic} ...", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
