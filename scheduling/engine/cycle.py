@@ -575,9 +575,15 @@ class _Cycle:
         self.est_start.pop(job_id, None)
         for pos in sorted(self.holds):
             kept = [h for h in self.holds[pos] if h.job_id != job_id]
-            if len(kept) != len(self.holds[pos]):
+            if len(kept) == len(self.holds[pos]):
+                continue
+            real = self.real[pos]
+            if kept:
                 self.holds[pos] = kept
-                self.index.set(pos, _overlay(self.real[pos], kept), consumed_only=False)
+            else:
+                del self.holds[pos]
+                del self.real[pos]
+            self.index.set(pos, _overlay(real, kept), consumed_only=False)
 
     # -- reclaim and preempt (post-filter) -------------------------------------------------------------------
     def _running_by_pos(self) -> dict[int, list[Job]]:

@@ -83,6 +83,9 @@ def slice_fits_gpu(req: Request, gpu: Gpu, timeslice_factor: float) -> tuple[int
     """The charge if the slice fits on this card now, else None."""
     if not gpu_matches(req, gpu):
         return None
+    if gpu.allocated_memory_mib >= gpu.memory_mib:
+        # A card with no free memory (e.g. held whole) takes no one else, not even a compute-only slice.
+        return None
     charge = slice_charge(req, gpu)
     if charge is None:
         return None

@@ -1,0 +1,534 @@
+"""Declarative scenarios, one per engine feature: a cluster, teams, running and pending jobs, and what must happen."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from scheduling.engine import run_cycle
+from scheduling.engine.framework import Profile
+from tests.engine.builders import job, node, profile, quota, running, snapshot
+
+NOW = 10_000.0
+
+
+@dataclass
+class Scenario:
+    name: str
+    nodes: list
+    pending: list
+    running: list = field(default_factory=list)  # (job, {node: [cards]}, start, borrowed)
+    quotas: list = field(default_factory=list)
+    usage: dict = field(default_factory=dict)
+    profile: Profile | None = None
+    # job -> node name, or {node: [card indexes]}; jobs listed here must be placed exactly so.
+    placed: dict[str, Any] = field(default_factory=dict)
+    # job -> (memory MiB, compute milli) of its single assignment.
+    charged: dict[str, tuple[int, int]] = field(default_factory=dict)
+    borrowed: dict[str, bool] = field(default_factory=dict)
+    evicted: dict[str, str] = field(default_factory=dict)  # victim -> code; no other eviction may happen
+    waiting: dict[str, str] = field(default_factory=dict)  # job -> expected pending reason code
+    reason_has: dict[str, str] = field(default_factory=dict)  # job -> substring of its reason
+    reserved: dict[str, float] = field(default_factory=dict)  # job -> estimated start
+    order: list[str] | None = None  # expected placement order (queue order)
+    grace: dict[str, float] = field(default_factory=dict)
+
+
+def run(sc: Scenario):
+    run_jobs = [
+        running(j, on, nodes=sc.nodes, start=start, borrowed=borrowed)
+        for j, on, start, borrowed in sc.running
+    ]
+    snap = snapshot(
+        sc.nodes, pending=sc.pending, running_jobs=run_jobs, quotas=sc.quotas, usage=sc.usage, now=NOW
+    )
+    return run_cycle(snap, sc.profile or profile("default"))
+
+
+def R(j, on, start=0.0, borrowed=False):
+    return (j, on, start, borrowed)
+
+
+TOPO_ONLY = profile(fields={"node_scores": (("topology", 1.0),), "gpu_scores": (("topology", 1.0),)})
+SPREAD = profile("spread")
+BINPACK = profile("binpack")
+NO_PREEMPT = profile(fields={"actions": ("admit", "allocate")})
+
+SCENARIOS = [
+    # 1. Requests ------------------------------------------------------------------------------------------
+    Scenario(
+        "whole GPUs take the lowest-index free cards of the first node",
+        nodes=[node("a"), node("b")],
+        pending=[job("j", gpus=3)],
+        placed={"j": {"a": [0, 1, 2]}},
+        profile=BINPACK,
+    ),
+    Scenario(
+        "a gang lands on as many nodes as it asks for",
+        nodes=[node("a"), node("b", gpus=4), node("c")],
+        pending=[job("g", gpus=8, nodes=2)],
+        placed={"g": {"a": list(range(8)), "c": list(range(8))}},
+    ),
+    Scenario(
+        "a gang that cannot get all its nodes takes none",
+        nodes=[node("a"), node("b", gpus=4)],
+        pending=[job("g", gpus=8, nodes=2)],
+        waiting={"g": "gang-incomplete"},
+        reason_has={"g": "needs 2 nodes"},
+    ),
+    Scenario(
+        "a memory slice holds its memory and the proportional compute share",
+        nodes=[node("a", gpus=1, sharing="mps")],
+        pending=[job("s", memory_gib=10)],
+        charged={"s": (10 * 1024, 125)},
+    ),
+    Scenario(
+        "allowed models steer the job to the right card",
+        nodes=[node("a", model="A100"), node("h", model="H100", cc=(9, 0))],
+        pending=[job("j", gpus=1, models=["H100"])],
+        placed={"j": "h"},
+    ),
+    Scenario(
+        "no card of the allowed model is a clear reason",
+        nodes=[node("a", model="A100")],
+        pending=[job("j", gpus=1, models=["H100"])],
+        waiting={"j": "no-matching-gpu"},
+        reason_has={"j": "H100"},
+    ),
+    Scenario(
+        "minimum GPU memory skips smaller cards",
+        nodes=[node("small", memory_gib=40), node("big", memory_gib=80)],
+        pending=[job("j", gpus=1, min_memory_gib=80)],
+        placed={"j": "big"},
+    ),
+    Scenario(
+        "minimum compute capability skips older cards",
+        nodes=[node("v100", model="V100", cc=(7, 0)), node("h100", model="H100", cc=(9, 0))],
+        pending=[job("j", gpus=1, min_cc=(8, 0))],
+        placed={"j": "h100"},
+    ),
+    Scenario(
+        "CPU and host memory must fit on the same node",
+        nodes=[node("thin", cpu=8, host_memory_gib=64), node("fat")],
+        pending=[job("j", gpus=1, cpu=16, host_memory_gib=128)],
+        placed={"j": "fat"},
+    ),
+    Scenario(
+        "a job needing more CPU than any node has says how much is free",
+        nodes=[node("thin", cpu=8)],
+        pending=[job("j", gpus=1, cpu=16)],
+        waiting={"j": "insufficient-host"},
+        reason_has={"j": "8 CPU cores"},
+    ),
+    Scenario(
+        "a NUMA job takes cards of one NUMA node",
+        nodes=[node("a", numa=4)],
+        running=[R(job("r", gpus=2), {"a": [0, 1]})],
+        pending=[job("j", gpus=4, topology="numa")],
+        placed={"j": {"a": [4, 5, 6, 7]}},
+        profile=NO_PREEMPT,
+    ),
+    Scenario(
+        "an NVLink job takes a whole free island",
+        nodes=[node("a", nvlink=[4, 4])],
+        running=[R(job("r", gpus=1), {"a": [0]})],
+        pending=[job("j", gpus=4, topology="nvlink")],
+        placed={"j": {"a": [4, 5, 6, 7]}},
+        profile=NO_PREEMPT,
+    ),
+    Scenario(
+        "an NVLink job larger than any free island names the largest one",
+        nodes=[node("a100-02", nvlink=[4, 4])],
+        pending=[job("j", gpus=8, topology="nvlink")],
+        waiting={"j": "no-nvlink-group"},
+        reason_has={"j": "needs 8 NVLink-connected GPUs on one node; the largest free group is 4 on a100-02"},
+    ),
+    # 2. Sharing modes -------------------------------------------------------------------------------------
+    Scenario(
+        "exclusive cards take no slices",
+        nodes=[node("a", gpus=2)],
+        pending=[job("s", memory_gib=4)],
+        waiting={"s": "no-slice"},
+        reason_has={"s": "shares its GPUs"},
+    ),
+    Scenario(
+        "MPS compute shares never exceed 100 percent",
+        nodes=[node("a", gpus=1, sharing="mps")],
+        pending=[job(f"s{i}", compute_pct=30, submit=i) for i in range(4)],
+        placed={"s0": "a", "s1": "a", "s2": "a"},
+        waiting={"s3": "no-slice"},
+        profile=NO_PREEMPT,
+    ),
+    Scenario(
+        "MPS memory never exceeds the card",
+        nodes=[node("a", gpus=1, sharing="mps")],
+        pending=[job(f"s{i}", memory_gib=30, compute_pct=10, submit=i) for i in range(3)],
+        placed={"s0": "a", "s1": "a"},
+        waiting={"s2": "no-slice"},
+        reason_has={"s2": "largest free slice is 20 GiB"},
+        profile=NO_PREEMPT,
+    ),
+    Scenario(
+        "time-sliced cards oversubscribe compute up to the factor but never memory",
+        nodes=[node("a", gpus=1, sharing="timeslice")],
+        pending=[job(f"s{i}", memory_gib=10, compute_pct=80, submit=i) for i in range(3)],
+        placed={"s0": "a", "s1": "a"},
+        waiting={"s2": "no-slice"},
+        profile=profile("default", timeslice_oversubscription=2.0, fields={"actions": ("allocate",)}),
+    ),
+    Scenario(
+        "a MIG slice rounds up to the card's next profile size",
+        nodes=[
+            node(
+                "h200",
+                gpus=1,
+                model="H200",
+                memory_gib=140,
+                sharing="mig",
+                mig_profiles_gib=[16, 32.5, 69.75, 140],
+            )
+        ],
+        pending=[job("small", memory_gib=10), job("mid", memory_gib=20, submit=1)],
+        charged={"small": (16 * 1024, 115), "mid": (int(32.5 * 1024), 233)},
+    ),
+    Scenario(
+        "a MIG slice larger than every profile explains the profile sizes",
+        nodes=[
+            node("h200", gpus=1, model="H200", memory_gib=140, sharing="mig", mig_profiles_gib=[16, 32.5])
+        ],
+        pending=[job("huge", memory_gib=40)],
+        waiting={"huge": "no-slice"},
+        reason_has={"huge": "MIG slices come only in the card's profile sizes"},
+    ),
+    Scenario(
+        "cordoned, draining and lost nodes are never used",
+        nodes=[node("c", state="cordoned"), node("d", state="draining"), node("l", state="lost")],
+        pending=[job("j", gpus=1)],
+        waiting={"j": "node-unavailable"},
+    ),
+    Scenario(
+        "a failed card is never used",
+        nodes=[node("a", gpus=2, failed=[0])],
+        pending=[job("j", gpus=1), job("k", gpus=1, submit=1)],
+        placed={"j": {"a": [1]}},
+        waiting={"k": "insufficient-gpus"},
+    ),
+    # 3. Scoring -------------------------------------------------------------------------------------------
+    Scenario(
+        "binpack fills the busier node",
+        nodes=[node("a"), node("b")],
+        running=[R(job("r", gpus=4), {"b": [0, 1, 2, 3]})],
+        pending=[job("j", gpus=1)],
+        placed={"j": {"b": [4]}},
+        profile=BINPACK,
+    ),
+    Scenario(
+        "spread picks the emptier node",
+        nodes=[node("a"), node("b")],
+        running=[R(job("r", gpus=4), {"a": [0, 1, 2, 3]})],
+        pending=[job("j", gpus=1)],
+        placed={"j": {"b": [0]}},
+        profile=SPREAD,
+    ),
+    Scenario(
+        "binpack puts a slice on the fullest card that fits, ties to the lowest index",
+        nodes=[node("a", gpus=4, sharing="mps")],
+        running=[R(job("r1", compute_pct=20), {"a": [2]}), R(job("r2", compute_pct=50), {"a": [3]})],
+        pending=[job("s", compute_pct=40)],
+        placed={"s": {"a": [3]}},
+        profile=BINPACK,
+    ),
+    Scenario(
+        "topology prefers the node whose free island fits exactly",
+        nodes=[node("a"), node("b", nvlink=[4, 4])],
+        running=[R(job("r", gpus=4), {"b": [0, 1, 2, 3]})],
+        pending=[job("j", gpus=4, topology="nvlink")],
+        placed={"j": {"b": [4, 5, 6, 7]}},
+        profile=TOPO_ONLY,
+    ),
+    Scenario(
+        "topology takes the tightest island and keeps the big one whole",
+        nodes=[node("a", nvlink=[4, 2, 2])],
+        pending=[job("j", gpus=2, topology="nvlink")],
+        placed={"j": {"a": [4, 5]}},
+        profile=TOPO_ONLY,
+    ),
+    Scenario(
+        "a single-card job does not break a whole island when a broken one has room",
+        nodes=[node("a", nvlink=[4, 4])],
+        running=[R(job("r", gpus=1), {"a": [4]})],
+        pending=[job("j", gpus=1)],
+        placed={"j": {"a": [5]}},
+        profile=TOPO_ONLY,
+    ),
+    # 4. Queue order ----------------------------------------------------------------------------------------
+    Scenario(
+        "higher priority goes first even when submitted later",
+        nodes=[node("a", gpus=1)],
+        pending=[job("low", gpus=1, priority=1, submit=0), job("high", gpus=1, priority=9, submit=5)],
+        placed={"high": "a"},
+        waiting={"low": "insufficient-gpus"},
+    ),
+    Scenario(
+        "among equal priorities the team below its fair share goes first",
+        nodes=[node("a", gpus=1)],
+        quotas=[quota("rich", guaranteed_gpus=4), quota("poor", guaranteed_gpus=4)],
+        usage={"rich": 4_000 * 7 * 24 * 3600.0},
+        pending=[job("r", team="rich", gpus=1, submit=0), job("p", team="poor", gpus=1, submit=5)],
+        placed={"p": "a"},
+    ),
+    Scenario(
+        "fair share interleaves two teams' backlogs",
+        nodes=[node("a", gpus=4)],
+        quotas=[quota("x", guaranteed_gpus=4), quota("y", guaranteed_gpus=4)],
+        pending=[job(f"x{i}", team="x", gpus=1, submit=i) for i in range(4)]
+        + [job(f"y{i}", team="y", gpus=1, submit=10 + i) for i in range(4)],
+        placed={"x0": "a", "y0": "a", "x1": "a", "y1": "a"},
+    ),
+    Scenario(
+        "among equals the earlier submission goes first",
+        nodes=[node("a", gpus=1)],
+        pending=[job("late", gpus=1, submit=50), job("early", gpus=1, submit=10)],
+        placed={"early": "a"},
+        reason_has={"late": "needs 1 free GPU"},
+    ),
+    Scenario(
+        "waiting long enough lifts a job above a slightly higher priority",
+        nodes=[node("a", gpus=1)],
+        pending=[
+            job("old", gpus=1, priority=1, submit=NOW - 3 * 3600),
+            job("new", gpus=1, priority=2, submit=NOW),
+        ],
+        placed={"old": "a"},
+    ),
+    # 5. Quota admission --------------------------------------------------------------------------------------
+    Scenario(
+        "within its guarantee a team's work is not borrowed",
+        nodes=[node("a")],
+        quotas=[quota("t", guaranteed_gib=160, guaranteed_gpus=2)],
+        pending=[job("j", gpus=2)],
+        borrowed={"j": False},
+    ),
+    Scenario(
+        "beyond its guarantee a team borrows, and the work is marked reclaimable",
+        nodes=[node("a")],
+        quotas=[quota("t", guaranteed_gib=80, guaranteed_gpus=1)],
+        pending=[job("j", gpus=2)],
+        borrowed={"j": True},
+    ),
+    Scenario(
+        "a team never goes above its limit",
+        nodes=[node("a")],
+        quotas=[quota("t", guaranteed_gib=80, limit_gib=160, guaranteed_gpus=1, limit_gpus=2)],
+        pending=[job("j", gpus=3)],
+        waiting={"j": "quota-limit"},
+        reason_has={"j": "limit"},
+    ),
+    Scenario(
+        "quota counts slices exactly: a slice that lands exactly on the limit is admitted",
+        nodes=[node("a", gpus=1, sharing="mps")],
+        quotas=[quota("t", limit_gib=20)],
+        running=[R(job("r", team="t", memory_gib=10), {"a": [0]})],
+        pending=[job("fits", memory_gib=10), job("over", memory_gib=0.5, submit=1)],
+        placed={"fits": "a"},
+        waiting={"over": "quota-limit"},
+    ),
+    # 6. Gangs, reservations, backfill ------------------------------------------------------------------------
+    Scenario(
+        "a blocked big job reserves cards and gets an estimated start; a short job backfills, a long one waits",
+        nodes=[node("a")],
+        running=[R(job("busy", gpus=6, max_runtime_s=4000.0), {"a": [0, 1, 2, 3, 4, 5]}, start=NOW - 1000)],
+        pending=[
+            job("big", gpus=8, priority=10, submit=0),
+            job("short", gpus=1, submit=1, max_runtime_s=1800.0),
+            job("long", gpus=1, submit=2, max_runtime_s=7200.0),
+            job("open", gpus=1, submit=3),
+        ],
+        reserved={"big": NOW + 3000},
+        placed={"short": "a"},
+        waiting={"big": "waiting-for-capacity", "long": "reserved", "open": "reserved"},
+        reason_has={"long": "reserved for job big", "big": "50 min"},
+        profile=profile(fields={"actions": ("admit", "allocate", "backfill")}),
+    ),
+    # 7. Preemption and reclaim -----------------------------------------------------------------------------
+    Scenario(
+        "a higher-priority job evicts the fewest lower-priority jobs it needs, carrying their grace",
+        nodes=[node("a", gpus=4)],
+        running=[R(job(f"low{i}", gpus=1, priority=1, grace_s=60.0 + i), {"a": [i]}) for i in range(4)],
+        pending=[job("high", gpus=2, priority=10)],
+        evicted={"low0": "preempted", "low1": "preempted"},
+        placed={"high": {"a": [0, 1]}},
+        grace={"low0": 60.0, "low1": 61.0},
+    ),
+    Scenario(
+        "preemption prefers the victims that lose the least work",
+        nodes=[node("a", gpus=2)],
+        running=[
+            R(job("old", gpus=1, priority=1), {"a": [0]}, start=0.0),
+            R(job("young", gpus=1, priority=1), {"a": [1]}, start=NOW - 600),
+        ],
+        pending=[job("high", gpus=1, priority=10)],
+        evicted={"young": "preempted"},
+        placed={"high": {"a": [1]}},
+    ),
+    Scenario(
+        "preemption prefers the lowest priority victims",
+        nodes=[node("a", gpus=2)],
+        running=[
+            R(job("p5", gpus=1, priority=5), {"a": [0]}, start=NOW - 600),
+            R(job("p1", gpus=1, priority=1), {"a": [1]}, start=0.0),
+        ],
+        pending=[job("high", gpus=1, priority=10)],
+        evicted={"p1": "preempted"},
+    ),
+    Scenario(
+        "non-preemptible, equal-priority and too-young jobs are never evicted",
+        nodes=[node("a", gpus=3)],
+        running=[
+            R(job("pinned", gpus=1, priority=1, preemptible=False), {"a": [0]}),
+            R(job("peer", gpus=1, priority=10), {"a": [1]}),
+            R(job("fresh", gpus=1, priority=1), {"a": [2]}, start=NOW - 10),
+        ],
+        pending=[job("high", gpus=1, priority=10)],
+        waiting={"high": "insufficient-gpus"},
+    ),
+    Scenario(
+        "a gang victim is evicted whole, freeing all its nodes",
+        nodes=[node("a", gpus=2), node("b", gpus=2)],
+        running=[R(job("gang", gpus=2, nodes=2, priority=1), {"a": [0, 1], "b": [0, 1]})],
+        pending=[job("high", gpus=2, priority=10)],
+        evicted={"gang": "preempted"},
+        placed={"high": "a"},
+    ),
+    Scenario(
+        "a team below its guarantee reclaims borrowed capacity even from higher priority",
+        nodes=[node("a", gpus=2)],
+        quotas=[quota("owner", guaranteed_gib=160, guaranteed_gpus=2), quota("guest")],
+        running=[R(job("borrowed", team="guest", gpus=2, priority=50), {"a": [0, 1]}, borrowed=True)],
+        pending=[job("mine", team="owner", gpus=1, priority=10)],
+        evicted={"borrowed": "reclaimed"},
+        placed={"mine": "a"},
+    ),
+    Scenario(
+        "a team above its guarantee cannot reclaim",
+        nodes=[node("a", gpus=2)],
+        quotas=[quota("owner", guaranteed_gib=0, guaranteed_gpus=0), quota("guest")],
+        running=[R(job("borrowed", team="guest", gpus=2, priority=50), {"a": [0, 1]}, borrowed=True)],
+        pending=[job("mine", team="owner", gpus=1, priority=10)],
+        waiting={"mine": "insufficient-gpus"},
+    ),
+    Scenario(
+        "work within its quota is not reclaimed",
+        nodes=[node("a", gpus=2)],
+        quotas=[quota("owner", guaranteed_gib=160, guaranteed_gpus=2), quota("guest", guaranteed_gpus=2)],
+        running=[R(job("own", team="guest", gpus=2, priority=50), {"a": [0, 1]}, borrowed=False)],
+        pending=[job("mine", team="owner", gpus=1, priority=10)],
+        waiting={"mine": "insufficient-gpus"},
+    ),
+    Scenario(
+        "evictions roll back whole when the evicting job still cannot be admitted",
+        nodes=[node("a", gpus=2)],
+        quotas=[quota("t", limit_gib=100)],
+        running=[R(job("low", team="o", gpus=2, priority=1), {"a": [0, 1]})],
+        pending=[job("high", team="t", gpus=2, priority=10)],
+        waiting={"high": "quota-limit"},
+    ),
+]
+
+
+@pytest.mark.parametrize("sc", SCENARIOS, ids=[s.name for s in SCENARIOS])
+def test_scenario(sc: Scenario) -> None:
+    decisions = run(sc)
+    placements = {p.job_id: p for p in decisions.placements}
+    pending = {p.job_id: p for p in decisions.pending}
+    for job_id, where in sc.placed.items():
+        assert job_id in placements, f"{job_id} not placed: {pending.get(job_id)}"
+        got = placements[job_id].assignments
+        if isinstance(where, str):
+            assert {a.node for a in got} == {where} or (not got and where in placements[job_id].cpu)
+        else:
+            assert {n: sorted(a.gpu_index for a in got if a.node == n) for n in where} == where
+            assert {a.node for a in got} == set(where)
+    for job_id, (mem, comp) in sc.charged.items():
+        (a,) = placements[job_id].assignments
+        assert (a.memory_mib, a.compute_milli) == (mem, comp)
+    for job_id, flag in sc.borrowed.items():
+        assert placements[job_id].borrowed is flag
+    assert {e.job_id: e.code for e in decisions.evictions} == sc.evicted
+    for victim, grace in sc.grace.items():
+        assert next(e.grace_s for e in decisions.evictions if e.job_id == victim) == grace
+    for job_id, code in sc.waiting.items():
+        assert job_id in pending, f"{job_id} unexpectedly placed"
+        assert pending[job_id].status.code == code, pending[job_id].status
+    for job_id, text in sc.reason_has.items():
+        assert text in pending[job_id].status.reason, pending[job_id].status.reason
+    reservations = {r.job_id: r for r in decisions.reservations}
+    assert set(reservations) == set(sc.reserved)
+    for job_id, start in sc.reserved.items():
+        assert reservations[job_id].estimated_start == start
+        assert pending[job_id].estimated_start == start
+
+
+def test_every_pending_job_gets_a_reason_and_a_queue_position() -> None:
+    nodes = [node("a", gpus=2)]
+    pending = [job(f"j{i}", gpus=1, submit=i) for i in range(5)]
+    decisions = run_cycle(snapshot(nodes, pending=pending), profile())
+    assert len(decisions.placements) == 2
+    assert [p.position for p in decisions.pending] == [1, 2, 3]
+    assert all(p.status.code and p.status.reason for p in decisions.pending)
+
+
+def test_the_seed_case_study_trains_on_8_nvlink_cards_and_packs_inference_onto_mps_slices() -> None:
+    """The seed (shared/seed/README.md): 20 light inference jobs hold cards when an 8-GPU training job arrives.
+    With MPS slicing and priority preemption the training job gets 8 NVLink-connected A100s at once and the
+    inference jobs share two cards."""
+    nodes = [node(f"a100-0{i}", sharing="mps") for i in (1, 2)]
+    quotas = [
+        quota("ai-lab/training", guaranteed_gib=640, guaranteed_gpus=8),
+        quota("ai-lab/inference", guaranteed_gib=64, guaranteed_gpus=2),
+    ]
+    # Before: inference spread whole-card style over 10 cards of each node (the "45 %" situation).
+    infer = [
+        job(f"inf{i:02d}", team="ai-lab/inference", priority=50, memory_gib=4, compute_pct=10)
+        for i in range(20)
+    ]
+    spread_out = [R(j, {f"a100-0{1 + i % 2}": [i // 2 % 8]}, start=0.0) for i, j in enumerate(infer)]
+    train = job("train", team="ai-lab/training", priority=100, gpus=8, min_memory_gib=40, topology="nvlink")
+    sc = Scenario("seed", nodes=nodes, running=spread_out, quotas=quotas, pending=[train])
+    decisions = run(sc)
+    (placement,) = decisions.placements
+    cards = placement.assignments
+    assert len(cards) == 8 and len({a.node for a in cards}) == 1
+    evicted = {e.job_id for e in decisions.evictions}
+    assert evicted and evicted <= {j.id for j in infer}
+    assert all(e.code == "preempted" for e in decisions.evictions)
+    # The evicted inference jobs come back as slices and pack onto MPS cards of the other node.
+    requeued = [j for j in infer if j.id in evicted]
+    kept = [r for r in spread_out if r[0].id not in evicted]
+    run_jobs = [running(j, on, nodes=nodes, start=s) for j, on, s, _ in kept]
+    train_running = running(train, {cards[0].node: [a.gpu_index for a in cards]}, nodes=nodes, start=NOW)
+    after = run_cycle(
+        snapshot(
+            nodes, pending=requeued, running_jobs=[*run_jobs, train_running], quotas=quotas, now=NOW + 60
+        ),
+        profile(),
+    )
+    assert {p.job_id for p in after.placements} == {j.id for j in requeued}
+    used_cards = {(a.node, a.gpu_index) for r in kept for a in running(r[0], r[1], nodes=nodes).assignments}
+    used_cards |= {(a.node, a.gpu_index) for p in after.placements for a in p.assignments}
+    assert all(node_name != cards[0].node for node_name, _ in used_cards)
+    assert len(used_cards) <= 8
+
+
+def test_the_same_snapshot_gives_the_same_decisions_cold_or_warm() -> None:
+    nodes = [node(f"n{i}", gpus=4, sharing="mps" if i % 2 else "exclusive") for i in range(6)]
+    pending = [
+        job(f"j{i}", gpus=i % 3, memory_gib=0 if i % 3 else 8, submit=i, priority=i % 4) for i in range(30)
+    ]
+    snap = snapshot(nodes, pending=pending)
+    p = profile()
+    first = run_cycle(snap, p)
+    assert run_cycle(snap, p) == first
+    assert run_cycle(snap, profile()) == first
