@@ -57,11 +57,18 @@ class NvmlBackend:
             self.nvml.nvmlDeviceGetHandleByIndex(i) for i in range(self.nvml.nvmlDeviceGetCount())
         ]
         self._uuids = [_text(self.nvml.nvmlDeviceGetUUID(h)) for h in self._handles]
-        self._totals_mib: list[int | None] = [None] * len(self._handles)
+        self._totals_mib: list[int | None] = [self._total_mib(h) for h in self._handles]
         self._event_set = self._register_xid_events() if watch_xid else None
         self._closed = False
 
     # -- helpers -------------------------------------------------------------------------------------------
+    def _total_mib(self, handle: Any) -> int | None:
+        # Kept so a GPU whose memory query starts failing (fell off the bus) still reports its size.
+        try:
+            return int(self.nvml.nvmlDeviceGetMemoryInfo(handle).total // _MIB)
+        except self.nvml.NVMLError:
+            return None
+
     def _err_name(self, exc: Exception) -> str:
         return type(exc).__name__
 

@@ -53,6 +53,7 @@ class FakeControl:
         self._fixed_t: float | None = None
         self._trace_end_s = trace_end_s
         self.extra_processes: dict[int, dict[int, int]] = {}  # gpu index -> pid -> used MiB
+        self.pending_xids: list[tuple[int, int]] = []  # (gpu index, xid) waiting in the event set
         self.calls = 0
 
     def set_time(self, t_s: float | None) -> None:
@@ -77,6 +78,15 @@ class FakeControl:
                 procs.pop(pid, None)
             else:
                 procs[pid] = used_mib
+
+    def inject_xid(self, gpu_index: int, xid: int) -> None:
+        """Queue an XID critical-error event (the recording saw none; tests make them up)."""
+        with self._lock:
+            self.pending_xids.append((gpu_index, xid))
+
+    def pop_xid(self) -> tuple[int, int] | None:
+        with self._lock:
+            return self.pending_xids.pop(0) if self.pending_xids else None
 
     def processes(self, gpu_index: int) -> dict[int, int]:
         with self._lock:
@@ -351,8 +361,18 @@ def build(
         dev(handle)
 
     @api
-    def nvmlEventSetWait(eventSet: object, timeoutms: int) -> None:
-        fail(real.NVML_ERROR_TIMEOUT)  # the recording saw no XID events
+    def nvmlEventSetWait(eventSet: object, timeoutms: int) -> types.SimpleNamespace:
+        event = control.pop_xid()
+        if event is None:
+            fail(real.NVML_ERROR_TIMEOUT)  # nothing pending (the recording saw no XID events)
+        gpu_index, xid = event
+        return types.SimpleNamespace(
+            device=devices[gpu_index],
+            eventType=real.nvmlEventTypeXidCriticalError,
+            eventData=xid,
+            gpuInstanceId=0,
+            computeInstanceId=0,
+        )
 
     mod.nvmlEventSetWait_v2 = nvmlEventSetWait
 

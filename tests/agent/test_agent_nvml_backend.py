@@ -119,3 +119,24 @@ def test_calls_before_init_fail_like_the_real_library(fake_nvml):
         fake_nvml.nvmlDeviceGetCount()
     with pytest.raises(fake_nvml.NVMLError_FunctionNotFound):
         fake_nvml.nvmlDeviceGetSomethingNew(None)
+
+
+def test_xid_events_mark_the_gpu_degraded_for_that_sample(fake_nvml):
+    backend = NvmlBackend()
+    fake_nvml.control.set_time(0.0)
+    fake_nvml.control.inject_xid(0, 79)
+    first = backend.sample().gpus[0]
+    assert first.xid_events == [79] and first.health == "degraded"
+    assert backend.sample().gpus[0].xid_events == []
+
+
+def test_a_gpu_that_fell_off_the_bus_reads_as_lost(fake_nvml):
+    def lost(*args):
+        raise fake_nvml.NVMLError(fake_nvml.NVML_ERROR_GPU_IS_LOST)
+
+    backend = NvmlBackend()
+    fake_nvml.nvmlDeviceGetUtilizationRates = lost
+    fake_nvml.nvmlDeviceGetMemoryInfo = lost
+    s = backend.sample().gpus[0]
+    assert s.health == "lost" and s.util_pct is None and s.memory_used_mib is None
+    assert s.memory_total_mib == 143771  # known from the inventory
