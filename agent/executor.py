@@ -170,7 +170,7 @@ class Executor:
                     start_new_session=True,  # its own session and process group: pgid == pid
                     close_fds=True,
                 )
-        except (OSError, LaunchError) as exc:
+        except (OSError, LaunchError, ValueError) as exc:  # ValueError: e.g. a NUL byte in the env
             self._finish(handle, outcome="launch_failed", exit_code=None, detail=str(exc))
             return handle
         self.launches += 1

@@ -412,7 +412,11 @@ class Agent:
         self._ensure_async()
         while not stop.is_set():
             async with self._tick_lock:
-                messages = await asyncio.to_thread(self.tick)
+                try:
+                    messages = await asyncio.to_thread(self.tick)
+                except Exception:  # noqa: BLE001 - one bad tick must not end enforcement for good
+                    log.exception("agent tick failed; retrying next interval")
+                    messages = []
             for msg in messages:
                 try:
                     await self._send(msg)
@@ -455,7 +459,12 @@ class Agent:
                 except protocol.ProtocolError as exc:
                     log.warning("ignoring a malformed portal message: %s", exc)
                     continue
-                for reply in self.handle_message(msg):
+                try:
+                    replies = self.handle_message(msg)
+                except Exception as exc:  # noqa: BLE001 - a message we cannot handle must not drop the session
+                    log.exception("failed to handle a %s message", msg["type"])
+                    replies = [protocol.ack(msg["id"], ok=False, error=f"agent error: {type(exc).__name__}")]
+                for reply in replies:
                     await self._send(reply)
         finally:
             self._channel = None

@@ -210,3 +210,12 @@ def test_a_placement_written_down_but_never_launched_is_launched_after_a_restart
     assert ex.handle(job.key) is None
     assert Reconciler(ex).converge(DesiredState(version=1, jobs=(job,))).started == [job.key]
     assert ex.wait(job.key, 10).outcome == "exited"
+
+
+def test_a_job_that_cannot_be_launched_is_reported_not_raised(tmp_path):
+    ex = Executor(tmp_path)
+    bad_env = ex.start(spec("nul", py("pass"), env={"X": "a\0b"}))
+    assert bad_env.outcome == "launch_failed" and "null" in bad_env.detail
+    bad_cwd = ex.start(spec("cwd", py("pass"), cwd=str(tmp_path / "missing")))
+    assert bad_cwd.outcome == "launch_failed"
+    assert [t.kind for t in ex.drain_transitions()] == ["finished", "finished"]

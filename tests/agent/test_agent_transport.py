@@ -324,3 +324,27 @@ def test_an_agent_cut_off_from_the_portal_stops_its_jobs_after_the_fence_timeout
     assert [(s["job_id"], s["state"], s["reason"]) for s in statuses] == [
         ("f", "stopped", "portal_unreachable")
     ]
+
+
+def test_a_failing_tick_does_not_stop_the_loop(tmp_path):
+    agent = _agent(tmp_path)
+    real_sample = agent.backend.sample
+    calls = {"n": 0}
+
+    def flaky():
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("driver hiccup")
+        return real_sample()
+
+    agent.backend.sample = flaky
+
+    async def scenario():
+        stop = asyncio.Event()
+        task = asyncio.create_task(agent.run_ticks(stop))
+        await _until(lambda: calls["n"] >= 3)
+        stop.set()
+        await task
+
+    asyncio.run(scenario())
+    assert calls["n"] >= 3
