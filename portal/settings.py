@@ -108,6 +108,17 @@ TESSERA_CYCLE_INTERVAL_S = env.float("TESSERA_CYCLE_INTERVAL_S", default=5.0)
 TESSERA_NODE_LOST_AFTER_S = env.float("TESSERA_NODE_LOST_AFTER_S", default=50.0)
 TESSERA_FAIRSHARE_HALF_LIFE_S = env.float("TESSERA_FAIRSHARE_HALF_LIFE_S", default=7 * 24 * 3600.0)
 TESSERA_MAX_REQUEUES = env.int("TESSERA_MAX_REQUEUES", default=10)
+# The execution pipeline (scheduling/tasks.py, docs/operations.md): how fast cycles and the watchdog react.
+TESSERA_CYCLE_DEBOUNCE_S = env.float("TESSERA_CYCLE_DEBOUNCE_S", default=0.05)
+TESSERA_CYCLE_LOCK_TTL_S = env.float("TESSERA_CYCLE_LOCK_TTL_S", default=30.0)
+TESSERA_WATCHDOG_INTERVAL_S = env.float("TESSERA_WATCHDOG_INTERVAL_S", default=5.0)
+# Engine profile parameters to override, as JSON, e.g. {"min_runtime_s": 60} (docs/engine.md lists them).
+TESSERA_SCHEDULER_PARAMS = env.json("TESSERA_SCHEDULER_PARAMS", default={})
+# Beat must run once; both tasks are safe to run twice anyway (RELIABILITY.md, "two beats").
+CELERY_BEAT_SCHEDULE = {
+    "scheduling-cycle": {"task": "scheduling.tasks.cycle_tick", "schedule": TESSERA_CYCLE_INTERVAL_S},
+    "node-watchdog": {"task": "scheduling.tasks.node_watchdog_task", "schedule": TESSERA_WATCHDOG_INTERVAL_S},
+}
 
 # --- Auth, API --------------------------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

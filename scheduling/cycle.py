@@ -8,6 +8,7 @@ ledger's guarded UPDATEs, so a stale or racing cycle can never double-book a GPU
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 import os
@@ -269,7 +270,9 @@ def snapshot_from_db(*, now_s: float | None = None) -> eng.Snapshot:
 
 
 @functools.lru_cache(maxsize=16)
-def _profile_with(name: str, timeslice_factor: float | None, half_life_s: float) -> Profile:
+def _profile_with(
+    name: str, timeslice_factor: float | None, half_life_s: float, overrides_json: str
+) -> Profile:
     from scheduling.engine.profiles import get_profile
 
     profile = get_profile(name)
@@ -277,20 +280,22 @@ def _profile_with(name: str, timeslice_factor: float | None, half_life_s: float)
     params["fairshare_half_life_s"] = half_life_s
     if timeslice_factor is not None:
         params["timeslice_oversubscription"] = timeslice_factor
+    params.update(json.loads(overrides_json))
     return replace(profile, params=params)
 
 
 def cycle_profile() -> Profile:
-    """The configured engine profile, told the database's time-slice capacity so it never plans past it.
-
-    The profile object is cached: the engine keeps per-profile state (its node index) between cycles.
-    """
+    """The configured engine profile, told the database's time-slice capacity so it never plans past it,
+    with TESSERA_SCHEDULER_PARAMS applied. Cached: the engine keeps per-profile state between cycles."""
     capacities = Gpu.objects.filter(sharing_mode=SharingMode.TIMESLICE).values_list(
         "compute_capacity_pct", flat=True
     )
     factor = min(capacities) / 100 if capacities else None
     return _profile_with(
-        settings.TESSERA_SCHEDULER_PROFILE, factor, float(settings.TESSERA_FAIRSHARE_HALF_LIFE_S)
+        settings.TESSERA_SCHEDULER_PROFILE,
+        factor,
+        float(settings.TESSERA_FAIRSHARE_HALF_LIFE_S),
+        json.dumps(getattr(settings, "TESSERA_SCHEDULER_PARAMS", {}) or {}, sort_keys=True),
     )
 
 

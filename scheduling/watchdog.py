@@ -65,7 +65,9 @@ def node_mark_lost(*, node_id: int, now=None) -> list[int]:
             else "ever since it was registered"
         )
         job_ids = set(
-            Slice.objects.filter(gpu__node=node, job__state__in=ACTIVE_STATES).values_list("job_id", flat=True)
+            Slice.objects.filter(gpu__node=node, job__state__in=ACTIVE_STATES).values_list(
+                "job_id", flat=True
+            )
         )
         for job in lock_objects.jobs_for_update(ids=job_ids):
             if job.state not in ACTIVE_STATES:

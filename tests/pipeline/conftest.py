@@ -1,0 +1,153 @@
+"""The end-to-end cluster fixture: two simulated nodes with agents, daphne, a Celery worker and beat.
+
+The processes share the test database, so the data lives outside test transactions: the fixture writes it with
+the database unblocked and flushes everything at the end, as pytest-django's transactional tests do.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.db import connection
+
+from tests.pipeline.harness import NODE_LOST_AFTER_S, Cluster, wait_for
+
+
+def _seed(cluster: Cluster) -> dict:
+    from django.contrib.auth import get_user_model
+
+    from quotas.models import PriorityClass, Quota
+    from quotas.services import membership_set, quota_save, team_create
+    from scheduling.choices import LinkKind, SharingMode
+    from scheduling.models import Gpu, GpuLink, GpuModel, Node
+    from scheduling.services import node_issue_token
+
+    a100 = GpuModel.objects.create(
+        name="A100-80GB",
+        memory_mib=81920,
+        compute_capability=Decimal("8.0"),
+        sharing_modes=["exclusive", "mps"],
+    )
+    l4 = GpuModel.objects.create(
+        name="L4", memory_mib=23034, compute_capability=Decimal("8.9"), sharing_modes=["exclusive", "mps"]
+    )
+    for name in cluster.nodes:
+        node = Node.objects.create(name=name, cpu_milli=64_000, memory_mib=512 * 1024)
+        gpus = [
+            Gpu.objects.create(
+                node=node, index=i, uuid=f"unreported-{name}-{i}", model=a100, memory_mib=81920
+            )
+            for i in range(2)
+        ]
+        Gpu.objects.create(
+            node=node,
+            index=2,
+            uuid=f"unreported-{name}-2",
+            model=l4,
+            memory_mib=23034,
+            sharing_mode=SharingMode.MPS,
+        )
+        GpuLink.objects.create(gpu_a=gpus[0], gpu_b=gpus[1], kind=LinkKind.NVLINK, nvlink_count=12)
+        (cluster.root / f"{name}.token").write_text(node_issue_token(node=node))
+    low = PriorityClass.objects.create(name="pipe-low", value=10, preemptible=True, preemption_grace_s=2)
+    PriorityClass.objects.create(name="pipe-high", value=1000, preemptible=False, preemption_grace_s=30)
+    lab = team_create(slug="pipe-lab", display_name="Pipeline lab")
+    quota_save(
+        quota=Quota(
+            team=lab,
+            guaranteed_gpu_memory_mib=10 * 1024 * 1024,
+            guaranteed_gpus=Decimal(100),
+            default_priority_class=low,
+        ),
+        actor=None,
+    )
+    alice = get_user_model().objects.create_user(username="alice", password="alice-pw")
+    membership_set(user=alice, team=lab)
+    return {"alice": alice, "team": lab}
+
+
+@pytest.fixture(scope="module")
+def cluster(django_db_setup, django_db_blocker, tmp_path_factory):
+    if not settings.REDIS_URL or connection.vendor != "postgresql":
+        pytest.skip(
+            "the end-to-end pipeline needs PostgreSQL and Redis: set DATABASE_URL and REDIS_URL (make test)"
+        )
+    from scheduling.models import Gpu, NodeSync
+    from scheduling.tasks import KEYS, redis_client
+
+    own_db = None
+    if not connection.settings_dict["NAME"].startswith("test_"):
+        # pytest-django sets up databases only for tests marked django_db, and these tests must not be: their
+        # writes have to be committed for the other processes to see them. Alone in a session, set it up here.
+        from django.test.utils import setup_databases
+
+        with django_db_blocker.unblock():
+            own_db = setup_databases(verbosity=0, interactive=False, aliases={"default"})
+    root = tmp_path_factory.mktemp("pipeline")
+    (root / "starts").mkdir()
+    old_log_dir = getattr(settings, "TESSERA_LOG_DIR", None)
+    settings.TESSERA_LOG_DIR = str(root / "portal-logs")
+    settings.TESSERA_NODE_LOST_AFTER_S = NODE_LOST_AFTER_S
+    with django_db_blocker.unblock():
+        redis_client().delete(*KEYS)
+        c = Cluster(root)
+        c.people = _seed(c)
+        try:
+            c.start_web()
+            c.start_worker()
+            c.start_beat()
+            for node in c.nodes:
+                c.start_agent(node)
+            wait_for(
+                "both agents to say hello and report their GPUs",
+                lambda: (
+                    NodeSync.objects.filter(connected_at__isnull=False).count() == 2
+                    and not Gpu.objects.filter(uuid__startswith="unreported-").exists()
+                ),
+                timeout_s=60,
+            )
+            yield c
+        except BaseException:
+            print(c.logs())
+            raise
+        finally:
+            c.stop_all()
+            c.kill_job_processes()
+            redis_client().delete(*KEYS)
+            call_command("flush", interactive=False, verbosity=0)
+            settings.TESSERA_LOG_DIR = old_log_dir
+            if own_db is not None:
+                from django.test.utils import teardown_databases
+
+                teardown_databases(own_db, verbosity=0)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "call":
+        item.pipeline_failed = report.failed
+    return report
+
+
+@pytest.fixture
+def pipe(cluster, django_db_blocker, request):
+    """The cluster for one test; jobs it leaves alive are cancelled so the next test starts on idle GPUs."""
+    from scheduling.models import Gpu, Job
+    from scheduling.services import job_cancel
+    from scheduling.states import LIVE_STATES
+
+    with django_db_blocker.unblock():
+        yield cluster
+        if getattr(request.node, "pipeline_failed", False):
+            print(cluster.logs())
+        for job in Job.objects.filter(state__in=LIVE_STATES):
+            job_cancel(job=job, actor=None)
+        wait_for(
+            "the GPUs to be free again",
+            lambda: not Gpu.objects.filter(allocated_memory_mib__gt=0).exists(),
+            timeout_s=15,
+        )

@@ -1,0 +1,229 @@
+"""A real little cluster for end-to-end tests: daphne, a Celery worker and beat, and simulated node agents,
+all as separate processes against the test database and Redis, so failures can be injected with kill -9."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+# Short timeouts so failures show within seconds; the production defaults are in docs/operations.md.
+NODE_LOST_AFTER_S = 4.0
+ENV = {
+    "TESSERA_NODE_LOST_AFTER_S": str(NODE_LOST_AFTER_S),
+    "TESSERA_WATCHDOG_INTERVAL_S": "0.5",
+    "TESSERA_CYCLE_INTERVAL_S": "1",
+    "TESSERA_CYCLE_LOCK_TTL_S": "3",
+    "TESSERA_CYCLE_DEBOUNCE_S": "0.02",
+    # Preemption tests cannot wait the production minimum runtime (5 minutes) before a job may be evicted.
+    "TESSERA_SCHEDULER_PARAMS": json.dumps({"min_runtime_s": 0}),
+    "LOG_LEVEL": "INFO",
+}
+
+SIM_NODE = """\
+node: {name}
+gpus:
+  - {{model: NVIDIA A100-SXM4-80GB, count: 2, memory_mib: 81920, compute_capability: "8.0", numa_node: 0,
+     sharing: exclusive}}
+  - {{model: NVIDIA L4, count: 1, memory_mib: 23034, compute_capability: "8.9", numa_node: 0, sharing: mps}}
+nvlink:
+  - {{group: [0, 1], links: 12}}
+"""
+
+
+def wait_for(what: str, predicate: Callable[[], Any], *, timeout_s: float, interval_s: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def database_url() -> str:
+    d = connection.settings_dict
+    auth = d["USER"] + (f":{d['PASSWORD']}" if d.get("PASSWORD") else "")
+    return f"postgres://{auth}@{d['HOST'] or '127.0.0.1'}:{d['PORT'] or 5432}/{d['NAME']}"
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    popen: subprocess.Popen | None = None
+
+    def start(self) -> Proc:
+        out = open(self.log, "ab")  # noqa: SIM115 - the child keeps it
+        self.popen = subprocess.Popen(
+            self.argv, cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def kill9(self) -> None:
+        if self.alive:
+            os.kill(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(10)
+
+    def stop(self, timeout_s: float = 10) -> None:
+        if not self.alive:
+            return
+        self.popen.send_signal(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+
+@dataclass
+class Cluster:
+    root: Path
+    port: int = field(default_factory=free_port)
+    procs: dict[str, Proc] = field(default_factory=dict)
+    nodes: tuple[str, ...] = ("pipe-a", "pipe-b")
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+        env.update(ENV)
+        env.update(
+            {
+                "DATABASE_URL": database_url(),
+                "REDIS_URL": settings.REDIS_URL,
+                "TESSERA_LOG_DIR": str(self.root / "portal-logs"),
+                "DJANGO_SETTINGS_MODULE": "portal.settings",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        return env
+
+    def _proc(self, name: str, argv: list[str], **extra: str) -> Proc:
+        proc = Proc(name, argv, {**self.env, **extra}, self.root / f"{name}.log")
+        self.procs[name] = proc
+        return proc.start()
+
+    def start_web(self) -> Proc:
+        return self._proc(
+            "web", [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(self.port), "portal.asgi:application"]
+        )
+
+    def start_worker(self, name: str = "worker", **extra: str) -> Proc:
+        argv = [
+            str(BIN / "celery"),
+            "-A",
+            "portal",
+            "worker",
+            "--pool",
+            "solo",
+            "-n",
+            f"{name}@%h",
+            "-l",
+            "INFO",
+        ]
+        return self._proc(name, argv, **extra)
+
+    def start_beat(self) -> Proc:
+        argv = [
+            str(BIN / "celery"),
+            "-A",
+            "portal",
+            "beat",
+            "-l",
+            "INFO",
+            "-s",
+            str(self.root / "beat-schedule"),
+        ]
+        return self._proc("beat", argv)
+
+    def work_dir(self, node: str) -> Path:
+        return self.root / "agents" / node
+
+    def start_agent(self, node: str) -> Proc:
+        sim = self.root / f"{node}.yaml"
+        if not sim.exists():
+            sim.write_text(SIM_NODE.format(name=node))
+        argv = [
+            str(BIN / "tessera-agent"),
+            "run",
+            "--backend",
+            "sim",
+            "--sim-config",
+            str(sim),
+            "--node",
+            node,
+            "--portal",
+            f"http://127.0.0.1:{self.port}",
+            "--token-file",
+            str(self.root / f"{node}.token"),
+            "--work-dir",
+            str(self.work_dir(node)),
+            "--heartbeat-s",
+            "1",
+            "--sample-s",
+            "0.2",
+        ]
+        return self._proc(f"agent-{node}", argv)
+
+    def stop_all(self) -> None:
+        for proc in reversed(list(self.procs.values())):
+            proc.stop()
+
+    def kill_job_processes(self) -> None:
+        """Job processes outlive their agent by design; the tests' leftovers must not outlive the tests."""
+        for launch in (self.root / "agents").glob("*/jobs/*/*/launch.json"):
+            try:
+                pgid = json.loads(launch.read_text()).get("pgid")
+                if pgid:
+                    os.killpg(int(pgid), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name} ---\n{p.tail()}" for p in self.procs.values())
+
+    # -- what the agents did, from their own records on disk ---------------------------------------------------
+    def placements_on(self, node: str, job_id: int) -> dict[int, dict]:
+        """attempt -> {"launches": n, "outcome": {...} or None} for one job on one node."""
+        out = {}
+        for attempt_dir in sorted((self.work_dir(node) / "jobs" / str(job_id)).glob("*")):
+            if not attempt_dir.is_dir():
+                continue
+            outcome = attempt_dir / "outcome.json"
+            out[int(attempt_dir.name)] = {
+                "launched": (attempt_dir / "launch.json").exists(),
+                "outcome": json.loads(outcome.read_text()) if outcome.exists() else None,
+            }
+        return out

@@ -1,0 +1,142 @@
+"""The whole path with real processes: submit -> cycle (Celery) -> desired state (daphne) -> agent -> report."""
+
+from __future__ import annotations
+
+import time
+
+from scheduling import joblogs
+from scheduling.choices import JobState, NodeState
+from scheduling.models import Job, JobEvent, Node
+from scheduling.services import JobSpec, job_cancel, job_submit
+from tests.pipeline.harness import NODE_LOST_AFTER_S, wait_for
+
+
+def submit(pipe, **spec) -> Job:
+    spec.setdefault("name", "e2e")
+    spec.setdefault("gpu_models", ("A100-80GB",))
+    return job_submit(submitter=pipe.people["alice"], team=pipe.people["team"], spec=JobSpec(**spec))
+
+
+def wait_state(job: Job, *states: str, timeout_s: float = 20) -> Job:
+    def reached():
+        job.refresh_from_db()
+        return job.state in states
+
+    wait_for(f"job #{job.pk} to reach {'/'.join(states)} (it is {job.state})", reached, timeout_s=timeout_s)
+    return job
+
+
+def path_of(job: Job) -> list[str]:
+    return list(job.events.order_by("at", "id").values_list("to_state", flat=True))
+
+
+def test_a_job_goes_from_submit_to_succeeded_and_its_logs_are_readable(pipe):
+    job = submit(pipe, gpus=1, command="echo hello from $TESSERA_JOB_ID; echo oops >&2; sleep 0.3")
+    wait_state(job, JobState.SUCCEEDED, JobState.FAILED)
+    assert job.state == JobState.SUCCEEDED and job.exit_code == 0
+    assert path_of(job) == ["pending", "placed", "running", "succeeded"]
+    wait_for(
+        "both logs to reach the portal",
+        lambda: all(joblogs.log_size(job_id=job.pk, stream=s) > 0 for s in ("stdout", "stderr")),
+        timeout_s=10,
+    )
+    data, _ = joblogs.log_read(job_id=job.pk, stream="stdout")
+    assert data.decode() == f"hello from {job.pk}\n"
+    tail, _ = joblogs.log_tail(job_id=job.pk, stream="stderr", lines=5)
+    assert tail.decode() == "oops\n"
+    finished = job.events.get(to_state=JobState.SUCCEEDED)
+    assert finished.data["exit_code"] == 0 and finished.data["node"] in pipe.nodes
+
+
+def test_a_failing_job_reports_its_exit_code(pipe):
+    job = submit(pipe, gpus=1, command="exit 3")
+    wait_state(job, JobState.SUCCEEDED, JobState.FAILED)
+    assert job.state == JobState.FAILED and job.exit_code == 3
+
+
+def test_cancelling_a_running_job_stops_its_process_and_frees_its_gpus(pipe):
+    job = submit(pipe, gpus=2, command="sleep 120")
+    wait_state(job, JobState.RUNNING)
+    node = job.events.get(to_state=JobState.PLACED).data["nodes"][0]
+    job_cancel(job=job, actor=pipe.people["alice"])
+    outcome = wait_for(
+        "the agent to stop the cancelled job",
+        lambda: (pipe.placements_on(node, job.pk).get(1) or {}).get("outcome"),
+        timeout_s=15,
+    )
+    assert outcome["outcome"] == "stopped"
+    job.refresh_from_db()
+    assert job.state == JobState.CANCELLED and not job.slices.exists()
+    # The stop report arrives after the cancel and changes nothing.
+    assert path_of(job)[-1] == JobState.CANCELLED
+
+
+def test_a_high_priority_job_preempts_a_low_one_which_is_requeued_and_runs_later(pipe):
+    lows = [submit(pipe, gpus=2, command="trap '' TERM; sleep 120", name=f"low-{i}") for i in range(2)]
+    for low in lows:
+        wait_state(low, JobState.RUNNING)
+    high = submit(pipe, gpus=2, command="sleep 2", priority="pipe-high", name="high")
+    victim = wait_for(
+        "one low job to be preempted",
+        lambda: next(
+            (j for j in Job.objects.filter(pk__in=[x.pk for x in lows], state__in=["preempted", "pending"])),
+            None,
+        ),
+        timeout_s=20,
+    )
+    preempted = victim.events.get(to_state=JobState.PREEMPTED)
+    assert preempted.data["grace_s"] == 2 and preempted.data["preemptor"] == str(high.pk)
+    wait_state(high, JobState.RUNNING, JobState.SUCCEEDED)
+    node = preempted.data["nodes"][0]
+    stopped = pipe.placements_on(node, victim.pk)[1]["outcome"]
+    # It ignored SIGTERM, so it ran out its grace and was killed; only then did the preemptor start.
+    started = high.events.get(to_state=JobState.RUNNING).at.timestamp()
+    assert stopped["finished_at"] - preempted.at.timestamp() >= 2 - 0.2
+    assert started >= stopped["finished_at"] - 0.5
+    # Back in the queue with its original submit time, and it runs again once the preemptor is done.
+    wait_state(high, JobState.SUCCEEDED)
+    wait_state(victim, JobState.RUNNING, timeout_s=20)
+    assert (
+        victim.attempt == 2
+        and victim.submitted_at == lows[[j.pk for j in lows].index(victim.pk)].submitted_at
+    )
+    assert path_of(victim) == ["pending", "placed", "running", "preempted", "pending", "placed", "running"]
+
+
+def test_a_killed_agent_has_its_jobs_requeued_after_the_timeout_not_before_and_nothing_runs_twice(pipe):
+    starts = pipe.root / "starts"
+    job = submit(pipe, gpus=2, command=f"echo start >> {starts}/$TESSERA_JOB_ID.$TESSERA_ATTEMPT; sleep 120")
+    wait_state(job, JobState.RUNNING)
+    node = job.events.get(to_state=JobState.PLACED).data["nodes"][0]
+    other = next(n for n in pipe.nodes if n != node)
+    pipe.procs[f"agent-{node}"].kill9()
+    killed_at = time.time()
+    time.sleep(2.0)
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING, "requeued before the node-lost timeout"
+    lost = wait_for(
+        "the node to be declared lost", lambda: job.events.filter(code="node_lost").first(), timeout_s=15
+    )
+    # Its last heartbeat was at most one interval (1 s) before the kill.
+    assert NODE_LOST_AFTER_S - 1.2 <= lost.at.timestamp() - killed_at <= NODE_LOST_AFTER_S + 3.0
+    wait_for("the job to be placed again", lambda: job.refresh_from_db() or job.attempt == 2, timeout_s=15)
+    wait_state(job, JobState.RUNNING)
+    assert job.events.get(to_state=JobState.PLACED, data__nodes=[other])
+    # The old agent comes back: it re-adopts attempt 1, is told it is no longer wanted, and stops it.
+    pipe.start_agent(node)
+    outcome = wait_for(
+        "the restarted agent to stop the requeued job's old attempt",
+        lambda: (pipe.placements_on(node, job.pk).get(1) or {}).get("outcome"),
+        timeout_s=30,
+    )
+    assert outcome["outcome"] == "stopped"
+    time.sleep(1.0)
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING and job.attempt == 2
+    assert sorted(p.name for p in starts.glob(f"{job.pk}.*")) == [f"{job.pk}.1", f"{job.pk}.2"]
+    assert all(p.read_text() == "start\n" for p in starts.glob(f"{job.pk}.*")), (
+        "an attempt was launched twice"
+    )
+    # Its stale report about attempt 1 changed nothing.
+    assert not JobEvent.objects.filter(job=job, data__attempt=1, at__gt=job.placed_at).exists()
+    assert Node.objects.get(name=node).state == NodeState.READY
