@@ -189,6 +189,7 @@ class NvmlBackend:
         nv = self.nvml
         by_bus = {g.pci_bus_id.lower(): g.uuid for g in gpus if g.pci_bus_id}
         nvlinks: dict[tuple[str, str], int] = {}
+        switch_links: dict[int, int] = {}
         for i, h in enumerate(self._handles):
             refusals: set[str] = set()
             answered = False
@@ -206,6 +207,9 @@ class NvmlBackend:
                 if peer and peer != self._uuids[i]:
                     pair = tuple(sorted((self._uuids[i], peer)))
                     nvlinks[pair] = nvlinks.get(pair, 0) + 1  # each end counts the link once
+                elif active and peer_bus:
+                    # The far end is no GPU of this host: an NVSwitch (HGX boards), reaching every GPU.
+                    switch_links[i] = switch_links.get(i, 0) + 1
             if not answered and refusals:
                 # No link answered at all: say why once for the GPU (NotSupported on PCIe-only machines).
                 preferred = "NVMLError_NotSupported"
@@ -215,6 +219,8 @@ class NvmlBackend:
             for b in range(a + 1, len(self._handles)):
                 ua, ub = self._uuids[a], self._uuids[b]
                 count = nvlinks.get(tuple(sorted((ua, ub))), 0) // 2
+                if not count and switch_links.get(a) and switch_links.get(b):
+                    count = min(switch_links[a], switch_links[b])
                 err: dict[str, str] = {}
                 level = self._try(
                     err,

@@ -104,9 +104,11 @@ def build(
     *,
     gpu_count: int | None = None,
     nvlink_pairs: Iterable[tuple[int, int, int]] = (),
+    nvswitch_links: int = 0,
 ) -> types.ModuleType:
     """Build the fake module. gpu_count > recorded devices replicates the recorded GPU (new UUIDs and bus
-    ids); nvlink_pairs [(a, b, links)] makes up NVLinks between replicas to exercise the topology code."""
+    ids); nvlink_pairs [(a, b, links)] makes up NVLinks between replicas, nvswitch_links N links from every
+    GPU to an NVSwitch (an HGX board), to exercise the topology code."""
     real = _real_pynvml()
     fixture = Path(fixture_dir) if fixture_dir is not None else default_fixture_dir()
     snapshot = json.loads((fixture / "nvml_snapshot.json").read_text())
@@ -128,6 +130,9 @@ def build(
     for a, b, n in nvlink_pairs:
         links.setdefault(a, []).extend([b] * n)
         links.setdefault(b, []).extend([a] * n)
+    switch = -1  # a link peer that is no GPU: an NVSwitch
+    for i in range(count if nvswitch_links else 0):
+        links.setdefault(i, []).extend([switch] * nvswitch_links)
 
     times = [s["t"] for s in trace]
     # The trace's samples are ~0.1 s apart; it loops after its last one.
@@ -283,20 +288,23 @@ def build(
         peers = links.get(d.index, [])
         if link >= len(peers):
             fail(real.NVML_ERROR_NOT_SUPPORTED)
-        return types.SimpleNamespace(busId=devices[peers[link]].facts["pci"]["busId"])
+        peer = peers[link]
+        return types.SimpleNamespace(
+            busId="00000000:FF:00.0" if peer == switch else devices[peer].facts["pci"]["busId"]
+        )
 
     @api
     def nvmlDeviceGetTopologyCommonAncestor(device1: Any, device2: Any) -> int:
         a, b = dev(device1), dev(device2)
         # Not recorded (one GPU); made up only for replicas that were given NVLinks.
-        if b.index in links.get(a.index, []):
+        if b.index in links.get(a.index, []) or switch in links.get(a.index, []):
             return real.NVML_TOPOLOGY_NODE
         fail(real.NVML_ERROR_NOT_SUPPORTED)
 
     @api
     def nvmlDeviceGetP2PStatus(device1: Any, device2: Any, p2pIndex: int) -> int:
         a, b = dev(device1), dev(device2)
-        if b.index in links.get(a.index, []):
+        if b.index in links.get(a.index, []) or switch in links.get(a.index, []):
             return real.NVML_P2P_STATUS_OK
         fail(real.NVML_ERROR_NOT_SUPPORTED)
 

@@ -140,3 +140,11 @@ def test_a_gpu_that_fell_off_the_bus_reads_as_lost(fake_nvml):
     s = backend.sample().gpus[0]
     assert s.health == "lost" and s.util_pct is None and s.memory_used_mib is None
     assert s.memory_total_mib == 143771  # known from the inventory
+
+
+def test_gpus_behind_an_nvswitch_are_all_linked_to_each_other(h200_dir, monkeypatch):
+    mod = fake_pynvml.build(h200_dir, gpu_count=4, nvswitch_links=18)
+    monkeypatch.setitem(sys.modules, "pynvml", mod)
+    inv = NvmlBackend().inventory()
+    assert len(inv.links) == 6
+    assert {(link.nvlink_count, link.path, link.p2p_supported) for link in inv.links} == {(18, "NV18", True)}
