@@ -159,3 +159,89 @@ def test_the_agent_process_connects_reports_and_stops_on_sigterm(tmp_path):
     assert hello["node"] == "sim-a100-01" and len(hello["inventory"]["gpus"]) == 6
     assert any(m.get("type") == "ack" and m["payload"]["desired_version"] == 1 for m in seen[1:])
     assert (tmp_path / "wd/agent.log").exists()
+
+
+def test_an_agent_killed_with_sigkill_and_restarted_adopts_its_job_and_never_runs_it_twice(tmp_path):
+    from agent import procfs
+
+    token_file = tmp_path / "token"
+    token_file.write_text("t0k3n")
+    work_dir = tmp_path / "wd"
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+    async def scenario():
+        sessions: list[list[dict]] = []
+        started = asyncio.Event()
+        readopted = asyncio.Event()
+        gpu = {}
+
+        async def handler(ws):
+            got: list[dict] = []
+            sessions.append(got)
+            async for text in ws:
+                msg = protocol.decode(text)
+                got.append(msg)
+                if msg["type"] in protocol.RELIABLE:
+                    await ws.send(protocol.encode(protocol.ack(msg["id"])))
+                if msg["type"] == "hello":
+                    g = msg["payload"]["inventory"]["gpus"][0]
+                    gpu.update(uuid=g["uuid"], index=g["index"])
+                    job = {
+                        "job_id": "long",
+                        "attempt": 1,
+                        "command": sleeper,
+                        "gpus": [dict(gpu)],
+                        "grace_s": 1,
+                    }
+                    await ws.send(
+                        protocol.encode(protocol.message("desired_state", {"version": 5, "jobs": [job]}))
+                    )
+                    if len(sessions) == 2:
+                        readopted.set()
+                if msg["type"] == "job_status" and msg["payload"]["state"] == "started":
+                    started.set()
+
+        def agent_proc():
+            return asyncio.create_subprocess_exec(
+                sys.executable, "-m", "agent.cli", "run", "--portal", f"http://127.0.0.1:{port}",
+                "--token-file", str(token_file), "--node", "sim-a100-01", "--backend", "sim",
+                "--sim-config", str(SIM_YAML), "--work-dir", str(work_dir), "--sample-s", "0.2", cwd=str(REPO),
+                stderr=asyncio.subprocess.DEVNULL,
+            )  # fmt: skip
+
+        async with serve(handler, "127.0.0.1", 0) as server:
+            port = server.sockets[0].getsockname()[1]
+            first = await agent_proc()
+            await asyncio.wait_for(started.wait(), 30)
+            first.kill()  # SIGKILL: no clean-up at all
+            await first.wait()
+            second = await agent_proc()
+            try:
+                await asyncio.wait_for(readopted.wait(), 30)
+                await asyncio.sleep(1.0)  # several ticks of convergence on the same desired state
+            finally:
+                second.send_signal(signal.SIGTERM)
+                await second.wait()
+        return sessions
+
+    sessions = asyncio.run(scenario())
+    launchers = [
+        p
+        for p in procfs.find_by_env("TESSERA_PLACEMENT=long:1")
+        if procfs.read_stat(p).pgrp == p and any(str(work_dir) in a for a in procfs.read_cmdline(p) or [])
+    ]
+    try:
+        hello2 = next(m for m in sessions[1] if m["type"] == "hello")["payload"]
+        assert [(r["job_id"], r["adopted"]) for r in hello2["running"]] == [("long", True)]
+        fresh_starts = [
+            m
+            for m in sessions[1]
+            if m["type"] == "job_status"
+            and m["payload"]["state"] == "started"
+            and not m["payload"]["adopted"]
+        ]
+        assert fresh_starts == []
+        assert len(launchers) == 1
+    finally:
+        for pid in launchers:
+            os.killpg(pid, signal.SIGKILL)
