@@ -10,6 +10,18 @@ from collections.abc import Callable, Sequence
 # name -> ("module:function", one-line help). The function takes the remaining argv and returns an exit code.
 COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("portal.cli:simulate", "replay traces and scenarios through the scheduling engine"),
+    # The API client (portal/commands.py; exit codes in portal.client.ExitCode and docs/api.md).
+    "login": ("portal.commands:login", "get a personal API token and save it"),
+    "whoami": ("portal.commands:whoami", "who the saved token belongs to"),
+    "submit": ("portal.commands:submit", "submit a job from a spec file, a script or flags (sbatch)"),
+    "queue": ("portal.commands:queue", "pending jobs in the scheduler's order (squeue)"),
+    "ls": ("portal.commands:ls", "your teams' jobs"),
+    "show": ("portal.commands:show", "one job in detail with its events"),
+    "cancel": ("portal.commands:cancel", "cancel jobs (scancel)"),
+    "logs": ("portal.commands:logs", "a job's output; --follow to keep reading"),
+    "usage": ("portal.commands:usage", "GPU-hours by team, user, day (sacct); --csv"),
+    "nodes": ("portal.commands:nodes", "nodes and GPUs (sinfo)"),
+    "top": ("portal.commands:top", "live cluster view; q quits"),
 }
 
 SIMULATE_MODES: dict[str, tuple[str, str]] = {

@@ -13,5 +13,6 @@ router.register("tokens", views.ApiTokenViewSet, basename="apitoken")
 
 urlpatterns = [
     path("whoami/", views.WhoamiView.as_view(), name="whoami"),
+    path("auth/token/", views.TokenLoginView.as_view(), name="token-login"),
     *router.urls,
 ]

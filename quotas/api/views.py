@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth import authenticate
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, status, viewsets
+from rest_framework import mixins, permissions, serializers, status, throttling, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -133,3 +134,54 @@ class WhoamiView(APIView):
             "teams": [{"team": m.team.slug, "team_id": m.team_id, "role": m.role} for m in memberships],
         }
         return Response(WhoamiSerializer(data).data)
+
+
+class LoginRateThrottle(throttling.SimpleRateThrottle):
+    """Password guesses per client address (REST_FRAMEWORK.DEFAULT_THROTTLE_RATES['login'], else 20/min)."""
+
+    scope = "login"
+
+    def get_rate(self) -> str:
+        return self.THROTTLE_RATES.get(self.scope) or "20/min"
+
+    def get_cache_key(self, request: Request, view: Any) -> str:
+        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+
+
+class TokenLoginSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    password = serializers.CharField(max_length=1024, style={"input_type": "password"}, trim_whitespace=False)
+    name = serializers.CharField(max_length=100, required=False, default="tessera CLI")
+
+
+class TokenLoginView(APIView):
+    """Exchange a username and password for a new personal token (what `tessera login` does).
+
+    No session and no CSRF: the password is the credential. Throttled per client address.
+    """
+
+    authentication_classes: list = []
+    permission_classes = [permissions.AllowAny]
+    throttle_classes = [LoginRateThrottle]
+
+    @extend_schema(request=TokenLoginSerializer, responses={201: ApiTokenCreatedSerializer})
+    def post(self, request: Request) -> Response:
+        incoming = TokenLoginSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        user = authenticate(
+            request,
+            username=incoming.validated_data["username"],
+            password=incoming.validated_data["password"],
+        )
+        if user is None or not user.is_active:
+            raise ApiError(
+                "Wrong username or password.",
+                code="authentication_failed",
+                status_code=status.HTTP_401_UNAUTHORIZED,
+            )
+        try:
+            row, token = api_token_create(user=user, name=incoming.validated_data["name"])
+        except TokenLimitReached as exc:
+            raise ApiError(str(exc), code="too_many_tokens", field="name") from None
+        row.token = token
+        return Response(ApiTokenCreatedSerializer(row).data, status=status.HTTP_201_CREATED)

@@ -1,0 +1,173 @@
+"""The `tessera` CLI as a subprocess against a live server: login, submit, queue, ls, show, cancel, logs,
+usage, nodes, top; --json output and the exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from portal.client import ExitCode
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def cli(live_server, tmp_path):
+    """Run `tessera ...` in a subprocess with its own config file; returns (exit code, stdout, stderr)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TESSERA_")}
+    env["TESSERA_CONFIG"] = str(tmp_path / "config.json")
+
+    def run(*argv: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "portal.cli", *argv],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            timeout=60,
+        )
+
+    run.url = live_server.url
+    run.config = tmp_path / "config.json"
+    return run
+
+
+@pytest.fixture
+def logged_in(cli, alice, node):
+    result = cli("login", "--url", cli.url, "--username", "alice", "--password-stdin", stdin="alice-pw\n")
+    assert result.returncode == 0, result.stderr
+    return cli
+
+
+def test_login_saves_a_token_readable_only_by_its_owner(logged_in):
+    saved = json.loads(logged_in.config.read_text())
+    assert saved["username"] == "alice" and saved["token"].startswith("tsk_")
+    assert oct(logged_in.config.stat().st_mode & 0o777) == "0o600"
+    assert logged_in("whoami").stdout.startswith("alice")
+
+
+def test_a_wrong_password_exits_not_logged_in(cli, alice, node):
+    result = cli("login", "--url", cli.url, "--username", "alice", "--password-stdin", stdin="nope\n")
+    assert result.returncode == ExitCode.NOT_LOGGED_IN
+    assert "Wrong username or password" in result.stderr
+    assert not cli.config.exists()
+
+
+def test_commands_without_login_exit_not_logged_in(cli):
+    result = cli("ls")
+    assert result.returncode == ExitCode.NOT_LOGGED_IN
+    assert "tessera login" in result.stderr
+
+
+def test_the_first_job_in_three_commands_submit_ls_show_and_cancel(logged_in):
+    example = ROOT / "docs/examples/notebook-slice.yaml"
+    submitted = logged_in("submit", str(example), "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    job = json.loads(submitted.stdout)
+    assert (job["state"], job["request"]["gpu_memory_mib"], job["request"]["compute_pct"]) == (
+        "pending",
+        10240,
+        25,
+    )
+
+    listing = logged_in("ls")
+    assert listing.returncode == 0
+    assert listing.stdout.splitlines()[0].split()[:5] == ["JOBID", "NAME", "TEAM", "USER", "STATE"]
+    row = listing.stdout.splitlines()[1].split()
+    assert row[:6] == [str(job["id"]), "notebook", "ai-lab/training", "alice", "pending", "10GiB/25%"]
+
+    shown = logged_in("show", str(job["id"]))
+    assert "Why pending" in shown.stdout and "submitted" in shown.stdout
+
+    queue = logged_in("queue", "--json")
+    assert [e["id"] for e in json.loads(queue.stdout)] == [job["id"]]
+
+    assert logged_in("cancel", str(job["id"])).returncode == 0
+    again = logged_in("cancel", str(job["id"]))
+    assert again.returncode == ExitCode.CONFLICT
+    assert logged_in("ls", "--state", "cancelled", "--json").stdout.count('"id"') == 1
+
+
+def test_submit_with_sbatch_like_flags_and_a_command(logged_in):
+    result = logged_in(
+        "submit",
+        "-G",
+        "2",
+        "--topology",
+        "nvlink",
+        "-t",
+        "2h",
+        "-e",
+        "SEED=1",
+        "--json",
+        "--",
+        "python",
+        "train.py",
+        "--lr",
+        "3e-4",
+    )
+    assert result.returncode == 0, result.stderr
+    job = json.loads(result.stdout)
+    assert job["command"] == "python train.py --lr 3e-4"
+    assert job["name"] == "python"
+    assert (job["request"]["gpus"], job["request"]["max_runtime_s"]) == (2, 7200)
+
+
+def test_a_script_with_tessera_lines_is_submitted_like_sbatch(logged_in):
+    result = logged_in("submit", str(ROOT / "docs/examples/train.sh"), "--json")
+    assert result.returncode == 0, result.stderr
+    job = json.loads(result.stdout)
+    assert (job["name"], job["request"]["gpus"], job["request"]["cpu_milli"]) == ("resnet-baseline", 1, 8000)
+    assert job["command"].startswith("bash ") and job["command"].endswith("train.sh")
+
+
+def test_a_spec_that_can_never_run_exits_invalid_naming_the_field(logged_in):
+    result = logged_in("submit", "--gpu-memory", "96GiB", "--", "python", "x.py")
+    assert result.returncode == ExitCode.INVALID
+    assert "gpu_memory" in result.stderr and "81920MiB" in result.stderr
+
+
+def test_another_teams_job_exits_not_found(logged_in, bob, teams, submit_as):
+    job = submit_as(bob, teams["inference"])
+    assert logged_in("show", str(job.pk)).returncode == ExitCode.NOT_FOUND
+    assert logged_in("cancel", str(job.pk)).returncode == ExitCode.NOT_FOUND
+
+
+def test_logs_prints_the_output_and_follow_stops_when_the_job_ends(
+    logged_in, alice, teams, submit_as, settings, tmp_path
+):
+    from scheduling import joblogs, services
+    from scheduling.choices import JobState
+
+    settings.TESSERA_LOG_DIR = str(tmp_path / "logs")
+    job = submit_as(alice, teams["training"])
+    joblogs.log_append(job_id=job.pk, stream="stdout", data="epoch 1\nepoch 2\n")
+    assert logged_in("logs", str(job.pk)).stdout == "epoch 1\nepoch 2\n"
+    assert logged_in("logs", str(job.pk), "--tail", "1").stdout == "epoch 2\n"
+    assert services.job_cancel(job=job, actor=alice).state == JobState.CANCELLED
+    followed = logged_in("logs", str(job.pk), "--follow", "--interval", "0.1")
+    assert followed.returncode == 0 and followed.stdout == "epoch 1\nepoch 2\n"
+
+
+def test_usage_nodes_and_top_once_print_tables(logged_in):
+    usage = logged_in("usage")
+    assert usage.returncode == 0 and "GPU_HOURS" in usage.stdout and "Total: 0.00 GPU-hours" in usage.stdout
+    assert logged_in("usage", "--csv").stdout.strip() == ""
+    nodes = logged_in("nodes")
+    assert nodes.returncode == 0 and "a100-01" in nodes.stdout and "8/8" not in nodes.stdout
+    top = logged_in("top", "--once")
+    assert top.returncode == 0
+    assert "tessera top" in top.stdout and "A100-80GB" in top.stdout and "ai-lab/training" in top.stdout
+    assert json.loads(logged_in("top", "--json").stdout)["cluster"]["gpus"] == 8
+
+
+def test_an_unreachable_server_exits_unavailable(cli, tmp_path):
+    cli.config.write_text(json.dumps({"url": "http://127.0.0.1:9", "token": "tsk_x"}))
+    assert cli("ls").returncode == ExitCode.UNAVAILABLE
