@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+_MAX_PIPE_DIR_CHARS = 80
 _KNOWN_LOCATIONS = ("/usr/local/nvidia/bin/nvidia-cuda-mps-control", "/usr/bin/nvidia-cuda-mps-control")
 
 
@@ -34,8 +37,13 @@ class MpsController:
     def __init__(
         self, work_dir: str | Path, *, control_path: str | None = None, timeout_s: float = 10.0
     ) -> None:
-        base = Path(work_dir) / "mps"
+        base = Path(work_dir).resolve() / "mps"
         self.pipe_dir = base / "pipe"
+        if len(str(self.pipe_dir)) > _MAX_PIPE_DIR_CHARS:
+            # MPS keeps Unix sockets in the pipe directory and a socket path holds at most 107 bytes:
+            # a deep work dir gets a short, stable pipe directory of its own instead.
+            digest = hashlib.sha1(str(base).encode()).hexdigest()[:12]
+            self.pipe_dir = Path(tempfile.gettempdir()) / f"tessera-mps-{digest}"
         self.log_dir = base / "log"
         self.binary = find_mps_control(control_path)
         self.timeout_s = timeout_s

@@ -219,3 +219,11 @@ def test_a_job_that_cannot_be_launched_is_reported_not_raised(tmp_path):
     bad_cwd = ex.start(spec("cwd", py("pass"), cwd=str(tmp_path / "missing")))
     assert bad_cwd.outcome == "launch_failed"
     assert [t.kind for t in ex.drain_transitions()] == ["finished", "finished"]
+
+
+def test_a_deep_work_dir_gets_a_short_mps_pipe_directory(tmp_path):
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    mps = MpsController(deep, control_path=None)
+    assert len(str(mps.pipe_dir)) <= 80
+    assert mps.pipe_dir == MpsController(deep).pipe_dir  # stable: a restarted agent finds its daemon
+    assert mps.log_dir == deep.resolve() / "mps/log"
