@@ -122,11 +122,11 @@ def test_mps_jobs_get_thread_percentage_and_pinned_memory_limits(tmp_path):
     env = json.loads(ex.tail_log(h.key, "stdout")[0])
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M,1=8192M"
-    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "work/mps/pipe")
-    assert env["CUDA_MPS_LOG_DIRECTORY"] == str(tmp_path / "work/mps/log")
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(mps.pipe_dir) and len(str(mps.pipe_dir)) <= 80
+    assert env["CUDA_MPS_LOG_DIRECTORY"] == str(tmp_path.resolve() / "work/mps/log")
     assert env["CUDA_VISIBLE_DEVICES"] == "GPU-m0,GPU-m1"
     assert (
-        calls.read_text().splitlines()[0] == f"-d pipe={tmp_path}/work/mps/pipe log={tmp_path}/work/mps/log"
+        calls.read_text().splitlines()[0] == f"-d pipe={mps.pipe_dir} log={tmp_path.resolve()}/work/mps/log"
     )
     assert h.mps == "started"
 
