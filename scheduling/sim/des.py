@@ -672,6 +672,13 @@ class Simulator:
         if led.state is NodeState.LOST:
             return
         self._node_failures += 1
+        # Placements waiting on this node are void first, so a victim dying here cannot start one of them.
+        for b in [
+            b
+            for b in self._bindings.values()
+            if any(a.node == failure.node for a in b.assignments) or failure.node in b.cpu
+        ]:
+            self._unbind(b)
         victims = [
             r
             for r in self.records.values()
@@ -680,12 +687,6 @@ class Simulator:
         ]
         for rec in victims:
             self._stop(rec, failed=True)
-        for b in [
-            b
-            for b in self._bindings.values()
-            if any(a.node == failure.node for a in b.assignments) or failure.node in b.cpu
-        ]:
-            self._unbind(b)
         led.state = NodeState.LOST
         led.cached = None
         self._dirty = True

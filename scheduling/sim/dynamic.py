@@ -144,7 +144,8 @@ def run_dynamic(
     runs = []
     cfg = config or SimConfig()
     if cfg.horizon_s is None:
-        cfg = replace(cfg, horizon_s=max(1.0, arrival_span_s(jobs)))
+        # One more cycle after the last arrival, so the last pods get their chance to be placed.
+        cfg = replace(cfg, horizon_s=max(1.0, arrival_span_s(jobs) + 2 * cfg.cycle_interval_s))
     for name in policies:
         profile = get_profile(name)
         result = simulate(nodes=nodes, jobs=jobs, profile=profile, quotas=quotas, config=cfg)

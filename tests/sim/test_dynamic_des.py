@@ -220,3 +220,35 @@ def test_it_draws_random_node_failures_from_the_seed():
     assert runs[0].node_failures > 0
     assert runs[0].node_failures == runs[1].node_failures
     assert _by_id(runs[0])["a"].lost_work_s == _by_id(runs[1])["a"].lost_work_s
+
+
+def test_a_node_failure_voids_a_placement_that_waits_on_its_victims():
+    def evict_and_place(snapshot, profile):
+        high = [j for j in snapshot.pending if j.id == "high"]
+        low = [j for j in snapshot.running if j.id == "low"]
+        if high and low:
+            a = low[0].assignments[0]
+            return Decisions(
+                placements=(Placement("high", (Assignment(a.node, a.gpu_index, 40_960, 1000),)),),
+                evictions=(Eviction("low", "high", "preempted", 45.0),),
+            )
+        return first_fit(snapshot, profile)
+
+    jobs = [
+        _job("low", 0, 5000, priority=0, grace_s=45),
+        _job("filler", 1, 1000, priority=5),
+        _job("high", 300, 100, priority=10),
+    ]
+    result = simulate(
+        nodes=[_node("n0"), _node("n1")],
+        jobs=jobs,
+        profile={},
+        scheduler=evict_and_place,
+        config=SimConfig(cycle_interval_s=10),
+        failures=[NodeFailure("n0", 320)],
+    )
+    r = _by_id(result)
+    assert r["low"].failures == 1
+    # high never ran on the failed node: it went back to the queue and took n1 when filler finished.
+    assert r["high"].first_start_s == 1010
+    assert {a.node for a in r["high"].assignments} == {"n1"}
