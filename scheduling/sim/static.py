@@ -29,9 +29,6 @@ INFLATION = 1.3  # the workload is extended until it asks for this multiple of t
 FRAG_AT_ARRIVAL_PCT = 90
 # openb does not give GPU memory; slices ask for compute only, so any positive size works. Whole cards take it all.
 NOMINAL_GPU_MEMORY_MIB = 16_384
-# Policies whose scores depend only on the node's state (not its name or a random draw): for them, of several nodes
-# in the same state only the first in the run's order can win (ties go to the first), so the others are not offered.
-STATE_ONLY_POLICIES = frozenset({"dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd", "tessera"})
 
 RunCycle = Callable[[Snapshot, Profile], object]
 
@@ -47,6 +44,9 @@ class SeedResult:
     placed: int
     failed: int
     runtime_s: float
+    node_order: tuple[str, ...] = ()  # the run's fixed node order (ties go to the first)
+    # Per arrival: (pod name, node it went to or None, GPU indexes it took).
+    outcomes: tuple[tuple[str, str | None, tuple[int, ...]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,66 +161,6 @@ def _round_half_up(value: float) -> int:
     return math.floor(value + 0.5)
 
 
-def _shape_key(node: Node) -> tuple:
-    """Everything a state-only policy can read from a node (all but its name)."""
-    return (
-        node.cpu_milli,
-        node.memory_mib,
-        node.allocated_cpu_milli,
-        node.allocated_memory_mib,
-        tuple((g.model, g.allocated_compute_milli, g.allocated_memory_mib, g.holders) for g in node.gpus),
-        node.labels.get(CLASSES_LABEL, ""),
-    )
-
-
-class _Candidates:
-    """The nodes offered to the engine, in the run's order: every node, or only the first node of each state."""
-
-    def __init__(self, nodes: list[Node], dedupe: bool) -> None:
-        self.nodes = nodes
-        self.dedupe = dedupe
-        self.key_of: list[tuple] = []
-        self.members: dict[tuple, set[int]] = {}
-        self.first: dict[tuple, int] = {}
-        self._cached: tuple[Node, ...] | None = None
-        if dedupe:
-            for position, node in enumerate(nodes):
-                key = _shape_key(node)
-                self.key_of.append(key)
-                self.members.setdefault(key, set()).add(position)
-                self.first.setdefault(key, position)
-
-    def update(self, position: int, node: Node) -> None:
-        self.nodes[position] = node
-        self._cached = None
-        if not self.dedupe:
-            return
-        old = self.key_of[position]
-        new = _shape_key(node)
-        if old == new:
-            return
-        members = self.members[old]
-        members.discard(position)
-        if not members:
-            del self.members[old]
-            del self.first[old]
-        elif self.first[old] == position:
-            self.first[old] = min(members)
-        self.key_of[position] = new
-        bucket = self.members.setdefault(new, set())
-        bucket.add(position)
-        if new not in self.first or position < self.first[new]:
-            self.first[new] = position
-
-    def offered(self) -> tuple[Node, ...]:
-        if self._cached is None:
-            if self.dedupe:
-                self._cached = tuple(self.nodes[p] for p in sorted(self.first.values()))
-            else:
-                self._cached = tuple(self.nodes)
-        return self._cached
-
-
 def _apply(node: Node, request: Request, assignments, cpu: tuple[int, int]) -> Node:
     gpus = list(node.gpus)
     for assignment in assignments:
@@ -258,7 +198,6 @@ def run_static_seed(
     seed: int,
     run_cycle: RunCycle | None = None,
     workload: Workload | None = None,
-    dedupe: bool | None = None,
     on_pod: Callable[[], None] | None = None,
 ) -> SeedResult:
     """One run of the protocol: inflate and shuffle with `seed`, fix a random node order, one attempt per pod."""
@@ -280,9 +219,6 @@ def run_static_seed(
     if workload is None:
         workload = pod_typical_workload(pods)
     workload_requests = workload_as_requests(workload)
-    if dedupe is None:
-        dedupe = profile.name in STATE_ONLY_POLICIES
-    candidates = _Candidates(nodes, dedupe)
 
     frag_memo: dict[tuple, float] = {}
 
@@ -294,11 +230,13 @@ def run_static_seed(
             frag_memo[key] = value
         return value
 
+    offered = tuple(nodes)
     node_frags = [node_frag(node) for node in nodes]
     cluster_frag = sum(node_frags)
     requested_milli = 0
     allocated_milli = 0
     placed = failed = 0
+    outcomes: list[tuple[str, str | None, tuple[int, ...]]] = []
     alloc_sums: dict[int, list[float]] = {}
     frag_sums: dict[int, list[float]] = {}
     request_of: dict[tuple, Request] = {}
@@ -310,7 +248,7 @@ def run_static_seed(
         job = Job(id=f"{pod.name}#{number}", team="openb", request=request)
         snapshot = Snapshot(
             now=0.0,
-            nodes=candidates.offered(),
+            nodes=offered,
             pending=(job,),
             workload=workload_requests,
             seed=seed * 1_000_003 + number,
@@ -320,6 +258,7 @@ def run_static_seed(
         placement = decisions.placements[0] if decisions.placements else None
         if placement is None:
             failed += 1
+            outcomes.append((pod.name, None, ()))
         else:
             placed += 1
             if placement.cpu:
@@ -328,8 +267,11 @@ def run_static_seed(
                 node_name = placement.assignments[0].node
                 cpu = (request.cpu_milli, request.memory_mib)
             position = position_of[node_name]
+            outcomes.append((pod.name, node_name, tuple(a.gpu_index for a in placement.assignments)))
             new_node = _apply(nodes[position], request, placement.assignments, cpu)
-            candidates.update(position, new_node)
+            nodes[position] = new_node
+            # The engine keeps its node index between cycles and re-reads only the node objects that changed.
+            offered = tuple(nodes)
             allocated_milli += sum(assignment.compute_milli for assignment in placement.assignments)
             new_frag = node_frag(new_node)
             cluster_frag += new_frag - node_frags[position]
@@ -355,6 +297,8 @@ def run_static_seed(
         placed=placed,
         failed=failed,
         runtime_s=time.perf_counter() - started,
+        node_order=tuple(node.name for node in order),
+        outcomes=tuple(outcomes),
     )
 
 

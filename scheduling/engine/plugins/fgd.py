@@ -53,12 +53,14 @@ def frag(wkey: int, workload: Workload, model: str, cpu_free: int, gpu_free: tup
     return value
 
 
-def fgd_scores(ctx: CycleContext, job: Job, node: Node) -> tuple[int, ...]:
-    """Per-GPU integer scores for a slice (-1 where it does not fit), or a one-element tuple for anything else."""
+def fgd_scores(ctx: CycleContext, job: Job, node: Node, resolution: int = 100) -> tuple[int, ...]:
+    """Per-GPU integer scores for a slice (-1 where it does not fit), or a one-element tuple for anything else.
+
+    Scores are int(resolution * sigmoid(drop in fragmentation / 1000)); the paper's code uses resolution 100."""
     wkey, workload = workload_of(ctx)
     task_class = TaskClass.of_request(job.request)
     model, cpu_free, gpu_free = node_state_key(node)
-    key = (wkey, task_class, model, cpu_free, gpu_free)
+    key = (wkey, resolution, task_class, model, cpu_free, gpu_free)
     scores = _score_memo.get(key)
     if scores is not None:
         return scores
@@ -71,11 +73,11 @@ def fgd_scores(ctx: CycleContext, job: Job, node: Node) -> tuple[int, ...]:
                 per_gpu.append(-1)
                 continue
             after = frag(wkey, workload, model, cpu_after, take_gpus(gpu_free, task_class, index))
-            per_gpu.append(int(_sigmoid((before - after) / 1000.0) * 100))
+            per_gpu.append(int(_sigmoid((before - after) / 1000.0) * resolution))
         scores = tuple(per_gpu)
     else:
         after = frag(wkey, workload, model, cpu_after, take_gpus(gpu_free, task_class))
-        scores = (int(_sigmoid((before - after) / 1000.0) * 100),)
+        scores = (int(_sigmoid((before - after) / 1000.0) * resolution),)
     if len(_score_memo) > _MAX_MEMO:
         _score_memo.clear()
     _score_memo[key] = scores
