@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent import __version__, protocol
+from agent import __version__, procfs, protocol
 from agent.backends.base import GpuBackend, Sample
 from agent.executor import FINISHED, Executor, Transition
 from agent.reconcile import DesiredState, Reconciler
@@ -56,8 +56,11 @@ class MetricsAggregator:
     def add(self, sample: Sample) -> None:
         self._samples.append(sample)
 
+    def due(self, now: float) -> bool:
+        return bool(self._samples) and now - self._last_flush >= self.interval_s
+
     def flush(self, now: float, owners: dict[int, str]) -> dict[str, Any] | None:
-        if not self._samples or now - self._last_flush < self.interval_s:
+        if not self.due(now):
             return None
         samples, self._samples = self._samples, []
         self._last_flush = now
@@ -228,9 +231,8 @@ class Agent:
             self._health[g.uuid] = g.health
         self.metrics.add(sample)
         now = time.monotonic()
-        metrics = self.metrics.flush(now, self._owners())
-        if metrics is not None:
-            out.append(protocol.message("metrics", metrics))
+        if self.metrics.due(now):
+            out.append(protocol.message("metrics", self.metrics.flush(now, self._owners(sample))))
         if now - self._last_heartbeat >= self.heartbeat_s:
             self._last_heartbeat = now
             out.append(self.heartbeat())
@@ -246,8 +248,19 @@ class Agent:
             self._last_prune = now
             self.executor.prune(older_than_s=self.retention_s, keep=wanted)
 
-    def _owners(self) -> dict[int, str]:
-        return {h.pid: h.key for h in self.executor.active() if h.pid is not None}
+    def _owners(self, sample: Sample) -> dict[int, str]:
+        """GPU process pid -> placement, through the job's session (a job's workers are its children)."""
+        by_group = {h.pgid: h.key for h in self.executor.active() if h.pgid is not None}
+        owners: dict[int, str] = {}
+        for g in sample.gpus:
+            for p in g.processes:
+                key = by_group.get(p.pid)
+                if key is None:
+                    st = procfs.read_stat(p.pid)
+                    key = by_group.get(st.session) or by_group.get(st.pgrp) if st is not None else None
+                if key is not None:
+                    owners[p.pid] = key
+        return owners
 
     def running(self) -> list[dict[str, Any]]:
         return [h.summary() for h in self.executor.active()]

@@ -72,3 +72,28 @@ def test_slices_on_mps_or_exclusive_gpus_are_not_the_watchdogs_business(fake_nvm
     assert ex.handle(key).state == RUNNING
     ex.stop(key, reason="not_desired", grace_s=0)
     ex.wait(key, 10)
+
+
+def test_metrics_attribute_gpu_processes_to_their_placement(fake_nvml, tmp_path):
+    from agent.runtime import Agent
+
+    agent = Agent(node_name="h200", backend=NvmlBackend(), executor=Executor(tmp_path), metrics_interval_s=0)
+    gpu = agent.inventory.gpus[0]
+    job = {
+        "job_id": "m",
+        "attempt": 1,
+        "command": list(py(SLEEPER)),
+        "gpus": [{"uuid": gpu.uuid, "index": 0, "memory_mib": 8192, "sharing": "time_sliced"}],
+    }
+    agent.apply_desired({"version": 1, "jobs": [job]})
+    agent.tick()
+    child = int(wait_for(lambda: agent.executor.tail_log("m:1", "stdout"))[0])
+    fake_nvml.control.set_time(9.0)
+    fake_nvml.control.set_process_memory(0, child, 2048)
+    metrics = [m for m in agent.tick() if m["type"] == "metrics"][-1]["payload"]
+    procs = {p["pid"]: (p["used_mib"], p["placement"]) for p in metrics["gpus"][0]["processes"]}
+    assert procs[child] == (2048, "m:1")
+    assert procs[427] == (21354, None)  # the recorded process belongs to no job here
+    assert metrics["gpus"][0]["util_pct"] == 99
+    agent.executor.stop("m:1", reason="not_desired", grace_s=0)
+    agent.executor.wait("m:1", 10)
