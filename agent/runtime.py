@@ -133,7 +133,7 @@ class Agent:
         self._fenced = False
         self._last_prune = 0.0
         self.inventory = backend.inventory()
-        self.reconciler = Reconciler(executor, known_gpu_uuids={g.uuid for g in self.inventory.gpus})
+        self.reconciler = Reconciler(executor, known_gpu_uuids=self.inventory.device_uuids())
         self.watchdog = MemoryWatchdog(
             executor, tolerance_mib=watchdog_tolerance_mib, grace_s=watchdog_grace_s
         )

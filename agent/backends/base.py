@@ -19,6 +19,16 @@ class MigProfile:
     memory_mib: int
 
 
+@dataclass(frozen=True)
+class MigDevice:
+    """A MIG instance that exists now on a MIG-enabled GPU; jobs address it by its MIG- UUID."""
+
+    uuid: str
+    memory_mib: int
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
 @dataclass
 class GpuInfo:
     index: int
@@ -32,6 +42,7 @@ class GpuInfo:
     mig_mode_current: bool | None = None
     mig_mode_pending: bool | None = None
     mig_profiles: list[MigProfile] = field(default_factory=list)
+    mig_devices: list[MigDevice] = field(default_factory=list)
     power_limit_w: float | None = None
     ecc_enabled: bool | None = None
     compute_mode: int | None = None
@@ -65,6 +76,10 @@ class Inventory:
 
     def gpu_by_uuid(self, uuid: str) -> GpuInfo | None:
         return next((g for g in self.gpus if g.uuid == uuid), None)
+
+    def device_uuids(self) -> set[str]:
+        """Every UUID a job may be placed on: GPUs and their current MIG instances."""
+        return {g.uuid for g in self.gpus} | {m.uuid for g in self.gpus for m in g.mig_devices}
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from agent.backends.base import (
     GpuSample,
     Inventory,
     JobUsageHint,
+    MigDevice,
     MigProfile,
     ProcessUsage,
     Sample,
@@ -139,6 +140,7 @@ class NvmlBackend:
             mig_mode_current=mig_current,
             mig_mode_pending=bool(mig[1] == nv.NVML_DEVICE_MIG_ENABLE) if mig is not None else None,
             mig_profiles=self._mig_profiles(h),
+            mig_devices=self._mig_devices(h) if mig_current else [],
             power_limit_w=limit_mw / 1000 if limit_mw is not None else None,
             ecc_enabled=bool(ecc[0]) if ecc is not None else None,
             compute_mode=self._try(err, "compute_mode", lambda: nv.nvmlDeviceGetComputeMode(h)),
@@ -184,6 +186,32 @@ class NvmlBackend:
                 )
             )
         return profiles
+
+    def _mig_devices(self, h: Any) -> list[MigDevice]:
+        nv = self.nvml
+        try:
+            count = nv.nvmlDeviceGetMaxMigDeviceCount(h)
+        except nv.NVMLError:
+            return []
+        devices = []
+        for i in range(count):
+            try:
+                mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
+            except nv.NVMLError:
+                continue  # no instance in this slot
+            err: dict[str, str] = {}
+            mem = self._try(err, "memory", lambda m=mig: nv.nvmlDeviceGetMemoryInfo(m))
+            devices.append(
+                MigDevice(
+                    uuid=_text(nv.nvmlDeviceGetUUID(mig)),
+                    memory_mib=int(mem.total // _MIB) if mem is not None else 0,
+                    gpu_instance_id=self._try(err, "gi", lambda m=mig: nv.nvmlDeviceGetGpuInstanceId(m)),
+                    compute_instance_id=self._try(
+                        err, "ci", lambda m=mig: nv.nvmlDeviceGetComputeInstanceId(m)
+                    ),
+                )
+            )
+        return devices
 
     def _links(self, gpus: list[GpuInfo]) -> list[GpuLink]:
         nv = self.nvml

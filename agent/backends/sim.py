@@ -105,7 +105,12 @@ class SimBackend:
     def inventory(self) -> Inventory:
         return Inventory(
             backend=self.name,
-            gpus=[GpuInfo(**{**g.__dict__, "mig_profiles": list(g.mig_profiles)}) for g in self._gpus],
+            gpus=[
+                GpuInfo(
+                    **{**g.__dict__, "mig_profiles": list(g.mig_profiles), "mig_devices": list(g.mig_devices)}
+                )
+                for g in self._gpus
+            ],
             links=list(self._links),
             driver_version="sim",
             cuda_driver_version=None,

@@ -105,10 +105,12 @@ def build(
     gpu_count: int | None = None,
     nvlink_pairs: Iterable[tuple[int, int, int]] = (),
     nvswitch_links: int = 0,
+    mig_instances: dict[int, list[int]] | None = None,
 ) -> types.ModuleType:
     """Build the fake module. gpu_count > recorded devices replicates the recorded GPU (new UUIDs and bus
     ids); nvlink_pairs [(a, b, links)] makes up NVLinks between replicas, nvswitch_links N links from every
-    GPU to an NVSwitch (an HGX board), to exercise the topology code."""
+    GPU to an NVSwitch (an HGX board), to exercise the topology code. mig_instances {gpu: [memory MiB, ...]}
+    turns MIG on for that GPU with those instances (the recording had MIG off)."""
     real = _real_pynvml()
     fixture = Path(fixture_dir) if fixture_dir is not None else default_fixture_dir()
     snapshot = json.loads((fixture / "nvml_snapshot.json").read_text())
@@ -125,7 +127,18 @@ def build(
             facts["serial"] = f"{facts['serial']}-{i}"
             facts["pci"]["busId"] = f"00000000:{0x10 + i:02X}:00.0"
         facts["index"] = i
-        devices.append(_Device(i, facts))
+        device = _Device(i, facts)
+        device.mig = []
+        for slot, mib in enumerate((mig_instances or {}).get(i, [])):
+            facts["mig_mode"] = [1, 1]
+            facts["max_mig_devices"] = 7
+            mig_facts = {
+                "uuid": f"MIG-{facts['uuid'][4:-4]}{i:02x}{slot:02x}",
+                "memory_mib": mib,
+                "gi": slot + 1,
+            }
+            device.mig.append(_Device(i, mig_facts))
+        devices.append(device)
     links: dict[int, list[int]] = {}
     for a, b, n in nvlink_pairs:
         links.setdefault(a, []).extend([b] * n)
@@ -236,6 +249,22 @@ def build(
     mod.nvmlDeviceGetPowerManagementLimit = fact("power_limit_mw")
 
     @api
+    def nvmlDeviceGetMigDeviceHandleByIndex(device: Any, index: int) -> _Device:
+        d = dev(device)
+        if index >= len(getattr(d, "mig", [])):
+            fail(real.NVML_ERROR_NOT_FOUND)
+        return d.mig[index]
+
+    @api
+    def nvmlDeviceGetGpuInstanceId(device: Any) -> int:
+        return int(dev(device).facts["gi"])
+
+    @api
+    def nvmlDeviceGetComputeInstanceId(device: Any) -> int:
+        dev(device)
+        return 0
+
+    @api
     def nvmlDeviceGetCudaComputeCapability(handle: Any) -> tuple[int, int]:
         major, minor = recorded_value(dev(handle).facts["cuda_cc"])
         return (major, minor)
@@ -311,6 +340,9 @@ def build(
     @api
     def nvmlDeviceGetMemoryInfo(handle: Any, version: Any = None) -> types.SimpleNamespace:
         d = dev(handle)
+        if "gi" in d.facts:  # a MIG instance: its own memory, idle
+            total = d.facts["memory_mib"] * _MIB
+            return types.SimpleNamespace(total=total, used=0, free=total)
         total = int(d.facts["memory"]["total"])
         used = (now(handle)["mem_used_mib"] + sum(control.processes(d.index).values())) * _MIB
         return types.SimpleNamespace(total=total, used=used, free=max(total - used, 0))

@@ -148,3 +148,19 @@ def test_gpus_behind_an_nvswitch_are_all_linked_to_each_other(h200_dir, monkeypa
     inv = NvmlBackend().inventory()
     assert len(inv.links) == 6
     assert {(link.nvlink_count, link.path, link.p2p_supported) for link in inv.links} == {(18, "NV18", True)}
+
+
+def test_mig_instances_of_a_mig_enabled_gpu_are_listed_and_placeable(h200_dir, monkeypatch, tmp_path):
+    from agent.executor import Executor
+    from agent.runtime import Agent
+
+    mod = fake_pynvml.build(h200_dir, gpu_count=2, mig_instances={1: [16384, 33280]})
+    monkeypatch.setitem(sys.modules, "pynvml", mod)
+    inv = NvmlBackend().inventory()
+    assert inv.gpus[0].mig_mode_current is False and inv.gpus[0].mig_devices == []
+    gpu = inv.gpus[1]
+    assert gpu.mig_mode_current is True and gpu.sharing_mode == "mig"
+    assert [(m.memory_mib, m.gpu_instance_id) for m in gpu.mig_devices] == [(16384, 1), (33280, 2)]
+    assert all(m.uuid.startswith("MIG-") for m in gpu.mig_devices)
+    agent = Agent(node_name="n", backend=NvmlBackend(), executor=Executor(tmp_path))
+    assert gpu.mig_devices[0].uuid in agent.reconciler.known_gpu_uuids
