@@ -174,7 +174,7 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(f"      torch: {obs['torch']}")
         verdict = "limits received" if smoke.get("limits_received") else "limits NOT received"
         if not smoke.get("daemon_available"):
-            verdict += "; not enforced here (no MPS control daemon)"
+            verdict += "; not enforced here: no MPS control daemon"
         elif "memory_limit_enforced" in smoke:
             verdict += "; memory limit " + ("enforced" if smoke["memory_limit_enforced"] else "NOT enforced")
         lines.append(

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 
@@ -50,6 +51,10 @@ def cmd_run(config: AgentConfig) -> int:
         watchdog_grace_s=config.watchdog_grace_s,
         fence_after_s=config.fence_after_s,
     )
+    if config.backend == "nvml" and os.environ.get("TESSERA_FAKE_NVML"):
+        logging.getLogger("tessera.agent").warning(
+            "TESSERA_FAKE_NVML is set: GPU readings come from the recorded fixture, not from this host"
+        )
     logging.getLogger("tessera.agent").info(
         "node %s: %d GPU(s) via %s, portal %s, work dir %s",
         config.node_name,
