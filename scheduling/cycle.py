@@ -316,11 +316,12 @@ def _job_nodes(job_id: int) -> set[str]:
     return set(Slice.objects.filter(job_id=job_id).values_list("gpu__node__name", flat=True))
 
 
-def _fault_point(name: str) -> None:
-    """Test-only fault injection: TESSERA_FAULT_<NAME>_DELAY_S pauses the cycle here (to kill it mid-write)."""
+def _fault_point(name: str, detail: str = "") -> None:
+    """Fault injection for the failure tests: TESSERA_FAULT_<NAME>_DELAY_S pauses the cycle here, inside its
+    transaction, so a test can kill the worker mid-write. Unset (always, in production) it does nothing."""
     delay = float(os.environ.get(f"TESSERA_FAULT_{name.upper()}_DELAY_S", "0") or 0)
     if delay > 0:
-        log.warning("fault injection: pausing %.1f s at %s", delay, name)
+        log.warning("fault injection: pausing %.1f s at %s %s", delay, name, detail)
         time.sleep(delay)
 
 
@@ -394,8 +395,6 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
             result.evicted.append(job.pk)
             result.nodes_changed |= on_nodes
 
-        _fault_point("apply")
-
         gpus = {
             (g.node.name, g.index): g
             for g in Gpu.objects.select_related("node").filter(node__name__in=placement_nodes)
@@ -424,7 +423,8 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
         result.pending_updated = _write_pending(
             decisions, placed=set(result.placed), conflicts=result.conflicts
         )
-        _fault_point("commit")
+        if result.placed or result.evicted:
+            _fault_point("commit", f"with placements {result.placed} and evictions {result.evicted} written")
         for name in sorted(result.nodes_changed):
             events.node_desired_state_changed(node_name=name)
     return result

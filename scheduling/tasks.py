@@ -75,7 +75,14 @@ def cycle_request() -> None:
 
 
 def cycle_request_after_commit() -> None:
-    """Request a cycle once the surrounding transaction commits (so the cycle sees the write)."""
+    """Request a cycle once the surrounding transaction commits (so the cycle sees the write).
+
+    Once per transaction: a transaction that submits a hundred jobs asks once. A request registered inside a
+    savepoint that rolls back is dropped by Django from this list, so a later write still registers its own.
+    """
+    conn = transaction.get_connection()
+    if conn.in_atomic_block and any(entry[1] is cycle_request for entry in conn.run_on_commit):
+        return
     transaction.on_commit(cycle_request)
 
 

@@ -11,7 +11,7 @@ from decimal import Decimal
 import pytest
 from django.conf import settings
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
 
 from tests.pipeline.harness import NODE_LOST_AFTER_S, Cluster, wait_for
 
@@ -69,7 +69,7 @@ def _seed(cluster: Cluster) -> dict:
     return {"alice": alice, "team": lab}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def cluster(django_db_setup, django_db_blocker, tmp_path_factory):
     if not settings.REDIS_URL or connection.vendor != "postgresql":
         pytest.skip(
@@ -144,8 +144,9 @@ def pipe(cluster, django_db_blocker, request):
         yield cluster
         if getattr(request.node, "pipeline_failed", False):
             print(cluster.logs())
-        for job in Job.objects.filter(state__in=LIVE_STATES):
-            job_cancel(job=job, actor=None)
+        with transaction.atomic():  # one commit: no cycle hands the freed GPUs to a job about to be cancelled
+            for job in Job.objects.filter(state__in=LIVE_STATES):
+                job_cancel(job=job, actor=None)
         wait_for(
             "the GPUs to be free again",
             lambda: not Gpu.objects.filter(allocated_memory_mib__gt=0).exists(),
