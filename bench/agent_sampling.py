@@ -138,6 +138,70 @@ def bench_tick(gpus: int, seconds: int, burst: int) -> dict[str, Any]:
         return _measure(agent.tick, seconds=seconds, burst=burst)
 
 
+def _proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def bench_agent_process(gpus: int, seconds: int, fixture: Path) -> dict[str, Any]:
+    """A whole `tessera-agent run` process (fake NVML, 8 GPUs) connected to a local websocket portal: its own
+    CPU time over `seconds` once it is up (sampling, metrics and heartbeats sent, asyncio and websockets)."""
+    import asyncio
+
+    from websockets.asyncio.server import serve
+
+    from agent import protocol
+
+    async def run() -> dict[str, Any]:
+        received = {"metrics": 0, "heartbeat": 0}
+        up = asyncio.Event()
+
+        async def handler(ws):
+            async for text in ws:
+                msg = protocol.decode(text)
+                received[msg["type"]] = received.get(msg["type"], 0) + 1
+                if msg["type"] in protocol.RELIABLE:
+                    await ws.send(protocol.encode(protocol.ack(msg["id"])))
+                if msg["type"] == "hello":
+                    await ws.send(
+                        protocol.encode(protocol.message("desired_state", {"version": 1, "jobs": []}))
+                    )
+                if msg["type"] == "metrics":
+                    up.set()
+
+        with tempfile.TemporaryDirectory() as wd:
+            token = Path(wd) / "token"
+            token.write_text("bench")
+            async with serve(handler, "127.0.0.1", 0) as server:
+                port = server.sockets[0].getsockname()[1]
+                env = {**os.environ, "TESSERA_FAKE_NVML": str(fixture), "TESSERA_FAKE_NVML_GPUS": str(gpus)}
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "agent.cli", "run", "--portal", f"http://127.0.0.1:{port}",
+                    "--token-file", str(token), "--node", "bench", "--backend", "nvml", "--work-dir", wd,
+                    cwd=str(REPO), env=env, stderr=asyncio.subprocess.DEVNULL,
+                )  # fmt: skip
+                try:
+                    await asyncio.wait_for(up.wait(), 60)
+                    before = dict(received)
+                    cpu0, t0 = _proc_cpu_s(proc.pid), time.perf_counter()
+                    await asyncio.sleep(seconds)
+                    cpu, wall = _proc_cpu_s(proc.pid) - cpu0, time.perf_counter() - t0
+                finally:
+                    proc.terminate()
+                    await proc.wait()
+        return {
+            "wall_s": round(wall, 2),
+            "process_cpu_s": round(cpu, 3),
+            "cpu_s_per_wall_s": round(cpu / wall, 5),
+            "cpu_pct_of_one_core": round(100 * cpu / wall, 3),
+            "metrics_messages": received["metrics"] - before["metrics"],
+            "heartbeats": received["heartbeat"] - before["heartbeat"],
+            "note": "CPU ticks from /proc (10 ms resolution); fake NVML cost included",
+        }
+
+    return asyncio.run(run())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -148,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fixture", type=Path, default=None, help="NVML fixture dir (../shared/fixtures/nvml-h200)"
     )
+    parser.add_argument("--no-process", action="store_true", help="skip the whole-agent-process measurement")
     parser.add_argument("--json", action="store_true", help="JSON only (the default output is JSON too)")
     args = parser.parse_args(argv)
     fixture = args.fixture or fake_pynvml.default_fixture_dir()
@@ -159,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     results["sim"] = bench_sim(args.gpus, args.seconds, args.burst)
     results["agent_tick_sim"] = bench_tick(args.gpus, args.seconds, args.burst)
     results["nvml_real"] = bench_real_nvml(args.gpus, args.seconds, args.burst)
+    if (fixture / "nvml_snapshot.json").exists() and not args.no_process:
+        results["agent_process_fake_nvml"] = bench_agent_process(args.gpus, max(args.seconds, 10), fixture)
     out = {
         "bench": "agent_sampling",
         "gpus": args.gpus,
