@@ -11,7 +11,7 @@ import random
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,8 +33,14 @@ from scheduling.engine.resources import (
     allocate_on_node,
     charge_of,
     choose_whole,
+    compute_cap_milli,
+    gpu_is_free,
+    gpu_matches,
+    gpu_with,
     job_host_on,
     node_fits,
+    node_with,
+    release_many,
     release_on_node,
     slice_fits_gpu,
     whole_assignments,
@@ -50,6 +56,7 @@ from scheduling.engine.types import (
     Placement,
     Request,
     Reservation,
+    Sharing,
     Snapshot,
     Status,
 )
@@ -126,6 +133,16 @@ def run_cycle(snapshot: Snapshot, profile: Profile) -> Decisions:
 
 
 @dataclass(slots=True)
+class _Holding:
+    """What one running job holds on one node."""
+
+    job: Job
+    assignments: list[Assignment]
+    cpu_milli: int
+    memory_mib: int
+
+
+@dataclass(slots=True)
 class _Held:
     """A reservation's hold on one node."""
 
@@ -149,22 +166,22 @@ def _overlay(real: Node, holds: list[_Held]) -> Node:
         for a in h.assignments:
             i = pos[a.gpu_index]
             g = gpus[i]
-            whole = a.compute_milli >= WHOLE_GPU_MILLI and a.memory_mib >= g.memory_mib
-            gpus[i] = replace(
-                g,
-                allocated_memory_mib=g.memory_mib
-                if whole
-                else min(g.memory_mib, g.allocated_memory_mib + a.memory_mib),
-                allocated_compute_milli=max(g.allocated_compute_milli, WHOLE_GPU_MILLI)
-                if whole
-                else g.allocated_compute_milli + a.compute_milli,
-                holders=g.holders + 1,
-            )
-    return replace(
+            if a.compute_milli >= WHOLE_GPU_MILLI and a.memory_mib >= g.memory_mib:
+                gpus[i] = gpu_with(
+                    g, g.memory_mib, max(g.allocated_compute_milli, WHOLE_GPU_MILLI), g.holders + 1
+                )
+            else:
+                gpus[i] = gpu_with(
+                    g,
+                    min(g.memory_mib, g.allocated_memory_mib + a.memory_mib),
+                    g.allocated_compute_milli + a.compute_milli,
+                    g.holders + 1,
+                )
+    return node_with(
         real,
-        gpus=tuple(gpus),
-        allocated_cpu_milli=min(real.cpu_milli, real.allocated_cpu_milli + cpu),
-        allocated_memory_mib=min(real.memory_mib, real.allocated_memory_mib + mem),
+        tuple(gpus),
+        min(real.cpu_milli, real.allocated_cpu_milli + cpu),
+        min(real.memory_mib, real.allocated_memory_mib + mem),
     )
 
 
@@ -227,7 +244,8 @@ class _Cycle:
         self.est_start: dict[str, float] = {}
         self.evicted: set[str] = set()
         self._pos_of: dict[str, int] | None = None
-        self._by_pos: dict[int, list[Job]] | None = None
+        self._by_pos: dict[int, list[_Holding]] | None = None
+        self._reason_cache: dict[tuple, Status | None] = {}
 
     def param(self, name: str) -> Any:
         return self.profile.params.get(name, DEFAULT_PARAMS.get(name))
@@ -303,6 +321,7 @@ class _Cycle:
     def _allocate(self, queue: list[Job], *, reserve: bool) -> None:
         max_res = int(self.param("reservations_max") or 0) if reserve else 0
         min_prio = self.param("reservation_min_priority")
+        attempts = 0
         for job in queue:
             if job.id in self.status:
                 continue
@@ -311,7 +330,9 @@ class _Cycle:
             if job.id in self.status:  # refused by quota at its exact charge
                 continue
             self.blocked.add(job.id)
-            if len(self.reservations) < max_res and (min_prio is None or job.priority >= min_prio):
+            if attempts < max_res and (min_prio is None or job.priority >= min_prio):
+                # Only the first blocked jobs reserve: each estimate may walk every running job's end.
+                attempts += 1
                 self._reserve(job)
 
     def _evaluator(self, job: Job) -> Callable[[int], tuple[bool, float]]:
@@ -381,10 +402,19 @@ class _Cycle:
 
     def _choose(self, job: Job) -> list[tuple[int, Node]] | None:
         """The nodes (best score first, ties to snapshot order) the job would take, with the view to plan on."""
-        ok, score = self._feasible(job)
         extra = self._backfill_views(job)
         nodes = self.index.nodes
         want = job.request.nodes
+        if want <= 1 and not extra and not (self.plugins.live_filters or self.plugins.live_scores):
+            # The common case: the memo remembers its best node until a node changes.
+            memo = self.index.memo(job.request, self._evaluator(job))
+            if memo.best is False:
+                if memo.ok.any():
+                    memo.best = int(np.argmax(np.where(memo.ok, memo.score, NEG_INF)))
+                else:
+                    memo.best = None
+            return None if memo.best is None else [(memo.best, nodes[memo.best])]
+        ok, score = self._feasible(job)
         if want <= 1:
             masked = np.where(ok, score, NEG_INF)
             pos = int(np.argmax(masked)) if len(masked) else 0
@@ -533,12 +563,13 @@ class _Cycle:
 
         ok, _ = self._feasible(job)
         fitting: set[int] = set(np.flatnonzero(ok).tolist())
+        static = self.index.static(req)
         start = None
         for end, _, assignments, running in self._end_events():
             touched: dict[int, list[Assignment]] = {}
             for a in assignments:
                 pos = self.pos_of(a.node)
-                if pos is not None:
+                if pos is not None and static[pos]:
                     touched.setdefault(pos, []).append(a)
             for pos, assigns in touched.items():
                 cpu, mem = job_host_on(running, self.index.names[pos])
@@ -586,35 +617,60 @@ class _Cycle:
             self.index.set(pos, _overlay(real, kept), consumed_only=False)
 
     # -- reclaim and preempt (post-filter) -------------------------------------------------------------------
-    def _running_by_pos(self) -> dict[int, list[Job]]:
+    def _running_by_pos(self) -> dict[int, list[_Holding]]:
+        """Node position -> what each running job holds there (built once, only when eviction is considered)."""
         if self._by_pos is None:
-            by_pos: dict[int, list[Job]] = {}
+            by_pos: dict[int, dict[str, _Holding]] = {}
+            names = self.index.names
             for job in self.snap.running:
-                seen = set()
                 for a in job.assignments:
                     pos = self.pos_of(a.node)
-                    if pos is not None and pos not in seen:
-                        seen.add(pos)
-                        by_pos.setdefault(pos, []).append(job)
+                    if pos is None:
+                        continue
+                    held = by_pos.setdefault(pos, {}).get(job.id)
+                    if held is None:
+                        cpu, mem = job_host_on(job, names[pos])
+                        held = by_pos[pos][job.id] = _Holding(job, [], cpu, mem)
+                    held.assignments.append(a)
                 for name in job.cpu_assignments:
                     pos = self.pos_of(name)
-                    if pos is not None and pos not in seen:
-                        seen.add(pos)
-                        by_pos.setdefault(pos, []).append(job)
-            self._by_pos = by_pos
+                    if pos is not None and job.id not in by_pos.setdefault(pos, {}):
+                        cpu, mem = job_host_on(job, name)
+                        by_pos[pos][job.id] = _Holding(job, [], cpu, mem)
+            # Only what may ever be evicted: preemptible and past the minimum runtime; lowest priority first.
+            now = self.snap.now
+            min_runtime_s = float(self.param("min_runtime_s") or 0.0)
+
+            def evictable(v: _Holding) -> bool:
+                started = v.job.start_time
+                return v.job.preemptible and (started is None or now - started >= min_runtime_s)
+
+            self._by_pos = {}
+            for pos, held in by_pos.items():
+                victims = sorted(
+                    (v for v in held.values() if evictable(v)), key=lambda v: (v.job.priority, v.job.id)
+                )
+                if victims:
+                    self._by_pos[pos] = victims
         return self._by_pos
 
-    def _victim_rule(self, job: Job, mode: str) -> Callable[[Job], bool] | None:
-        now = self.snap.now
-        min_runtime_s = float(self.param("min_runtime_s") or 0.0)
-
-        def old_enough(v: Job) -> bool:
-            return v.start_time is None or now - v.start_time >= min_runtime_s
-
+    def _victim_rule(self, job: Job, mode: str) -> Callable[[list[_Holding]], list[_Holding]] | None:
+        """Picks, from a node's evictable holdings (preemptible, past the minimum runtime, lowest priority first),
+        those this job may evict: lower priority ones (preempt), or other teams' borrowed ones (reclaim)."""
+        evicted = self.evicted
         if mode == "preempt":
-            return lambda v: (
-                v.preemptible and v.priority < job.priority and v.id not in self.evicted and old_enough(v)
-            )
+            priority = job.priority
+
+            def lower(held: list[_Holding]) -> list[_Holding]:
+                out = []
+                for v in held:
+                    if v.job.priority >= priority:
+                        break
+                    if v.job.id not in evicted:
+                        out.append(v)
+                return out
+
+            return lower
         quota = self.snap.quotas.get(job.team)
         if quota is None:
             return None
@@ -622,9 +678,9 @@ class _Cycle:
         if not within_guarantee(quota, used, min_charge(job.request)):
             return None
         team = job.team
-        return lambda v: (
-            v.preemptible and v.borrowed and v.team != team and v.id not in self.evicted and old_enough(v)
-        )
+        return lambda held: [
+            v for v in held if v.job.borrowed and v.job.team != team and v.job.id not in evicted
+        ]
 
     def _work_lost(self, v: Job) -> float:
         """GPU-seconds of progress an eviction throws away (running time x cards held)."""
@@ -632,33 +688,73 @@ class _Cycle:
         _, comp = charge_of(v.assignments)
         return max(0.0, ran) * max(comp, 1) / WHOLE_GPU_MILLI
 
-    def _release_all(self, pos: int, base: Node, victims: list[Job]) -> Node:
-        node = base
-        name = self.index.names[pos]
-        for v in victims:
-            assigns = tuple(a for a in v.assignments if a.node == name)
-            cpu, mem = job_host_on(v, name) if (assigns or name in v.cpu_assignments) else (0, 0)
-            node = release_on_node(node, assigns, cpu, mem)
+    def _release_all(self, pos: int, base: Node, victims: list[_Holding]) -> Node:
+        node = release_many(base, [(tuple(v.assignments), v.cpu_milli, v.memory_mib) for v in victims])
         return _overlay(node, self.holds.get(pos, []))
 
-    def _victims_on(self, job: Job, pos: int, eligible: list[Job]) -> tuple[tuple, list[Job]] | None:
+    def _could_fit(self, job: Job, pos: int, victims: list[_Holding]) -> bool:
+        """A cheap necessary condition for the job fitting on the node once all these victims are gone."""
+        req = job.request
+        node = self.index.nodes[pos]
+        cpu = node.free_cpu_milli + sum(v.cpu_milli for v in victims)
+        mem = node.free_memory_mib + sum(v.memory_mib for v in victims)
+        if cpu < req.cpu_milli or mem < req.memory_mib:
+            return False
+        if not req.uses_gpu:
+            return True
+        freed: dict[int, list[int]] = {}
+        for v in victims:
+            for a in v.assignments:
+                row = freed.setdefault(a.gpu_index, [0, 0, 0])
+                row[0] += 1
+                row[1] += a.memory_mib
+                row[2] += a.compute_milli
+        if req.gpus:
+            count = 0
+            for g in node.gpus:
+                if gpu_matches(req, g):
+                    row = freed.get(g.index)
+                    if gpu_is_free(g) or (row is not None and row[0] >= g.holders):
+                        count += 1
+            return count >= req.gpus
+        for g in node.gpus:
+            if g.sharing is Sharing.EXCLUSIVE or not gpu_matches(req, g):
+                continue
+            row = freed.get(g.index, (0, 0, 0))
+            free_mem = g.memory_mib - g.allocated_memory_mib + row[1]
+            free_comp = compute_cap_milli(g, self.factor) - g.allocated_compute_milli + row[2]
+            if free_mem >= req.gpu_memory_mib and free_comp >= req.gpu_compute_milli:
+                return True
+        return False
+
+    def _victims_on(
+        self, job: Job, pos: int, eligible: list[_Holding]
+    ) -> tuple[tuple, list[_Holding]] | None:
         """The cheapest victim set on one node that lets the job fit there: greedy, then drop the unneeded."""
+        if not self._could_fit(job, pos, eligible):
+            return None
         base = self._real_node(pos)
         if not self._node_ok(job, self._release_all(pos, base, eligible)):
             return None
-        order = sorted(eligible, key=lambda v: (v.priority, self._work_lost(v), v.id))
-        chosen: list[Job] = []
+        order = sorted(eligible, key=lambda v: (v.job.priority, self._work_lost(v.job), v.job.id))
+        chosen: list[_Holding] = []
+        node = base
         for v in order:
             chosen.append(v)
-            if self._node_ok(job, self._release_all(pos, base, chosen)):
+            node = release_on_node(node, tuple(v.assignments), v.cpu_milli, v.memory_mib)
+            if self._node_ok(job, _overlay(node, self.holds.get(pos, []))):
                 break
-        for v in list(reversed(chosen)):
+        for v in list(reversed(chosen)) if len(chosen) > 1 else ():
             trial = [c for c in chosen if c is not v]
             if self._node_ok(job, self._release_all(pos, base, trial)):
                 chosen = trial
         if not chosen:
             return (-1, 0.0, 0), []
-        cost = (max(v.priority for v in chosen), sum(self._work_lost(v) for v in chosen), len(chosen))
+        cost = (
+            max(v.job.priority for v in chosen),
+            sum(self._work_lost(v.job) for v in chosen),
+            len(chosen),
+        )
         return cost, chosen
 
     def _post_filter(self, queue: list[Job], *, mode: str) -> None:
@@ -680,14 +776,14 @@ class _Cycle:
             if not self._evict_for(job, rule, code):
                 failed.add(key)
 
-    def _evict_for(self, job: Job, rule: Callable[[Job], bool], code: str) -> bool:
+    def _evict_for(self, job: Job, rule: Callable[[list[_Holding]], list[_Holding]], code: str) -> bool:
         req = job.request
         static = self.index.static(req)
-        candidates: list[tuple[tuple, int, list[Job]]] = []
-        for pos, jobs in sorted(self._running_by_pos().items()):
+        candidates: list[tuple[tuple, int, list[_Holding]]] = []
+        for pos, held in sorted(self._running_by_pos().items()):
             if not static[pos]:
                 continue
-            eligible = [v for v in jobs if v.id not in self.evicted and rule(v)]
+            eligible = rule(held)
             if not eligible:
                 continue
             found = self._victims_on(job, pos, eligible)
@@ -710,7 +806,7 @@ class _Cycle:
         victims_by_id: dict[str, Job] = {}
         for _, victims in picked:
             for v in victims:
-                victims_by_id.setdefault(v.id, v)
+                victims_by_id.setdefault(v.job.id, v.job)
         if not any(victims_by_id.values()) and req.nodes <= 1:
             return False
         stmt = _Statement(self)
@@ -785,6 +881,12 @@ class _Cycle:
         """If the job would fit but for a reservation, say whose and until when."""
         if not self.holds or job.id not in self.blocked:
             return None
+        key = (job.request, "reserved")
+        if key not in self._reason_cache:
+            self._reason_cache[key] = self._reserved_reason_for(job)
+        return self._reason_cache[key]
+
+    def _reserved_reason_for(self, job: Job) -> Status | None:
         for pos in sorted(self.holds):
             if self._node_ok(job, self.real[pos]):
                 first = min(self.holds[pos], key=lambda h: h.start)

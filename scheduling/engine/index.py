@@ -17,9 +17,11 @@ from scheduling.engine.resources import compute_cap_milli, gpu_is_free
 from scheduling.engine.types import Health, Node, Request, Sharing
 
 NEG_INF = float("-inf")
-_MAX_SHAPES = (
-    500_000  # past this the memos are dropped and rebuilt (a long-lived process must not grow forever)
-)
+# Past this many shapes the memos are dropped and rebuilt (a long-lived process must not grow forever).
+_MAX_SHAPES = 500_000
+_MAX_LOG = 1_000_000
+# Below this many node changes a memo catches up position by position instead of through whole arrays.
+_FEW_CHANGES = 32
 
 
 def shape_key(node: Node) -> tuple:
@@ -84,12 +86,14 @@ def only_consumed(old: Node, new: Node) -> bool:
 class RequestMemo:
     """For one request: which positions fit, their cached score, and the node version each verdict is for."""
 
-    __slots__ = ("ok", "score", "ver")
+    __slots__ = ("ok", "score", "ver", "clock", "best")
 
     def __init__(self, n: int):
         self.ok = np.zeros(n, dtype=bool)
         self.score = np.zeros(n, dtype=np.float64)
         self.ver = np.full(n, -1, dtype=np.int64)
+        self.clock = -1  # the index clock this memo is up to date with
+        self.best: int | None | bool = False  # cached best position (None: nowhere); False: not computed
 
 
 class NodeIndex:
@@ -122,6 +126,8 @@ class NodeIndex:
         self.card_mem = np.zeros(n, dtype=np.int64)
         self.cc = np.zeros(n, dtype=np.int64)
         self.clock = 1
+        self.base_clock = 1
+        self.log: list[int] = []  # log[k]: the position whose change moved the clock to base_clock + k + 1
         self.memos.clear()
         for pos, node in enumerate(nodes):
             self._summarise(pos, node)
@@ -178,6 +184,10 @@ class NodeIndex:
         if int(self.shape[pos]) == old_shape:
             return
         self.clock += 1
+        if len(self.log) > _MAX_LOG:
+            self.log = []
+            self.base_clock = self.clock - 1  # memos older than this catch up through whole arrays
+        self.log.append(pos)
         self.ver[pos] = self.clock
         if consumed_only is None:
             consumed_only = only_consumed(old, node)
@@ -253,9 +263,29 @@ class NodeIndex:
         memo = self.memos.get(req)
         if memo is None:
             memo = self.memos[req] = RequestMemo(len(self.nodes))
-        stale = memo.ver != self.ver
-        if not stale.any():
+        if memo.clock == self.clock:
             return memo
+        memo.best = False
+        behind = self.clock - memo.clock
+        if memo.clock >= self.base_clock and behind <= _FEW_CHANGES:
+            # Few changes since the last look: visit just those positions instead of whole arrays.
+            start = memo.clock - self.base_clock
+            for pos in sorted(set(self.log[start:])):
+                ver = int(self.ver[pos])
+                if memo.ver[pos] == ver:
+                    continue
+                if not memo.ok[pos] and self.rel_ver[pos] <= memo.ver[pos]:
+                    memo.ver[pos] = ver
+                    continue
+                key = (req, int(self.shape[pos]))
+                verdict = self.verdicts.get(key)
+                if verdict is None:
+                    verdict = self.verdicts[key] = evaluate(pos)
+                memo.ok[pos], memo.score[pos] = verdict
+                memo.ver[pos] = ver
+            memo.clock = self.clock
+            return memo
+        stale = memo.ver != self.ver
         # A node that did not fit and has only lost capacity since still does not fit.
         still_out = stale & ~memo.ok & (self.rel_ver <= memo.ver)
         look = stale & ~still_out
@@ -271,4 +301,5 @@ class NodeIndex:
                     verdict = verdicts[key] = evaluate(pos)
                 memo.ok[pos], memo.score[pos] = verdict
         memo.ver[stale] = self.ver[stale]
+        memo.clock = self.clock
         return memo

@@ -5,7 +5,9 @@ Every filter, score, the session ledger and the pending reasons use these functi
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields
+from functools import lru_cache
+from operator import attrgetter
 
 from scheduling.engine.types import (
     WHOLE_GPU_MILLI,
@@ -106,18 +108,23 @@ def free_whole_positions(req: Request, node: Node) -> list[int]:
     return [i for i, g in enumerate(node.gpus) if gpu_is_free(g) and gpu_matches(req, g)]
 
 
-def nvlink_neighbours(node: Node) -> dict[int, set[int]]:
+def nvlink_neighbours(node: Node) -> dict[int, frozenset[int]]:
     """GPU position -> positions it has an NVLink to."""
-    pos = {g.index: i for i, g in enumerate(node.gpus)}
-    nbrs: dict[int, set[int]] = {i: set() for i in range(len(node.gpus))}
-    for a, b in node.nvlink:
+    return _neighbours(node.nvlink, tuple(g.index for g in node.gpus))
+
+
+@lru_cache(maxsize=4096)
+def _neighbours(nvlink: frozenset[tuple[int, int]], indexes: tuple[int, ...]) -> dict[int, frozenset[int]]:
+    pos = {index: i for i, index in enumerate(indexes)}
+    nbrs: dict[int, set[int]] = {i: set() for i in range(len(indexes))}
+    for a, b in nvlink:
         if a in pos and b in pos:
             nbrs[pos[a]].add(pos[b])
             nbrs[pos[b]].add(pos[a])
-    return nbrs
+    return {i: frozenset(v) for i, v in nbrs.items()}
 
 
-def components(positions: list[int], nbrs: dict[int, set[int]]) -> list[list[int]]:
+def components(positions: list[int], nbrs: dict[int, frozenset[int]]) -> list[list[int]]:
     """Connected NVLink islands among the given cards, each sorted, in order of their lowest card."""
     left = set(positions)
     out: list[list[int]] = []
@@ -137,7 +144,7 @@ def components(positions: list[int], nbrs: dict[int, set[int]]) -> list[list[int
     return out
 
 
-def _first_clique(cands: list[int], n: int, nbrs: dict[int, set[int]]) -> tuple[int, ...] | None:
+def _first_clique(cands: list[int], n: int, nbrs: dict[int, frozenset[int]]) -> tuple[int, ...] | None:
     """The lexicographically first set of n cards that are pairwise NVLink-connected."""
     if n <= 1:
         return tuple(cands[:n]) if len(cands) >= n else None
@@ -157,7 +164,7 @@ def _first_clique(cands: list[int], n: int, nbrs: dict[int, set[int]]) -> tuple[
     return extend([], cands)
 
 
-def largest_clique(cands: list[int], nbrs: dict[int, set[int]]) -> int:
+def largest_clique(cands: list[int], nbrs: dict[int, frozenset[int]]) -> int:
     """Size of the largest all-pairwise NVLink set among the cards (cards are few per node)."""
     best = min(1, len(cands))
     for size in range(len(cands), 1, -1):
@@ -242,50 +249,107 @@ def whole_assignments(node: Node, positions: tuple[int, ...]) -> tuple[Assignmen
     )
 
 
+# Fast copies with a few fields changed: dataclasses.replace is the engine's hottest call otherwise.
+_GPU_FIELDS = tuple(f.name for f in fields(Gpu))
+_NODE_FIELDS = tuple(f.name for f in fields(Node))
+_gpu_values = attrgetter(*_GPU_FIELDS)
+_node_values = attrgetter(*_NODE_FIELDS)
+_G_MEM, _G_COMP, _G_HOLDERS = (
+    _GPU_FIELDS.index("allocated_memory_mib"),
+    _GPU_FIELDS.index("allocated_compute_milli"),
+    _GPU_FIELDS.index("holders"),
+)
+_N_GPUS, _N_CPU, _N_MEM = (
+    _NODE_FIELDS.index("gpus"),
+    _NODE_FIELDS.index("allocated_cpu_milli"),
+    _NODE_FIELDS.index("allocated_memory_mib"),
+)
+
+
+def gpu_with(gpu: Gpu, memory_mib: int, compute_milli: int, holders: int) -> Gpu:
+    """The card with a different ledger."""
+    values = list(_gpu_values(gpu))
+    values[_G_MEM], values[_G_COMP], values[_G_HOLDERS] = memory_mib, compute_milli, holders
+    return Gpu(*values)
+
+
+def node_with(node: Node, gpus: tuple[Gpu, ...], cpu_milli: int, memory_mib: int) -> Node:
+    """The node with other cards and a different host ledger."""
+    values = list(_node_values(node))
+    values[_N_GPUS], values[_N_CPU], values[_N_MEM] = gpus, cpu_milli, memory_mib
+    return Node(*values)
+
+
+def _card_positions(node: Node) -> dict[int, int]:
+    return {g.index: i for i, g in enumerate(node.gpus)}
+
+
 def allocate_on_node(
     node: Node, assignments: tuple[Assignment, ...], cpu_milli: int, memory_mib: int
 ) -> Node:
     """The node after a job takes these GPUs (whole or slices) and host resources."""
     gpus = list(node.gpus)
-    pos = {g.index: i for i, g in enumerate(gpus)}
+    pos = _card_positions(node)
     for a in assignments:
         i = pos[a.gpu_index]
         g = gpus[i]
-        gpus[i] = replace(
+        gpus[i] = gpu_with(
             g,
-            allocated_memory_mib=g.allocated_memory_mib + a.memory_mib,
-            allocated_compute_milli=g.allocated_compute_milli + a.compute_milli,
-            holders=g.holders + 1,
+            g.allocated_memory_mib + a.memory_mib,
+            g.allocated_compute_milli + a.compute_milli,
+            g.holders + 1,
         )
-    return replace(
-        node,
-        gpus=tuple(gpus),
-        allocated_cpu_milli=node.allocated_cpu_milli + cpu_milli,
-        allocated_memory_mib=node.allocated_memory_mib + memory_mib,
+    return node_with(
+        node, tuple(gpus), node.allocated_cpu_milli + cpu_milli, node.allocated_memory_mib + memory_mib
     )
 
 
 def release_on_node(node: Node, assignments: tuple[Assignment, ...], cpu_milli: int, memory_mib: int) -> Node:
     """The node after a job gives back what it held on it (never below zero, so a stale ledger cannot go negative)."""
     gpus = list(node.gpus)
-    pos = {g.index: i for i, g in enumerate(gpus)}
+    pos = _card_positions(node)
     for a in assignments:
         i = pos.get(a.gpu_index)
         if i is None:
             continue
         g = gpus[i]
-        gpus[i] = replace(
+        gpus[i] = gpu_with(
             g,
-            allocated_memory_mib=max(0, g.allocated_memory_mib - a.memory_mib),
-            allocated_compute_milli=max(0, g.allocated_compute_milli - a.compute_milli),
-            holders=max(0, g.holders - 1),
+            max(0, g.allocated_memory_mib - a.memory_mib),
+            max(0, g.allocated_compute_milli - a.compute_milli),
+            max(0, g.holders - 1),
         )
-    return replace(
+    return node_with(
         node,
-        gpus=tuple(gpus),
-        allocated_cpu_milli=max(0, node.allocated_cpu_milli - cpu_milli),
-        allocated_memory_mib=max(0, node.allocated_memory_mib - memory_mib),
+        tuple(gpus),
+        max(0, node.allocated_cpu_milli - cpu_milli),
+        max(0, node.allocated_memory_mib - memory_mib),
     )
+
+
+def release_many(node: Node, holdings: list[tuple[tuple[Assignment, ...], int, int]]) -> Node:
+    """The node after several jobs give back (assignments, cpu_milli, memory_mib) each, in one copy."""
+    if not holdings:
+        return node
+    gpus = list(node.gpus)
+    pos = _card_positions(node)
+    cpu = node.allocated_cpu_milli
+    mem = node.allocated_memory_mib
+    for assignments, cpu_milli, memory_mib in holdings:
+        cpu -= cpu_milli
+        mem -= memory_mib
+        for a in assignments:
+            i = pos.get(a.gpu_index)
+            if i is None:
+                continue
+            g = gpus[i]
+            gpus[i] = gpu_with(
+                g,
+                max(0, g.allocated_memory_mib - a.memory_mib),
+                max(0, g.allocated_compute_milli - a.compute_milli),
+                max(0, g.holders - 1),
+            )
+    return node_with(node, tuple(gpus), max(0, cpu), max(0, mem))
 
 
 def job_host_on(job: Job, node_name: str) -> tuple[int, int]:

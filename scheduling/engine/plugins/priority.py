@@ -6,13 +6,16 @@ from scheduling.engine.framework import CycleContext
 from scheduling.engine.types import Job
 
 NAME = "priority"
+_KEY = "priority.age_boost"
 
 
 def queue_priority(ctx: CycleContext, job: Job) -> float:
     """The job's priority plus one level per `age_boost_interval_s` waited, at most `age_boost_max` levels.
     The boost orders the queue only; preemption compares real priorities."""
-    interval = ctx.param("age_boost_interval_s", 3600.0)
-    cap = ctx.param("age_boost_max", 10)
+    knobs = ctx.cache.get(_KEY)
+    if knobs is None:
+        knobs = ctx.cache[_KEY] = (ctx.param("age_boost_interval_s", 3600.0), ctx.param("age_boost_max", 10))
+    interval, cap = knobs
     if not interval or not cap:
         return job.priority
     waited = max(0.0, ctx.snapshot.now - job.submit_time)
