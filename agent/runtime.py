@@ -125,8 +125,8 @@ class Agent:
         self.heartbeat_s = heartbeat_s
         self.ack_timeout_s = ack_timeout_s
         self.log_tail_lines = log_tail_lines
-        # Without word from the portal for this long, stop every job: the portal may have declared this node
-        # lost and placed its jobs elsewhere. Keep it below the portal's node-lost timeout. None: never.
+        # Without a connection to the portal for this long, stop every job: the portal may have declared this
+        # node lost and placed its jobs elsewhere. Keep it below the portal's node-lost timeout. None: never.
         self.fence_after_s = fence_after_s
         self.retention_s = retention_s
         self._last_contact = time.monotonic()
@@ -151,12 +151,15 @@ class Agent:
         self._health: dict[str, str] = {}
         self._mps_reported = False
         self.last_result = None
-        # Final statuses the portal never acknowledged (the agent restarted): report them again.
-        for h in executor.handles():
-            if h.state == FINISHED and not h.reported:
-                self._queue(self._job_status(Transition("finished", h)))
+        # What the restart found (adopted, or ended meanwhile), then final statuses the portal never
+        # acknowledged before the restart: all reported (again).
+        queued = set()
         for t in executor.drain_transitions():
             self._queue(self._job_status(t))
+            queued.add(t.handle.key)
+        for h in executor.handles():
+            if h.state == FINISHED and not h.reported and h.key not in queued:
+                self._queue(self._job_status(Transition("finished", h)))
 
     # -- desired state ---------------------------------------------------------------------------------------
     def _load_desired(self) -> DesiredState | None:
@@ -191,6 +194,9 @@ class Agent:
         for event in self.watchdog.check(sample):
             out.append(self._queue(protocol.message("event", event.to_dict())))
         self.executor.poll()
+        if self._channel is not None:
+            # An open connection is contact (websocket pings find a dead one within ping_interval+timeout).
+            self._last_contact = time.monotonic()
         silent_s = time.monotonic() - self._last_contact
         if self.fence_after_s is not None and silent_s > self.fence_after_s:
             if not self._fenced:

@@ -15,6 +15,7 @@ from websockets.asyncio.server import serve
 from agent import protocol
 from agent.backends.sim import SimBackend
 from agent.executor import Executor
+from agent.jobspec import JobSpec
 from agent.runtime import Agent
 from agent.transport import Backoff, QueueChannel, connect_websocket, run_agent, ws_url
 
@@ -348,3 +349,14 @@ def test_a_failing_tick_does_not_stop_the_loop(tmp_path):
 
     asyncio.run(scenario())
     assert calls["n"] >= 3
+
+
+def test_a_job_that_ended_while_the_agent_was_down_is_reported_once_after_the_restart(tmp_path):
+    first = Executor(tmp_path)
+    h = first.start(
+        JobSpec.from_dict({"job_id": "gone", "attempt": 1, "command": [sys.executable, "-c", "print(1)"]})
+    )
+    h.popen.wait()  # it ends while no agent watches (no outcome written yet)
+    agent = _agent(tmp_path)
+    statuses = [m["payload"] for m in agent.pending() if m["type"] == "job_status"]
+    assert [(s["job_id"], s["state"], s["exit_code"]) for s in statuses] == [("gone", "exited", 0)]
