@@ -199,6 +199,10 @@ class Executor:
         if existing is not None:
             return existing
         d = self.job_dir(spec)
+        if (d / "spec.json").exists():
+            known = self._load_dir(d)
+            if known is not None:
+                return known
         d.mkdir(parents=True, exist_ok=True)
         _write_json(d / "spec.json", spec.to_dict())
         handle = JobHandle(spec=spec, dir=d)
