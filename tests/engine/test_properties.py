@@ -269,3 +269,27 @@ def test_the_same_input_gives_the_same_output(snap: Snapshot) -> None:
     again = run_cycle(snap, PROFILE)
     cold = run_cycle(snap, profile(timeslice_oversubscription=FACTOR, min_runtime_s=MIN_RUNTIME_S))
     assert warm == again == cold
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters(crowded=True), jobs("s", 25, crowded=True), st.booleans())
+def test_caches_kept_between_cycles_never_change_a_decision(nodes, stream, dedupe) -> None:
+    """A simulator-style run (one pending job per cycle, the placed node replaced in the next snapshot, or a
+    varying node list) decides exactly what a cold engine decides on every snapshot."""
+    from scheduling.engine.resources import allocate_on_node
+
+    warm = profile("default", fields={"actions": ("allocate",), "admit": ()})
+    current = list(nodes)
+    for number, j in enumerate(stream):
+        offered = tuple(current[number % 2 :] if dedupe else current)
+        snap = Snapshot(now=NOW, nodes=offered, pending=(j,), seed=number)
+        got = run_cycle(snap, warm)
+        assert got == run_cycle(snap, replace(warm, name=f"cold-{number}"))
+        for p in got.placements:
+            names = {a.node for a in p.assignments} | set(p.cpu)
+            for i, n in enumerate(current):
+                if n.name in names:
+                    cpu, mem = p.cpu.get(n.name, (0, 0))
+                    current[i] = allocate_on_node(
+                        n, tuple(a for a in p.assignments if a.node == n.name), cpu, mem
+                    )
