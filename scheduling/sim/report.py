@@ -119,7 +119,14 @@ def plot_wait_by_team(results: Mapping[str, SimResult], path: Path, *, title: st
             waits = [r.wait_s / 60 for r in res.jobs if r.spec.team == team and r.wait_s is not None]
             data.append(waits or [0.0])
         pos = [k + (i - (n - 1) / 2) * width for k in range(len(teams))]
-        bp = ax.boxplot(data, positions=pos, widths=width * 0.9, patch_artist=True, showfliers=True)
+        bp = ax.boxplot(
+            data,
+            positions=pos,
+            widths=width * 0.9,
+            patch_artist=True,
+            showfliers=True,
+            medianprops={"color": "black"},
+        )
         c = COLOURS[i % len(COLOURS)]
         for box in bp["boxes"]:
             box.set(facecolor=c, alpha=0.5)
