@@ -24,8 +24,8 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python manage.py migrate --noinput -v0
 	$(BIN)/python manage.py load_demo
-	@echo "Tessera is serving on http://$(HOST):$(PORT)/ (admin: http://$(HOST):$(PORT)/admin/). Ctrl-C stops it."
-	DEBUG=1 $(BIN)/python manage.py runserver $(HOST):$(PORT)
+	@echo "Tessera: portal on http://$(HOST):$(PORT)/ (admin: /admin/), scheduling loop and simulated agents. Ctrl-C stops it."
+	DEBUG=1 REDIS_URL= $(BIN)/python manage.py run_demo --host $(HOST) --port $(PORT)
 
 test: $(STAMP)
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/python -m pytest $(PYTEST_ARGS)

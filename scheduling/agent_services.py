@@ -215,6 +215,19 @@ def _apply_report(job: Job, node: Node, state: str, payload: dict[str, Any], dat
             message=f"Exited with code {code} on {node.name}.",
             data=data,
         )
+    elif state == "launch_failed" and reason.startswith("GPU(s) not on this node"):
+        # The placement named GPUs the node does not have (an inventory that changed): not the job's fault.
+        job_transition(
+            job=job,
+            to_state=JobState.LOST,
+            actor_kind=ActorKind.AGENT,
+            code="gpus_not_on_node",
+            message=f"{node.name} refused the placement: {reason}.",
+            data=data,
+        )
+        job_requeue_or_fail(
+            job=job, code="requeued", message="Requeued: its GPUs were not on the node.", data=data
+        )
     elif state in ("killed", "launch_failed"):
         if data.get("exit_code") is not None:
             job.exit_code = data["exit_code"]

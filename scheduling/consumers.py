@@ -74,9 +74,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.log_draining: set[tuple[int, int]] = set()  # finished placements whose logs are still coming
         self.log_eof: set[tuple[int, int, str]] = set()
         self.rpc_replies: dict[str, str] = {}  # request id -> reply channel (logs asked for by the web)
+        self.said_hello = False
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
-        await self.send_desired(force=True)
+        # The whole desired state follows the agent's hello (its first message), once the GPUs it names are
+        # reconciled with the inventory: before that, a fresh node's GPU UUIDs may still be the registered ones.
         self.log_task = asyncio.ensure_future(self._pull_logs_forever())
 
     async def disconnect(self, code: int) -> None:
@@ -111,7 +113,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     # -- group messages (from the cycle, the watchdog, the web) -------------------------------------------------------
     async def desired_changed(self, event: dict) -> None:
-        await self.send_desired()
+        if self.said_hello:
+            await self.send_desired()
 
     async def logs_request(self, event: dict) -> None:
         """A web process asks for a job's log through us; the agent's answer goes to its reply channel."""
@@ -147,6 +150,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_WRONG_NODE)
             return agent_services.Outcome(False, f"this token is for node {self.node_name}, not {node}")
         await database_sync_to_async(agent_services.node_hello)(node_id=self.node_id, payload=payload)
+        self.said_hello = True
         # The inventory may have renamed GPUs (their UUIDs): the agent gets the state it can run.
         await self.send_desired(force=True)
         return agent_services.Outcome(True)
@@ -154,7 +158,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def on_heartbeat(self, payload: dict) -> None:
         await database_sync_to_async(agent_services.node_heartbeat)(node_id=self.node_id)
         held = payload.get("desired_version")
-        if held is None or self.sent_version is None or int(held) < self.sent_version:
+        if self.said_hello and (held is None or self.sent_version is None or int(held) < self.sent_version):
             await self.send_desired(force=True)
 
     async def on_ack(self, payload: dict) -> None:

@@ -1,0 +1,204 @@
+"""Run the whole embedded path in one command: the ASGI portal, the scheduling loop and one simulated agent per node.
+
+`make demo` calls it after `load_demo`. The cycle and the node watchdog run inside the server's event loop (their
+database work on its sync thread), so the in-memory channel layer reaches the agents' websockets with no Redis;
+each demo node gets a `tessera-agent run --backend sim` process whose GPUs mirror the node's inventory.
+Production runs the same pieces as separate processes (docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+log = logging.getLogger("tessera.demo")
+
+# The demo's jobs name scripts (train.py, serve.py) that do not exist on this machine. On the simulated agents'
+# PATH this stand-in plays them: it prints progress for a while and exits 0. Real interpreters run anything else.
+DEMO_PYTHON = """#!/bin/sh
+# Tessera demo stand-in: plays missing demo scripts; runs real Python otherwise.
+if [ -n "$1" ] && [ "${1%.py}" != "$1" ] && [ ! -e "$1" ]; then
+  steps=$(( $(od -An -N1 -tu1 /dev/urandom) % 40 + 20 ))
+  echo "[demo] $1 is simulated here: $steps steps of 5 s"
+  i=1; while [ $i -le $steps ]; do echo "step $i/$steps loss=$(( 1000 / (i + 1) ))e-3"; sleep 5; i=$((i+1)); done
+  echo "[demo] done"; exit 0
+fi
+exec "{python}" "$@"
+"""
+
+_AGENT_SHARING = {"timeslice": "time_sliced"}
+
+
+def sim_spec(node) -> dict:
+    """A simulated-backend YAML for a node, mirroring its GPUs (model, memory, NUMA, sharing) and NVLink."""
+    from scheduling.choices import LinkKind
+    from scheduling.models import GpuLink
+
+    gpus = [
+        {
+            "model": g.model.name,
+            "count": 1,
+            "memory_mib": g.memory_mib,
+            "compute_capability": str(g.model.compute_capability),
+            "numa_node": g.numa_node,
+            "sharing": _AGENT_SHARING.get(g.sharing_mode, g.sharing_mode),
+        }
+        for g in node.gpus.select_related("model").order_by("index")
+    ]
+    links = [
+        [a, b, n]
+        for a, b, n in GpuLink.objects.filter(gpu_a__node=node, kind=LinkKind.NVLINK).values_list(
+            "gpu_a__index", "gpu_b__index", "nvlink_count"
+        )
+    ]
+    return {"node": node.name, "gpus": gpus, "nvlink": links}
+
+
+class Command(BaseCommand):
+    help = "Serve the portal with the scheduling loop and simulated node agents, all in one command."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--no-agents", action="store_true", help="do not start simulated agents")
+
+    def handle(self, *args, host: str, port: int, no_agents: bool, **options):
+        if settings.REDIS_URL:
+            self.stderr.write(
+                "REDIS_URL is set: cycles would go to Celery. The demo runs embedded; unset REDIS_URL, or run "
+                "web, worker, beat and agents as docs/operations.md describes."
+            )
+            sys.exit(2)
+        if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+            # The cycle, the watchdog and the requests share one SQLite file: wait for its lock, never fail on it.
+            from django.db import connections
+
+            connections["default"].settings_dict.setdefault("OPTIONS", {})["timeout"] = 30
+        agents = [] if no_agents else self._start_agents(f"http://{host}:{port}")
+        try:
+            self._serve(host, port)
+        finally:
+            for proc in agents:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in agents:
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+    # -- agents -------------------------------------------------------------------------------------------------
+    def _start_agents(self, portal_url: str) -> list[subprocess.Popen]:
+        from scheduling.models import Node
+
+        root = Path(settings.VAR_DIR) / "demo-agents"
+        bin_dir = root / "bin"
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        stand_in = bin_dir / "python"
+        stand_in.write_text(DEMO_PYTHON.replace("{python}", shutil.which("python3") or sys.executable))
+        stand_in.chmod(0o755)
+        agent_bin = Path(sys.executable).parent / "tessera-agent"
+        argv0 = [str(agent_bin)] if agent_bin.exists() else [sys.executable, "-m", "agent.cli"]
+        env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+        procs = []
+        for node in Node.objects.prefetch_related("gpus").order_by("name"):
+            token = Path(settings.VAR_DIR) / "agent-tokens" / f"{node.name}.token"
+            if not token.exists():
+                self.stderr.write(
+                    f"no agent token for {node.name} ({token}): run `manage.py load_demo` first"
+                )
+                continue
+            spec = root / f"{node.name}.yaml"
+            spec.write_text(yaml.safe_dump(sim_spec(node), sort_keys=False))
+            log_file = open(root / f"{node.name}.log", "ab")  # noqa: SIM115 - the agent keeps it
+            procs.append(
+                subprocess.Popen(
+                    [
+                        *argv0,
+                        "run",
+                        "--backend",
+                        "sim",
+                        "--sim-config",
+                        str(spec),
+                        "--node",
+                        node.name,
+                        "--portal",
+                        portal_url,
+                        "--token-file",
+                        str(token),
+                        "--work-dir",
+                        str(root / node.name),
+                    ],
+                    env=env,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        self.stdout.write(f"Started {len(procs)} simulated node agents (logs in {root}).")
+        return procs
+
+    # -- server and scheduling loop -------------------------------------------------------------------------------
+    def _serve(self, host: str, port: int) -> None:
+        from daphne.endpoints import build_endpoint_description_strings
+        from daphne.server import Server, twisted_loop
+
+        from portal.asgi import application
+
+        def ready() -> None:
+            asyncio.ensure_future(scheduling_loop(), loop=twisted_loop)
+            self.stdout.write(
+                f"Tessera is serving on http://{host}:{port}/ with the scheduling loop running."
+            )
+
+        Server(
+            application=application,
+            endpoints=build_endpoint_description_strings(host=host, port=port),
+            ready_callable=ready,
+        ).run()
+
+
+def _scheduling_step(state: dict) -> None:
+    """Run what is due: cycles while requested (or every interval), the watchdog every interval."""
+    from scheduling import tasks
+    from scheduling.watchdog import nodes_check, preemptions_check
+
+    now = time.monotonic()
+    if now - state["watchdog_at"] >= settings.TESSERA_WATCHDOG_INTERVAL_S:
+        state["watchdog_at"] = now
+        if nodes_check() or preemptions_check():
+            tasks.local_cycle_wanted.set()
+    if tasks.local_cycle_wanted.is_set() or now - state["cycle_at"] >= settings.TESSERA_CYCLE_INTERVAL_S:
+        state["cycle_at"] = now
+        tasks.run_cycles(holder="demo")
+
+
+async def scheduling_loop() -> None:
+    from asgiref.sync import sync_to_async
+    from django.db import close_old_connections
+
+    from scheduling import tasks
+
+    state = {"cycle_at": 0.0, "watchdog_at": 0.0}
+    step = sync_to_async(_scheduling_step, thread_sensitive=True)
+    while True:
+        try:
+            await step(state)
+        except Exception:
+            log.exception("scheduling step failed; retrying")
+            await sync_to_async(close_old_connections, thread_sensitive=True)()
+        # Wake quickly on a request (a submit, a finish), otherwise at the next interval.
+        for _ in range(20):
+            if tasks.local_cycle_wanted.is_set():
+                break
+            await asyncio.sleep(0.05)
