@@ -22,6 +22,7 @@ from scheduling.engine.index import NEG_INF, NodeIndex
 from scheduling.engine.plugins import get_plugin
 from scheduling.engine.profiles import DEFAULT_PARAMS, check_profile
 from scheduling.engine.reasons import (
+    FILTERED,
     NO_FIT,
     NOT_REACHED,
     RESERVED,
@@ -873,9 +874,27 @@ class _Cycle:
                 status = explained.get(req)
                 if status is None:
                     ok, _ = self._feasible(job)
-                    status = explained[req] = explain_cluster(req, self.index, ok, self.factor)
+                    status = self._filtered_reason(job, ok) or explain_cluster(
+                        req, self.index, ok, self.factor
+                    )
+                    explained[req] = status
             out.append(Pending(job.id, status, position, self.est_start.get(job.id)))
         return out
+
+    def _filtered_reason(self, job: Job, ok: np.ndarray) -> Status | None:
+        """When the profile has filters of its own and one refused a node that had room, say which and why."""
+        extra = (*self.plugins.cached_filters, *self.plugins.live_filters)
+        if not extra or ok.any():
+            return None
+        nodes = self.index.nodes
+        for pos in np.flatnonzero(self.index.coarse(job.request)).tolist():
+            if not node_fits(job.request, nodes[pos], self.factor):
+                continue
+            for f in extra:
+                status = f.filter(self.ctx, job, nodes[pos])
+                if status is not None:
+                    return Status(FILTERED, f"{f.NAME} refused {nodes[pos].name}: {status.reason}")
+        return None
 
     def _reserved_reason(self, job: Job) -> Status | None:
         """If the job would fit but for a reservation, say whose and until when."""

@@ -532,3 +532,52 @@ def test_the_same_snapshot_gives_the_same_decisions_cold_or_warm() -> None:
     first = run_cycle(snap, p)
     assert run_cycle(snap, p) == first
     assert run_cycle(snap, profile()) == first
+
+
+class _RefuseNodeB:
+    """A profile filter for the test below: node b is off limits."""
+
+    NAME = "test-refuse-node-b"
+
+    def filter(self, ctx, job, node):
+        from scheduling.engine.types import Status
+
+        return Status("test", "node b is off limits") if node.name == "b" else None
+
+
+def test_a_profile_filter_that_refuses_the_only_roomy_node_is_named_in_the_reason() -> None:
+    from scheduling.engine.plugins import register
+
+    register(_RefuseNodeB)
+    p = profile(fields={"filters": ("fits", "test-refuse-node-b")})
+    nodes = [node("a", gpus=1), node("b", gpus=2)]
+    busy = running(job("r", gpus=1), {"a": [0]}, nodes=nodes)
+    decisions = run_cycle(snapshot(nodes, pending=[job("j", gpus=2)], running_jobs=[busy]), p)
+    (pending,) = decisions.pending
+    assert pending.status.code == "filtered"
+    assert "test-refuse-node-b refused b: node b is off limits" in pending.status.reason
+    placed = run_cycle(snapshot(nodes, pending=[job("k", gpus=2)], running_jobs=[busy]), profile())
+    assert {a.node for a in placed.placements[0].assignments} == {"b"}
+
+
+def test_every_plugin_module_is_registered_under_its_name() -> None:
+    import importlib
+    import pkgutil
+
+    from scheduling.engine import plugins
+
+    for info in pkgutil.iter_modules(plugins.__path__):
+        module = importlib.import_module(f"scheduling.engine.plugins.{info.name}")
+        if hasattr(module, "NAME"):
+            assert plugins.REGISTRY[module.NAME].__module__ == module.__name__
+
+
+def test_a_profile_naming_an_unknown_plugin_fails_when_looked_up() -> None:
+    from scheduling.engine import PROFILES, get_profile, register_profile
+
+    register_profile(Profile(name="test-broken", node_scores=(("no-such-score", 1.0),)))
+    try:
+        with pytest.raises(KeyError, match="no-such-score"):
+            get_profile("test-broken")
+    finally:
+        PROFILES.pop("test-broken")
