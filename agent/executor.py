@@ -193,6 +193,23 @@ class Executor:
         self._transitions.append(Transition("started", handle))
         return handle
 
+    def reject(self, spec: JobSpec, reason: str) -> JobHandle:
+        """Record a placement this node cannot run (as launch_failed) so it is reported once, never retried."""
+        existing = self._jobs.get(spec.key)
+        if existing is not None:
+            return existing
+        d = self.job_dir(spec)
+        if (d / "spec.json").exists():
+            known = self._load_dir(d)
+            if known is not None:
+                return known
+        d.mkdir(parents=True, exist_ok=True)
+        _write_json(d / "spec.json", spec.to_dict())
+        handle = JobHandle(spec=spec, dir=d)
+        self._jobs[spec.key] = handle
+        self._finish(handle, outcome="launch_failed", exit_code=None, detail=reason)
+        return handle
+
     def _job_env(self, spec: JobSpec, handle: JobHandle) -> dict[str, str]:
         env = {
             k: v

@@ -36,7 +36,7 @@ class ReconcileResult:
     started: list[str] = field(default_factory=list)
     stopping: list[str] = field(default_factory=list)
     waiting: dict[str, str] = field(default_factory=dict)  # key -> why it is not started yet
-    rejected: dict[str, str] = field(default_factory=dict)  # key -> why it cannot start here (newly seen)
+    rejected: dict[str, str] = field(default_factory=dict)  # key -> why it will never start here
     running: list[str] = field(default_factory=list)
 
     @property
@@ -48,7 +48,6 @@ class Reconciler:
     def __init__(self, executor: Executor, *, known_gpu_uuids: set[str] | None = None) -> None:
         self.executor = executor
         self.known_gpu_uuids = known_gpu_uuids
-        self._reported_unknown: set[tuple[str, tuple[str, ...]]] = set()
 
     def converge(self, desired: DesiredState) -> ReconcileResult:
         result = ReconcileResult()
@@ -71,14 +70,8 @@ class Reconciler:
                 if self.known_gpu_uuids is not None and g.uuid not in self.known_gpu_uuids
             ]
             if unknown:
-                # Not recorded as failed: the portal may correct the UUIDs (it learns them from `hello`) and
-                # send the same placement again. It waits, and is reported once per (placement, GPUs).
-                reason = f"GPU(s) not on this node: {', '.join(unknown)}"
-                result.waiting[key] = reason
-                marker = (key, tuple(unknown))
-                if marker not in self._reported_unknown:
-                    self._reported_unknown.add(marker)
-                    result.rejected[key] = reason
+                result.rejected[key] = f"GPU(s) not on this node: {', '.join(unknown)}"
+                self.executor.reject(spec, result.rejected[key])
                 continue
             blockers = sorted({leaving[g.uuid] for g in spec.gpus if g.uuid in leaving})
             if blockers:

@@ -207,16 +207,6 @@ class Agent:
         elif self.desired is not None:
             self._fenced = False
             self.last_result = self.reconciler.converge(self.desired)
-            specs = {j.key: j for j in self.desired.jobs}
-            for key, reason in self.last_result.rejected.items():
-                spec = specs[key]
-                payload = {
-                    "kind": "placement_rejected",
-                    "job_id": spec.job_id,
-                    "attempt": spec.attempt,
-                    "reason": reason,
-                }
-                out.append(self._queue(protocol.message("event", payload)))
         self.executor.poll()
         self._housekeeping()
         for t in self.executor.drain_transitions():

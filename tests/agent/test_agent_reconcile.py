@@ -92,17 +92,15 @@ def test_a_finished_placement_is_not_started_again_but_a_new_attempt_is(tmp_path
     _cleanup(ex)
 
 
-def test_a_placement_on_a_gpu_this_node_lacks_waits_and_runs_once_the_uuid_is_right(tmp_path):
+def test_a_placement_on_a_gpu_this_node_lacks_is_rejected_once(tmp_path):
     ex = Executor(tmp_path)
     rec = Reconciler(ex, known_gpu_uuids={"GPU-0"})
-    result = rec.converge(_state(1, _job("moved", gpu="GPU-9")))
-    assert result.rejected == {"moved:1": "GPU(s) not on this node: GPU-9"}
-    assert result.waiting == result.rejected and ex.handle("moved:1") is None
-    again = rec.converge(_state(1, _job("moved", gpu="GPU-9")))
-    assert again.rejected == {} and again.waiting and again.started == []  # said once, still waiting
-    fixed = rec.converge(_state(2, _job("moved", gpu="GPU-0")))  # the portal learnt the UUIDs
-    assert fixed.started == ["moved:1"]
-    _cleanup(ex)
+    result = rec.converge(_state(1, _job("lost", gpu="GPU-9")))
+    assert result.rejected == {"lost:1": "GPU(s) not on this node: GPU-9"}
+    assert ex.handle("lost:1").outcome == "launch_failed"
+    assert [t.kind for t in ex.drain_transitions()] == ["finished"]
+    again = rec.converge(_state(1, _job("lost", gpu="GPU-9")))
+    assert again.rejected == {} and again.started == [] and ex.drain_transitions() == []
 
 
 def test_a_desired_state_listing_a_placement_twice_is_refused(tmp_path):

@@ -360,21 +360,3 @@ def test_a_job_that_ended_while_the_agent_was_down_is_reported_once_after_the_re
     agent = _agent(tmp_path)
     statuses = [m["payload"] for m in agent.pending() if m["type"] == "job_status"]
     assert [(s["job_id"], s["state"], s["exit_code"]) for s in statuses] == [("gone", "exited", 0)]
-
-
-def test_a_placement_on_an_unknown_gpu_is_reported_once_as_an_event(tmp_path):
-    agent = _agent(tmp_path)
-    job = _job(agent, "elsewhere", "pass")
-    job["gpus"][0]["uuid"] = "GPU-not-here"
-    agent.apply_desired({"version": 1, "jobs": [job]})
-    events = [m["payload"] for m in agent.tick() if m["type"] == "event"]
-    assert events == [
-        {
-            "kind": "placement_rejected",
-            "job_id": "elsewhere",
-            "attempt": 1,
-            "reason": "GPU(s) not on this node: GPU-not-here",
-        }
-    ]
-    assert [m for m in agent.tick() if m["type"] == "event"] == []
-    assert agent.heartbeat()["payload"]["waiting"] == {"elsewhere:1": "GPU(s) not on this node: GPU-not-here"}
