@@ -6,67 +6,12 @@ the database unblocked and flushes everything at the end, as pytest-django's tra
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 import pytest
 from django.conf import settings
 from django.core.management import call_command
 from django.db import connection, transaction
 
-from tests.pipeline.harness import NODE_LOST_AFTER_S, Cluster, wait_for
-
-
-def _seed(cluster: Cluster) -> dict:
-    from django.contrib.auth import get_user_model
-
-    from quotas.models import PriorityClass, Quota
-    from quotas.services import membership_set, quota_save, team_create
-    from scheduling.choices import LinkKind, SharingMode
-    from scheduling.models import Gpu, GpuLink, GpuModel, Node
-    from scheduling.services import node_issue_token
-
-    a100 = GpuModel.objects.create(
-        name="A100-80GB",
-        memory_mib=81920,
-        compute_capability=Decimal("8.0"),
-        sharing_modes=["exclusive", "mps"],
-    )
-    l4 = GpuModel.objects.create(
-        name="L4", memory_mib=23034, compute_capability=Decimal("8.9"), sharing_modes=["exclusive", "mps"]
-    )
-    for name in cluster.nodes:
-        node = Node.objects.create(name=name, cpu_milli=64_000, memory_mib=512 * 1024)
-        gpus = [
-            Gpu.objects.create(
-                node=node, index=i, uuid=f"unreported-{name}-{i}", model=a100, memory_mib=81920
-            )
-            for i in range(2)
-        ]
-        Gpu.objects.create(
-            node=node,
-            index=2,
-            uuid=f"unreported-{name}-2",
-            model=l4,
-            memory_mib=23034,
-            sharing_mode=SharingMode.MPS,
-        )
-        GpuLink.objects.create(gpu_a=gpus[0], gpu_b=gpus[1], kind=LinkKind.NVLINK, nvlink_count=12)
-        (cluster.root / f"{name}.token").write_text(node_issue_token(node=node))
-    low = PriorityClass.objects.create(name="pipe-low", value=10, preemptible=True, preemption_grace_s=2)
-    PriorityClass.objects.create(name="pipe-high", value=1000, preemptible=False, preemption_grace_s=30)
-    lab = team_create(slug="pipe-lab", display_name="Pipeline lab")
-    quota_save(
-        quota=Quota(
-            team=lab,
-            guaranteed_gpu_memory_mib=10 * 1024 * 1024,
-            guaranteed_gpus=Decimal(100),
-            default_priority_class=low,
-        ),
-        actor=None,
-    )
-    alice = get_user_model().objects.create_user(username="alice", password="alice-pw")
-    membership_set(user=alice, team=lab)
-    return {"alice": alice, "team": lab}
+from tests.pipeline.harness import NODE_LOST_AFTER_S, Cluster, seed, wait_for
 
 
 @pytest.fixture(scope="package")
@@ -94,7 +39,7 @@ def cluster(django_db_setup, django_db_blocker, tmp_path_factory):
     with django_db_blocker.unblock():
         redis_client().delete(*KEYS)
         c = Cluster(root)
-        c.people = _seed(c)
+        c.people = seed(c)
         try:
             c.start_web()
             c.start_worker()

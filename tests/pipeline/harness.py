@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -114,11 +115,14 @@ class Cluster:
     port: int = field(default_factory=free_port)
     procs: dict[str, Proc] = field(default_factory=dict)
     nodes: tuple[str, ...] = ("pipe-a", "pipe-b")
+    agent_sample_s: float = 0.2
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
         env.update(ENV)
+        env.update(self.extra_env)
         env.update(
             {
                 "DATABASE_URL": database_url(),
@@ -193,7 +197,7 @@ class Cluster:
             "--heartbeat-s",
             "1",
             "--sample-s",
-            "0.2",
+            str(self.agent_sample_s),
         ]
         return self._proc(f"agent-{node}", argv)
 
@@ -227,3 +231,57 @@ class Cluster:
                 "outcome": json.loads(outcome.read_text()) if outcome.exists() else None,
             }
         return out
+
+
+def seed(cluster: Cluster) -> dict:
+    """Two nodes (2 NVLinked A100s + 1 MPS L4 each) with agent tokens on disk, a team, two priority classes."""
+    from django.contrib.auth import get_user_model
+
+    from quotas.models import PriorityClass, Quota
+    from quotas.services import membership_set, quota_save, team_create
+    from scheduling.choices import LinkKind, SharingMode
+    from scheduling.models import Gpu, GpuLink, GpuModel, Node
+    from scheduling.services import node_issue_token
+
+    a100 = GpuModel.objects.create(
+        name="A100-80GB",
+        memory_mib=81920,
+        compute_capability=Decimal("8.0"),
+        sharing_modes=["exclusive", "mps"],
+    )
+    l4 = GpuModel.objects.create(
+        name="L4", memory_mib=23034, compute_capability=Decimal("8.9"), sharing_modes=["exclusive", "mps"]
+    )
+    for name in cluster.nodes:
+        node = Node.objects.create(name=name, cpu_milli=64_000, memory_mib=512 * 1024)
+        gpus = [
+            Gpu.objects.create(
+                node=node, index=i, uuid=f"unreported-{name}-{i}", model=a100, memory_mib=81920
+            )
+            for i in range(2)
+        ]
+        Gpu.objects.create(
+            node=node,
+            index=2,
+            uuid=f"unreported-{name}-2",
+            model=l4,
+            memory_mib=23034,
+            sharing_mode=SharingMode.MPS,
+        )
+        GpuLink.objects.create(gpu_a=gpus[0], gpu_b=gpus[1], kind=LinkKind.NVLINK, nvlink_count=12)
+        (cluster.root / f"{name}.token").write_text(node_issue_token(node=node))
+    low = PriorityClass.objects.create(name="pipe-low", value=10, preemptible=True, preemption_grace_s=2)
+    PriorityClass.objects.create(name="pipe-high", value=1000, preemptible=False, preemption_grace_s=30)
+    lab = team_create(slug="pipe-lab", display_name="Pipeline lab")
+    quota_save(
+        quota=Quota(
+            team=lab,
+            guaranteed_gpu_memory_mib=10 * 1024 * 1024,
+            guaranteed_gpus=Decimal(100),
+            default_priority_class=low,
+        ),
+        actor=None,
+    )
+    alice = get_user_model().objects.create_user(username="alice", password="alice-pw")
+    membership_set(user=alice, team=lab)
+    return {"alice": alice, "team": lab}
