@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 import pytest
 
 from scheduling.engine import run_cycle
 from scheduling.engine.framework import Profile
-from tests.engine.builders import job, node, profile, quota, running, snapshot
+from tests.engine.builders import job, node, profile, quota, running, snapshot, with_ledger
 
 NOW = 10_000.0
 
@@ -581,3 +582,47 @@ def test_a_profile_naming_an_unknown_plugin_fails_when_looked_up() -> None:
             get_profile("test-broken")
     finally:
         PROFILES.pop("test-broken")
+
+
+def _starvation_run(p: Profile, cycles: int = 12) -> int | None:
+    """A big job waits while one-card jobs keep arriving; returns the cycle it starts in (None if never)."""
+    nodes = [node("a", gpus=4)]
+    now = NOW
+    big = job("big", gpus=4, priority=5, submit=now)
+    running_jobs = [
+        replace_job(job(f"r{i}", gpus=1, max_runtime_s=600.0), "a", i, now - 300 * i) for i in range(4)
+    ]
+    pending = [big]
+    for cycle in range(cycles):
+        pending += [job(f"s{cycle}-{k}", gpus=1, submit=now, max_runtime_s=3000.0) for k in range(2)]
+        snap = snapshot(nodes, pending=pending, running_jobs=running_jobs, now=now)
+        decisions = run_cycle(snap, p)
+        placed = {pl.job_id: pl for pl in decisions.placements}
+        if "big" in placed:
+            return cycle
+        by_id = {j.id: j for j in pending}
+        running_jobs += [
+            replace(
+                by_id[i],
+                assignments=pl.assignments,
+                cpu_assignments=MappingProxyType(dict(pl.cpu)),
+                start_time=now,
+            )
+            for i, pl in placed.items()
+        ]
+        pending = [j for j in pending if j.id not in placed]
+        now += 300.0
+        running_jobs = [j for j in running_jobs if j.start_time + j.max_runtime_s > now]
+        assert with_ledger(nodes, running_jobs)  # the ledger stays consistent
+    return None
+
+
+def replace_job(j, node_name: str, card: int, start: float):
+    return running(j, {node_name: [card]}, nodes=[node("a", gpus=4)], start=start)
+
+
+def test_a_big_job_does_not_starve_behind_a_stream_of_small_ones() -> None:
+    without = _starvation_run(profile(fields={"actions": ("admit", "allocate")}))
+    with_reservations = _starvation_run(profile(fields={"actions": ("admit", "allocate", "backfill")}))
+    assert without is None  # the small jobs keep taking every card that frees up
+    assert with_reservations is not None and with_reservations <= 4
