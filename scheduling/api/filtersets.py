@@ -2,11 +2,37 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import django_filters
 from django.db.models import QuerySet
+from rest_framework.exceptions import ValidationError
 
 from scheduling.choices import JobState
 from scheduling.models import Job
+
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9999, 1, 1, tzinfo=UTC)
+
+
+class BoundedIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
+    """An ISO date-time between 1970 and 9999: far-off years with odd offsets are refused, not crashed on."""
+
+    def __init__(self, *args, param: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.param = param  # the query parameter, for the error
+
+    def filter(self, qs: QuerySet, value: datetime | None) -> QuerySet:
+        if value is not None:
+            try:
+                in_range = EARLIEST <= value.astimezone(UTC) <= LATEST
+            except (OverflowError, ValueError):
+                in_range = False
+            if not in_range:
+                raise ValidationError(
+                    {self.param: [f"Give a date-time between {EARLIEST.year} and {LATEST.year}."]}
+                )
+        return super().filter(qs, value)
 
 
 class JobFilterSet(django_filters.FilterSet):
@@ -15,8 +41,12 @@ class JobFilterSet(django_filters.FilterSet):
     user = django_filters.CharFilter(field_name="submitter__username", help_text="Submitter's username.")
     priority = django_filters.CharFilter(field_name="priority_class__name", help_text="Priority class name.")
     mine = django_filters.BooleanFilter(method="filter_mine", help_text="Only jobs you submitted.")
-    submitted_after = django_filters.IsoDateTimeFilter(field_name="submitted_at", lookup_expr="gte")
-    submitted_before = django_filters.IsoDateTimeFilter(field_name="submitted_at", lookup_expr="lt")
+    submitted_after = BoundedIsoDateTimeFilter(
+        param="submitted_after", field_name="submitted_at", lookup_expr="gte"
+    )
+    submitted_before = BoundedIsoDateTimeFilter(
+        param="submitted_before", field_name="submitted_at", lookup_expr="lt"
+    )
 
     class Meta:
         model = Job

@@ -162,6 +162,8 @@ class JobSubmitSerializer(serializers.Serializer):
 
 class JobEventSerializer(serializers.ModelSerializer):
     actor = serializers.SerializerMethodField()
+    from_state = serializers.CharField(read_only=True, help_text="Empty for the submit event.")
+    to_state = serializers.CharField(read_only=True)
 
     class Meta:
         model = JobEvent

@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import mixins, status, viewsets
+from rest_framework import generics, mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.parsers import BaseParser, JSONParser
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
@@ -273,28 +273,19 @@ def _request_gpu_equivalents(job: Job) -> float | None:
     return None  # a memory slice's share depends on the card it lands on
 
 
-class QueueView(APIView):
+class QueueView(generics.GenericAPIView):
     """Pending jobs in the engine's order. Other teams' entries are anonymous: no id, name, user or reason text."""
 
     filterset_class = QueueFilterSet
+    serializer_class = s.QueueEntrySerializer
 
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("team", str),
-            OpenApiParameter("priority", str),
-            OpenApiParameter("page", int),
-            OpenApiParameter("page_size", int),
-        ],
-        responses={200: s.QueueEntrySerializer(many=True)},
-    )
+    def get_queryset(self):
+        return selectors.queue()
+
+    @extend_schema(responses={200: s.QueueEntrySerializer(many=True)})
     def get(self, request: Request) -> Response:
-        from django_filters.rest_framework import DjangoFilterBackend
-
-        from portal.api_support import BoundedPagination
-
-        jobs = DjangoFilterBackend().filter_queryset(request, selectors.queue(), self)
-        paginator = BoundedPagination()
-        page = paginator.paginate_queryset(jobs, request, view=self)
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        paginator = self.paginator
         first = (paginator.page.number - 1) * paginator.get_page_size(request) + 1
         mine_ids = _visible_team_ids(request.user)
         now = timezone.now()
@@ -320,7 +311,7 @@ class QueueView(APIView):
                     "estimated_start_at": job.estimated_start_at,
                 }
             )
-        return paginator.get_paginated_response(s.QueueEntrySerializer(entries, many=True).data)
+        return self.get_paginated_response(s.QueueEntrySerializer(entries, many=True).data)
 
 
 def _node_payload(node: Node, *, links: dict[int, list[int]], mine_ids: set[int] | None) -> dict[str, Any]:

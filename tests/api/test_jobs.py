@@ -187,3 +187,17 @@ def test_a_resent_log_chunk_is_stored_once(settings, tmp_path):
     joblogs.log_append(job_id=1, stream="stdout", data="abc", offset=0)
     joblogs.log_append(job_id=1, stream="stdout", data="cdef", offset=2)
     assert joblogs.log_read(job_id=1, stream="stdout")[0] == b"abcdef"
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "submitted_after=0450-01-06T13:27:30-08:30",
+        "submitted_before=0218-03-13T03:48:05.027474%2B17:59",
+        "submitted_after=not-a-date",
+    ],
+)
+def test_odd_dates_in_filters_are_refused_not_crashed_on(as_alice, query):
+    response = as_alice.get(f"/api/v1/jobs/?{query}")
+    assert response.status_code == 400
+    assert response.json()["error"]["field"] in ("submitted_after", "submitted_before")
