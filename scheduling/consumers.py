@@ -73,7 +73,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.log_waiting: dict[str, tuple[int, int, str]] = {}  # request id -> (job, attempt, stream)
         self.log_draining: set[tuple[int, int]] = set()  # finished placements whose logs are still coming
         self.log_eof: set[tuple[int, int, str]] = set()
-        self.rpc_replies: dict[str, str] = {}  # request id -> reply channel (logs asked for by the web)
         self.said_hello = False
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
@@ -111,17 +110,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
         payload.pop("type")
         await self.send_msg(protocol.message("desired_state", payload))
 
-    # -- group messages (from the cycle, the watchdog, the web) -------------------------------------------------------
+    # -- group messages (from the cycle and the services, after commit) ---------------------------------------------
     async def desired_changed(self, event: dict) -> None:
         if self.said_hello:
             await self.send_desired()
-
-    async def logs_request(self, event: dict) -> None:
-        """A web process asks for a job's log through us; the agent's answer goes to its reply channel."""
-        msg = protocol.message("logs_request", event["payload"])
-        if event.get("reply_channel"):
-            self.rpc_replies[msg["id"]] = event["reply_channel"]
-        await self.send_msg(msg)
 
     # -- in ------------------------------------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -219,12 +211,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.channel_layer.group_send(f"team-{team_id}", msg)
 
     async def on_logs(self, payload: dict) -> None:
-        request_id = str(payload.get("request_id") or "")
-        reply = self.rpc_replies.pop(request_id, None)
-        if reply is not None:
-            await self.channel_layer.send(reply, {"type": "logs.reply", "payload": payload})
-            return
-        key = self.log_waiting.pop(request_id, None)
+        key = self.log_waiting.pop(str(payload.get("request_id") or ""), None)
         if key is None:
             return
         stored = await database_sync_to_async(agent_services.job_logs_store)(

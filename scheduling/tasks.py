@@ -63,13 +63,11 @@ def cycle_request() -> None:
     if r is None:
         local_cycle_wanted.set()
         return
-    import redis
-
     try:
         r.set(KEY_WANTED, 1)
         if r.set(KEY_QUEUED, 1, nx=True, ex=QUEUED_TTL_S):
-            run_cycle_task.apply_async(countdown=_debounce_s())
-    except redis.RedisError:
+            run_cycle_task.apply_async(countdown=_debounce_s(), retry=False)
+    except Exception:  # Redis or the broker is down: the write that asked has committed all the same
         # The periodic cycle (beat) picks the work up once Redis is back; PostgreSQL still holds every job.
         log.warning("could not request a scheduling cycle; the periodic one will run it", exc_info=True)
 
