@@ -167,3 +167,16 @@ def test_requeues_are_bounded(node, alice, teams, settings):
     job.refresh_from_db()
     assert job.state == JobState.FAILED and job.attempt == 2
     assert job.events.last().code == "too_many_requeues"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_submit_commits_while_redis_is_down_and_the_cycle_request_is_only_logged(
+    node, alice, teams, settings, caplog
+):
+    from scheduling import tasks
+
+    settings.REDIS_URL = "redis://127.0.0.1:9/0"  # nothing listens there
+    job = submit(alice, teams["training"], gpus=1)
+    assert Job.objects.get(pk=job.pk).state == JobState.PENDING
+    assert "could not request a scheduling cycle" in caplog.text
+    tasks._redis_for.cache_clear()

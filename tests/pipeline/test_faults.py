@@ -136,6 +136,9 @@ def test_cycles_racing_from_two_workers_and_a_rogue_caller_never_double_book_a_g
         for t in threads:
             t.join(30)
         pipe.procs["worker2"].stop()
+    print(
+        f"race: {outcomes['cycles']} rogue cycles, {outcomes['stale']} refused as stale, errors {outcomes['errors']}"
+    )
     assert violations == []
     assert len(outcomes["errors"]) <= outcomes["cycles"] // 10, outcomes["errors"]
     assert outcomes["cycles"] > 10
