@@ -97,6 +97,8 @@ class Command(BaseCommand):
                     proc.wait(10)
                 except subprocess.TimeoutExpired:
                     proc.kill()
+            if agents:
+                _stop_demo_jobs(Path(settings.VAR_DIR) / "demo-agents")
 
     # -- agents -------------------------------------------------------------------------------------------------
     def _start_agents(self, portal_url: str) -> list[subprocess.Popen]:
@@ -166,6 +168,20 @@ class Command(BaseCommand):
             endpoints=build_endpoint_description_strings(host=host, port=port),
             ready_callable=ready,
         ).run()
+
+
+def _stop_demo_jobs(root: Path) -> None:
+    """Agents leave their jobs running when they stop (a restarted agent re-adopts them). The demo's jobs stop
+    with the demo; the next run finds them gone and requeues them."""
+    import json
+
+    for launch in root.glob("*/jobs/*/*/launch.json"):
+        if (launch.parent / "outcome.json").exists():
+            continue
+        try:
+            os.killpg(int(json.loads(launch.read_text())["pgid"]), signal.SIGKILL)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
 
 
 def _scheduling_step(state: dict) -> None:
