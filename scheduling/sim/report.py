@@ -15,7 +15,7 @@ from pathlib import Path
 from scheduling.sim.des import SimResult
 
 # One colour per policy, in order, readable in print and by colour-blind readers (Okabe-Ito).
-COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
+COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
 DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
 
 
