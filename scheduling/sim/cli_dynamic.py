@@ -100,7 +100,9 @@ def _table(summary: dict) -> str:
         )
         if extra:
             tw = _dur(p.get("training_wait_s"))
-            row += "  " + f"{tw + ('' if p.get('training_started') in (True, None) else ' (not started)'):>13}"
+            row += (
+                "  " + f"{tw + ('' if p.get('training_started') in (True, None) else ' (not started)'):>13}"
+            )
         lines.append(row)
     return "\n".join(lines)
 
