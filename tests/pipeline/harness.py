@@ -19,6 +19,8 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
+from agent import procfs
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
@@ -209,10 +211,10 @@ class Cluster:
         """Job processes outlive their agent by design; the tests' leftovers must not outlive the tests."""
         for launch in (self.root / "agents").glob("*/jobs/*/*/launch.json"):
             try:
-                pgid = json.loads(launch.read_text()).get("pgid")
-                if pgid:
-                    os.killpg(int(pgid), signal.SIGKILL)
-            except (OSError, ValueError):
+                record = json.loads(launch.read_text())
+                if procfs.is_same_process(int(record["pid"]), record.get("start_ticks")):
+                    os.killpg(int(record["pgid"]), signal.SIGKILL)
+            except (OSError, ValueError, KeyError, TypeError):
                 pass
 
     def logs(self) -> str:

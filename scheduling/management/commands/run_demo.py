@@ -175,11 +175,16 @@ def _stop_demo_jobs(root: Path) -> None:
     with the demo; the next run finds them gone and requeues them."""
     import json
 
+    from agent import procfs
+
     for launch in root.glob("*/jobs/*/*/launch.json"):
         if (launch.parent / "outcome.json").exists():
             continue
         try:
-            os.killpg(int(json.loads(launch.read_text())["pgid"]), signal.SIGKILL)
+            record = json.loads(launch.read_text())
+            # Only the process the agent launched, never a later one that reuses its pid.
+            if procfs.is_same_process(int(record["pid"]), record.get("start_ticks")):
+                os.killpg(int(record["pgid"]), signal.SIGKILL)
         except (OSError, ValueError, KeyError, TypeError):
             pass
 
