@@ -5,20 +5,77 @@ Groups: `cluster` (everyone's anonymous view), `team-<id>`, `job-<id>`, and `nod
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import threading
 from typing import Any
 
 from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
 
 log = logging.getLogger(__name__)
+
+
+class _Publisher:
+    """Sends group messages from sync code through one long-lived event loop per process.
+
+    `async_to_sync(layer.group_send)` builds a fresh loop, and with channels_redis a fresh Redis connection, for
+    every message: several milliseconds of a request's time. A sender thread draining a queue in order keeps
+    one connection pool instead. Pushes are best effort (the database is the truth): queued messages not yet
+    sent when the process exits are lost, and clients catch up by re-reading.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: asyncio.Queue | None = None
+
+    def _start(self) -> None:
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            self._queue = asyncio.Queue()
+            loop.create_task(self._drain())
+            ready.set()
+            loop.run_forever()
+
+        threading.Thread(target=run, name="tessera-events", daemon=True).start()
+        ready.wait(5)
+        self._loop, self._pid = loop, os.getpid()
+
+    async def _drain(self) -> None:
+        assert self._queue is not None
+        while True:
+            layer, group, message = await self._queue.get()
+            try:
+                await layer.group_send(group, message)
+            except Exception:  # a dead channel layer must never break a committed write
+                log.warning("could not publish to %s", group, exc_info=True)
+
+    def send(self, layer: Any, group: str, message: dict[str, Any]) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # first use, or a forked worker: the parent's thread is not here
+                self._start()
+        assert self._loop is not None and self._queue is not None
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, (layer, group, message))
+
+
+_publisher = _Publisher()
 
 
 def _send(group: str, message: dict[str, Any]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
+    if not isinstance(layer, InMemoryChannelLayer):
+        _publisher.send(layer, group, message)
+        return
+    # The in-memory layer lives in the caller's event loop (embedded mode, tests): send from there.
     try:
         async_to_sync(layer.group_send)(group, message)
     except Exception:  # a dead channel layer must never break a committed write

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Count, F
 from django.utils import timezone
 
 from quotas.models import Membership, PriorityClass, Team
@@ -135,28 +135,29 @@ def _largest_gpu_group(*, allowed_models: set[int], topology: str) -> int:
     """The largest number of GPUs of allowed models that one node could give at once for this topology."""
     from scheduling.selectors import nvlink_cliques_for_node  # local: selectors import services' errors
 
+    usable = Gpu.objects.filter(model_id__in=allowed_models).exclude(health=GpuHealth.FAILED)
+    if topology != Topology.NVLINK:
+        # One aggregate query: a submit must not load the whole inventory.
+        per = ("node_id", "numa_node") if topology == Topology.NUMA else ("node_id",)
+        counts = usable.values(*per).annotate(n=Count("id")).order_by().values_list("n", flat=True)
+        return max(counts, default=0)
     best = 0
-    for node in Node.objects.prefetch_related("gpus"):
+    for node in Node.objects.filter(gpus__in=usable).distinct().prefetch_related("gpus"):
         gpus = [g for g in node.gpus.all() if g.model_id in allowed_models and g.health != GpuHealth.FAILED]
-        if topology == Topology.NUMA:
-            by_numa: dict[int, int] = {}
-            for g in gpus:
-                by_numa[g.numa_node] = by_numa.get(g.numa_node, 0) + 1
-            size = max(by_numa.values(), default=0)
-        elif topology == Topology.NVLINK:
-            size = max((len(c) for c in nvlink_cliques_for_node(node=node, gpus=gpus)), default=0)
-        else:
-            size = len(gpus)
+        size = max((len(c) for c in nvlink_cliques_for_node(node=node, gpus=gpus)), default=0)
         best = max(best, size)
     return best
 
 
 def _nodes_with_at_least(*, allowed_models: set[int], gpus: int) -> int:
-    count = 0
-    for node in Node.objects.prefetch_related("gpus"):
-        if sum(1 for g in node.gpus.all() if g.model_id in allowed_models) >= gpus:
-            count += 1
-    return count
+    return (
+        Gpu.objects.filter(model_id__in=allowed_models)
+        .values("node_id")
+        .annotate(n=Count("id"))
+        .filter(n__gte=gpus)
+        .order_by()
+        .count()
+    )
 
 
 @transaction.atomic

@@ -49,6 +49,19 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
         await self.send_json({"type": "hello", "stream": self.stream_name, "user": self.user.get_username()})
 
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # A message type this stream has no handler for is dropped, never forwarded and never fatal.
+        if self._handler_name(message) is None:
+            return
+        await super().dispatch(message)
+
+    def _handler_name(self, message: dict[str, Any]) -> str | None:
+        kind = message.get("type", "")
+        if kind.startswith("websocket."):
+            return kind
+        name = kind.replace(".", "_")
+        return name if name and not name.startswith("_") and hasattr(self, name) else None
+
     async def disconnect(self, code: int) -> None:
         for group in getattr(self, "groups_joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
@@ -102,8 +115,20 @@ class ClusterStream(_StreamConsumer):
         if await self.still_allowed():
             await self.send_json({"type": "queue.changed", "state": event.get("state")})
 
+    async def gpu_metrics(self, event: dict[str, Any]) -> None:
+        """Live per-GPU samples of a node (utilisation, memory used, power, temperature): no job or team."""
+        if await self.still_allowed():
+            await self.send_json({k: event.get(k) for k in ("type", "node", "at", "gpus")})
+
+    async def gpu_health(self, event: dict[str, Any]) -> None:
+        if await self.still_allowed():
+            await self.send_json({k: event.get(k) for k in ("type", "node", "uuid", "health")})
+
     async def job_changed(self, event: dict[str, Any]) -> None:
         return  # only team and job groups carry job details; never forward them here
+
+    async def job_metrics(self, event: dict[str, Any]) -> None:
+        return
 
 
 class QueueStream(ClusterStream):
@@ -127,6 +152,20 @@ class QueueStream(ClusterStream):
         if team_ids is not None and event.get("team_id") not in team_ids:
             return  # membership revoked since connect: drop silently, like a list that no longer shows it
         await self.send_json(_job_event(event))
+
+    async def job_metrics(self, event: dict[str, Any]) -> None:
+        team_ids = await self.team_ids()
+        if self.user.is_active and (
+            team_ids is None or await self._job_in_teams(event.get("job_id"), team_ids)
+        ):
+            await self.send_json(_metrics_event(event))
+
+    async def _job_in_teams(self, job_id: Any, team_ids: set[int]) -> bool:
+        from scheduling.models import Job
+
+        return await database_sync_to_async(
+            lambda: Job.objects.filter(pk=int(job_id), team_id__in=team_ids).exists()
+        )()
 
 
 class JobStream(_StreamConsumer):
@@ -159,6 +198,10 @@ class JobStream(_StreamConsumer):
             return
         await self.send_json(_job_event(event))
 
+    async def job_metrics(self, event: dict[str, Any]) -> None:
+        if await self._may_see():
+            await self.send_json(_metrics_event(event))
+
     async def logs_appended(self, event: dict[str, Any]) -> None:
         if await self._may_see():
             await self.send_json(
@@ -169,6 +212,10 @@ class JobStream(_StreamConsumer):
 def _job_event(event: dict[str, Any]) -> dict[str, Any]:
     keys = ("job_id", "team_id", "state", "code", "message")
     return {"type": "job.changed", **{k: event.get(k) for k in keys}}
+
+
+def _metrics_event(event: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "job.metrics", **{k: event.get(k) for k in ("job_id", "node", "at", "gpus")}}
 
 
 def _browser(consumer: type[_StreamConsumer]) -> Any:

@@ -177,8 +177,12 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         else:
             parsed = spec_from_mapping(data)
         team = _resolve_team(user=request.user, slug=parsed.team)
-        spec_check_card_limits(parsed.spec)
-        job = services.job_submit(submitter=request.user, team=team, spec=parsed.spec)
+        try:
+            job = services.job_submit(submitter=request.user, team=team, spec=parsed.spec)
+        except services.ServiceError as exc:
+            if exc.field == "gpu_memory":
+                spec_check_card_limits(parsed.spec)  # the same refusal, with the card size as its limit
+            raise
         return Response(
             s.JobSerializer(job, context={"request": request}).data, status=status.HTTP_201_CREATED
         )

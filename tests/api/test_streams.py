@@ -134,3 +134,49 @@ def test_a_job_stream_closes_when_the_user_loses_access(alice, teams, node, monk
         await asyncio.sleep(0)
 
     async_to_sync(scenario)()
+
+
+def test_the_cluster_stream_forwards_live_gpu_metrics_and_drops_unknown_messages(alice, node):
+    from channels.layers import get_channel_layer
+
+    headers = _headers(alice)
+
+    async def scenario():
+        communicator, connected = await _open("/ws/cluster/", headers)
+        assert connected
+        await communicator.receive_json_from()  # hello
+        layer = get_channel_layer()
+        await layer.group_send("cluster", {"type": "something.new", "secret": "x"})
+        await layer.group_send(
+            "cluster", {"type": "gpu.metrics", "node": "a100-01", "at": 1.0, "gpus": [{"index": 0, "util_pct": 93}]}
+        )
+        message = await communicator.receive_json_from(timeout=3)
+        assert message == {"type": "gpu.metrics", "node": "a100-01", "at": 1.0, "gpus": [{"index": 0, "util_pct": 93}]}
+        await communicator.send_json_to({"type": "ping"})
+        assert (await communicator.receive_json_from(timeout=3)) == {"type": "pong"}
+        await communicator.disconnect()
+
+    async_to_sync(scenario)()
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("REDIS_URL"), reason="needs REDIS_URL (a Redis server)")
+def test_events_reach_a_redis_channel_layer_through_the_publisher_thread(settings):
+    import os
+
+    from channels.layers import get_channel_layer
+
+    from scheduling import events
+
+    settings.CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [os.environ["REDIS_URL"]]}}
+    }
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)("api-test-publisher", channel)
+    try:
+        for i in range(3):
+            events._send("api-test-publisher", {"type": "queue.changed", "n": i})
+        received = [async_to_sync(asyncio.wait_for)(layer.receive(channel), 5) for _ in range(3)]
+        assert [m["n"] for m in received] == [0, 1, 2]
+    finally:
+        async_to_sync(layer.group_discard)("api-test-publisher", channel)
