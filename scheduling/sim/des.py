@@ -307,13 +307,18 @@ class Simulator:
         dt = t_eff - self._last_t
         if dt > 0:
             self._int_alloc += self._alloc * dt
-            self._int_used += self._used * dt
+            self._int_used += self._used_now() * dt
             self._int_frag += self._frag * dt
             self._int_queue += len(self.pending) * dt
             self._integrate_quota(dt)
             self._integrate_usage(dt)
             self._last_t = t_eff
         self.now = t
+
+    def _used_now(self) -> int:
+        """Real use, never above what is handed out: a victim still inside its grace period keeps its card busy
+        while the card already counts as its preemptor's."""
+        return min(self._used, self._alloc)
 
     def _integrate_quota(self, dt: float) -> None:
         for team, acc in self._quota_sat.items():
@@ -346,7 +351,9 @@ class Simulator:
             self._usage[team] = self._usage.get(team, 0.0) * decay + self._team_alloc_milli[team] * gain
 
     def _sample(self) -> None:
-        p = SeriesPoint(self.now, self._alloc, self._used, len(self.pending), len(self.running), self._frag)
+        p = SeriesPoint(
+            self.now, self._alloc, self._used_now(), len(self.pending), len(self.running), self._frag
+        )
         if self.series and self.series[-1].time_s == self.now:
             self.series[-1] = p
         else:
