@@ -32,6 +32,9 @@ from scheduling.engine.types import (
 Scheduler = Callable[[Snapshot, object], Decisions]
 
 
+DEFAULT_USAGE_HALF_LIFE_S = 7 * 24 * 3600.0
+
+
 class SimulationError(RuntimeError):
     """The scheduler returned a decision the cluster cannot honour (a double booking, an unknown job...)."""
 
@@ -71,7 +74,9 @@ class SimConfig:
     idle_recheck_s: float = 300.0
     horizon_s: float | None = None  # metrics window [0, horizon]; None: until the workload drains
     seed: int = 0
-    usage_half_life_s: float = 3600.0  # decay of the per-team usage fed to fair share
+    # Decay of the per-team usage fed to fair share; None: the profile's `fairshare_half_life_s` (as the engine
+    # reads the usage with that half-life), else a week.
+    usage_half_life_s: float | None = None
     workload_window: int = 1000  # recent arrivals that make up the typical workload
     # Random node failures: mean time between failures per node (None: none) and repair time.
     node_mtbf_s: float | None = None
@@ -273,6 +278,10 @@ class Simulator:
         self._team_pending_milli: Counter[str] = Counter()
         self._quota_sat: dict[str, list[float]] = {t: [0.0, 0.0] for t in self.quotas}
         self._usage: dict[str, float] = {}
+        params = getattr(profile, "params", None) or {}
+        self._half_life_s = float(
+            self.config.usage_half_life_s or params.get("fairshare_half_life_s") or DEFAULT_USAGE_HALF_LIFE_S
+        )
         self._recent: list[Request] = []
         self._recent_counts: Counter[Request] = Counter()
         self._workload: tuple[tuple[Request, float], ...] = ()
@@ -343,7 +352,7 @@ class Simulator:
                 acc[1] += min(1.0, a / need) * dt
 
     def _integrate_usage(self, dt: float) -> None:
-        h = self.config.usage_half_life_s
+        h = self._half_life_s
         decay = 0.5 ** (dt / h) if h > 0 else 0.0
         gain = h / math.log(2) * (1 - decay) if h > 0 else dt
         teams = set(self._usage) | {t for t, v in self._team_alloc_milli.items() if v}

@@ -649,8 +649,10 @@ def _config(raw: Any) -> tuple[SimConfig, list[NodeFailure]]:
         if "horizon" in s
         else None,
         seed=seed,
-        usage_half_life_s=parse_duration_s(
-            s.get("usage_half_life", "1h"), "simulation.usage_half_life", allow_zero=False
+        usage_half_life_s=(
+            parse_duration_s(s["usage_half_life"], "simulation.usage_half_life", allow_zero=False)
+            if "usage_half_life" in s
+            else None
         ),
         node_mtbf_s=parse_duration_s(s["node_mtbf"], "simulation.node_mtbf", allow_zero=False)
         if "node_mtbf" in s
