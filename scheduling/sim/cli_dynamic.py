@@ -186,6 +186,11 @@ def main_dynamic(argv: Sequence[str] | None = None) -> int:
         "--cycle-interval", type=float, default=10.0, help="seconds between scheduling cycles"
     )
     parser.add_argument("--checkpoint-interval", type=float, help="seconds of work between checkpoints")
+    parser.add_argument(
+        "--horizon", type=float, help="seconds of the metrics window (default: up to the last arrival)"
+    )
+    parser.add_argument("--node-mtbf", type=float, help="random node failures: mean seconds between failures")
+    parser.add_argument("--node-repair", type=float, default=3600.0, help="seconds a failed node stays lost")
     parser.add_argument("--seed", type=int, default=0)
     _common(parser)
     args = parser.parse_args(argv)
@@ -199,7 +204,14 @@ def main_dynamic(argv: Sequence[str] | None = None) -> int:
             limit=args.limit,
             compression=args.compression,
             checkpoint_interval_s=args.checkpoint_interval,
-            config=SimConfig(cycle_interval_s=args.cycle_interval, seed=args.seed, progress=not args.quiet),
+            config=SimConfig(
+                cycle_interval_s=args.cycle_interval,
+                seed=args.seed,
+                progress=not args.quiet,
+                horizon_s=args.horizon,
+                node_mtbf_s=args.node_mtbf,
+                node_repair_s=args.node_repair,
+            ),
         )
     except (OSError, ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
