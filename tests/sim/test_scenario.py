@@ -157,3 +157,22 @@ def test_a_policy_may_force_a_sharing_mode():
     s = load_scenario("seed-case")
     fifo = next(p for p in s.policies if p.whole_cards)
     assert {g.sharing for n in s.nodes_for(fifo) for g in n.gpus} == {Sharing.EXCLUSIVE}
+
+
+def test_a_synthetic_block_adds_a_mixed_stream_set_per_team():
+    doc = copy.deepcopy(BASE)
+    doc["teams"].append({"name": "ai-lab/inference"})
+    doc["synthetic"] = {"jobs_per_hour": 20, "duration": "4h", "shares": [0.5, 0.5, 0]}
+    s = parse_scenario(doc)
+    kinds = {(st.team, st.kind) for st in s.streams if st.name != "train"}
+    assert kinds == {(t, k) for t in ("ai-lab/training", "ai-lab/inference") for k in ("inference", "batch")}
+    jobs = s.jobs(seed=4)
+    assert jobs == s.jobs(seed=4)
+    assert all(j.submit_time_s < 4 * 3600 for j in jobs if not j.id.startswith("train"))
+
+
+def test_a_synthetic_block_needs_a_positive_rate():
+    doc = copy.deepcopy(BASE)
+    doc["synthetic"] = {"jobs_per_hour": 0}
+    with pytest.raises(ScenarioError, match=r"^synthetic\.jobs_per_hour"):
+        parse_scenario(doc)
