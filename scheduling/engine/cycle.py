@@ -18,7 +18,7 @@ import numpy as np
 
 from scheduling.engine.accounting import min_charge, team_usage, usage_add, within_guarantee
 from scheduling.engine.framework import CycleContext, Profile
-from scheduling.engine.index import NEG_INF, NodeIndex
+from scheduling.engine.index import NodeIndex
 from scheduling.engine.plugins import get_plugin
 from scheduling.engine.profiles import DEFAULT_PARAMS, check_profile
 from scheduling.engine.reasons import (
@@ -244,7 +244,6 @@ class _Cycle:
         self.blocked: set[str] = set()  # pending for lack of room (eviction may help)
         self.est_start: dict[str, float] = {}
         self.evicted: set[str] = set()
-        self._pos_of: dict[str, int] | None = None
         self._by_pos: dict[int, list[_Holding]] | None = None
         self._reason_cache: dict[tuple, Status | None] = {}
 
@@ -281,9 +280,9 @@ class _Cycle:
                 self._post_filter(queue, mode="preempt")
             pending = self._pending(queue)
         finally:
-            # The next cycle re-reads these positions from its snapshot.
-            base, nodes = self.index.base, self.index.nodes
-            self.state.dirty = {p for p in self.index.touched if nodes[p] is not base[p]}
+            # The next cycle re-reads these slots from its snapshot.
+            snap_nodes, nodes = self.index.snap_nodes, self.index.nodes
+            self.state.dirty = {p for p in self.index.touched if nodes[p] is not snap_nodes[p]}
             self.index.touched = set()
         return Decisions(
             placements=tuple(self.placements),
@@ -372,17 +371,28 @@ class _Cycle:
     def _feasible(self, job: Job) -> tuple[np.ndarray, np.ndarray]:
         """(fits, score) per position in the view every job sees (reserved capacity counts as taken)."""
         memo = self.index.memo(job.request, self._evaluator(job))
-        ok, score = memo.ok, memo.score
+        ok, score = memo.ok & self.index.present, memo.score
         live_f, live_s = self.plugins.live_filters, self.plugins.live_scores
         if live_f or live_s:
-            ok, score = ok.copy(), score.copy()
+            score = score.copy()
             nodes, ctx = self.index.nodes, self.ctx
-            for pos in np.flatnonzero(ok).tolist():
-                node = nodes[pos]
-                if any(f.filter(ctx, job, node) is not None for f in live_f):
-                    ok[pos] = False
-                    continue
-                score[pos] += sum(w * p.score_node(ctx, job, node) for p, w in live_s)
+            idx = np.flatnonzero(ok).tolist()
+            for f in live_f:
+                refused = [p for p in idx if f.filter(ctx, job, nodes[p]) is not None]
+                if refused:
+                    ok[refused] = False
+                    idx = np.flatnonzero(ok).tolist()
+            if idx:
+                chosen = [nodes[p] for p in idx]
+                for plugin, weight in live_s:
+                    # A plugin may score many nodes at once (`score_nodes`), which saves a call per node.
+                    many = getattr(plugin, "score_nodes", None)
+                    if many is not None:
+                        values = many(ctx, job, chosen)
+                    else:
+                        one = plugin.score_node
+                        values = [one(ctx, job, node) for node in chosen]
+                    score[idx] += weight * np.asarray(values, dtype=np.float64)
         return ok, score
 
     def _backfill_views(self, job: Job) -> dict[int, tuple[float, Node]]:
@@ -410,28 +420,25 @@ class _Cycle:
             # The common case: the memo remembers its best node until a node changes.
             memo = self.index.memo(job.request, self._evaluator(job))
             if memo.best is False:
-                if memo.ok.any():
-                    memo.best = int(np.argmax(np.where(memo.ok, memo.score, NEG_INF)))
-                else:
-                    memo.best = None
+                memo.best = self.index.best(memo.ok, memo.score) if memo.ok.any() else None
             return None if memo.best is None else [(memo.best, nodes[memo.best])]
         ok, score = self._feasible(job)
+        rank = self.index.rank
         if want <= 1:
-            masked = np.where(ok, score, NEG_INF)
-            pos = int(np.argmax(masked)) if len(masked) else 0
-            best = (float(masked[pos]), -pos) if len(masked) and masked[pos] > NEG_INF else None
-            choice = (pos, nodes[pos]) if best else None
+            pos = self.index.best(ok, score)
+            best = (float(score[pos]), -int(rank[pos])) if pos is not None else None
+            choice = (pos, nodes[pos]) if pos is not None else None
             for p, (s, node) in extra.items():
-                if best is None or (s, -p) > best:
-                    best, choice = (s, -p), (p, node)
+                if best is None or (s, -int(rank[p])) > best:
+                    best, choice = (s, -int(rank[p])), (p, node)
             return [choice] if choice else None
         idx = np.flatnonzero(ok)
-        ranked = [(float(score[p]), p, nodes[p]) for p in idx.tolist() if p not in extra]
-        ranked += [(s, p, node) for p, (s, node) in extra.items()]
+        ranked = [(float(score[p]), int(rank[p]), p, nodes[p]) for p in idx.tolist() if p not in extra]
+        ranked += [(s, int(rank[p]), p, node) for p, (s, node) in extra.items()]
         if len(ranked) < want:
             return None
         ranked.sort(key=lambda t: (-t[0], t[1]))
-        return [(p, node) for _, p, node in ranked[:want]]
+        return [(p, node) for _, _, p, node in ranked[:want]]
 
     def _plan(
         self, job: Job, chosen: list[tuple[int, Node]]
@@ -528,9 +535,9 @@ class _Cycle:
 
     # -- reservations --------------------------------------------------------------------------------------
     def pos_of(self, name: str) -> int | None:
-        if self._pos_of is None:
-            self._pos_of = {n: i for i, n in enumerate(self.index.names)}
-        return self._pos_of.get(name)
+        """The slot of a node in this snapshot (None for a node it does not list)."""
+        slot = self.index.slot_of.get(name)
+        return slot if slot is not None and self.index.present[slot] else None
 
     def _real_node(self, pos: int) -> Node:
         return self.real.get(pos) or self.index.nodes[pos]
@@ -584,7 +591,7 @@ class _Cycle:
                 break
         if start is None:
             return
-        chosen = [(p, view(p)) for p in sorted(fitting)[: req.nodes]]
+        chosen = [(p, view(p)) for p in self.index.ranked(fitting)[: req.nodes]]
         plan = self._plan(job, chosen)
         if plan is None:
             return
@@ -795,7 +802,8 @@ class _Cycle:
             candidates += [((-1, 0.0, 0), int(p), []) for p in np.flatnonzero(ok).tolist()]
         if len({pos for _, pos, _ in candidates}) < req.nodes or not candidates:
             return False
-        candidates.sort(key=lambda c: (c[0], c[1]))
+        rank = self.index.rank
+        candidates.sort(key=lambda c: (c[0], int(rank[c[1]])))
         picked: list[tuple[int, list[Job]]] = []
         seen_pos: set[int] = set()
         for _, pos, victims in candidates:
@@ -848,6 +856,7 @@ class _Cycle:
         placed = {p.job_id for p in self.placements}
         explain = bool(self.param("explain"))
         explained: dict[Request, Status] = {}
+        in_order = None  # the index in snapshot order, so reasons name the first node that qualifies
         holders = {r.job_id: r for r in self.reservations}
         out: list[Pending] = []
         position = 0
@@ -874,8 +883,10 @@ class _Cycle:
                 status = explained.get(req)
                 if status is None:
                     ok, _ = self._feasible(job)
+                    if in_order is None:
+                        in_order = self.index.in_order()
                     status = self._filtered_reason(job, ok) or explain_cluster(
-                        req, self.index, ok, self.factor
+                        req, in_order, ok[self.index.order], self.factor
                     )
                     explained[req] = status
             out.append(Pending(job.id, status, position, self.est_start.get(job.id)))
@@ -887,7 +898,7 @@ class _Cycle:
         if not extra or ok.any():
             return None
         nodes = self.index.nodes
-        for pos in np.flatnonzero(self.index.coarse(job.request)).tolist():
+        for pos in self.index.ranked(np.flatnonzero(self.index.coarse(job.request)).tolist()):
             if not node_fits(job.request, nodes[pos], self.factor):
                 continue
             for f in extra:
@@ -906,7 +917,7 @@ class _Cycle:
         return self._reason_cache[key]
 
     def _reserved_reason_for(self, job: Job) -> Status | None:
-        for pos in sorted(self.holds):
+        for pos in self.index.ranked(self.holds):
             if self._node_ok(job, self.real[pos]):
                 first = min(self.holds[pos], key=lambda h: h.start)
                 return Status(

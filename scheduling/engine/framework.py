@@ -41,7 +41,10 @@ class AdmitPlugin(Protocol):
 
 
 class FilterPlugin(Protocol):
-    """None when the node can host the job (ignoring other jobs' reservations), else why not."""
+    """None when the node can host the job (ignoring other jobs' reservations), else why not.
+
+    Filters and node scores are cached per (request, node shape) across cycles unless the class sets
+    `CACHEABLE = False` (see docs/engine.md, "Adding a plugin")."""
 
     NAME: str
 
@@ -49,6 +52,9 @@ class FilterPlugin(Protocol):
 
 
 class NodeScorePlugin(Protocol):
+    """Higher is better. A non-cacheable plugin may also define `score_nodes(ctx, job, nodes) -> Sequence[float]`
+    to score many nodes in one call; the engine then uses it instead of one `score_node` call per node."""
+
     NAME: str
 
     def score_node(self, ctx: CycleContext, job: Job, node: Node) -> float: ...

@@ -10,6 +10,8 @@ since still cannot, so it is skipped without a look. Ties always go to the lowes
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import compress
+from operator import is_not
 
 import numpy as np
 
@@ -86,51 +88,110 @@ def only_consumed(old: Node, new: Node) -> bool:
 class RequestMemo:
     """For one request: which positions fit, their cached score, and the node version each verdict is for."""
 
-    __slots__ = ("ok", "score", "ver", "clock", "best")
+    __slots__ = ("ok", "score", "ver", "clock", "best", "layout")
 
     def __init__(self, n: int):
         self.ok = np.zeros(n, dtype=bool)
         self.score = np.zeros(n, dtype=np.float64)
         self.ver = np.full(n, -1, dtype=np.int64)
         self.clock = -1  # the index clock this memo is up to date with
-        self.best: int | None | bool = False  # cached best position (None: nowhere); False: not computed
+        self.best: int | None | bool = False  # cached best slot (None: nowhere); False: not computed
+        self.layout = -1  # the index layout `best` was computed for
+
+    def grow(self, n: int) -> None:
+        self.ok = np.concatenate([self.ok, np.zeros(n - len(self.ok), dtype=bool)])
+        self.score = np.concatenate([self.score, np.zeros(n - len(self.score), dtype=np.float64)])
+        self.ver = np.concatenate([self.ver, np.full(n - len(self.ver), -1, dtype=np.int64)])
+        self.best = False
 
 
 class NodeIndex:
+    """Nodes live in *slots*, one per node name, that outlast a snapshot: a node list that changes order or
+    membership from one cycle to the next keeps every memo. `rank[slot]` is the node's position in the current
+    snapshot (ties go to the lowest rank) and `present[slot]` whether it is in it at all."""
+
     def __init__(self, nodes: Sequence[Node], timeslice_factor: float):
         self.timeslice_factor = timeslice_factor
         self.shape_ids: dict[tuple, int] = {}
         self.model_bits: dict[str, int] = {}
         self.memos: dict[Request, RequestMemo] = {}
         self.verdicts: dict[tuple[Request, int], tuple[bool, float]] = {}
-        self.base: tuple[Node, ...] = ()
-        self.touched: set[int] = set()  # positions set() since the owner last cleared it
+        self.touched: set[int] = set()  # slots set() since the owner last cleared it
         self._build(tuple(nodes))
 
     # -- building and keeping in step -------------------------------------------------------------------------
+    _ARRAYS = (
+        ("shape", np.int64, 0),
+        ("ver", np.int64, 0),
+        ("rel_ver", np.int64, 0),
+        ("ready", bool, False),
+        ("present", bool, False),
+        ("rank", np.int64, 1 << 62),
+        ("free_cpu", np.int64, 0),
+        ("free_mem", np.int64, 0),
+        ("n_idle", np.int64, 0),
+        ("slice_mem", np.int64, 0),
+        ("slice_comp", np.int64, 0),
+        ("model_mask", np.int64, 0),
+        ("card_mem", np.int64, 0),
+        ("cc", np.int64, 0),
+    )
+
     def _build(self, nodes: tuple[Node, ...]) -> None:
-        n = len(nodes)
-        self.base = nodes
-        self.nodes: list[Node] = list(nodes)
-        self.names = [node.name for node in nodes]
-        self.shape = np.zeros(n, dtype=np.int64)
-        self.ver = np.zeros(n, dtype=np.int64)
-        self.rel_ver = np.zeros(n, dtype=np.int64)
-        self.ready = np.zeros(n, dtype=bool)
-        self.free_cpu = np.zeros(n, dtype=np.int64)
-        self.free_mem = np.zeros(n, dtype=np.int64)
-        self.n_idle = np.zeros(n, dtype=np.int64)
-        self.slice_mem = np.zeros(n, dtype=np.int64)
-        self.slice_comp = np.zeros(n, dtype=np.int64)
-        self.model_mask = np.zeros(n, dtype=np.int64)
-        self.card_mem = np.zeros(n, dtype=np.int64)
-        self.cc = np.zeros(n, dtype=np.int64)
+        self.capacity = 0
+        self.slot_of: dict[str, int] = {}
+        self.nodes: list[Node] = []  # the working node per slot
+        self.names: list[str] = []
+        self.snap_nodes: list[Node | None] = []  # the node per slot as the last snapshot gave it
+        for name, dtype, fill in self._ARRAYS:
+            setattr(self, name, np.full(0, fill, dtype=dtype))
         self.clock = 1
         self.base_clock = 1
-        self.log: list[int] = []  # log[k]: the position whose change moved the clock to base_clock + k + 1
+        self.log: list[int] = []  # log[k]: the slot whose change moved the clock to base_clock + k + 1
         self.memos.clear()
-        for pos, node in enumerate(nodes):
-            self._summarise(pos, node)
+        self.layout_id = 0
+        self.base: tuple[Node, ...] = ()
+        self.order: list[int] = []  # snapshot position -> slot
+        self._layout(nodes)
+
+    def _grow(self, need: int) -> None:
+        if need <= self.capacity:
+            return
+        size = max(need, 2 * self.capacity, 16)
+        for name, dtype, fill in self._ARRAYS:
+            old = getattr(self, name)
+            grown = np.full(size, fill, dtype=dtype)
+            grown[: len(old)] = old
+            setattr(self, name, grown)
+        self.capacity = size
+
+    def _layout(self, nodes: tuple[Node, ...]) -> None:
+        """Map a snapshot's node list onto slots, looking at each node only if its object is new to its slot."""
+        order = []
+        for node in nodes:
+            slot = self.slot_of.get(node.name)
+            if slot is None:
+                slot = self.slot_of[node.name] = len(self.nodes)
+                self._grow(slot + 1)
+                self.nodes.append(node)
+                self.names.append(node.name)
+                self.snap_nodes.append(node)
+                self._summarise(slot, node)
+                self._bump(slot, released=True)
+            order.append(slot)
+        if len(set(order)) != len(order):
+            raise ValueError("node names must be unique within a snapshot")
+        self.present[:] = False
+        self.rank[:] = 1 << 62
+        idx = np.asarray(order, dtype=np.int64)
+        self.present[idx] = True
+        self.rank[idx] = np.arange(len(order), dtype=np.int64)
+        self.layout_id += 1
+        self.order = order
+        self.base = nodes
+        for slot, node in zip(order, nodes, strict=True):
+            self.snap_nodes[slot] = node
+            self.set(slot, node)
 
     def _model_bit(self, model: str) -> int:
         bit = self.model_bits.get(model)
@@ -173,7 +234,7 @@ class NodeIndex:
         self.cc[pos] = cc
 
     def set(self, pos: int, node: Node, *, consumed_only: bool | None = None) -> None:
-        """Replace the node at `pos`; `consumed_only` says whether it only lost capacity (computed if None)."""
+        """Replace the node in slot `pos`; `consumed_only` says whether it only lost capacity (computed if None)."""
         old = self.nodes[pos]
         if node is old:
             return
@@ -183,20 +244,26 @@ class NodeIndex:
         self._summarise(pos, node)
         if int(self.shape[pos]) == old_shape:
             return
+        if consumed_only is None:
+            consumed_only = only_consumed(old, node)
+        self._bump(pos, released=not consumed_only)
+
+    def _bump(self, pos: int, *, released: bool) -> None:
+        """Record that a slot changed: memos look at it again (and, if it may have gained room, even where the
+        request did not fit)."""
         self.clock += 1
         if len(self.log) > _MAX_LOG:
             self.log = []
             self.base_clock = self.clock - 1  # memos older than this catch up through whole arrays
         self.log.append(pos)
         self.ver[pos] = self.clock
-        if consumed_only is None:
-            consumed_only = only_consumed(old, node)
-        if not consumed_only:
+        if released:
             self.rel_ver[pos] = self.clock
 
     def sync(self, nodes: tuple[Node, ...], dirty: set[int]) -> None:
-        """Catch up with a new snapshot: look only at positions whose node object changed or that the last cycle
-        modified. A different node list (names or length) is rebuilt from scratch."""
+        """Catch up with a new snapshot. With the same node list as last time only positions whose node object
+        changed, and slots the last cycle modified (`dirty`), are looked at; otherwise each node is matched to its
+        slot by name and looked at only if its object is not the one the slot holds."""
         if len(self.shape_ids) > _MAX_SHAPES:
             self.shape_ids.clear()
             self.verdicts.clear()
@@ -205,23 +272,62 @@ class NodeIndex:
         if nodes is self.base and not dirty:
             return
         old = self.base
-        if len(old) != len(nodes):
-            self._build(nodes)
+        order = self.order
+        same = len(old) == len(nodes)
+        changed: list[int] = []
+        if same:
+            names = self.names
+            # The identity comparison runs in C (map/compress): a replay changes one node in a thousand.
+            for pos in compress(range(len(nodes)), map(is_not, old, nodes)):
+                if nodes[pos].name != names[order[pos]]:
+                    same = False
+                    break
+                changed.append(pos)
+        if not same:
+            self._layout(nodes)
             return
-        changed = set(dirty)
-        changed.update(i for i, (a, b) in enumerate(zip(old, nodes, strict=True)) if a is not b)
-        for pos in changed:
-            if nodes[pos].name != self.names[pos]:
-                self._build(nodes)
-                return
         self.base = nodes
-        for pos in sorted(changed):
-            self.set(pos, nodes[pos])
+        snap_nodes = self.snap_nodes
+        for pos in changed:
+            snap_nodes[order[pos]] = nodes[pos]
+        for slot in sorted(dirty | {order[pos] for pos in changed}):
+            self.set(slot, snap_nodes[slot])
+
+    def ranked(self, slots: Sequence[int]) -> list[int]:
+        """The slots in snapshot order."""
+        rank = self.rank
+        return sorted(slots, key=lambda s: rank[s])
+
+    def best(self, ok: np.ndarray, score: np.ndarray) -> int | None:
+        """The slot with the highest score among those that fit and are present; ties to the lowest rank."""
+        masked = np.where(ok & self.present, score, NEG_INF)
+        top = masked.max() if len(masked) else NEG_INF
+        if top == NEG_INF:
+            return None
+        tied = np.flatnonzero(masked == top)
+        return int(tied[0]) if len(tied) == 1 else int(tied[np.argmin(self.rank[tied])])
+
+    def in_order(self) -> NodeIndex:
+        """A copy of the index laid out in snapshot order (slot = position), for code that names nodes."""
+        view = object.__new__(NodeIndex)
+        view.timeslice_factor = self.timeslice_factor
+        view.model_bits = self.model_bits
+        idx = np.asarray(self.order, dtype=np.int64)
+        for name, _, _ in self._ARRAYS:
+            setattr(view, name, getattr(self, name)[idx])
+        view.nodes = [self.nodes[s] for s in self.order]
+        view.names = [self.names[s] for s in self.order]
+        view.order = list(range(len(self.order)))
+        return view
 
     # -- asking ----------------------------------------------------------------------------------------------
-    def coarse(self, req: Request) -> np.ndarray:
-        """A cheap necessary condition: positions failing it cannot host the request."""
-        m = self.ready & (self.free_cpu >= req.cpu_milli) & (self.free_mem >= req.memory_mib)
+    def coarse(self, req: Request, *, present: bool = True) -> np.ndarray:
+        """A cheap necessary condition: slots failing it cannot host the request. With `present`, slots absent
+        from the snapshot fail too (memos leave that out: their verdicts must outlive a node's absence)."""
+        m = self.ready & (self.free_cpu >= req.cpu_milli)
+        if present:
+            m &= self.present
+        m &= self.free_mem >= req.memory_mib
         if req.gpus:
             m &= self.n_idle >= req.gpus
         elif req.is_slice:
@@ -241,7 +347,7 @@ class NodeIndex:
 
     def static(self, req: Request) -> np.ndarray:
         """Ready nodes with a card of the allowed model, memory and compute capability (free or not)."""
-        m = self.ready.copy()
+        m = self.ready & self.present
         if not req.uses_gpu:
             return m
         if req.gpu_models:
@@ -262,7 +368,12 @@ class NodeIndex:
         """The request's memo brought up to date; `evaluate(pos)` gives (fits, cached score part) for a node."""
         memo = self.memos.get(req)
         if memo is None:
-            memo = self.memos[req] = RequestMemo(len(self.nodes))
+            memo = self.memos[req] = RequestMemo(self.capacity)
+        elif len(memo.ok) < self.capacity:
+            memo.grow(self.capacity)
+        if memo.layout != self.layout_id:
+            memo.best = False
+            memo.layout = self.layout_id
         if memo.clock == self.clock:
             return memo
         memo.best = False
@@ -290,7 +401,7 @@ class NodeIndex:
         still_out = stale & ~memo.ok & (self.rel_ver <= memo.ver)
         look = stale & ~still_out
         if look.any():
-            cand = look & self.coarse(req)
+            cand = look & self.coarse(req, present=False)
             memo.ok[look & ~cand] = False
             verdicts = self.verdicts
             shape = self.shape
