@@ -83,7 +83,7 @@ def pipe(cluster, django_db_blocker, request):
     """The cluster for one test; jobs it leaves alive are cancelled so the next test starts on idle GPUs."""
     from scheduling.models import Gpu, Job
     from scheduling.services import job_cancel
-    from scheduling.states import LIVE_STATES
+    from scheduling.states import LIVE_STATES, IllegalTransition
 
     with django_db_blocker.unblock():
         yield cluster
@@ -91,7 +91,11 @@ def pipe(cluster, django_db_blocker, request):
             print(cluster.logs())
         with transaction.atomic():  # one commit: no cycle hands the freed GPUs to a job about to be cancelled
             for job in Job.objects.filter(state__in=LIVE_STATES):
-                job_cancel(job=job, actor=None)
+                try:
+                    with transaction.atomic():
+                        job_cancel(job=job, actor=None)
+                except IllegalTransition:
+                    pass  # it finished meanwhile
         wait_for(
             "the GPUs to be free again",
             lambda: not Gpu.objects.filter(allocated_memory_mib__gt=0).exists(),
