@@ -50,38 +50,40 @@ def _hours(result: SimResult) -> bool:
     return result.end_s - result.start_s <= 14 * 86400
 
 
-def _time_axis(result: SimResult) -> tuple[list[float], str]:
-    ts = [p.time_s for p in result.series]
-    if _hours(result):
-        return [t / 3600 for t in ts], "time (h)"
-    return [t / 86400 for t in ts], "time (days)"
+def _binned(result: SimResult, value, bins: int = 240) -> tuple[list[float], list[float], str]:
+    """Time-weighted averages of a step series over equal bins: one point per bin, so instants between a
+    completion and the next cycle do not draw as spikes. Returns (bin centres, averages, axis label)."""
+    series = result.series
+    start, end = result.start_s, max(result.end_s, result.start_s + 1e-9)
+    width = (end - start) / bins
+    sums = [0.0] * bins
+    for k, p in enumerate(series):
+        t0 = max(start, p.time_s)
+        t1 = min(end, series[k + 1].time_s if k + 1 < len(series) else end)
+        v = value(p)
+        while t1 > t0:
+            b = min(bins - 1, int((t0 - start) / width))
+            edge = min(t1, start + (b + 1) * width)
+            sums[b] += v * (edge - t0)
+            t0 = edge if edge > t0 else t1
+    scale, label = (3600, "time (h)") if _hours(result) else (86400, "time (days)")
+    xs = [(start + (b + 0.5) * width) / scale for b in range(bins)]
+    return xs, [x / width for x in sums], label
 
 
 def plot_utilization(results: Mapping[str, SimResult], path: Path, *, title: str = "") -> Path:
-    """Utilization (solid) and allocation (dashed) over time, one colour per policy."""
+    """Utilization (solid) and allocation (dashed) over time, one colour per policy (averages over short bins)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 3.6), dpi=90)
+    label = "time"
     for i, (name, r) in enumerate(results.items()):
-        xs, label = _time_axis(r)
         cap = max(1, r.capacity_milli)
         c = COLOURS[i % len(COLOURS)]
-        ax.step(
-            xs,
-            [100 * p.used_milli / cap for p in r.series],
-            where="post",
-            color=c,
-            label=f"{name}: utilization",
-        )
-        ax.step(
-            xs,
-            [100 * p.allocated_milli / cap for p in r.series],
-            where="post",
-            color=c,
-            ls="--",
-            lw=1,
-            label=f"{name}: allocation",
-        )
-        ax.set_xlabel(label)
+        xs, used, label = _binned(r, lambda p, cap=cap: 100 * p.used_milli / cap)
+        _, alloc, _ = _binned(r, lambda p, cap=cap: 100 * p.allocated_milli / cap)
+        ax.plot(xs, used, color=c, label=f"{name}: utilization")
+        ax.plot(xs, alloc, color=c, ls="--", lw=1, label=f"{name}: allocation")
+    ax.set_xlabel(label)
     ax.set_ylabel("% of GPU capacity")
     ax.set_ylim(0, 105)
     ax.grid(alpha=0.3)
@@ -93,13 +95,12 @@ def plot_utilization(results: Mapping[str, SimResult], path: Path, *, title: str
 def plot_queue(results: Mapping[str, SimResult], path: Path, *, title: str = "") -> Path:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 3.2), dpi=90)
+    label = "time"
     for i, (name, r) in enumerate(results.items()):
-        xs, label = _time_axis(r)
-        ax.step(
-            xs, [p.queue_len for p in r.series], where="post", color=COLOURS[i % len(COLOURS)], label=name
-        )
-        ax.set_xlabel(label)
-    ax.set_ylabel("jobs waiting")
+        xs, queue, label = _binned(r, lambda p: p.queue_len)
+        ax.plot(xs, queue, color=COLOURS[i % len(COLOURS)], label=name)
+    ax.set_xlabel(label)
+    ax.set_ylabel("jobs waiting (average)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(title or "Queue length over time", fontsize=10)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import json
 
+import pytest
+
 from scheduling.sim.cli_dynamic import run_scenario
 from scheduling.sim.report import load_static_results, plot_alloc_vs_arrival, write_run_report
 
@@ -35,3 +37,13 @@ def test_the_three_teams_example_survives_its_node_failure_and_reports_fairness(
         rows = list(csv.DictReader(fh))
     assert len(rows) >= figures["jobs_arrived"]  # one row per job of the workload, arrived or not
     assert {"wait_s", "preemptions", "lost_work_s", "team"} <= set(rows[0])
+
+
+def test_the_plotted_bins_average_to_the_reported_utilization():
+    from scheduling.sim.metrics import summarize
+    from scheduling.sim.report import _binned
+
+    _, results, _ = run_scenario("seed-case", policies=["tessera"])
+    result = results["tessera"]
+    _, used, _ = _binned(result, lambda p: p.used_milli / result.capacity_milli)
+    assert sum(used) / len(used) == pytest.approx(summarize(result)["utilization"], abs=1e-3)
