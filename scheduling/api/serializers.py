@@ -11,6 +11,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from scheduling.choices import JobState
 from scheduling.models import Job, JobEvent
 from scheduling.services import JobSpec
 from scheduling.spec import spec_to_mapping
@@ -37,7 +38,7 @@ def job_request(job: Job) -> dict[str, Any]:
         "compute_pct": job.compute_pct,
         "gpu_models": job.gpu_models,
         "min_gpu_memory_mib": job.min_gpu_memory_mib,
-        "min_compute_capability": job.min_compute_capability,
+        "min_compute_capability": f"{job.min_compute_capability:.1f}",
         "topology": job.topology,
         "nodes": job.nodes,
         "cpu_milli": job.cpu_milli,
@@ -46,44 +47,38 @@ def job_request(job: Job) -> dict[str, Any]:
     }
 
 
-class JobSerializer(serializers.ModelSerializer):
+class JobSerializer(serializers.Serializer):
+    """A job as lists show it. Declared field by field (not a ModelSerializer): submit answers with it, and
+    building model fields on every request costs more than the rest of the serialisation."""
+
+    id = serializers.IntegerField(read_only=True)
+    name = serializers.CharField(read_only=True)
     team = serializers.CharField(source="team.slug", read_only=True)
+    team_id = serializers.IntegerField(read_only=True)
     user = serializers.CharField(source="submitter.username", read_only=True)
+    state = serializers.ChoiceField(choices=JobState.choices, read_only=True)
+    command = serializers.CharField(read_only=True)
+    request = serializers.SerializerMethodField()
     priority = serializers.CharField(source="priority_class.name", read_only=True)
     priority_value = serializers.IntegerField(source="priority_class.value", read_only=True)
-    request = serializers.SerializerMethodField()
-
-    class Meta:
-        model = Job
-        fields = [
-            "id",
-            "name",
-            "team",
-            "team_id",
-            "user",
-            "state",
-            "command",
-            "request",
-            "priority",
-            "priority_value",
-            "preemptible",
-            "borrowed",
-            "attempt",
-            "submitted_at",
-            "placed_at",
-            "started_at",
-            "finished_at",
-            "exit_code",
-            "pending_reason_code",
-            "pending_reason",
-            "queue_position",
-            "estimated_start_at",
-        ]
-        read_only_fields = fields
+    preemptible = serializers.BooleanField(read_only=True)
+    borrowed = serializers.BooleanField(read_only=True, help_text="Runs on borrowed capacity: reclaimable.")
+    attempt = serializers.IntegerField(read_only=True)
+    submitted_at = serializers.DateTimeField(read_only=True)
+    placed_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    started_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    finished_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    exit_code = serializers.IntegerField(read_only=True, allow_null=True)
+    pending_reason_code = serializers.CharField(read_only=True, allow_blank=True)
+    pending_reason = serializers.CharField(read_only=True, allow_blank=True)
+    queue_position = serializers.IntegerField(
+        read_only=True, allow_null=True, help_text="Place in the queue at the last scheduling cycle."
+    )
+    estimated_start_at = serializers.DateTimeField(read_only=True, allow_null=True)
 
     @extend_schema_field(JobRequestSerializer)
     def get_request(self, job: Job) -> dict[str, Any]:
-        return JobRequestSerializer(job_request(job)).data
+        return job_request(job)  # already in its JSON form (see JobRequestSerializer)
 
 
 class JobSliceSerializer(serializers.Serializer):
@@ -97,13 +92,10 @@ class JobSliceSerializer(serializers.Serializer):
 
 class JobDetailSerializer(JobSerializer):
     env = serializers.DictField(child=serializers.CharField(), read_only=True)
+    requeue_on_node_loss = serializers.BooleanField(read_only=True)
     slices = JobSliceSerializer(many=True, read_only=True)
     spec = serializers.SerializerMethodField(help_text="The job as a spec, for 'copy & edit'.")
     can_cancel = serializers.SerializerMethodField()
-
-    class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "env", "requeue_on_node_loss", "slices", "spec", "can_cancel"]
-        read_only_fields = fields
 
     @extend_schema_field(OpenApiTypes.OBJECT)
     def get_spec(self, job: Job) -> dict[str, Any]:
