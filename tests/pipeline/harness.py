@@ -287,3 +287,29 @@ def seed(cluster: Cluster) -> dict:
     alice = get_user_model().objects.create_user(username="alice", password="alice-pw")
     membership_set(user=alice, team=lab)
     return {"alice": alice, "team": lab}
+
+
+# -- job helpers -----------------------------------------------------------------------------------------------
+
+
+def submit(pipe, **spec):
+    """Submit as alice to the pipeline team; whole-GPU jobs go to the A100s unless told otherwise."""
+    from scheduling.services import JobSpec, job_submit
+
+    spec.setdefault("name", "e2e")
+    spec.setdefault("gpu_models", ("A100-80GB",))
+    return job_submit(submitter=pipe.people["alice"], team=pipe.people["team"], spec=JobSpec(**spec))
+
+
+def wait_state(job, *states: str, timeout_s: float = 20):
+    def reached():
+        job.refresh_from_db()
+        return job.state in states
+
+    wait_for(f"job #{job.pk} to reach {'/'.join(states)} (it is {job.state})", reached, timeout_s=timeout_s)
+    return job
+
+
+def path_of(job) -> list[str]:
+    """The states a job went through, in order, from its events."""
+    return list(job.events.order_by("at", "id").values_list("to_state", flat=True))

@@ -7,27 +7,8 @@ import time
 from scheduling import joblogs
 from scheduling.choices import JobState, NodeState
 from scheduling.models import Job, JobEvent, Node
-from scheduling.services import JobSpec, job_cancel, job_submit
-from tests.pipeline.harness import NODE_LOST_AFTER_S, wait_for
-
-
-def submit(pipe, **spec) -> Job:
-    spec.setdefault("name", "e2e")
-    spec.setdefault("gpu_models", ("A100-80GB",))
-    return job_submit(submitter=pipe.people["alice"], team=pipe.people["team"], spec=JobSpec(**spec))
-
-
-def wait_state(job: Job, *states: str, timeout_s: float = 20) -> Job:
-    def reached():
-        job.refresh_from_db()
-        return job.state in states
-
-    wait_for(f"job #{job.pk} to reach {'/'.join(states)} (it is {job.state})", reached, timeout_s=timeout_s)
-    return job
-
-
-def path_of(job: Job) -> list[str]:
-    return list(job.events.order_by("at", "id").values_list("to_state", flat=True))
+from scheduling.services import job_cancel
+from tests.pipeline.harness import NODE_LOST_AFTER_S, path_of, submit, wait_for, wait_state
 
 
 def test_a_job_goes_from_submit_to_succeeded_and_its_logs_are_readable(pipe):

@@ -16,8 +16,7 @@ from django.db import connection, transaction
 from scheduling import cycle
 from scheduling.choices import JobState
 from scheduling.models import Gpu, Job, SchedulerLease, Slice
-from tests.pipeline.harness import wait_for
-from tests.pipeline.test_end_to_end import submit, wait_state
+from tests.pipeline.harness import submit, wait_for, wait_state
 
 
 def ledger_violations() -> dict[str, int]:
