@@ -1,0 +1,124 @@
+"""What agents report, applied to the database: idempotent, and refused when it is about someone else's work."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduling import cycle
+from scheduling.agent_services import job_report, node_event, node_hello
+from scheduling.choices import GpuHealth, JobState, NodeState
+from scheduling.engine import types as eng
+from scheduling.models import Gpu, Node
+from scheduling.services import JobSpec, job_submit
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def running(node, alice, teams):
+    """A one-GPU job placed on a100-01/gpu0 and started."""
+    job = job_submit(submitter=alice, team=teams["training"], spec=JobSpec(name="j", command="true", gpus=1))
+    placement = eng.Placement(str(job.pk), (eng.Assignment("a100-01", 0, 81920, 1000),))
+    cycle.apply_decisions(decisions=eng.Decisions(placements=(placement,)), epoch=cycle.epoch_issue())
+    job.refresh_from_db()
+    assert job_report(node_id=node.pk, payload=report(job, "started")).changed
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    return job
+
+
+def report(job, state, **extra):
+    return {"job_id": str(job.pk), "attempt": job.attempt, "state": state, "pid": 42, **extra}
+
+
+def test_a_repeated_final_report_changes_nothing(node, running):
+    first = job_report(node_id=node.pk, payload=report(running, "exited", exit_code=0))
+    again = job_report(node_id=node.pk, payload=report(running, "exited", exit_code=0))
+    running.refresh_from_db()
+    assert first.changed and again.ok and not again.changed
+    assert (
+        running.state == JobState.SUCCEEDED
+        and running.events.filter(to_state=JobState.SUCCEEDED).count() == 1
+    )
+
+
+def test_it_refuses_a_report_about_another_attempt(node, running):
+    outcome = job_report(node_id=node.pk, payload={**report(running, "exited", exit_code=0), "attempt": 7})
+    running.refresh_from_db()
+    assert not outcome.ok and "stale" in outcome.error
+    assert running.state == JobState.RUNNING
+
+
+def test_it_refuses_a_report_from_a_node_the_job_is_not_on(node, running, a100):
+    other = Node.objects.create(name="a100-02", cpu_milli=1000, memory_mib=1024)
+    outcome = job_report(node_id=other.pk, payload=report(running, "exited", exit_code=0))
+    running.refresh_from_db()
+    assert not outcome.ok and running.state == JobState.RUNNING
+
+
+def test_it_refuses_reports_from_a_lost_node(node, running):
+    Node.objects.filter(pk=node.pk).update(state=NodeState.LOST)
+    outcome = job_report(node_id=node.pk, payload=report(running, "exited", exit_code=0))
+    assert not outcome.ok and "lost" in outcome.error
+
+
+def test_a_stop_after_preemption_requeues_it_with_its_submit_time(node, running):
+    eviction = eng.Eviction(str(running.pk), "99", "preempted", 30.0)
+    cycle.apply_decisions(decisions=eng.Decisions(evictions=(eviction,)), epoch=cycle.epoch_issue())
+    submitted_at = running.submitted_at
+    assert job_report(
+        node_id=node.pk, payload=report(running, "stopped", exit_code=-15, reason="not_desired")
+    ).changed
+    running.refresh_from_db()
+    assert running.state == JobState.PENDING and running.submitted_at == submitted_at
+    assert running.events.last().code == "requeued"
+
+
+def test_a_job_killed_for_its_runtime_fails_with_that_reason(node, running):
+    job_report(node_id=node.pk, payload=report(running, "killed", exit_code=-15, reason="max_runtime"))
+    running.refresh_from_db()
+    assert running.state == JobState.FAILED and running.exit_code == -15
+    assert running.events.last().code == "max_runtime"
+
+
+def test_a_placement_on_gpus_the_node_does_not_have_is_requeued_not_failed(node, alice, teams):
+    job = job_submit(submitter=alice, team=teams["training"], spec=JobSpec(name="j", command="true", gpus=1))
+    placement = eng.Placement(str(job.pk), (eng.Assignment("a100-01", 1, 81920, 1000),))
+    cycle.apply_decisions(decisions=eng.Decisions(placements=(placement,)), epoch=cycle.epoch_issue())
+    job.refresh_from_db()
+    job_report(node_id=node.pk, payload=report(job, "launch_failed", reason="GPU(s) not on this node: GPU-x"))
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING and not job.slices.exists()
+
+
+def test_a_prevented_interference_is_recorded_on_the_job(node, running):
+    payload = {
+        "kind": "prevented_neighbour_interference",
+        "job_id": str(running.pk),
+        "attempt": 1,
+        "gpu_uuid": "GPU-test-0",
+        "used_mib": 6144,
+        "limit_mib": 4096,
+        "pids": [43],
+    }
+    assert node_event(node_id=node.pk, payload=payload).ok
+    event = running.events.get(code="prevented_neighbour_interference")
+    assert event.data["used_mib"] == 6144 and event.from_state == event.to_state == JobState.RUNNING
+
+
+def test_hello_renames_gpus_by_index_and_marks_unreported_ones_failed(node):
+    gpus = [{"index": i, "uuid": f"GPU-real-{i}", "memory_total_mib": 81920} for i in range(7)]
+    result = node_hello(node_id=node.pk, payload={"inventory": {"gpus": gpus}, "agent_version": "0.1.0"})
+    assert result["uuid_updated"] == list(range(7)) and result["missing"] == [7]
+    assert Gpu.objects.get(node=node, index=3).uuid == "GPU-real-3"
+    assert Gpu.objects.get(node=node, index=7).health == GpuHealth.FAILED
+    node.refresh_from_db()
+    assert node.last_heartbeat_at is not None and node.sync.agent_version == "0.1.0"
+
+
+def test_hello_brings_a_lost_node_back(node):
+    Node.objects.filter(pk=node.pk).update(state=NodeState.LOST)
+    gpus = [{"index": i, "uuid": f"GPU-test-{i}"} for i in range(8)]
+    node_hello(node_id=node.pk, payload={"inventory": {"gpus": gpus}})
+    node.refresh_from_db()
+    assert node.state == NodeState.READY
