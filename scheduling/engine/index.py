@@ -113,10 +113,12 @@ class NodeIndex:
     def __init__(self, nodes: Sequence[Node], timeslice_factor: float):
         self.timeslice_factor = timeslice_factor
         self.shape_ids: dict[tuple, int] = {}
+        self.rows: dict[int, tuple] = {}  # shape id -> its summary
         self.model_bits: dict[str, int] = {}
         self.memos: dict[Request, RequestMemo] = {}
         self.verdicts: dict[tuple[Request, int], tuple[bool, float]] = {}
         self.touched: set[int] = set()  # slots set() since the owner last cleared it
+        self._in_order: tuple[tuple, NodeIndex] | None = None
         self._build(tuple(nodes))
 
     # -- building and keeping in step -------------------------------------------------------------------------
@@ -149,6 +151,7 @@ class NodeIndex:
         self.base_clock = 1
         self.log: list[int] = []  # log[k]: the slot whose change moved the clock to base_clock + k + 1
         self.memos.clear()
+        self._in_order = None
         self.layout_id = 0
         self.base: tuple[Node, ...] = ()
         self.order: list[int] = []  # snapshot position -> slot
@@ -206,10 +209,23 @@ class NodeIndex:
         sid = self.shape_ids.get(key)
         if sid is None:
             sid = self.shape_ids[key] = len(self.shape_ids)
+            self.rows[sid] = self._row(node)
+        row = self.rows[sid]
         self.shape[pos] = sid
-        self.ready[pos] = node.schedulable
-        self.free_cpu[pos] = node.free_cpu_milli
-        self.free_mem[pos] = node.free_memory_mib
+        (
+            self.ready[pos],
+            self.free_cpu[pos],
+            self.free_mem[pos],
+            self.n_idle[pos],
+            self.slice_mem[pos],
+            self.slice_comp[pos],
+            self.model_mask[pos],
+            self.card_mem[pos],
+            self.cc[pos],
+        ) = row
+
+    def _row(self, node: Node) -> tuple:
+        """The summary of a node shape, in the order `_summarise` stores it."""
         idle = 0
         smem = scomp = -1
         mask = 0
@@ -226,12 +242,17 @@ class NodeIndex:
             if g.sharing is not Sharing.EXCLUSIVE:
                 smem = max(smem, g.memory_mib - g.allocated_memory_mib)
                 scomp = max(scomp, compute_cap_milli(g, self.timeslice_factor) - g.allocated_compute_milli)
-        self.n_idle[pos] = idle
-        self.slice_mem[pos] = smem
-        self.slice_comp[pos] = scomp
-        self.model_mask[pos] = mask
-        self.card_mem[pos] = card
-        self.cc[pos] = cc
+        return (
+            node.schedulable,
+            node.free_cpu_milli,
+            node.free_memory_mib,
+            idle,
+            smem,
+            scomp,
+            mask,
+            card,
+            cc,
+        )
 
     def set(self, pos: int, node: Node, *, consumed_only: bool | None = None) -> None:
         """Replace the node in slot `pos`; `consumed_only` says whether it only lost capacity (computed if None)."""
@@ -266,6 +287,7 @@ class NodeIndex:
         slot by name and looked at only if its object is not the one the slot holds."""
         if len(self.shape_ids) > _MAX_SHAPES:
             self.shape_ids.clear()
+            self.rows.clear()
             self.verdicts.clear()
             self._build(nodes)
             return
@@ -308,7 +330,17 @@ class NodeIndex:
         return int(tied[0]) if len(tied) == 1 else int(tied[np.argmin(self.rank[tied])])
 
     def in_order(self) -> NodeIndex:
-        """A copy of the index laid out in snapshot order (slot = position), for code that names nodes."""
+        """A copy of the index laid out in snapshot order (slot = position), for code that names nodes.
+        Kept until a node or the layout changes (a replay explains many failures in a row)."""
+        # Same layout and clock: every slot has the same shape (names and summaries), all that reasons read.
+        key = (self.layout_id, self.clock)
+        if self._in_order is not None and self._in_order[0] == key:
+            return self._in_order[1]
+        view = self._ordered()
+        self._in_order = (key, view)
+        return view
+
+    def _ordered(self) -> NodeIndex:
         view = object.__new__(NodeIndex)
         view.timeslice_factor = self.timeslice_factor
         view.model_bits = self.model_bits
