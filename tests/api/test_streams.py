@@ -148,10 +148,16 @@ def test_the_cluster_stream_forwards_live_gpu_metrics_and_drops_unknown_messages
         layer = get_channel_layer()
         await layer.group_send("cluster", {"type": "something.new", "secret": "x"})
         await layer.group_send(
-            "cluster", {"type": "gpu.metrics", "node": "a100-01", "at": 1.0, "gpus": [{"index": 0, "util_pct": 93}]}
+            "cluster",
+            {"type": "gpu.metrics", "node": "a100-01", "at": 1.0, "gpus": [{"index": 0, "util_pct": 93}]},
         )
         message = await communicator.receive_json_from(timeout=3)
-        assert message == {"type": "gpu.metrics", "node": "a100-01", "at": 1.0, "gpus": [{"index": 0, "util_pct": 93}]}
+        assert message == {
+            "type": "gpu.metrics",
+            "node": "a100-01",
+            "at": 1.0,
+            "gpus": [{"index": 0, "util_pct": 93}],
+        }
         await communicator.send_json_to({"type": "ping"})
         assert (await communicator.receive_json_from(timeout=3)) == {"type": "pong"}
         await communicator.disconnect()
@@ -168,7 +174,10 @@ def test_events_reach_a_redis_channel_layer_through_the_publisher_thread(setting
     from scheduling import events
 
     settings.CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [os.environ["REDIS_URL"]]}}
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [os.environ["REDIS_URL"]]},
+        }
     }
     layer = get_channel_layer()
     channel = async_to_sync(layer.new_channel)()
