@@ -311,9 +311,12 @@ def job_logs_store(*, node_id: int, payload: dict[str, Any]) -> tuple[int, int] 
     if job is None or job.attempt != attempt:
         return None
     chunk = data.encode()
-    joblogs.log_append(
-        job_id=job_id, stream=stream, data=chunk, offset=_attempt_base(job_id, stream, attempt) + offset
-    )
+    base = _attempt_base(job_id, stream, attempt)
+    size = joblogs.log_append(job_id=job_id, stream=stream, data=chunk, offset=base + offset)
+    if chunk:
+        events.publish_after_commit(
+            f"job-{job_id}", {"type": "logs.appended", "stream": stream, "size": size}
+        )
     return int(payload.get("next_offset", offset + len(chunk))), int(payload.get("size", 0))
 
 
