@@ -31,6 +31,8 @@ METRICS_PUBLISH_INTERVAL_S = 1.0
 LOG_PULL_INTERVAL_S = 2.0
 LOG_CHUNK_BYTES = protocol.MAX_LOG_CHUNK_BYTES
 FINAL_STATES = frozenset({"exited", "stopped", "killed", "launch_failed", "lost"})
+# Messages that write: the token is re-checked before each (metrics and logs only read or append).
+CHECKED = frozenset({"hello", "heartbeat", "job_status", "event", "ack"})
 
 
 def _header(scope: dict, name: bytes) -> str:
@@ -43,6 +45,10 @@ def _header(scope: dict, name: bytes) -> str:
 def _bearer(scope: dict) -> str:
     scheme, _, token = _header(scope, b"authorization").partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def _token_current(node_id: int, token_hash: str) -> bool:
+    return Node.objects.filter(pk=node_id, agent_token_hash=token_hash).exists()
 
 
 def _desired_for(node_id: int) -> DesiredState:
@@ -65,6 +71,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_WRONG_NODE)
             return
         self.node_id, self.node_name = node.pk, node.name
+        self.token_hash = node.agent_token_hash
         self.group = f"node-{node.name}"
         self.sent_version: int | None = None
         self.job_gpus: dict[str, list[tuple[int, int]]] = {}  # gpu uuid -> [(job id, team id)]
@@ -123,6 +130,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
             log.warning("node %s sent a malformed message: %s", self.node_name, exc)
             return
         kind, payload = msg["type"], msg["payload"]
+        if kind in CHECKED and not await database_sync_to_async(_token_current)(
+            self.node_id, self.token_hash
+        ):
+            # The token was rotated (or the node removed) since this connection opened: it speaks for no one.
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
         handler = getattr(self, f"on_{kind}", None)
         if handler is None:
             await self.send_msg(protocol.ack(msg["id"], ok=False, error=f"unknown message type {kind!r}"))

@@ -236,3 +236,39 @@ def test_gpu_utilisation_reaches_the_cluster_group_at_most_once_a_second_per_nod
         assert 2 <= len(msgs) <= 4, f"{node}: {len(msgs)} metrics messages in 3.5 s"
         assert {g["index"] for g in msgs[-1]["gpus"]} == {0, 1, 2}
     assert Gpu.objects.filter(node__name="pipe-a").count() == 3
+
+
+def test_a_rotated_token_stops_speaking_for_its_node_at_once(pipe):
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+    from websockets.sync.client import connect
+
+    from scheduling.models import Node
+    from scheduling.services import node_issue_token
+
+    url = f"ws://127.0.0.1:{pipe.port}/ws/agent/"
+    node = Node.objects.get(name="pipe-a")
+    connected_before = node.sync.connected_at
+    old_token = (pipe.root / "pipe-a.token").read_text()
+    with connect(url, additional_headers={"Authorization": f"Bearer {old_token}"}, open_timeout=10) as ws:
+        new_token = node_issue_token(node=node)
+        try:
+            heartbeat = {"v": 1, "type": "heartbeat", "id": "hb-1", "sent_at": time.time(), "payload": {}}
+            ws.send(json.dumps(heartbeat))
+            with pytest.raises(ConnectionClosed):
+                for _ in range(20):
+                    ws.recv(10)
+            assert ws.close_code == 4401
+            with pytest.raises(InvalidStatus):
+                connect(
+                    url, additional_headers={"Authorization": f"Bearer {old_token}"}, open_timeout=10
+                ).close()
+        finally:
+            # Give the real agent its node back (its token file now holds the new token; it reconnects).
+            (pipe.root / "pipe-a.token").write_text(new_token)
+            pipe.procs["agent-pipe-a"].stop()
+            pipe.start_agent("pipe-a")
+    wait_for(
+        "the agent to reconnect with the new token",
+        lambda: Node.objects.get(name="pipe-a").sync.connected_at > connected_before,
+        timeout_s=30,
+    )
