@@ -180,3 +180,28 @@ def test_a_submit_commits_while_redis_is_down_and_the_cycle_request_is_only_logg
     assert Job.objects.get(pk=job.pk).state == JobState.PENDING
     assert "could not request a scheduling cycle" in caplog.text
     tasks._redis_for.cache_clear()
+
+
+def test_fair_share_usage_decays_with_the_half_life_and_sql_agrees_with_python(node, alice, bob, teams):
+    from django.utils import timezone
+
+    now = timezone.now()
+    hour = timedelta(hours=1)
+    for who, team, started, finished, gpus in [
+        (alice, "training", now - 3 * hour, now - 2 * hour, 2),  # finished, two GPUs for an hour
+        (alice, "training", now - 30 * 24 * hour, now - 30 * 24 * hour + hour, 1),  # a month ago: mostly decayed
+        (bob, "inference", now - hour, None, 1),  # still running
+    ]:
+        job = submit(who, teams[team], gpus=gpus)
+        Job.objects.filter(pk=job.pk).update(started_at=started, finished_at=finished)
+    half_life_s = 7 * 24 * 3600.0
+    in_sql = cycle._decayed_usage_sql(now_s=now.timestamp(), half_life_s=half_life_s)
+    in_python = cycle._decayed_usage_python(now_s=now.timestamp(), half_life_s=half_life_s)
+    assert in_sql.keys() == in_python.keys() == {"ai-lab/training", "ai-lab/inference"}
+    for team, value in in_python.items():
+        assert in_sql[team] == pytest.approx(value, rel=1e-9)
+    # An hour on one GPU, barely decayed, is about 3.6 million milli-GPU-seconds.
+    assert in_python["ai-lab/inference"] == pytest.approx(3_600_000, rel=0.01)
+    # Two GPUs for an hour two hours ago, plus a month-old hour that counts for about 5 % of its face value.
+    month_old = 3_600_000 * 0.5 ** (30 * 24 * 3600 / half_life_s)
+    assert in_python["ai-lab/training"] == pytest.approx(7_200_000 + month_old, rel=0.01)
