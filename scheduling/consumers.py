@@ -162,9 +162,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def on_heartbeat(self, payload: dict) -> None:
         await database_sync_to_async(agent_services.node_heartbeat)(node_id=self.node_id)
+        if not self.said_hello:
+            return
         held = payload.get("desired_version")
-        if self.said_hello and (held is None or self.sent_version is None or int(held) < self.sent_version):
-            await self.send_desired(force=True)
+        # Resend what the agent missed; and recompute on every heartbeat, so a change whose notification was
+        # lost (Redis restarting, a message dropped) still reaches the agent within one heartbeat.
+        missed = held is None or self.sent_version is None or int(held) < self.sent_version
+        await self.send_desired(force=missed)
 
     async def on_ack(self, payload: dict) -> None:
         version = payload.get("desired_version")
