@@ -213,6 +213,13 @@ def test_no_placement_violates_a_constraint(snap: Snapshot) -> None:
                 assert len(cards) == 1
             else:
                 assert not cards
+    # A job on whole cards held for a reservation backfills: it must end before the reserved job starts.
+    for r in decisions.reservations:
+        held = {(a.node, a.gpu_index) for a in r.assignments if a.compute_milli >= WHOLE_GPU_MILLI}
+        for p in decisions.placements:
+            if held & {(a.node, a.gpu_index) for a in p.assignments}:
+                runtime = pending[p.job_id].max_runtime_s
+                assert runtime is not None and snap.now + runtime <= r.estimated_start
 
 
 @SETTINGS
