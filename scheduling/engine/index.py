@@ -21,6 +21,8 @@ from scheduling.engine.types import Health, Node, Request, Sharing
 NEG_INF = float("-inf")
 # Past this many shapes the memos are dropped and rebuilt (a long-lived process must not grow forever).
 _MAX_SHAPES = 500_000
+_MAX_VERDICTS = 2_000_000
+_MAX_MEMOS = 4096
 _MAX_LOG = 1_000_000
 # Below this many node changes a memo catches up position by position instead of through whole arrays.
 _FEW_CHANGES = 32
@@ -291,6 +293,8 @@ class NodeIndex:
             self.verdicts.clear()
             self._build(nodes)
             return
+        if len(self.verdicts) > _MAX_VERDICTS:
+            self.verdicts.clear()  # recomputable; the memos keep what they know
         if nodes is self.base and not dirty:
             return
         old = self.base
@@ -400,6 +404,10 @@ class NodeIndex:
         """The request's memo brought up to date; `evaluate(pos)` gives (fits, cached score part) for a node."""
         memo = self.memos.get(req)
         if memo is None:
+            if len(self.memos) >= _MAX_MEMOS:
+                # Many distinct requests (a long-lived process): forget the older half.
+                for old in list(self.memos)[: _MAX_MEMOS // 2]:
+                    del self.memos[old]
             memo = self.memos[req] = RequestMemo(self.capacity)
         elif len(memo.ok) < self.capacity:
             memo.grow(self.capacity)
