@@ -167,3 +167,9 @@ def test_session_authentication_works_for_the_browser_and_needs_csrf_for_writes(
     response = client.post("/api/v1/tokens/", {"name": "x"}, format="json")
     assert response.status_code == 403
     assert "CSRF" in response.json()["error"]["message"]
+
+
+def test_an_unknown_api_path_answers_in_the_error_format(as_alice):
+    response = as_alice.get("/api/v1/no-such-thing/")
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
