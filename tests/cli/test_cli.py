@@ -171,3 +171,32 @@ def test_usage_nodes_and_top_once_print_tables(logged_in):
 def test_an_unreachable_server_exits_unavailable(cli, tmp_path):
     cli.config.write_text(json.dumps({"url": "http://127.0.0.1:9", "token": "tsk_x"}))
     assert cli("ls").returncode == ExitCode.UNAVAILABLE
+
+
+def test_top_refreshes_in_a_terminal_and_quits_on_q(logged_in):
+    import pty
+    import select
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TESSERA_")}
+    env["TESSERA_CONFIG"] = str(logged_in.config)
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: tessera top on a terminal
+        os.chdir(ROOT)
+        os.execve(sys.executable, [sys.executable, "-m", "portal.cli", "top", "--interval", "0.3"], env)
+    screen = b""
+    deadline = time.time() + 30
+    while screen.count(b"tessera top") < 2 and time.time() < deadline:  # at least one refresh
+        if select.select([fd], [], [], 1)[0]:
+            screen += os.read(fd, 65536)
+    os.write(fd, b"q")
+    while time.time() < deadline:  # keep draining so the child never blocks on a full terminal
+        try:
+            if select.select([fd], [], [], 1)[0] and not os.read(fd, 65536):
+                break
+        except OSError:  # the child closed the terminal: it has exited
+            break
+    _, status = os.waitpid(pid, 0)
+    assert screen.count(b"tessera top") >= 2
+    assert b"(q to quit)" in screen
+    assert os.waitstatus_to_exitcode(status) == 0
