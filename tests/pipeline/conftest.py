@@ -14,6 +14,34 @@ from django.db import connection, transaction
 from tests.pipeline.harness import NODE_LOST_AFTER_S, Cluster, seed, wait_for
 
 
+def _use_redis(url: str):
+    """Point this process (cycle requests, Celery, the channel layer) at the cluster's private Redis.
+    Returns the undo."""
+    from django.test import override_settings
+
+    from portal.celery import app
+
+    layer = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [url]}}}
+    overrides = override_settings(REDIS_URL=url, CELERY_BROKER_URL=url, CHANNEL_LAYERS=layer)
+    overrides.enable()
+    old_broker = app.conf.broker_url
+
+    def point(broker: str) -> None:
+        if app._pool is not None:
+            app._pool.force_close_all()
+        app.conf.broker_url = broker
+        app._pool = None  # as Celery does after a fork: the next publish connects afresh
+        app.amqp._producer_pool = None
+
+    point(url)
+
+    def undo() -> None:
+        point(old_broker)
+        overrides.disable()
+
+    return undo
+
+
 @pytest.fixture(scope="package")
 def cluster(django_db_setup, django_db_blocker, tmp_path_factory):
     if not settings.REDIS_URL or connection.vendor != "postgresql":
@@ -37,8 +65,10 @@ def cluster(django_db_setup, django_db_blocker, tmp_path_factory):
     settings.TESSERA_LOG_DIR = str(root / "portal-logs")
     settings.TESSERA_NODE_LOST_AFTER_S = NODE_LOST_AFTER_S
     with django_db_blocker.unblock():
-        redis_client().delete(*KEYS)
         c = Cluster(root)
+        c.redis = c.start_redis()
+        redirected = _use_redis(c.redis_url) if c.redis else None
+        redis_client().delete(*KEYS)
         c.people = seed(c)
         try:
             c.start_web()
@@ -61,7 +91,10 @@ def cluster(django_db_setup, django_db_blocker, tmp_path_factory):
         finally:
             c.stop_all()
             c.kill_job_processes()
-            redis_client().delete(*KEYS)
+            if redirected is not None:
+                redirected()
+            else:
+                redis_client().delete(*KEYS)
             call_command("flush", interactive=False, verbosity=0)
             settings.TESSERA_LOG_DIR = old_log_dir
             if own_db is not None:

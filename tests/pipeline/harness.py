@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -57,6 +58,15 @@ def wait_for(what: str, predicate: Callable[[], Any], *, timeout_s: float, inter
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
         time.sleep(interval_s)
+
+
+def _redis_ping(url: str) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
+    except redis.RedisError:
+        return False
 
 
 def free_port() -> int:
@@ -119,6 +129,32 @@ class Cluster:
     nodes: tuple[str, ...] = ("pipe-a", "pipe-b")
     agent_sample_s: float = 0.2
     extra_env: dict[str, str] = field(default_factory=dict)
+    redis_port: int | None = None  # a private redis-server (start_redis); None: settings.REDIS_URL
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0" if self.redis_port else settings.REDIS_URL
+
+    def start_redis(self) -> Proc | None:
+        """A Redis of our own, so the tests may restart it; None where redis-server is not installed."""
+        exe = shutil.which("redis-server")
+        if exe is None:
+            return None
+        self.redis_port = self.redis_port or free_port()
+        argv = [
+            exe,
+            "--port",
+            str(self.redis_port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]
+        proc = self._proc("redis", argv)
+        wait_for("redis to answer", lambda: _redis_ping(self.redis_url), timeout_s=10)
+        return proc
 
     @property
     def env(self) -> dict[str, str]:
@@ -128,7 +164,7 @@ class Cluster:
         env.update(
             {
                 "DATABASE_URL": database_url(),
-                "REDIS_URL": settings.REDIS_URL,
+                "REDIS_URL": self.redis_url,
                 "TESSERA_LOG_DIR": str(self.root / "portal-logs"),
                 "DJANGO_SETTINGS_MODULE": "portal.settings",
                 "PYTHONUNBUFFERED": "1",
