@@ -110,8 +110,10 @@ def make_job(rng: random.Random, number: int, now: float, gpus_per_node: int, mi
         request = Request(
             gpus=gpus,
             gpu_models=models,
+            # NUMA only where it can be met (two NUMA nodes per node).
             topology=rng.choice(
-                [TopologyNeed.NONE, TopologyNeed.NONE, TopologyNeed.NUMA, TopologyNeed.NVLINK]
+                [TopologyNeed.NONE, TopologyNeed.NONE, TopologyNeed.NVLINK]
+                + ([TopologyNeed.NUMA] if gpus <= gpus_per_node // 2 else [])
             )
             if gpus > 1
             else TopologyNeed.NONE,
@@ -213,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     next_id = args.running * 2 + args.pending
 
     times: list[float] = []
-    cpu_times: list[float] = []  # CPU seconds: less sensitive than wall time to other work on a shared machine
+    cpu_times: list[
+        float
+    ] = []  # CPU seconds: less sensitive than wall time to other work on a shared machine
     placements = evictions = reservations = 0
     for _ in range(args.cycles):
         snap = Snapshot(

@@ -22,6 +22,7 @@ from scheduling.engine.index import NodeIndex
 from scheduling.engine.plugins import get_plugin
 from scheduling.engine.profiles import DEFAULT_PARAMS, check_profile
 from scheduling.engine.reasons import (
+    BEING_FREED,
     FILTERED,
     NO_FIT,
     NOT_REACHED,
@@ -774,6 +775,8 @@ class _Cycle:
                 break
             if job.id not in self.blocked:
                 continue
+            if self.evictions and self._try_place(job):
+                continue  # room freed by this cycle's evictions for an earlier job
             rule = self._victim_rule(job, mode)
             if rule is None:
                 continue
@@ -883,6 +886,16 @@ class _Cycle:
                 status = explained.get(req)
                 if status is None:
                     ok, _ = self._feasible(job)
+                    if job.id in self.blocked and int(ok.sum()) >= max(1, req.nodes):
+                        # It did not fit when its turn came; evictions for a later job freed room since.
+                        first = self.index.ranked(np.flatnonzero(ok).tolist())[0]
+                        status = Status(
+                            BEING_FREED,
+                            f"room is being freed on {self.index.names[first]} by this cycle's evictions; "
+                            "it should start in the next cycle",
+                        )
+                        out.append(Pending(job.id, status, position, self.est_start.get(job.id)))
+                        continue
                     if in_order is None:
                         in_order = self.index.in_order()
                     status = self._filtered_reason(job, ok) or explain_cluster(

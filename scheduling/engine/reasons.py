@@ -33,6 +33,7 @@ NO_FIT = "no-fit"
 GANG_INCOMPLETE = "gang-incomplete"
 RESERVED = "reserved"
 WAITING_FOR_RESERVATION = "waiting-for-capacity"
+BEING_FREED = "capacity-being-freed"
 QUOTA_LIMIT = "quota-limit"
 FILTERED = "filtered"
 NOT_REACHED = "not-reached"
@@ -49,6 +50,7 @@ CODES = {
     GANG_INCOMPLETE: "fewer nodes than the gang needs can host it at once",
     RESERVED: "it fits only into capacity reserved for an earlier job",
     WAITING_FOR_RESERVATION: "capacity is reserved for this job; it starts when running jobs end",
+    BEING_FREED: "this cycle's evictions free room it fits; it should start next cycle",
     QUOTA_LIMIT: "the team would exceed its quota limit",
     FILTERED: "a policy filter refused every node that had room",
     NOT_REACHED: "the cycle's attempt budget ran out before this job's turn",
@@ -177,17 +179,21 @@ def _explain_whole(req: Request, index: NodeIndex, static: np.ndarray, host: np.
     enough = [p for p in np.flatnonzero(idle >= n).tolist() if len(free_whole_positions(req, nodes[p])) >= n]
     if not enough:
         return Status(INSUFFICIENT_GPUS, f"needs {_whole_phrase(n, req)} on one node; no node has them free")
+    phrase = _whole_phrase(n, req)
     if req.topology is TopologyNeed.NVLINK:
         groups = {
             p: largest_clique(free_whole_positions(req, nodes[p]), nvlink_neighbours(nodes[p]))
             for p in enough
         }
-        p = max(groups, key=lambda q: (groups[q], -q))
-        if groups[p] < n:
+        best = max(groups, key=lambda q: (groups[q], -q))
+        if groups[best] < n:
             return Status(
                 NO_NVLINK_GROUP,
-                f"needs {n} NVLink-connected GPUs on one node; the largest free group is {groups[p]} on {names[p]}",
+                f"needs {n} NVLink-connected GPUs on one node; the largest free group is {groups[best]} "
+                f"on {names[best]}",
             )
+        enough = [p for p in enough if groups[p] >= n]
+        phrase = f"{n} free NVLink-connected GPUs"
     elif req.topology is TopologyNeed.NUMA:
         numa = {}
         for p in enough:
@@ -195,21 +201,23 @@ def _explain_whole(req: Request, index: NodeIndex, static: np.ndarray, host: np.
             for q in free_whole_positions(req, nodes[p]):
                 per[nodes[p].gpus[q].numa_node] = per.get(nodes[p].gpus[q].numa_node, 0) + 1
             numa[p] = max(per.values(), default=0)
-        p = max(numa, key=lambda q: (numa[q], -q))
-        if numa[p] < n:
+        best = max(numa, key=lambda q: (numa[q], -q))
+        if numa[best] < n:
             return Status(
                 NO_NUMA_GROUP,
-                f"needs {n} free GPUs on one NUMA node; the most on one NUMA node is {numa[p]} on {names[p]}",
+                f"needs {n} free GPUs on one NUMA node; the most on one NUMA node is {numa[best]} on {names[best]}",
             )
+        enough = [p for p in enough if numa[p] >= n]
+        phrase = f"{n} free GPUs on one NUMA node"
     if not any(host[p] for p in enough):
-        p = enough[0]
+        p = max(enough, key=lambda q: (int(index.free_cpu[q]), -q))
         return Status(
             NO_FIT,
-            f"no node has both {_whole_phrase(n, req)} and {cores(req.cpu_milli)} / {gib(req.memory_mib)} host "
-            f"memory free; closest: {names[p]} has the GPUs but {cores(int(index.free_cpu[p]))} and "
+            f"no node has both {phrase} and {cores(req.cpu_milli)} / {gib(req.memory_mib)} host memory free; "
+            f"closest: {names[p]} has the GPUs but {cores(int(index.free_cpu[p]))} and "
             f"{gib(int(index.free_mem[p]))} free",
         )
-    return Status(NO_FIT, f"needs {_whole_phrase(n, req)} on one node; none can host it with its other needs")
+    return Status(NO_FIT, f"needs {phrase} on one node; none can host it with its other needs")
 
 
 def _explain_slice(

@@ -404,6 +404,14 @@ SCENARIOS = [
         placed={"high": "a"},
     ),
     Scenario(
+        "room an eviction frees beyond the evicting job's need goes to the next job in the queue",
+        nodes=[node("a", gpus=2)],
+        running=[R(job("low", gpus=2, priority=1), {"a": [0, 1]})],
+        pending=[job("high", gpus=1, priority=10), job("peer", gpus=1, priority=1, submit=1)],
+        evicted={"low": "preempted"},
+        placed={"high": {"a": [0]}, "peer": {"a": [1]}},
+    ),
+    Scenario(
         "a team below its guarantee reclaims borrowed capacity even from higher priority",
         nodes=[node("a", gpus=2)],
         quotas=[quota("owner", guaranteed_gib=160, guaranteed_gpus=2), quota("guest")],
