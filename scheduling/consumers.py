@@ -17,7 +17,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from agent import protocol
 from scheduling import agent_services
-from scheduling.desired_state import DesiredState, desired_state_for_node
+from scheduling.desired_state import DesiredState, desired_state_for_node, desired_version_raise
 from scheduling.models import Node
 from scheduling.services import node_authenticate
 
@@ -172,10 +172,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def on_ack(self, payload: dict) -> None:
         version = payload.get("desired_version")
-        if version is not None:
-            await database_sync_to_async(agent_services.node_acked)(
-                node_id=self.node_id, version=int(version)
-            )
+        if version is None:
+            return
+        await database_sync_to_async(agent_services.node_acked)(node_id=self.node_id, version=int(version))
+        if payload.get("ok") is False and self.sent_version is not None and int(version) > self.sent_version:
+            # The agent holds a newer version than the database knows (a restored database): leapfrog it.
+            await database_sync_to_async(desired_version_raise)(node_id=self.node_id, above=int(version))
+            await self.send_desired(force=True)
 
     async def on_job_status(self, payload: dict) -> agent_services.Outcome:
         outcome = await database_sync_to_async(agent_services.job_report)(

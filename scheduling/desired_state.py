@@ -102,3 +102,11 @@ def desired_state_sync(*, nodes: list[Node] | None = None) -> list[str]:
             with transaction.atomic():
                 events.node_desired_state_changed(node_name=node.name)
     return changed
+
+
+def desired_version_raise(*, node_id: int, above: int) -> None:
+    """Move a node's version past one its agent already holds (the agent kept its state across a database
+    restore): the agent refuses lower versions, so the next state must be numbered higher."""
+    NodeSync.objects.filter(node_id=node_id, desired_version__lte=above).update(
+        desired_version=above + 1, desired_digest=""
+    )

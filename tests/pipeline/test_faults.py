@@ -296,3 +296,23 @@ def test_a_redis_restart_loses_no_job_and_cycles_resume(pipe):
     print(f"redis restart: restarted by the supervisor: {restarted or 'nothing'}")
     assert path_of(job) == ["pending", "placed", "running", "succeeded"]
     assert ledger_violations() == CLEAN
+
+
+def test_an_agent_holding_a_newer_version_than_a_restored_database_is_leapfrogged(pipe):
+    from scheduling.models import NodeSync
+
+    agent = pipe.procs["agent-pipe-b"]
+    agent.stop()
+    held = pipe.work_dir("pipe-b") / "desired.json"
+    state = json.loads(held.read_text())
+    held.write_text(
+        json.dumps({**state, "version": 1000})
+    )  # as if the database had been restored from a backup
+    pipe.start_agent("pipe-b")
+    wait_for(
+        "the agent to accept a desired state numbered past its own",
+        lambda: NodeSync.objects.get(node__name="pipe-b").acked_version > 1000,
+        timeout_s=30,
+    )
+    job = submit(pipe, gpus=2, command="true", name="after-leapfrog")
+    wait_state(job, JobState.SUCCEEDED)
