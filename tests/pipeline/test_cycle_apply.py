@@ -189,7 +189,7 @@ def test_fair_share_usage_decays_with_the_half_life_and_sql_agrees_with_python(n
     hour = timedelta(hours=1)
     for who, team, started, finished, gpus in [
         (alice, "training", now - 3 * hour, now - 2 * hour, 2),  # finished, two GPUs for an hour
-        (alice, "training", now - 30 * 24 * hour, now - 30 * 24 * hour + hour, 1),  # a month ago: mostly decayed
+        (alice, "training", now - 720 * hour, now - 719 * hour, 1),  # a month ago: mostly decayed
         (bob, "inference", now - hour, None, 1),  # still running
     ]:
         job = submit(who, teams[team], gpus=gpus)
