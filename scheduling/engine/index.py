@@ -1,10 +1,6 @@
 """The node index: per-node summaries in numpy arrays plus per-request memos of which nodes fit and how they score.
 
-This is what makes a cycle cheap. Nodes are interned by *shape* (everything but the name and card UUIDs), and a
-cacheable plugin's verdict on (request, shape) is computed once and reused, across cycles too. Each node position
-has a version that changes when the node's shape changes; a request's memo recomputes only the positions whose
-version moved since it last looked, and a node that could not host a request and has only lost free capacity
-since still cannot, so it is skipped without a look. Ties always go to the lowest position (snapshot order).
+This is what makes a cycle cheap; docs/engine.md ("Performance") explains the memos, shapes and slots.
 """
 
 from __future__ import annotations
@@ -110,7 +106,12 @@ class RequestMemo:
 class NodeIndex:
     """Nodes live in *slots*, one per node name, that outlast a snapshot: a node list that changes order or
     membership from one cycle to the next keeps every memo. `rank[slot]` is the node's position in the current
-    snapshot (ties go to the lowest rank) and `present[slot]` whether it is in it at all."""
+    snapshot (ties go to the lowest rank) and `present[slot]` whether it is in it at all.
+
+    Nodes are interned by *shape* (everything but the name and card UUIDs) and a cacheable plugin's verdict on
+    (request, shape) is computed once, across cycles too. Each slot has a version that moves when its shape
+    changes; a request's memo recomputes only the slots whose version moved since it last looked, and skips a
+    node that could not host the request and has only lost free capacity since."""
 
     def __init__(self, nodes: Sequence[Node], timeslice_factor: float):
         self.timeslice_factor = timeslice_factor
