@@ -161,7 +161,7 @@ def _round_half_up(value: float) -> int:
     return math.floor(value + 0.5)
 
 
-def _apply(node: Node, request: Request, assignments, cpu: tuple[int, int]) -> Node:
+def _apply(node: Node, request: Request, assignments, cpu: tuple[int, int], *, track_classes: bool) -> Node:
     gpus = list(node.gpus)
     for assignment in assignments:
         gpu = gpus[assignment.gpu_index]
@@ -172,7 +172,9 @@ def _apply(node: Node, request: Request, assignments, cpu: tuple[int, int]) -> N
             holders=gpu.holders + 1,
         )
     labels = node.labels
-    tag = request_class_tag(request)
+    # GpuClustering reads which GPU-request classes a node runs; other policies do not, and an extra label would
+    # only split the engine's cache of identical nodes.
+    tag = request_class_tag(request) if track_classes else None
     if tag is not None:
         classes = set(filter(None, labels.get(CLASSES_LABEL, "").split(",")))
         if tag not in classes:
@@ -230,6 +232,7 @@ def run_static_seed(
             frag_memo[key] = value
         return value
 
+    track_classes = any(name == "gpuclustering" for name, _ in profile.node_scores)
     offered = tuple(nodes)
     node_frags = [node_frag(node) for node in nodes]
     cluster_frag = sum(node_frags)
@@ -268,7 +271,9 @@ def run_static_seed(
                 cpu = (request.cpu_milli, request.memory_mib)
             position = position_of[node_name]
             outcomes.append((pod.name, node_name, tuple(a.gpu_index for a in placement.assignments)))
-            new_node = _apply(nodes[position], request, placement.assignments, cpu)
+            new_node = _apply(
+                nodes[position], request, placement.assignments, cpu, track_classes=track_classes
+            )
             nodes[position] = new_node
             # The engine keeps its node index between cycles and re-reads only the node objects that changed.
             offered = tuple(nodes)
