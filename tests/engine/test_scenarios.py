@@ -86,6 +86,20 @@ SCENARIOS = [
         charged={"s": (10 * 1024, 125)},
     ),
     Scenario(
+        "a CPU-only job takes host resources and no card",
+        nodes=[node("busy", cpu=8), node("roomy", cpu=64)],
+        pending=[job("etl", cpu=32, host_memory_gib=64)],
+        placed={"etl": "roomy"},
+    ),
+    Scenario(
+        "a gang of NVLink jobs takes a whole island on each of its nodes",
+        nodes=[node("a", nvlink=[4, 4]), node("b"), node("c", nvlink=[4, 4])],
+        running=[R(job("r", gpus=2), {"b": [0, 4]})],
+        pending=[job("g", gpus=4, nodes=2, topology="nvlink")],
+        placed={"g": {"a": [0, 1, 2, 3], "c": [0, 1, 2, 3]}},
+        profile=TOPO_ONLY,
+    ),
+    Scenario(
         "allowed models steer the job to the right card",
         nodes=[node("a", model="A100"), node("h", model="H100", cc=(9, 0))],
         pending=[job("j", gpus=1, models=["H100"])],
