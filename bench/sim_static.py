@@ -1,6 +1,6 @@
 """Time one static openb replay (one seed) of FGD and Tessera through the production engine; prints JSON.
 
-    python -m bench.sim_static [--trace-dir ../shared/traces/openb] [--pods default] [--seed 42] [--policies fgd,tessera]
+python -m bench.sim_static [--trace-dir ../shared/traces/openb] [--pods default] [--seed 42] [--policies fgd,tessera]
 """
 
 from __future__ import annotations
