@@ -99,7 +99,8 @@ def test_a_killed_agent_has_its_jobs_requeued_after_the_timeout_not_before_and_n
         "the node to be declared lost", lambda: job.events.filter(code="node_lost").first(), timeout_s=15
     )
     # Its last heartbeat was at most one interval (1 s) before the kill.
-    assert NODE_LOST_AFTER_S - 1.2 <= lost.at.timestamp() - killed_at <= NODE_LOST_AFTER_S + 3.0
+    # Not before the timeout (the point); soon after it (the watchdog runs every 0.5 s), with slack for load.
+    assert NODE_LOST_AFTER_S - 1.2 <= lost.at.timestamp() - killed_at <= NODE_LOST_AFTER_S + 6.0
     wait_for("the job to be placed again", lambda: job.refresh_from_db() or job.attempt == 2, timeout_s=15)
     wait_state(job, JobState.RUNNING)
     assert job.events.get(to_state=JobState.PLACED, data__nodes=[other])

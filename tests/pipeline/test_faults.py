@@ -233,7 +233,8 @@ def test_gpu_utilisation_reaches_the_cluster_group_at_most_once_a_second_per_nod
     messages = [m for m in async_to_sync(listen)(3.5) if m["type"] == "gpu.metrics"]
     per_node = {n: [m for m in messages if m["node"] == n] for n in pipe.nodes}
     for node, msgs in per_node.items():
-        assert 2 <= len(msgs) <= 4, f"{node}: {len(msgs)} metrics messages in 3.5 s"
+        # At most one a second (the point); at least one (the agent is alive), whatever the load on the host.
+        assert 1 <= len(msgs) <= 4, f"{node}: {len(msgs)} metrics messages in 3.5 s"
         assert {g["index"] for g in msgs[-1]["gpus"]} == {0, 1, 2}
     assert Gpu.objects.filter(node__name="pipe-a").count() == 3
 
