@@ -76,8 +76,9 @@ def test_a_burst_of_submits_coalesces_into_a_few_cycles(pipe):
         timeout_s=20,
     )
     cycles = epochs() - before
-    # One cycle for the burst, maybe a second for requests that landed while it ran, plus beat's 1 s tick.
-    assert 1 <= cycles <= 3, f"{cycles} cycles for one burst of 100 submits"
+    # One cycle for the burst, maybe a second for requests that landed while it ran, plus beat's 1 s ticks
+    # (coalesced with the rest); a hundred without coalescing.
+    assert 1 <= cycles <= 4, f"{cycles} cycles for one burst of 100 submits"
     positions = sorted(
         Job.objects.filter(pk__in=[j.pk for j in burst]).values_list("queue_position", flat=True)
     )
