@@ -40,6 +40,10 @@ def _load(target: str) -> Callable[[Sequence[str]], int]:
 
 
 def simulate(argv: Sequence[str]) -> int:
+    """Dispatch to a simulator mode; everything after the mode, --help included, belongs to that mode."""
+    argv = list(argv)
+    if argv and argv[0] in SIMULATE_MODES:
+        return int(_load(SIMULATE_MODES[argv[0]][0])(argv[1:]) or 0)
     parser = argparse.ArgumentParser(
         prog="tessera simulate", description="Replay workloads through the engine."
     )
@@ -48,8 +52,11 @@ def simulate(argv: Sequence[str]) -> int:
         choices=sorted(SIMULATE_MODES),
         help="; ".join(f"{k}: {v[1]}" for k, v in SIMULATE_MODES.items()),
     )
-    args, rest = parser.parse_known_args(argv)
-    return int(_load(SIMULATE_MODES[args.mode][0])(rest) or 0)
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0 if argv else 2
+    parser.parse_args(argv[:1])  # an unknown mode: argparse names the choices and exits 2
+    return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
