@@ -49,7 +49,9 @@ def test_the_cli_prints_the_published_measures_as_json(capsys, tmp_path):
     result = json.loads(capsys.readouterr().out)
     assert result["seeds"] == [42, 43] and len(result["per_seed"]) == 2
     assert 0.0 <= result["unallocated_pct_at_100"] <= 100.0
-    assert result["alloc_curve"]["10"] <= 10.0
+    # Nothing is allocated that did not arrive (a point averages arrivals that round to it, hence the half).
+    assert all(alloc <= int(arrival) + 0.5 for arrival, alloc in result["alloc_curve"].items())
+    assert int(max(result["alloc_curve"], key=int)) >= 130
 
 
 def test_the_cli_names_the_bad_row_of_a_malformed_trace(capsys, tmp_path):
