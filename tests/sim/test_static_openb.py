@@ -24,13 +24,13 @@ needs_trace = pytest.mark.skipif(
 
 @needs_trace
 @pytest.mark.slow
-def test_fgd_leaves_less_unallocated_than_bestfit_and_bestfit_less_than_random():
+def test_fgd_leaves_less_unallocated_than_bestfit_and_bestfit_less_than_random_and_tessera_beats_fgd():
     nodes, pods = load_nodes(NODES), load_pods(PODS)
     unallocated = {
         policy: run_static_seed(nodes, pods, profile=openb_profile(policy), seed=42).unallocated_pct_at_100
-        for policy in ("fgd", "bestfit", "random")
+        for policy in ("tessera", "fgd", "bestfit", "random")
     }
-    assert unallocated["fgd"] < unallocated["bestfit"] < unallocated["random"]
+    assert unallocated["tessera"] < unallocated["fgd"] < unallocated["bestfit"] < unallocated["random"]
 
 
 @needs_trace
