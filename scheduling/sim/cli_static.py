@@ -82,6 +82,8 @@ def main_static(argv: Sequence[str] | None = None) -> int:
         )
     finally:
         if bar is not None:
+            bar.total = bar.n  # the length per seed was an estimate
+            bar.refresh()
             bar.close()
     result = report.as_dict()
     if args.json:
