@@ -296,7 +296,15 @@ def test_a_redis_restart_loses_no_job_and_cycles_resume(pipe):
     # Nothing in Redis survived (no persistence): beat's next tick and the agents' reconnects carry on.
     wait_state(job, JobState.SUCCEEDED, timeout_s=60)
     print(f"redis restart: restarted by the supervisor: {restarted or 'nothing'}")
-    assert path_of(job) == ["pending", "placed", "running", "succeeded"]
+    path = path_of(job)
+    # The test cluster declares a node lost after only NODE_LOST_AFTER_S; an agent whose websocket dropped with
+    # Redis may take longer than that to reconnect on a loaded machine, and is then (rightly) declared lost and
+    # its job requeued once. Either way the job is neither lost nor run twice to completion.
+    assert path in (
+        ["pending", "placed", "running", "succeeded"],
+        ["pending", "placed", "lost", "pending", "placed", "running", "succeeded"],
+    ), path
+    assert path.count("succeeded") == 1
     assert ledger_violations() == CLEAN
 
 
