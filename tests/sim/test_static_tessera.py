@@ -88,3 +88,15 @@ def test_the_fgd_score_still_comes_first():
     job = Job("j", "t", Request(gpu_compute_milli=500, cpu_milli=1000))
     plugin = TesseraScore()
     assert plugin.score_node(ctx, job, used) > plugin.score_node(ctx, job, idle)
+
+
+def test_cpu_balance_counts_stranding_in_quarter_cards():
+    from scheduling.engine.plugins.tessera import cpu_balance
+
+    poor = node("poor", "P100", 2, 16000)
+    # 8.8 cores with one card leave 7.2 cores for the other: 100 milli stranded, under a quarter card: no penalty.
+    assert cpu_balance(Job("a", "t", Request(gpus=1, cpu_milli=8800)), poor, 8.0) == 1.0
+    # 12 cores leave 4: half a card stranded, out of a node's worth (8 cards).
+    assert cpu_balance(Job("b", "t", Request(gpus=1, cpu_milli=12000)), poor, 8.0) == pytest.approx(
+        1 - 500 / 8000
+    )

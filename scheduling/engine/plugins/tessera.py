@@ -3,7 +3,7 @@
 Rules, in order (docs/simulator.md says why each helps):
 1. Node: the FGD integer score (least fragmentation of the typical workload).
 2. Among nodes FGD cannot tell apart: the one where the placement strands the least GPU for lack of CPU, at the
-   typical workload's CPU-per-GPU ratio.
+   typical workload's CPU-per-GPU ratio, counted in quarter cards.
 3. Then, for a request any GPU model may serve: the model that the workload's model-restricted tasks need least,
    relative to how much of it the cluster has.
 4. Then the first node in the snapshot's order (first-fit consolidation).
@@ -26,6 +26,7 @@ CPU_BALANCE_WEIGHT = 0.9
 MODEL_MATCH_WEIGHT = 0.09
 # Stranding changes are read on the scale of the largest node (8 whole GPUs); larger ones all count as worst.
 STRAND_SCALE_MILLI = 8 * WHOLE_GPU_MILLI
+STRAND_QUANTUM_MILLI = WHOLE_GPU_MILLI // 4
 
 _learned: dict[tuple[int, int], tuple[object, float, dict[str, float]]] = {}
 
@@ -86,14 +87,18 @@ def stranded_milli(cpu_free_milli: int, gpu_free_milli_total: int, cpu_per_gpu: 
 
 
 def cpu_balance(job: Job, node: Node, cpu_per_gpu: float) -> float:
-    """1 when the placement strands no more GPU for lack of CPU than before, down to 0 for a node's worth."""
+    """1 when the placement strands less than a quarter card more GPU for lack of CPU, down to 0 for a node's worth.
+
+    Increases are counted in quarter cards: smaller differences are left to first fit, which packs slices better
+    than a fine CPU criterion where nearly every task is a slice."""
     task = TaskClass.of_request(job.request)
     gpu_free = sum(gpu_free_milli(gpu) for gpu in node.gpus)
     before = stranded_milli(node.free_cpu_milli, gpu_free, cpu_per_gpu)
     after = stranded_milli(
         node.free_cpu_milli - task.cpu_milli, gpu_free - task.num_gpu * task.gpu_milli, cpu_per_gpu
     )
-    return 1.0 - min(1.0, max(0.0, after - before) / STRAND_SCALE_MILLI)
+    increase = (max(0.0, after - before) // STRAND_QUANTUM_MILLI) * STRAND_QUANTUM_MILLI
+    return 1.0 - min(1.0, increase / STRAND_SCALE_MILLI)
 
 
 class TesseraScore:
