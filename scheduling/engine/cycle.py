@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import random
 import threading
+from bisect import insort
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,10 @@ from scheduling.engine.reasons import (
     BEING_FREED,
     FILTERED,
     NO_FIT,
+    NO_MATCHING_GPU,
+    NODE_UNAVAILABLE,
     NOT_REACHED,
+    QUOTA_LIMIT,
     RESERVED,
     WAITING_FOR_RESERVATION,
     explain_cluster,
@@ -52,6 +56,7 @@ from scheduling.engine.types import (
     Assignment,
     Decisions,
     Eviction,
+    Health,
     Job,
     Node,
     Pending,
@@ -64,6 +69,8 @@ from scheduling.engine.types import (
 )
 
 _STATE_SLOTS = 16
+NEG_INF = float("-inf")
+INF = float("inf")
 
 
 @dataclass
@@ -246,6 +253,7 @@ class _Cycle:
         self.est_start: dict[str, float] = {}
         self.evicted: set[str] = set()
         self._by_pos: dict[int, list[_Holding]] | None = None
+        self._all_by_pos: dict[int, list[_Holding]] | None = None
         self._reason_cache: dict[tuple, Status | None] = {}
 
     def param(self, name: str) -> Any:
@@ -322,7 +330,9 @@ class _Cycle:
     def _allocate(self, queue: list[Job], *, reserve: bool) -> None:
         max_res = int(self.param("reservations_max") or 0) if reserve else 0
         min_prio = self.param("reservation_min_priority")
-        attempts = 0
+        # Only the first blocked jobs reserve (each try may walk every running job's end); a job that cannot
+        # reserve anywhere (it fits on no node even empty) does not use up a reservation, but a try.
+        tries_left = 2 * max_res
         for job in queue:
             if job.id in self.status:
                 continue
@@ -331,9 +341,12 @@ class _Cycle:
             if job.id in self.status:  # refused by quota at its exact charge
                 continue
             self.blocked.add(job.id)
-            if attempts < max_res and (min_prio is None or job.priority >= min_prio):
-                # Only the first blocked jobs reserve: each estimate may walk every running job's end.
-                attempts += 1
+            if (
+                len(self.reservations) < max_res
+                and tries_left > 0
+                and (min_prio is None or job.priority >= min_prio)
+            ):
+                tries_left -= 1
                 self._reserve(job)
 
     def _evaluator(self, job: Job) -> Callable[[int], tuple[bool, float]]:
@@ -560,7 +573,13 @@ class _Cycle:
         return events
 
     def _reserve(self, job: Job) -> None:
-        """Hold the cards the job will get when enough running jobs end, and estimate when that is."""
+        """Hold the cards the job will get when enough running jobs end, and estimate when that is.
+
+        When the running jobs' declared max runtimes never free enough room, the job still holds its best
+        candidate cards (`_closest_candidates`): with the time the jobs it may preempt there pass the minimum
+        runtime as its estimated start, or with no estimated start when it waits for jobs with no known end.
+        Cards held with no start count as needed soon: no lower job may take them as they free up, so big jobs
+        do not starve behind a stream of small ones."""
         req = job.request
         if not req.uses_gpu:
             return
@@ -590,15 +609,27 @@ class _Cycle:
             if len(fitting) >= req.nodes:
                 start = end
                 break
-        if start is None:
-            return
-        chosen = [(p, view(p)) for p in self.index.ranked(fitting)[: req.nodes]]
+        if start is not None:
+            chosen = [(p, view(p)) for p in self.index.ranked(fitting)[: req.nodes]]
+        else:
+            if not self.param("reserve_unknown_start"):
+                return
+            found = self._closest_candidates(job, static, fitting)
+            if found is None:
+                return
+            start, chosen = found
         plan = self._plan(job, chosen)
         if plan is None:
             return
         assignments = tuple(a for _, assigns in plan for a in assigns)
         self.reservations.append(Reservation(job.id, assignments, start))
-        self.est_start[job.id] = start
+        if start is not None:
+            self.est_start[job.id] = start
+        # An unknown start binds like an imminent one: no lower job's max runtime provably ends before it.
+        self._hold(job, NEG_INF if start is None else start, plan)
+
+    def _hold(self, job: Job, start: float, plan: list[tuple[int, tuple[Assignment, ...]]]) -> None:
+        req = job.request
         for pos, assigns in plan:
             if pos not in self.real:
                 self.real[pos] = self.index.nodes[pos]
@@ -607,28 +638,101 @@ class _Cycle:
             )
             self.index.set(pos, _overlay(self.real[pos], self.holds[pos]), consumed_only=True)
 
-    def _drop_reservation(self, job_id: str) -> None:
-        """A job that got in by eviction no longer needs what it had reserved."""
-        if not any(r.job_id == job_id for r in self.reservations):
-            return
-        self.reservations = [r for r in self.reservations if r.job_id != job_id]
-        self.est_start.pop(job_id, None)
-        for pos in sorted(self.holds):
-            kept = [h for h in self.holds[pos] if h.job_id != job_id]
-            if len(kept) == len(self.holds[pos]):
-                continue
-            real = self.real[pos]
-            if kept:
-                self.holds[pos] = kept
-            else:
-                del self.holds[pos]
-                del self.real[pos]
-            self.index.set(pos, _overlay(real, kept), consumed_only=False)
+    def _closest_candidates(
+        self, job: Job, static: np.ndarray, fitting: set[int]
+    ) -> tuple[float | None, list[tuple[int, Node]]] | None:
+        """Where the job gets in soonest when the declared ends alone never make room: per node, the running
+        jobs are released in the order they are expected to go (by their declared end, or, for jobs this one
+        may preempt, when they pass the minimum runtime; the rest, with no known end, oldest first) until the
+        job fits; the node whose last needed release comes first wins (then fewest releases, then snapshot
+        order). Returns that time (None when a job with no known end must go) and the nodes with the views to
+        plan on. Only the `reservation_candidates` nodes with the most free room now are examined, which keeps
+        this cheap on a large cluster; the room a reservation holds stays free, so the same node stays the
+        closest from cycle to cycle."""
+        req = job.request
+        limit = max(int(self.param("reservation_candidates") or 0), 2 * req.nodes)
+        idx = self.index
+        cand = static.copy()
+        if fitting:
+            cand[list(fitting)] = False
+        positions = np.flatnonzero(cand)
+        if not len(positions):
+            return None
+        if req.gpus:
+            room = idx.n_idle[positions]
+        elif req.is_slice:
+            room = idx.slice_comp[positions]
+        else:
+            room = idx.free_cpu[positions]
+        # Most room first; ties to snapshot order.
+        order = np.lexsort((idx.rank[positions], -room))
+        by_pos = self._holdings_by_pos()
+        placed_here = self._placed_by_pos()
+        now = self.snap.now
+        can_preempt = "preempt" in self.profile.actions
+        min_runtime_s = float(self.param("min_runtime_s") or 0.0)
 
-    # -- reclaim and preempt (post-filter) -------------------------------------------------------------------
-    def _running_by_pos(self) -> dict[int, list[_Holding]]:
-        """Node position -> what each running job holds there (built once, only when eviction is considered)."""
-        if self._by_pos is None:
+        def gone_by(h: _Holding) -> float:
+            v = h.job
+            started = v.start_time if v.start_time is not None else now
+            end = started + v.max_runtime_s if v.max_runtime_s is not None else INF
+            if can_preempt and v.preemptible and v.priority < job.priority:
+                # Evictable once past the minimum runtime (a job with no start time counts as old enough).
+                end = min(end, started + min_runtime_s if v.start_time is not None else now)
+            return max(now, end)
+
+        ranked: list[tuple[tuple, int, Node]] = []
+        for pos in (int(p) for p in positions[order[:limit]]):
+            base = self._real_node(pos)
+            holds = self.holds.get(pos, [])
+            waits = [
+                (gone_by(h), h.job.start_time if h.job.start_time is not None else now, h.job.id, h)
+                for h in by_pos.get(pos, ())
+                if h.job.id not in self.evicted
+            ]
+            # A job placed earlier in this cycle is waited for only if its end is known (or it may be preempted).
+            waits += [
+                w for w in ((gone_by(h), now, h.job.id, h) for h in placed_here.get(pos, ())) if w[0] < INF
+            ]
+            waits.sort(key=lambda w: w[:3])
+            node = _overlay(base, holds)
+            if self._node_ok(job, node):
+                ranked.append(((now, 0, int(idx.rank[pos])), pos, node))
+                continue
+            for n, (t, _, _, h) in enumerate(waits, start=1):
+                base = release_on_node(base, tuple(h.assignments), h.cpu_milli, h.memory_mib)
+                node = _overlay(base, holds)
+                if self._node_ok(job, node):
+                    ranked.append(((t, n, int(idx.rank[pos])), pos, node))
+                    break
+        ranked.sort(key=lambda t: t[0])
+        nodes = [(pos, self.index.nodes[pos]) for pos in fitting]
+        nodes += [(pos, node) for _, pos, node in ranked]
+        if len(nodes) < req.nodes:
+            return None
+        start = max((key[0] for key, _, _ in ranked[: req.nodes - len(fitting)]), default=now)
+        return (None if start == INF else start), nodes[: req.nodes]
+
+    def _placed_by_pos(self) -> dict[int, list[_Holding]]:
+        """What this cycle's placements hold, per node position."""
+        out: dict[int, list[_Holding]] = {}
+        by_id = {j.id: j for j in self.placed_jobs}
+        for p in self.placements:
+            job = by_id[p.job_id]
+            per_node: dict[str, list[Assignment]] = {n: [] for n in p.cpu}
+            for a in p.assignments:
+                per_node.setdefault(a.node, []).append(a)
+            for name, assigns in per_node.items():
+                pos = self.pos_of(name)
+                if pos is not None:
+                    cpu, mem = p.cpu.get(name, (0, 0))
+                    started = replace(job, start_time=self.snap.now)
+                    out.setdefault(pos, []).append(_Holding(started, assigns, cpu, mem))
+        return out
+
+    def _holdings_by_pos(self) -> dict[int, list[_Holding]]:
+        """Node position -> what each running job (evictable or not) holds there; built once per cycle."""
+        if self._all_by_pos is None:
             by_pos: dict[int, dict[str, _Holding]] = {}
             names = self.index.names
             for job in self.snap.running:
@@ -646,6 +750,47 @@ class _Cycle:
                     if pos is not None and job.id not in by_pos.setdefault(pos, {}):
                         cpu, mem = job_host_on(job, name)
                         by_pos[pos][job.id] = _Holding(job, [], cpu, mem)
+            self._all_by_pos = {pos: list(held.values()) for pos, held in by_pos.items()}
+        return self._all_by_pos
+
+    def _suspend_reservation(self, job_id: str) -> list[tuple[int, _Held]]:
+        """Lift a job's own holds while it tries to get in another way (its holds must not block it)."""
+        lifted: list[tuple[int, _Held]] = []
+        for pos in sorted(self.holds):
+            mine = [h for h in self.holds[pos] if h.job_id == job_id]
+            if not mine:
+                continue
+            lifted += [(pos, h) for h in mine]
+            kept = [h for h in self.holds[pos] if h.job_id != job_id]
+            real = self.real[pos]
+            if kept:
+                self.holds[pos] = kept
+            else:
+                del self.holds[pos]
+                del self.real[pos]
+            self.index.set(pos, _overlay(real, kept), consumed_only=False)
+        return lifted
+
+    def _restore_holds(self, lifted: list[tuple[int, _Held]]) -> None:
+        for pos, h in lifted:
+            if pos not in self.real:
+                self.real[pos] = self.index.nodes[pos]
+            self.holds.setdefault(pos, []).append(h)
+            self.index.set(pos, _overlay(self.real[pos], self.holds[pos]), consumed_only=True)
+
+    def _drop_reservation(self, job_id: str) -> None:
+        """A job that got in by eviction no longer needs what it had reserved."""
+        if not any(r.job_id == job_id for r in self.reservations):
+            return
+        self.reservations = [r for r in self.reservations if r.job_id != job_id]
+        self.est_start.pop(job_id, None)
+        self._suspend_reservation(job_id)
+
+    # -- reclaim and preempt (post-filter) -------------------------------------------------------------------
+    def _running_by_pos(self) -> dict[int, list[_Holding]]:
+        """Node position -> what each running job holds there (built once, only when eviction is considered)."""
+        if self._by_pos is None:
+            by_pos = self._holdings_by_pos()
             # Only what may ever be evicted: preemptible and past the minimum runtime; lowest priority first.
             now = self.snap.now
             min_runtime_s = float(self.param("min_runtime_s") or 0.0)
@@ -656,9 +801,7 @@ class _Cycle:
 
             self._by_pos = {}
             for pos, held in by_pos.items():
-                victims = sorted(
-                    (v for v in held.values() if evictable(v)), key=lambda v: (v.job.priority, v.job.id)
-                )
+                victims = sorted((v for v in held if evictable(v)), key=lambda v: (v.job.priority, v.job.id))
                 if victims:
                     self._by_pos[pos] = victims
         return self._by_pos
@@ -775,17 +918,20 @@ class _Cycle:
                 break
             if job.id not in self.blocked:
                 continue
+            # The job's own reservation must not stand in its way; it is put back if the job stays pending.
+            lifted = self._suspend_reservation(job.id) if self.holds else []
             if self.evictions and self._try_place(job):
+                self._drop_reservation(job.id)
                 continue  # room freed by this cycle's evictions for an earlier job
             rule = self._victim_rule(job, mode)
-            if rule is None:
-                continue
             key = (job.request, job.priority, job.team if mode == "reclaim" else "")
-            if key in failed:
-                continue
-            budget -= 1
-            if not self._evict_for(job, rule, code):
+            if rule is not None and key not in failed:
+                budget -= 1
+                if self._evict_for(job, rule, code):
+                    continue
                 failed.add(key)
+            if lifted:
+                self._restore_holds(lifted)
 
     def _evict_for(self, job: Job, rule: Callable[[list[_Holding]], list[_Holding]], code: str) -> bool:
         req = job.request
@@ -868,18 +1014,28 @@ class _Cycle:
                 continue
             position += 1
             status = self.status.get(job.id)
+            note = ""
             if status is None and job.id in holders:
-                status = Status(
-                    WAITING_FOR_RESERVATION,
-                    f"capacity is reserved for it on {', '.join(sorted({a.node for a in holders[job.id].assignments}))}"
-                    f"; it should start in about {_duration(holders[job.id].estimated_start - self.snap.now)}"
-                    " when running jobs end",
-                )
+                held = holders[job.id]
+                where = ", ".join(sorted({a.node for a in held.assignments}))
+                if held.estimated_start is not None:
+                    when = f"it should start in about {_duration(held.estimated_start - self.snap.now)}"
+                    status = Status(
+                        WAITING_FOR_RESERVATION,
+                        f"capacity is reserved for it on {where}; {when}, when the jobs running there end or can be "
+                        "preempted",
+                    )
+                else:
+                    # No start is known: say what is missing now, and that the room is held for it.
+                    note = (
+                        f"; cards are held for it on {where} as they free up (the jobs running there declare "
+                        "no max runtime, so no start can be estimated)"
+                    )
             if status is None and not explain:
                 status = Status(NO_FIT, "no node can host it now")
             if status is None and job.id not in self.blocked and "allocate" not in self.profile.actions:
                 status = Status(NOT_REACHED, "this profile does not allocate")
-            if status is None:
+            if status is None and job.id not in holders:
                 status = self._reserved_reason(job)
             if status is None:
                 req = job.request
@@ -894,7 +1050,7 @@ class _Cycle:
                             f"room is being freed on {self.index.names[first]} by this cycle's evictions; "
                             "it should start in the next cycle",
                         )
-                        out.append(Pending(job.id, status, position, self.est_start.get(job.id)))
+                        out.append(Pending(job.id, status, position, None))
                         continue
                     if in_order is None:
                         in_order = self.index.in_order()
@@ -902,8 +1058,43 @@ class _Cycle:
                         req, in_order, ok[self.index.order], self.factor
                     )
                     explained[req] = status
-            out.append(Pending(job.id, status, position, self.est_start.get(job.id)))
+            if note:
+                status = Status(status.code, status.reason + note)
+            out.append(Pending(job.id, status, position, None))
+        if out and self.param("estimate_starts"):
+            out = self._with_estimates(queue, out, explain)
         return out
+
+    def _with_estimates(self, queue: list[Job], out: list[Pending], explain: bool) -> list[Pending]:
+        """Every pending job's estimated start: its reservation's where it has one, else a projection in queue
+        order (`StartProjection`); the reason sentence names it."""
+        projection = StartProjection.build(self)
+        if projection is None and not self.est_start:
+            return out
+        by_id = {j.id: j for j in queue}
+        now = self.snap.now
+        result = []
+        for p in out:
+            job = by_id[p.job_id]
+            eta = None
+            if p.status.code not in _NO_ESTIMATE:
+                if projection is not None:
+                    eta = projection.start(job)
+                held = self.est_start.get(job.id)
+                if held is not None:
+                    eta = held
+            if eta is None:
+                result.append(p)
+                continue
+            status = p.status
+            if explain and p.status.code != WAITING_FOR_RESERVATION:
+                status = Status(
+                    status.code,
+                    f"{status.reason}; estimated start in about {_duration(eta - now)} "
+                    "(from the running jobs' max runtimes)",
+                )
+            result.append(Pending(p.job_id, status, p.position, eta))
+        return result
 
     def _filtered_reason(self, job: Job, ok: np.ndarray) -> Status | None:
         """When the profile has filters of its own and one refused a node that had room, say which and why."""
@@ -933,13 +1124,171 @@ class _Cycle:
         for pos in self.index.ranked(self.holds):
             if self._node_ok(job, self.real[pos]):
                 first = min(self.holds[pos], key=lambda h: h.start)
+                name = self.index.names[pos]
+                if first.job_id not in self.est_start:
+                    return Status(
+                        RESERVED,
+                        f"the free capacity that fits it on {name} is reserved for job {first.job_id}, which "
+                        "waits for the jobs running there to end; no start can be estimated, so nothing lower "
+                        "may use it",
+                    )
                 return Status(
                     RESERVED,
-                    f"the free capacity that fits it on {self.index.names[pos]} is reserved for job {first.job_id}, "
+                    f"the free capacity that fits it on {name} is reserved for job {first.job_id}, "
                     f"which should start in about {_duration(first.start - self.snap.now)}; it could run there "
                     "now if its max runtime ended before then",
                 )
         return None
+
+
+# Pending jobs that wait for something other than capacity: no start is projected for them.
+_NO_ESTIMATE = frozenset({QUOTA_LIMIT, NOT_REACHED, FILTERED, NODE_UNAVAILABLE, NO_MATCHING_GPU, BEING_FREED})
+
+
+class _Pool:
+    """Free capacity of one kind (idle whole cards, or free compute milli on shared cards) of one GPU model,
+    as a timeline: what is free at `time`, and the releases still to come, soonest first."""
+
+    __slots__ = ("free", "time", "events", "next", "future")
+
+    def __init__(self, free: int, now: float):
+        self.free = free
+        self.time = now
+        self.events: list[tuple[float, int]] = []
+        self.next = 0
+        self.future = 0
+
+    def earliest(self, need: int, now: float) -> tuple[float, int] | None:
+        """When `need` is free (strictly after now: the job did not fit now), and the event index reached."""
+        if self.free + self.future < need:
+            return None
+        free, i, time, events = self.free, self.next, self.time, self.events
+        while free < need or time <= now:
+            if i >= len(events):
+                return None
+            time, amount = events[i]
+            free += amount
+            i += 1
+            # Releases at one instant count together.
+            while i < len(events) and events[i][0] == time:
+                free += events[i][1]
+                i += 1
+        return time, i
+
+    def take(self, need: int, at: float, upto: int, until: float | None) -> None:
+        for _, amount in self.events[self.next : upto]:
+            self.free += amount
+            self.future -= amount
+        self.next, self.time = upto, at
+        self.free -= need
+        if until is not None:
+            insort(self.events, (until, need), lo=self.next, key=_event_time)
+            self.future += need
+
+
+def _event_time(e: tuple[float, int]) -> float:
+    return e[0]
+
+
+class StartProjection:
+    """A cheap estimate of when each pending job starts: per GPU model, the cluster's idle cards and free shared
+    compute now, plus what the running jobs give back at their declared ends (`start_time + max_runtime_s`);
+    pending jobs take capacity in queue order (holding it for their own max runtime, or for good when they
+    declare none). It ignores which node the capacity is on, so it is a lower bound for jobs that need many
+    cards on one node. A job gets None when the capacity it needs is never known to come free."""
+
+    def __init__(self, cycle: _Cycle, pools: dict[tuple[str, bool], _Pool], models: dict[str, tuple]):
+        self.cycle = cycle
+        self.pools = pools
+        self.models = models  # model -> (card memory MiB, compute capability, has shared cards)
+
+    @classmethod
+    def build(cls, cycle: _Cycle) -> StartProjection | None:
+        snap, now = cycle.snap, cycle.snap.now
+        ends: list[tuple[float, tuple[Assignment, ...]]] = []
+        for job in snap.running:
+            if job.max_runtime_s is not None and job.id not in cycle.evicted:
+                start = job.start_time if job.start_time is not None else now
+                ends.append((max(now, start + job.max_runtime_s), job.assignments))
+        if not ends:
+            return None  # nothing is known to end: no estimate can be made
+        by_id = {p.job_id: p for p in cycle.placements}
+        for job in cycle.placed_jobs:
+            if job.max_runtime_s is not None and job.id in by_id:
+                ends.append((now + job.max_runtime_s, by_id[job.id].assignments))
+        index = cycle.index
+        cards: dict[str, dict[int, Any]] = {}
+        models: dict[str, tuple] = {}
+        idle: dict[str, int] = {}
+        shared: dict[str, int] = {}
+        factor = cycle.factor
+        for pos in np.flatnonzero(index.present & index.ready).tolist():
+            node = cycle._real_node(pos)
+            cards[node.name] = {g.index: g for g in node.gpus}
+            for g in node.gpus:
+                if g.health is Health.FAILED:
+                    continue
+                is_shared = g.sharing is not Sharing.EXCLUSIVE
+                known = models.get(g.model)
+                if known is None or (is_shared and not known[2]):
+                    models[g.model] = (
+                        g.memory_mib,
+                        g.compute_capability,
+                        is_shared or bool(known and known[2]),
+                    )
+                if gpu_is_free(g):
+                    idle[g.model] = idle.get(g.model, 0) + 1
+                if is_shared and g.allocated_memory_mib < g.memory_mib:
+                    room = compute_cap_milli(g, factor) - g.allocated_compute_milli
+                    if room > 0:
+                        shared[g.model] = shared.get(g.model, 0) + room
+        pools: dict[tuple[str, bool], _Pool] = {}
+        for model in models:
+            pools[(model, False)] = _Pool(idle.get(model, 0), now)
+            pools[(model, True)] = _Pool(shared.get(model, 0), now)
+        releases: dict[tuple[str, bool], list[tuple[float, int]]] = {}
+        for end, assignments in ends:
+            for a in assignments:
+                g = cards.get(a.node, {}).get(a.gpu_index)
+                if g is None or g.health is Health.FAILED:
+                    continue
+                if a.compute_milli >= WHOLE_GPU_MILLI and a.memory_mib >= g.memory_mib:
+                    releases.setdefault((g.model, False), []).append((end, 1))
+                    if g.sharing is not Sharing.EXCLUSIVE:
+                        releases.setdefault((g.model, True), []).append((end, WHOLE_GPU_MILLI))
+                elif g.sharing is not Sharing.EXCLUSIVE:
+                    releases.setdefault((g.model, True), []).append((end, a.compute_milli))
+        for key, events in releases.items():
+            events.sort(key=_event_time)
+            pool = pools[key]
+            pool.events = events
+            pool.future = sum(amount for _, amount in events)
+        return cls(cycle, pools, models)
+
+    def start(self, job: Job) -> float | None:
+        req = job.request
+        if not req.uses_gpu:
+            return None
+        shared = not req.gpus
+        need = req.gpus * req.nodes if req.gpus else max(req.gpu_compute_milli, 1)
+        now = self.cycle.snap.now
+        best: tuple[float, str, int] | None = None
+        for model, (memory_mib, cc, has_shared) in self.models.items():
+            if req.gpu_models and model not in req.gpu_models:
+                continue
+            if memory_mib < max(req.min_gpu_memory_mib, req.gpu_memory_mib if shared else 0):
+                continue
+            if cc < req.min_compute_capability or (shared and not has_shared):
+                continue
+            found = self.pools[(model, shared)].earliest(need, now)
+            if found is not None and (best is None or found[0] < best[0]):
+                best = (found[0], model, found[1])
+        if best is None:
+            return None
+        at, model, upto = best
+        until = at + job.max_runtime_s if job.max_runtime_s is not None else None
+        self.pools[(model, shared)].take(need, at, upto, until)
+        return at
 
 
 def _duration(seconds: float) -> str:

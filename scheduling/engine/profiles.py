@@ -19,6 +19,9 @@ DEFAULT_PARAMS = MappingProxyType(
         "fairshare_half_life_s": 7 * 24 * 3600.0,
         "reservations_max": 2,  # the first blocked jobs that get a reservation
         "reservation_min_priority": 0,
+        "reserve_unknown_start": True,  # reserve even when no running job's end is known (start unknown)
+        "reservation_candidates": 32,  # nodes examined for such a reservation (those with the most room)
+        "estimate_starts": True,  # project an estimated start for every pending job from declared runtimes
         "min_runtime_s": 300.0,  # younger jobs are never evicted
         "preempt_max_attempts": 16,  # evicting jobs considered per cycle (each may scan every node)
         "reclaim_max_attempts": 16,

@@ -220,7 +220,7 @@ class Pending:
 class Reservation:
     job_id: str
     assignments: tuple[Assignment, ...]
-    estimated_start: float
+    estimated_start: float | None  # None: the running jobs it waits for declare no max runtime
 
 
 @dataclass(frozen=True, slots=True)

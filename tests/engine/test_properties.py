@@ -213,13 +213,20 @@ def test_no_placement_violates_a_constraint(snap: Snapshot) -> None:
                 assert len(cards) == 1
             else:
                 assert not cards
-    # A job on whole cards held for a reservation backfills: it must end before the reserved job starts.
+    # A job on whole cards held for a reservation backfills: it must end before the reserved job starts. Cards
+    # held with no estimated start count as needed soon: nobody backfills them; the only job on them is one
+    # placed earlier in the cycle whose end the hold waits for (declared, or when it may be preempted).
     for r in decisions.reservations:
         held = {(a.node, a.gpu_index) for a in r.assignments if a.compute_milli >= WHOLE_GPU_MILLI}
         for p in decisions.placements:
             if held & {(a.node, a.gpu_index) for a in p.assignments}:
-                runtime = pending[p.job_id].max_runtime_s
-                assert runtime is not None and snap.now + runtime <= r.estimated_start
+                placed, holder = pending[p.job_id], pending[r.job_id]
+                runtime = placed.max_runtime_s
+                ends_first = runtime is not None and (
+                    r.estimated_start is None or snap.now + runtime <= r.estimated_start
+                )
+                preemptible = placed.preemptible and placed.priority < holder.priority
+                assert ends_first or preemptible, f"{p.job_id} is on cards held for {r.job_id}"
 
 
 @SETTINGS

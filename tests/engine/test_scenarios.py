@@ -32,7 +32,9 @@ class Scenario:
     evicted: dict[str, str] = field(default_factory=dict)  # victim -> code; no other eviction may happen
     waiting: dict[str, str] = field(default_factory=dict)  # job -> expected pending reason code
     reason_has: dict[str, str] = field(default_factory=dict)  # job -> substring of its reason
-    reserved: dict[str, float] = field(default_factory=dict)  # job -> estimated start
+    # job -> its reservation's estimated start; when given, no other job may hold a reservation (None: unchecked)
+    reserved: dict[str, float | None] | None = None
+    estimated: dict[str, float | None] = field(default_factory=dict)  # pending job -> its estimated start
     order: list[str] | None = None  # expected placement order (queue order)
     grace: dict[str, float] = field(default_factory=dict)
 
@@ -367,6 +369,46 @@ SCENARIOS = [
         reason_has={"long": "reserved for job big", "big": "50 min"},
         profile=profile(fields={"actions": ("admit", "allocate", "backfill")}),
     ),
+    Scenario(
+        "blocked jobs hold their closest node even when no running job declares an end, bounded by "
+        "reservations_max; other nodes stay open to small jobs",
+        nodes=[node(n, gpus=4) for n in ("a", "b", "c")],
+        running=[
+            R(job(f"{n}{i}", gpus=1, priority=1, preemptible=False), {n: [i]}, start=NOW - 10)
+            for n in ("a", "b", "c")
+            for i in range(2 if n != "b" else 3)
+        ],
+        pending=[
+            job("big1", gpus=4, priority=10, submit=0),
+            job("big2", gpus=4, priority=10, submit=1),
+            job("big3", gpus=4, priority=10, submit=2),
+            job("small", gpus=1, priority=1, submit=3, max_runtime_s=60.0),
+        ],
+        # Each big job holds the node needing the fewest jobs to end (a, then c); b stays open.
+        reserved={"big1": None, "big2": None},
+        placed={"small": "b"},
+        waiting={"big1": "insufficient-gpus", "big2": "insufficient-gpus", "big3": "insufficient-gpus"},
+        reason_has={"big1": "held for it on a", "big2": "held for it on c"},
+        estimated={"big1": None, "big3": None},
+    ),
+    Scenario(
+        "every pending job gets an estimated start projected in queue order from the declared max runtimes",
+        nodes=[node("a", gpus=4)],
+        running=[
+            R(job("r1", gpus=2, max_runtime_s=1000.0), {"a": [0, 1]}, start=NOW - 500),
+            R(job("r2", gpus=2, max_runtime_s=3000.0), {"a": [2, 3]}, start=NOW),
+        ],
+        pending=[
+            job("j1", gpus=2, submit=0, max_runtime_s=600.0),
+            job("j2", gpus=2, submit=1, max_runtime_s=1000.0),
+            job("j3", gpus=4, submit=2),
+            job("j4", gpus=1, submit=3, max_runtime_s=60.0),
+        ],
+        # j1 when r1 ends; j2 when j1 ends; j3 when j2 and r2 have ended; j4 never (j3 declares no end).
+        estimated={"j1": NOW + 500, "j2": NOW + 1100, "j3": NOW + 3000, "j4": None},
+        reason_has={"j1": "estimated start in about 8 min", "j3": "estimated start in about 50 min"},
+        profile=NO_PREEMPT,
+    ),
     # 7. Preemption and reclaim -----------------------------------------------------------------------------
     Scenario(
         "a higher-priority job evicts the fewest lower-priority jobs it needs, carrying their grace",
@@ -407,7 +449,10 @@ SCENARIOS = [
             R(job("fresh", gpus=1, priority=1), {"a": [2]}, start=NOW - 10),
         ],
         pending=[job("high", gpus=1, priority=10)],
-        waiting={"high": "insufficient-gpus"},
+        # It holds the card of the job that becomes evictable first, and says when.
+        waiting={"high": "waiting-for-capacity"},
+        reason_has={"high": "5 min"},
+        reserved={"high": NOW + 290},
     ),
     Scenario(
         "a gang victim is evicted whole, freeing all its nodes",
@@ -488,10 +533,12 @@ def test_scenario(sc: Scenario) -> None:
     for job_id, text in sc.reason_has.items():
         assert text in pending[job_id].status.reason, pending[job_id].status.reason
     reservations = {r.job_id: r for r in decisions.reservations}
-    assert set(reservations) == set(sc.reserved)
-    for job_id, start in sc.reserved.items():
+    assert sc.reserved is None or set(reservations) == set(sc.reserved)
+    for job_id, start in (sc.reserved or {}).items():
         assert reservations[job_id].estimated_start == start
         assert pending[job_id].estimated_start == start
+    for job_id, start in sc.estimated.items():
+        assert pending[job_id].estimated_start == start, pending[job_id]
 
 
 def test_every_pending_job_gets_a_reason_and_a_queue_position() -> None:
@@ -648,3 +695,51 @@ def test_a_big_job_does_not_starve_behind_a_stream_of_small_ones() -> None:
     with_reservations = _starvation_run(profile(fields={"actions": ("admit", "allocate", "backfill")}))
     assert without is None  # the small jobs keep taking every card that frees up
     assert with_reservations is not None and with_reservations <= 4
+
+
+def _unknown_runtime_run(p: Profile, cycles: int = 15) -> tuple[int | None, int]:
+    """A 4-card job waits on a node of one-card jobs that declare no max runtime and run 4 min (less than the
+    5 min minimum runtime, so none can be preempted); two such jobs arrive every minute. Returns the cycle the
+    big job starts in (None if never) and how many small jobs were placed on the node after the first cycle."""
+    nodes = [node("a", gpus=4)]
+    now = NOW
+    lifetime_s = 240.0
+    running_jobs = [
+        running(job(f"r{i}", gpus=1, priority=1), {"a": [i]}, nodes=nodes, start=now - 60 * i)
+        for i in range(4)
+    ]
+    pending = [job("big", gpus=4, priority=10, submit=now)]
+    refilled = 0
+    for cycle in range(cycles):
+        pending += [job(f"s{cycle}-{k}", gpus=1, priority=1, submit=now) for k in range(2)]
+        decisions = run_cycle(snapshot(nodes, pending=pending, running_jobs=running_jobs, now=now), p)
+        placed = {pl.job_id: pl for pl in decisions.placements}
+        if "big" in placed:
+            return cycle, refilled
+        if cycle:
+            refilled += len(placed)
+        by_id = {j.id: j for j in pending}
+        running_jobs += [
+            replace(
+                by_id[i],
+                assignments=pl.assignments,
+                cpu_assignments=MappingProxyType(dict(pl.cpu)),
+                start_time=now,
+            )
+            for i, pl in placed.items()
+        ]
+        pending = [j for j in pending if j.id not in placed]
+        now += 60.0
+        running_jobs = [j for j in running_jobs if j.start_time + lifetime_s > now]
+        assert with_ledger(nodes, running_jobs)
+    return None, refilled
+
+
+def test_a_big_job_does_not_starve_when_the_small_jobs_declare_no_max_runtime() -> None:
+    without, refilled_without = _unknown_runtime_run(profile(reserve_unknown_start=False))
+    started, refilled = _unknown_runtime_run(profile())
+    assert without is None and refilled_without > 0  # freed cards go to the stream of small jobs
+    # The cards are held as they free up: nothing lower lands on the node, and the job starts once the four
+    # jobs running there at first have ended (4 min).
+    assert refilled == 0
+    assert started is not None and started <= 4
