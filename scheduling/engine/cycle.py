@@ -25,6 +25,7 @@ from scheduling.engine.profiles import DEFAULT_PARAMS, check_profile
 from scheduling.engine.reasons import (
     BEING_FREED,
     FILTERED,
+    INSUFFICIENT_HOST,
     NO_FIT,
     NO_MATCHING_GPU,
     NODE_UNAVAILABLE,
@@ -1141,15 +1142,17 @@ class _Cycle:
         return None
 
 
-# Pending jobs that wait for something other than capacity: no start is projected for them.
-_NO_ESTIMATE = frozenset({QUOTA_LIMIT, NOT_REACHED, FILTERED, NODE_UNAVAILABLE, NO_MATCHING_GPU, BEING_FREED})
+# Pending jobs that wait for something other than GPU capacity: no start is projected for them.
+_NO_ESTIMATE = frozenset(
+    {QUOTA_LIMIT, NOT_REACHED, FILTERED, NODE_UNAVAILABLE, NO_MATCHING_GPU, INSUFFICIENT_HOST, BEING_FREED}
+)
 
 
 class _Pool:
     """Free capacity of one kind (idle whole cards, or free compute milli on shared cards) of one GPU model,
     as a timeline: what is free at `time`, and the releases still to come, soonest first."""
 
-    __slots__ = ("free", "time", "events", "next", "future")
+    __slots__ = ("free", "time", "events", "next", "future", "memo")
 
     def __init__(self, free: int, now: float):
         self.free = free
@@ -1157,25 +1160,37 @@ class _Pool:
         self.events: list[tuple[float, int]] = []
         self.next = 0
         self.future = 0
+        # need -> earliest(need), until the pool changes: many queued jobs ask the same of a pool they skip.
+        self.memo: dict[int, tuple[float, int] | None] = {}
 
     def earliest(self, need: int, now: float) -> tuple[float, int] | None:
         """When `need` is free (strictly after now: the job did not fit now), and the event index reached."""
         if self.free + self.future < need:
             return None
+        memo = self.memo
+        if need in memo:
+            return memo[need]
         free, i, time, events = self.free, self.next, self.time, self.events
-        while free < need or time <= now:
-            if i >= len(events):
-                return None
+        n = len(events)
+        found: tuple[float, int] | None = None
+        while True:
+            if free >= need and time > now:
+                found = (time, i)
+                break
+            if i >= n:
+                break
             time, amount = events[i]
             free += amount
             i += 1
             # Releases at one instant count together.
-            while i < len(events) and events[i][0] == time:
+            while i < n and events[i][0] == time:
                 free += events[i][1]
                 i += 1
-        return time, i
+        memo[need] = found
+        return found
 
     def take(self, need: int, at: float, upto: int, until: float | None) -> None:
+        self.memo.clear()
         for _, amount in self.events[self.next : upto]:
             self.free += amount
             self.future -= amount
@@ -1201,6 +1216,7 @@ class StartProjection:
         self.cycle = cycle
         self.pools = pools
         self.models = models  # model -> (card memory MiB, compute capability, has shared cards)
+        self._by_request: dict[Request, list[tuple[tuple[str, bool], int]]] = {}
 
     @classmethod
     def build(cls, cycle: _Cycle) -> StartProjection | None:
@@ -1265,29 +1281,46 @@ class StartProjection:
             pool.future = sum(amount for _, amount in events)
         return cls(cycle, pools, models)
 
+    def _options(self, req: Request) -> list[tuple[tuple[str, bool], int]]:
+        """The pools a request may draw on, with what it needs from each (cards, or compute milli)."""
+        options = self._by_request.get(req)
+        if options is None:
+            options = []
+            shared = not req.gpus
+            if shared and not req.is_slice:
+                pass  # CPU-only: no GPU capacity to wait for
+            else:
+                for model, (memory_mib, cc, has_shared) in self.models.items():
+                    if req.gpu_models and model not in req.gpu_models:
+                        continue
+                    if memory_mib < max(req.min_gpu_memory_mib, req.gpu_memory_mib if shared else 0):
+                        continue
+                    if cc < req.min_compute_capability or (shared and not has_shared):
+                        continue
+                    if shared:
+                        # A slice naming only memory holds the proportional compute share.
+                        share = -(-WHOLE_GPU_MILLI * req.gpu_memory_mib // memory_mib)
+                        need = max(req.gpu_compute_milli, share, 1)
+                    else:
+                        need = req.gpus * req.nodes
+                    options.append(((model, shared), need))
+            self._by_request[req] = options
+        return options
+
     def start(self, job: Job) -> float | None:
-        req = job.request
-        if not req.uses_gpu:
-            return None
-        shared = not req.gpus
-        need = req.gpus * req.nodes if req.gpus else max(req.gpu_compute_milli, 1)
+        """The job's projected start (None when unknowable); it then holds that capacity in the projection."""
         now = self.cycle.snap.now
-        best: tuple[float, str, int] | None = None
-        for model, (memory_mib, cc, has_shared) in self.models.items():
-            if req.gpu_models and model not in req.gpu_models:
-                continue
-            if memory_mib < max(req.min_gpu_memory_mib, req.gpu_memory_mib if shared else 0):
-                continue
-            if cc < req.min_compute_capability or (shared and not has_shared):
-                continue
-            found = self.pools[(model, shared)].earliest(need, now)
+        best: tuple[float, tuple[str, bool], int, int] | None = None
+        pools = self.pools
+        for key, need in self._options(job.request):
+            found = pools[key].earliest(need, now)
             if found is not None and (best is None or found[0] < best[0]):
-                best = (found[0], model, found[1])
+                best = (found[0], key, need, found[1])
         if best is None:
             return None
-        at, model, upto = best
+        at, key, need, upto = best
         until = at + job.max_runtime_s if job.max_runtime_s is not None else None
-        self.pools[(model, shared)].take(need, at, upto, until)
+        pools[key].take(need, at, upto, until)
         return at
 
 

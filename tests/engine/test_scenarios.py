@@ -409,6 +409,23 @@ SCENARIOS = [
         reason_has={"j1": "estimated start in about 8 min", "j3": "estimated start in about 50 min"},
         profile=NO_PREEMPT,
     ),
+    Scenario(
+        "slices are projected on the shared cards' free compute: a memory-only slice counts its proportional share",
+        nodes=[node("a", gpus=1, sharing="mps")],
+        running=[
+            R(job("r1", memory_gib=40, max_runtime_s=600.0), {"a": [0]}, start=NOW),
+            R(job("r2", memory_gib=40), {"a": [0]}, start=NOW),
+        ],
+        pending=[
+            job("s1", memory_gib=40, submit=0, max_runtime_s=300.0),
+            job("s2", memory_gib=20, submit=1),
+            job("s3", memory_gib=30, submit=2),
+        ],
+        # s1 when r1 ends; s2 when s1 ends; s3 never (s2 and r2 hold the rest with no known end).
+        estimated={"s1": NOW + 600, "s2": NOW + 900, "s3": None},
+        reason_has={"s1": "estimated start in about 10 min"},
+        profile=NO_PREEMPT,
+    ),
     # 7. Preemption and reclaim -----------------------------------------------------------------------------
     Scenario(
         "a higher-priority job evicts the fewest lower-priority jobs it needs, carrying their grace",
