@@ -1216,7 +1216,7 @@ class StartProjection:
         self.cycle = cycle
         self.pools = pools
         self.models = models  # model -> (card memory MiB, compute capability, has shared cards)
-        self._by_request: dict[int, list[tuple[tuple[str, bool], int]]] = {}
+        self._by_request: dict[tuple, list[tuple[tuple[str, bool], int]]] = {}
 
     @classmethod
     def build(cls, cycle: _Cycle) -> StartProjection | None:
@@ -1283,8 +1283,17 @@ class StartProjection:
 
     def _options(self, req: Request) -> list[tuple[tuple[str, bool], int]]:
         """The pools a request may draw on, with what it needs from each (cards, or compute milli)."""
-        # Keyed by identity: hashing a Request costs more than working its options out again.
-        options = self._by_request.get(id(req))
+        # Keyed by the fields that matter here: hashing a whole Request costs more than the work it saves.
+        key = (
+            req.gpus,
+            req.nodes,
+            req.gpu_memory_mib,
+            req.gpu_compute_milli,
+            req.gpu_models,
+            req.min_gpu_memory_mib,
+            req.min_compute_capability,
+        )
+        options = self._by_request.get(key)
         if options is None:
             options = []
             shared = not req.gpus
@@ -1305,7 +1314,7 @@ class StartProjection:
                     else:
                         need = req.gpus * req.nodes
                     options.append(((model, shared), need))
-            self._by_request[id(req)] = options  # the pending jobs keep their requests alive
+            self._by_request[key] = options
         return options
 
     def start(self, job: Job) -> float | None:
