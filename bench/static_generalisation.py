@@ -32,10 +32,11 @@ def derive_variants(
     multi = [p for p in base if p.num_gpu > 1]
     gpu_idx = [i for i, p in enumerate(base) if p.num_gpu > 0]
     variants: dict[str, list[TracePod]] = {}
-    for pct in (20, 60, 80):  # share of GPU pods that ask for a fraction of a card
+    for pct in (20, 60, 80, 100):  # share of single-card pods that ask for a fraction of a card
         pods = list(base)
-        current = [i for i in gpu_idx if pods[i].num_gpu == 1 and pods[i].gpu_milli < 1000]
-        want = int(pct / 100 * len(gpu_idx))
+        single = [i for i in gpu_idx if pods[i].num_gpu == 1]
+        current = [i for i in single if pods[i].gpu_milli < 1000]
+        want = int(pct / 100 * len(single))
         if want > len(current):
             whole = [i for i in gpu_idx if pods[i].num_gpu == 1 and pods[i].gpu_milli == 1000]
             for i in rng.sample(whole, want - len(current)):
