@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import secrets
 from datetime import timedelta
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
+from django.db import connection
 from django.utils import timezone
 
 from quotas.models import ApiToken
@@ -43,15 +46,39 @@ def api_token_revoke(*, token: ApiToken) -> ApiToken:
     return token
 
 
+@functools.cache
+def _token_query() -> tuple[str, list[str], list[str]]:
+    token_fields = [f for f in ApiToken._meta.concrete_fields]
+    user_model = get_user_model()
+    user_fields = [f for f in user_model._meta.concrete_fields]
+    columns = [f"t.{f.column}" for f in token_fields] + [f"u.{f.column}" for f in user_fields]
+    sql = (
+        f"SELECT {', '.join(columns)} FROM {ApiToken._meta.db_table} AS t "
+        f"JOIN {user_model._meta.db_table} AS u ON u.{user_model._meta.pk.column} = t.user_id "
+        "WHERE t.token_hash = %s AND t.revoked_at IS NULL"
+    )
+    return sql, [f.attname for f in token_fields], [f.attname for f in user_fields]
+
+
+def _live_token_with_user(digest: str) -> ApiToken | None:
+    """The unrevoked token row with this hash, its user loaded. Every API call does this, so it is one
+    hand-written query (the ORM's select_related costs several times the database's work here)."""
+    sql, token_names, user_names = _token_query()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [digest])
+        values = cursor.fetchone()
+    if values is None:
+        return None
+    row = ApiToken.from_db(connection.alias, token_names, values[: len(token_names)])
+    row.user = get_user_model().from_db(connection.alias, user_names, values[len(token_names) :])
+    return row
+
+
 def api_token_authenticate(*, token: str) -> ApiToken | None:
     """The live token row for this secret (with its user), or None."""
     if not token.startswith(TOKEN_PREFIX) or len(token) > 200:
         return None
-    row = (
-        ApiToken.objects.select_related("user")
-        .filter(token_hash=token_hash(token), revoked_at__isnull=True)
-        .first()
-    )
+    row = _live_token_with_user(token_hash(token))
     if row is None or not row.user.is_active:
         return None
     now = timezone.now()

@@ -51,35 +51,42 @@ class _Publisher:
     async def _drain(self) -> None:
         assert self._queue is not None
         while True:
-            layer, group, message = await self._queue.get()
-            try:
-                await layer.group_send(group, message)
-            except Exception:  # a dead channel layer must never break a committed write
-                log.warning("could not publish to %s", group, exc_info=True)
+            layer, messages = await self._queue.get()
+            for group, message in messages:
+                try:
+                    await layer.group_send(group, message)
+                except Exception:  # a dead channel layer must never break a committed write
+                    log.warning("could not publish to %s", group, exc_info=True)
 
-    def send(self, layer: Any, group: str, message: dict[str, Any]) -> None:
+    def send(self, layer: Any, messages: list[tuple[str, dict[str, Any]]]) -> None:
+        """Queue (group, message) pairs, sent in this order; one wake-up of the sender thread for all."""
         with self._lock:
             if self._pid != os.getpid():  # first use, or a forked worker: the parent's thread is not here
                 self._start()
         assert self._loop is not None and self._queue is not None
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, (layer, group, message))
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, (layer, messages))
 
 
 _publisher = _Publisher()
 
 
 def _send(group: str, message: dict[str, Any]) -> None:
+    _send_all([(group, message)])
+
+
+def _send_all(messages: list[tuple[str, dict[str, Any]]]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
     if not isinstance(layer, InMemoryChannelLayer):
-        _publisher.send(layer, group, message)
+        _publisher.send(layer, messages)
         return
     # The in-memory layer lives in the caller's event loop (embedded mode, tests): send from there.
-    try:
-        async_to_sync(layer.group_send)(group, message)
-    except Exception:  # a dead channel layer must never break a committed write
-        log.warning("could not publish to %s", group, exc_info=True)
+    for group, message in messages:
+        try:
+            async_to_sync(layer.group_send)(group, message)
+        except Exception:  # a dead channel layer must never break a committed write
+            log.warning("could not publish to %s", group, exc_info=True)
 
 
 def publish_after_commit(group: str, message: dict[str, Any]) -> None:
@@ -88,10 +95,14 @@ def publish_after_commit(group: str, message: dict[str, Any]) -> None:
 
 def job_changed(*, job_id: int, team_id: int, state: str, code: str = "", message: str = "") -> None:
     payload = {"type": "job.changed", "job_id": job_id, "team_id": team_id, "state": state, "code": code}
-    publish_after_commit(f"job-{job_id}", {**payload, "message": message})
-    publish_after_commit(f"team-{team_id}", {**payload, "message": message})
-    # The cluster group sees no names or messages, only that the queue moved.
-    publish_after_commit("cluster", {"type": "queue.changed", "state": state})
+    messages = [
+        (f"job-{job_id}", {**payload, "message": message}),
+        (f"team-{team_id}", {**payload, "message": message}),
+        # The cluster group sees no names or messages, only that the queue moved.
+        ("cluster", {"type": "queue.changed", "state": state}),
+    ]
+    # One commit hook for the three: they are sent together, in this order, or (rolled back) not at all.
+    transaction.on_commit(lambda: _send_all(messages))
 
 
 def node_desired_state_changed(*, node_name: str) -> None:

@@ -14,12 +14,11 @@ from decimal import Decimal
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, F
 from django.utils import timezone
 
-from quotas.models import Membership, PriorityClass, Team
-from quotas.selectors import priority_class_default_for_team
+from quotas.models import Membership, PriorityClass, Quota, Team
 from scheduling import events
 from scheduling.choices import ActorKind, GpuHealth, JobState, NodeState, SharingMode, Topology
 from scheduling.models import Gpu, GpuModel, Job, JobEvent, Node, Slice
@@ -95,7 +94,7 @@ def job_spec_validate(*, spec: JobSpec) -> None:
     if spec.max_runtime_s is not None and spec.max_runtime_s <= 0:
         _refuse(f"max_runtime must be positive (got {spec.max_runtime_s} s).", "max_runtime")
 
-    models = {m.name: m for m in GpuModel.objects.all()}
+    models = {m.name: m for m in _gpu_models()}
     unknown = [name for name in spec.gpu_models if name not in models]
     if unknown:
         known = ", ".join(sorted(models)) or "none registered"
@@ -115,20 +114,70 @@ def job_spec_validate(*, spec: JobSpec) -> None:
                 "gpu_memory",
             )
     if spec.gpus:
-        per_node = _largest_gpu_group(allowed_models={m.id for m in allowed}, topology=spec.topology)
+        allowed_ids = {m.id for m in allowed}
+        if spec.topology == Topology.NVLINK:
+            per_node = _largest_gpu_group(allowed_models=allowed_ids, topology=spec.topology)
+            nodes_with_enough = _nodes_with_at_least(allowed_models=allowed_ids, gpus=spec.gpus)
+        else:
+            per_node, nodes_with_enough = _gpu_counts(
+                allowed_models=allowed_ids, topology=spec.topology, gpus=spec.gpus
+            )
         if spec.gpus > per_node:
             what = {"nvlink": "NVLink-connected ", "numa": "same-NUMA "}.get(spec.topology, "")
             _refuse(
                 f"{spec.gpus} {what}GPUs on one node can never be had: the most on any node is {per_node}.",
                 "gpus",
             )
-        nodes_with_enough = _nodes_with_at_least(allowed_models={m.id for m in allowed}, gpus=spec.gpus)
         if spec.nodes > nodes_with_enough:
             _refuse(
                 f"A gang of {spec.nodes} nodes x {spec.gpus} GPUs needs {spec.nodes} such nodes; "
                 f"the cluster has {nodes_with_enough}.",
                 "nodes",
             )
+
+
+@dataclass(frozen=True)
+class _GpuModelRow:
+    id: int
+    name: str
+    memory_mib: int
+    compute_capability: Decimal
+
+
+def _fetch(sql: str, params: list[Any]) -> list[tuple]:
+    """Rows of one hand-written query. The submit path uses a few of these: building the same ORM queries costs
+    more CPU than PostgreSQL spends answering them."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def _gpu_models() -> list[_GpuModelRow]:
+    rows = _fetch(f"SELECT id, name, memory_mib, compute_capability FROM {GpuModel._meta.db_table}", [])
+    return [_GpuModelRow(i, name, memory_mib, Decimal(str(cc))) for i, name, memory_mib, cc in rows]
+
+
+def _gpu_counts(*, allowed_models: set[int], topology: str, gpus: int) -> tuple[int, int]:
+    """For GPUs of allowed models, in one query: the most healthy ones one node (or, for NUMA, one NUMA node)
+    could give, and how many nodes hold at least `gpus` of them. Same rules as `_largest_gpu_group` and
+    `_nodes_with_at_least` (which also serve NVLink, where cliques need the links)."""
+    if not allowed_models:
+        return 0, 0
+    best = "best_numa" if topology == Topology.NUMA else "healthy"
+    marks = ", ".join(["%s"] * len(allowed_models))
+    rows = _fetch(
+        f"""
+        SELECT COALESCE(MAX({best}), 0), COUNT(CASE WHEN total >= %s THEN 1 END) FROM (
+            SELECT node_id, SUM(n_all) AS total, SUM(n_ok) AS healthy, MAX(n_ok) AS best_numa FROM (
+                SELECT node_id, numa_node, COUNT(*) AS n_all,
+                       COUNT(CASE WHEN health <> %s THEN 1 END) AS n_ok
+                FROM {Gpu._meta.db_table} WHERE model_id IN ({marks}) GROUP BY node_id, numa_node
+            ) per_numa GROUP BY node_id
+        ) per_node""",
+        [gpus, GpuHealth.FAILED, *sorted(allowed_models)],
+    )
+    largest, nodes = rows[0]
+    return int(largest), int(nodes)
 
 
 def _largest_gpu_group(*, allowed_models: set[int], topology: str) -> int:
@@ -160,10 +209,35 @@ def _nodes_with_at_least(*, allowed_models: set[int], gpus: int) -> int:
     )
 
 
+def _membership_and_default_class(*, user_id: int, team_id: int) -> tuple[bool, PriorityClass | None]:
+    """Whether the user is in the team, and the team's default priority class, in one query.
+
+    The class is the one `quotas.selectors.priority_class_default_for_team` gives: the team-wide quota's
+    default, else the lowest class.
+    """
+    fields = PriorityClass._meta.concrete_fields
+    pc, membership, quota = (m._meta.db_table for m in (PriorityClass, Membership, Quota))
+    rows = _fetch(
+        f"""
+        SELECT EXISTS (SELECT 1 FROM {membership} WHERE user_id = %s AND team_id = %s),
+               {", ".join(f"pc.{f.column}" for f in fields)}
+        FROM (SELECT 1) AS one LEFT JOIN {pc} AS pc ON pc.id = COALESCE(
+            (SELECT q.default_priority_class_id FROM {quota} AS q
+             WHERE q.team_id = %s AND q.gpu_model_id IS NULL ORDER BY q.id LIMIT 1),
+            (SELECT id FROM {pc} ORDER BY value LIMIT 1))""",
+        [user_id, team_id, team_id],
+    )
+    is_member, *values = rows[0]
+    if values[0] is None:
+        return bool(is_member), None
+    return bool(is_member), PriorityClass.from_db(connection.alias, [f.attname for f in fields], values)
+
+
 @transaction.atomic
 def job_submit(*, submitter: AbstractBaseUser, team: Team, spec: JobSpec) -> Job:
     """Accept a job into the queue. A job within the cluster but over quota is accepted and waits."""
-    if not submitter.is_staff and not Membership.objects.filter(user=submitter, team=team).exists():
+    is_member, default_class = _membership_and_default_class(user_id=submitter.pk, team_id=team.pk)
+    if not submitter.is_staff and not is_member:
         raise ServiceError(f"You are not a member of team {team.slug}.", field="team", code="not_member")
     job_spec_validate(spec=spec)
     if spec.priority:
@@ -172,7 +246,7 @@ def job_submit(*, submitter: AbstractBaseUser, team: Team, spec: JobSpec) -> Job
             names = ", ".join(PriorityClass.objects.values_list("name", flat=True))
             raise ServiceError(f"Unknown priority {spec.priority!r}; known: {names}.", field="priority")
     else:
-        priority_class = priority_class_default_for_team(team=team)
+        priority_class = default_class
         if priority_class is None:
             raise ServiceError("No priority class exists; an admin must create one.", field="priority")
     preemptible = priority_class.preemptible if spec.preemptible is None else spec.preemptible

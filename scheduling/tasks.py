@@ -64,8 +64,12 @@ def cycle_request() -> None:
         local_cycle_wanted.set()
         return
     try:
-        r.set(KEY_WANTED, 1)
-        if r.set(KEY_QUEUED, 1, nx=True, ex=QUEUED_TTL_S):
+        # Both flags in one round trip (a pipeline, not a transaction: the order is all that matters here).
+        pipe = r.pipeline(transaction=False)
+        pipe.set(KEY_WANTED, 1)
+        pipe.set(KEY_QUEUED, 1, nx=True, ex=QUEUED_TTL_S)
+        _, queued = pipe.execute()
+        if queued:
             run_cycle_task.apply_async(countdown=_debounce_s(), retry=False)
     except Exception:  # Redis or the broker is down: the write that asked has committed all the same
         # The periodic cycle (beat) picks the work up once Redis is back; PostgreSQL still holds every job.

@@ -81,6 +81,43 @@ class JobSerializer(serializers.Serializer):
         return job_request(job)  # already in its JSON form (see JobRequestSerializer)
 
 
+_DATETIME = serializers.DateTimeField()
+
+
+def _moment(value: Any) -> str | None:
+    return None if value is None else _DATETIME.to_representation(value)
+
+
+def job_payload(job: Job) -> dict[str, Any]:
+    """`JobSerializer(job).data` without building a serializer: the submit response, on the hot path.
+
+    A test holds the two equal field for field."""
+    return {
+        "id": job.id,
+        "name": job.name,
+        "team": job.team.slug,
+        "team_id": job.team_id,
+        "user": job.submitter.username,
+        "state": job.state,
+        "command": job.command,
+        "request": job_request(job),
+        "priority": job.priority_class.name,
+        "priority_value": job.priority_class.value,
+        "preemptible": job.preemptible,
+        "borrowed": job.borrowed,
+        "attempt": job.attempt,
+        "submitted_at": _moment(job.submitted_at),
+        "placed_at": _moment(job.placed_at),
+        "started_at": _moment(job.started_at),
+        "finished_at": _moment(job.finished_at),
+        "exit_code": job.exit_code,
+        "pending_reason_code": job.pending_reason_code,
+        "pending_reason": job.pending_reason,
+        "queue_position": job.queue_position,
+        "estimated_start_at": _moment(job.estimated_start_at),
+    }
+
+
 class JobSliceSerializer(serializers.Serializer):
     node = serializers.CharField(source="gpu.node.name")
     gpu_index = serializers.IntegerField(source="gpu.index")

@@ -183,9 +183,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             if exc.field == "gpu_memory":
                 spec_check_card_limits(parsed.spec)  # the same refusal, with the card size as its limit
             raise
-        return Response(
-            s.JobSerializer(job, context={"request": request}).data, status=status.HTTP_201_CREATED
-        )
+        return Response(s.job_payload(job), status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses={200: s.JobSerializer})
     @action(detail=True, methods=["post"])

@@ -201,3 +201,32 @@ def test_odd_dates_in_filters_are_refused_not_crashed_on(as_alice, query):
     response = as_alice.get(f"/api/v1/jobs/?{query}")
     assert response.status_code == 400
     assert response.json()["error"]["field"] in ("submitted_after", "submitted_before")
+
+
+def test_the_submit_response_is_the_job_as_the_list_and_detail_show_it(as_alice, alice, teams, submit):
+    from scheduling import services
+    from scheduling.api.serializers import JobSerializer, job_payload
+
+    response = as_alice.post("/api/v1/jobs/", {**SLICE, "max_runtime": "2h"}, format="json")
+    assert response.status_code == 201
+    job = Job.objects.get(pk=response.json()["id"])
+    assert response.json() == JobSerializer(job).data
+    # Every nullable field filled in too, so each one's formatting is compared.
+    services.job_transition(job=job, to_state=JobState.PLACED, actor_kind="system")
+    services.job_transition(job=job, to_state=JobState.RUNNING, actor_kind="system")
+    services.job_transition(job=job, to_state=JobState.SUCCEEDED, actor_kind="system")
+    job = Job.objects.get(pk=job.pk)
+    job.exit_code, job.queue_position = 0, 3
+    assert job_payload(job) == dict(JobSerializer(job).data)
+    assert None not in (job.placed_at, job.started_at, job.finished_at)
+
+
+def test_a_submit_takes_a_bounded_number_of_queries(as_alice, django_assert_max_num_queries):
+    # Token, team, membership with the default class, GPU models, the GPU counts for whole-GPU jobs, the job,
+    # its event, and the transaction's BEGIN/COMMIT (savepoints aside): a regression here costs every submit.
+    as_alice.post("/api/v1/jobs/", SLICE, format="json")  # warm the token's last-used time
+    with django_assert_max_num_queries(9):
+        assert as_alice.post("/api/v1/jobs/", {**SLICE, "compute_pct": 10}, format="json").status_code == 201
+    with django_assert_max_num_queries(10):
+        whole = {"name": "t", "team": "ai-lab/training", "command": "x", "gpus": 2}
+        assert as_alice.post("/api/v1/jobs/", whole, format="json").status_code == 201
