@@ -1008,7 +1008,7 @@ class _Cycle:
         explained: dict[Request, Status] = {}
         in_order = None  # the index in snapshot order, so reasons name the first node that qualifies
         holders = {r.job_id: r for r in self.reservations}
-        out: list[Pending] = []
+        rows: list[tuple[Job, Status, int]] = []
         position = 0
         for job in queue:
             if job.id in placed:
@@ -1051,7 +1051,7 @@ class _Cycle:
                             f"room is being freed on {self.index.names[first]} by this cycle's evictions; "
                             "it should start in the next cycle",
                         )
-                        out.append(Pending(job.id, status, position, None))
+                        rows.append((job, status, position))
                         continue
                     if in_order is None:
                         in_order = self.index.in_order()
@@ -1061,41 +1061,37 @@ class _Cycle:
                     explained[req] = status
             if note:
                 status = Status(status.code, status.reason + note)
-            out.append(Pending(job.id, status, position, None))
-        if out and self.param("estimate_starts"):
-            out = self._with_estimates(queue, out, explain)
-        return out
+            rows.append((job, status, position))
+        return self._with_estimates(rows, explain)
 
-    def _with_estimates(self, queue: list[Job], out: list[Pending], explain: bool) -> list[Pending]:
-        """Every pending job's estimated start: its reservation's where it has one, else a projection in queue
-        order (`StartProjection`); the reason sentence names it."""
-        projection = StartProjection.build(self)
-        if projection is None and not self.est_start:
-            return out
-        by_id = {j.id: j for j in queue}
+    def _with_estimates(self, rows: list[tuple[Job, Status, int]], explain: bool) -> list[Pending]:
+        """The pending list, each job with its estimated start: its reservation's where it has one, else a
+        projection in queue order (`StartProjection`); the reason sentence names it."""
+        projection = StartProjection.build(self) if rows and self.param("estimate_starts") else None
+        est_start = self.est_start
+        if projection is None and not est_start:
+            return [Pending(job.id, status, position, None) for job, status, position in rows]
         now = self.snap.now
-        result = []
-        for p in out:
-            job = by_id[p.job_id]
+        suffixes: dict[str, str] = {}
+        out = []
+        for job, status, position in rows:
             eta = None
-            if p.status.code not in _NO_ESTIMATE:
+            if status.code not in _NO_ESTIMATE:
                 if projection is not None:
                     eta = projection.start(job)
-                held = self.est_start.get(job.id)
+                held = est_start.get(job.id)
                 if held is not None:
                     eta = held
-            if eta is None:
-                result.append(p)
-                continue
-            status = p.status
-            if explain and p.status.code != WAITING_FOR_RESERVATION:
-                status = Status(
-                    status.code,
-                    f"{status.reason}; estimated start in about {_duration(eta - now)} "
-                    "(from the running jobs' max runtimes)",
-                )
-            result.append(Pending(p.job_id, status, p.position, eta))
-        return result
+            if eta is not None and explain and status.code != WAITING_FOR_RESERVATION:
+                text = _duration(eta - now)
+                suffix = suffixes.get(text)
+                if suffix is None:
+                    suffix = suffixes[text] = (
+                        f"; estimated start in about {text} (from the running jobs' max runtimes)"
+                    )
+                status = Status(status.code, status.reason + suffix)
+            out.append(Pending(job.id, status, position, eta))
+        return out
 
     def _filtered_reason(self, job: Job, ok: np.ndarray) -> Status | None:
         """When the profile has filters of its own and one refused a node that had room, say which and why."""
