@@ -1,7 +1,9 @@
 """The embedded default: no DATABASE_URL or REDIS_URL means SQLite, an in-memory channel layer, eager tasks."""
 
+import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -63,38 +65,47 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def embedded_server(tmp_path):
-    env = _embedded_env(tmp_path, DEBUG="1")
+@pytest.fixture(scope="module")
+def embedded_server(tmp_path_factory):
+    """What `make demo` runs: migrate, load the demo, then the portal, the scheduling loop and simulated agents,
+    all on SQLite with no Redis."""
+    var = tmp_path_factory.mktemp("embedded")
+    env = _embedded_env(var, DEBUG="1")
     manage = [sys.executable, "manage.py"]
     subprocess.run([*manage, "migrate", "--noinput", "-v0"], env=env, cwd=ROOT, check=True)
     loaded = subprocess.run(
         [*manage, "load_demo"], env=env, cwd=ROOT, check=True, capture_output=True, text=True
     )
     port = _free_port()
+    log = (var / "demo.log").open("w")
     server = subprocess.Popen(
-        [*manage, "runserver", f"127.0.0.1:{port}", "--noreload"],
+        [*manage, "run_demo", "--host", "127.0.0.1", "--port", str(port)],
         env=env,
         cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(100):
+        for _ in range(150):
             try:
                 requests.get(f"{base}/healthz", timeout=1)
                 break
             except requests.ConnectionError:
                 time.sleep(0.2)
-        yield base, loaded.stdout
+        yield base, loaded.stdout, env, var
     finally:
-        server.terminate()
-        server.wait(timeout=10)
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        log.close()
 
 
 def test_the_demo_serves_the_portal_and_the_admin_with_no_services(embedded_server):
-    base, logins = embedded_server
+    base, logins, _, _ = embedded_server
     assert "admin  / tessera-admin" in logins
     home = requests.get(f"{base}/", timeout=5)
     assert home.status_code == 200 and "a100-01" in home.text
@@ -114,6 +125,35 @@ def test_the_demo_serves_the_portal_and_the_admin_with_no_services(embedded_serv
     )
     assert response.status_code == 200 and "Site administration" in response.text
     assert session.get(f"{base}/static/admin/css/base.css", timeout=5).status_code == 200
+
+
+def test_the_readme_first_job_runs_on_the_embedded_demo(embedded_server):
+    """The README's three commands: login, submit, ls; the job then runs on a simulated agent."""
+    base, _, env, var = embedded_server
+    cli_env = {**env, "TESSERA_CONFIG": str(var / "cli.json")}
+    tessera = [sys.executable, "-m", "portal.cli"]
+
+    def cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*tessera, *args], env=cli_env, cwd=ROOT, input=stdin, capture_output=True, text=True, timeout=60
+        )
+
+    login = cli("login", "--url", base, "--username", "alice", "--password-stdin", stdin="tessera-demo\n")
+    assert login.returncode == 0, login.stderr
+    submit = cli("submit", "-G", "1", "-t", "2h", "--json", "--", "python", "train.py")
+    assert submit.returncode == 0, submit.stderr
+    job_id = json.loads(submit.stdout)["id"]
+    state = None
+    for _ in range(120):
+        listed = cli("ls", "--json")
+        assert listed.returncode == 0, listed.stderr
+        rows = json.loads(listed.stdout)
+        rows = rows["results"] if isinstance(rows, dict) else rows
+        state = next(row["state"] for row in rows if row["id"] == job_id)
+        if state in ("running", "succeeded"):
+            break
+        time.sleep(0.5)
+    assert state in ("running", "succeeded"), (state, (var / "demo.log").read_text()[-3000:])
 
 
 @pytest.mark.django_db
