@@ -37,6 +37,19 @@ _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del
 _EXTEND = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
 
 
+# Set "wanted"; set "queued" only if absent (with its expiry) and say whether we did: then the caller queues a task.
+_REQUEST = (
+    "redis.call('set', KEYS[1], 1) "
+    "if redis.call('set', KEYS[2], 1, 'NX', 'EX', ARGV[1]) then return 1 else return 0 end"
+)
+
+
+@functools.cache
+def _request_script(r):
+    """The script bound to this client; it reloads itself if Redis lost it (a restart)."""
+    return r.register_script(_REQUEST)
+
+
 @functools.cache
 def _redis_for(url: str):
     import redis
@@ -64,12 +77,8 @@ def cycle_request() -> None:
         local_cycle_wanted.set()
         return
     try:
-        # Both flags in one round trip (a pipeline, not a transaction: the order is all that matters here).
-        pipe = r.pipeline(transaction=False)
-        pipe.set(KEY_WANTED, 1)
-        pipe.set(KEY_QUEUED, 1, nx=True, ex=QUEUED_TTL_S)
-        _, queued = pipe.execute()
-        if queued:
+        # Every submit asks, so both flags go in one command (a script: one round trip, no pipeline objects).
+        if _request_script(r)(keys=[KEY_WANTED, KEY_QUEUED], args=[QUEUED_TTL_S]):
             run_cycle_task.apply_async(countdown=_debounce_s(), retry=False)
     except Exception:  # Redis or the broker is down: the write that asked has committed all the same
         # The periodic cycle (beat) picks the work up once Redis is back; PostgreSQL still holds every job.
