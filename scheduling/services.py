@@ -233,6 +233,43 @@ def _membership_and_default_class(*, user_id: int, team_id: int) -> tuple[bool, 
     return bool(is_member), PriorityClass.from_db(connection.alias, [f.attname for f in fields], values)
 
 
+def _insert_values(obj: Any) -> tuple[list[str], list[Any]]:
+    """Columns and database values of a new row, as `Model.save` would write them (defaults, auto_now_add)."""
+    fields = [f for f in obj._meta.concrete_fields if not f.primary_key]
+    return [f.column for f in fields], [
+        f.get_db_prep_save(f.pre_save(obj, True), connection=connection) for f in fields
+    ]
+
+
+def _insert_job_and_event(*, job: Job, event: JobEvent) -> None:
+    """INSERT a new job and its first event. On PostgreSQL it is one statement (a data-modifying CTE): one
+    round trip and no ORM save machinery per submit; other databases take the two ordinary saves."""
+    if connection.vendor != "postgresql":
+        job.save(force_insert=True)
+        event.job = job
+        event.save(force_insert=True)
+        return
+    job_columns, job_values = _insert_values(job)
+    event_columns, event_values = _insert_values(event)
+    at = event_columns.index("job_id")
+    del event_columns[at], event_values[at]
+    marks = ", ".join(["%s"] * len(event_values))
+    rows = _fetch(
+        f"""
+        WITH new_job AS (
+            INSERT INTO {Job._meta.db_table} ({", ".join(job_columns)})
+            VALUES ({", ".join(["%s"] * len(job_values))}) RETURNING id
+        )
+        INSERT INTO {JobEvent._meta.db_table} (job_id, {", ".join(event_columns)})
+        SELECT new_job.id, {marks} FROM new_job RETURNING job_id, id""",
+        [*job_values, *event_values],
+    )
+    job.pk, event.pk = rows[0]
+    event.job = job
+    for obj in (job, event):
+        obj._state.adding, obj._state.db = False, connection.alias
+
+
 @transaction.atomic
 def job_submit(*, submitter: AbstractBaseUser, team: Team, spec: JobSpec) -> Job:
     """Accept a job into the queue. A job within the cluster but over quota is accepted and waits."""
@@ -252,7 +289,7 @@ def job_submit(*, submitter: AbstractBaseUser, team: Team, spec: JobSpec) -> Job
     preemptible = priority_class.preemptible if spec.preemptible is None else spec.preemptible
     if preemptible and not priority_class.preemptible:
         preemptible = False  # a class that is never preempted makes all its jobs non-preemptible
-    job = Job.objects.create(
+    job = Job(
         team=team,
         submitter=submitter,
         name=spec.name,
@@ -275,8 +312,7 @@ def job_submit(*, submitter: AbstractBaseUser, team: Team, spec: JobSpec) -> Job
         pending_reason_code="queued",
         pending_reason="Waiting for the next scheduling cycle.",
     )
-    JobEvent.objects.create(
-        job=job,
+    event = JobEvent(
         from_state="",
         to_state=JobState.PENDING,
         actor_kind=ActorKind.USER,
@@ -284,6 +320,7 @@ def job_submit(*, submitter: AbstractBaseUser, team: Team, spec: JobSpec) -> Job
         code="submitted",
         message=f"Submitted by {submitter} to {team.slug}.",
     )
+    _insert_job_and_event(job=job, event=event)
     events.job_changed(job_id=job.id, team_id=team.id, state=job.state, code="submitted")
     _cycle_wanted()
     return job

@@ -95,3 +95,34 @@ def test_the_team_default_class_falls_back_to_the_lowest_class(alice, teams, pri
     _, default = services._membership_and_default_class(user_id=alice.pk, team_id=teams["inference"].pk)
     assert default == PriorityClass.objects.order_by("value").first()
     assert default.name == priority_class_default_for_team(team=teams["inference"]).name
+
+
+@pytest.mark.django_db
+def test_the_one_statement_insert_writes_what_the_orm_saves_write(alice, teams, node, monkeypatch):
+    from django.db import connection
+    from django.forms.models import model_to_dict
+
+    from scheduling.models import Job, JobEvent
+
+    spec = {
+        "gpus": 2,
+        "env": {"A": "1"},
+        "gpu_models": ["A100-80GB"],
+        "max_runtime_s": 60,
+        "priority": "inference",
+    }
+    fast = _submit(alice, teams["training"], **spec)
+    monkeypatch.setattr(connection, "vendor", "other")
+    plain = _submit(alice, teams["training"], **spec)
+    monkeypatch.undo()
+
+    def row(job):
+        stored = Job.objects.get(pk=job.pk)
+        event = JobEvent.objects.get(job=stored)
+        job_fields = {k: v for k, v in model_to_dict(stored).items() if k != "id"}
+        event_fields = {k: v for k, v in model_to_dict(event).items() if k not in ("id", "job")}
+        return job_fields, event_fields, stored.submitted_at is not None and event.at is not None
+
+    assert row(fast) == row(plain)
+    assert row(fast)[0]["env"] == {"A": "1"} and row(fast)[2]
+    assert fast.pk and not fast._state.adding and fast.events.count() == 1
