@@ -371,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
     parser.add_argument("--threads", type=int, default=2, help="threads per gunicorn worker (gthread)")
+    parser.add_argument("--worker-class", default="gthread", choices=["gthread", "sync"])
     parser.add_argument("--clients", type=int, default=24, help="concurrent client connections")
     parser.add_argument("--load-processes", type=int, default=2)
     parser.add_argument("--duration", type=float, default=15.0, help="measured seconds of submits")
@@ -405,9 +406,8 @@ def main(argv: list[str] | None = None) -> int:
         "--workers",
         str(args.workers),
         "--worker-class",
-        "gthread",
-        "--threads",
-        str(args.threads),
+        args.worker_class,
+        *(["--threads", str(args.threads)] if args.worker_class == "gthread" else []),
         "--bind",
         f"127.0.0.1:{port}",
         "--keep-alive",
@@ -457,8 +457,8 @@ def main(argv: list[str] | None = None) -> int:
         "server": {
             "command": "gunicorn portal.wsgi:application",
             "workers": args.workers,
-            "worker_class": "gthread",
-            "threads": args.threads,
+            "worker_class": args.worker_class,
+            "threads": args.threads if args.worker_class == "gthread" else 1,
             "database": "postgresql",
             "channel_layer": "redis" if args.redis_url else "in-memory",
         },
