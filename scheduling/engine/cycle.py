@@ -12,7 +12,7 @@ import threading
 from bisect import insort
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -116,6 +116,8 @@ class _EngineState:
     dirty: set[int] = field(default_factory=set)
     workload: Any = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Running job id -> (its assignments, what they give back to the start projection's pools).
+    releases: dict[str, tuple] = field(default_factory=dict)
 
 
 _STATES: OrderedDict[int, _EngineState] = OrderedDict()
@@ -667,33 +669,40 @@ class _Cycle:
             room = idx.free_cpu[positions]
         # Most room first; ties to snapshot order.
         order = np.lexsort((idx.rank[positions], -room))
+        examined = [int(p) for p in positions[order[:limit]]]
         by_pos = self._holdings_by_pos()
-        placed_here = self._placed_by_pos()
+        placed_here = self._placed_on(examined)
         now = self.snap.now
         can_preempt = "preempt" in self.profile.actions
         min_runtime_s = float(self.param("min_runtime_s") or 0.0)
 
-        def gone_by(h: _Holding) -> float:
-            v = h.job
-            started = v.start_time if v.start_time is not None else now
+        def gone_by(v: Job, start_time: float | None) -> float:
+            started = start_time if start_time is not None else now
             end = started + v.max_runtime_s if v.max_runtime_s is not None else INF
             if can_preempt and v.preemptible and v.priority < job.priority:
                 # Evictable once past the minimum runtime (a job with no start time counts as old enough).
-                end = min(end, started + min_runtime_s if v.start_time is not None else now)
+                end = min(end, started + min_runtime_s if start_time is not None else now)
             return max(now, end)
 
         ranked: list[tuple[tuple, int, Node]] = []
-        for pos in (int(p) for p in positions[order[:limit]]):
+        for pos in examined:
             base = self._real_node(pos)
             holds = self.holds.get(pos, [])
             waits = [
-                (gone_by(h), h.job.start_time if h.job.start_time is not None else now, h.job.id, h)
+                (
+                    gone_by(h.job, h.job.start_time),
+                    h.job.start_time if h.job.start_time is not None else now,
+                    h.job.id,
+                    h,
+                )
                 for h in by_pos.get(pos, ())
                 if h.job.id not in self.evicted
             ]
             # A job placed earlier in this cycle is waited for only if its end is known (or it may be preempted).
             waits += [
-                w for w in ((gone_by(h), now, h.job.id, h) for h in placed_here.get(pos, ())) if w[0] < INF
+                w
+                for w in ((gone_by(h.job, now), now, h.job.id, h) for h in placed_here.get(pos, ()))
+                if w[0] < INF
             ]
             waits.sort(key=lambda w: w[:3])
             node = _overlay(base, holds)
@@ -714,21 +723,23 @@ class _Cycle:
         start = max((key[0] for key, _, _ in ranked[: req.nodes - len(fitting)]), default=now)
         return (None if start == INF else start), nodes[: req.nodes]
 
-    def _placed_by_pos(self) -> dict[int, list[_Holding]]:
-        """What this cycle's placements hold, per node position."""
+    def _placed_on(self, positions: list[int]) -> dict[int, list[_Holding]]:
+        """What this cycle's placements hold on these node positions (their jobs start now)."""
+        names = {self.index.names[pos]: pos for pos in positions}
         out: dict[int, list[_Holding]] = {}
+        if not self.placements:
+            return out
         by_id = {j.id: j for j in self.placed_jobs}
         for p in self.placements:
+            mine = [a for a in p.assignments if a.node in names]
+            hosts = [n for n in p.cpu if n in names]
+            if not mine and not hosts:
+                continue
             job = by_id[p.job_id]
-            per_node: dict[str, list[Assignment]] = {n: [] for n in p.cpu}
-            for a in p.assignments:
-                per_node.setdefault(a.node, []).append(a)
-            for name, assigns in per_node.items():
-                pos = self.pos_of(name)
-                if pos is not None:
-                    cpu, mem = p.cpu.get(name, (0, 0))
-                    started = replace(job, start_time=self.snap.now)
-                    out.setdefault(pos, []).append(_Holding(started, assigns, cpu, mem))
+            for name in sorted(set(hosts) | {a.node for a in mine}):
+                cpu, mem = p.cpu.get(name, (0, 0))
+                assigns = [a for a in mine if a.node == name]
+                out.setdefault(names[name], []).append(_Holding(job, assigns, cpu, mem))
         return out
 
     def _holdings_by_pos(self) -> dict[int, list[_Holding]]:
@@ -1072,7 +1083,8 @@ class _Cycle:
         if projection is None and not est_start:
             return [Pending(job.id, status, position, None) for job, status, position in rows]
         now = self.snap.now
-        suffixes: dict[str, str] = {}
+        # Jobs with the same reason and the same rounded estimate share one Status (fewer objects per cycle).
+        with_eta: dict[tuple[int, str], Status] = {}
         out = []
         for job, status, position in rows:
             eta = None
@@ -1084,12 +1096,14 @@ class _Cycle:
                     eta = held
             if eta is not None and explain and status.code != WAITING_FOR_RESERVATION:
                 text = _duration(eta - now)
-                suffix = suffixes.get(text)
-                if suffix is None:
-                    suffix = suffixes[text] = (
-                        f"; estimated start in about {text} (from the running jobs' max runtimes)"
+                key = (id(status), text)
+                shared = with_eta.get(key)
+                if shared is None:
+                    shared = with_eta[key] = Status(
+                        status.code,
+                        f"{status.reason}; estimated start in about {text} (from the running jobs' max runtimes)",
                     )
-                status = Status(status.code, status.reason + suffix)
+                status = shared
             out.append(Pending(job.id, status, position, eta))
         return out
 
@@ -1201,6 +1215,54 @@ def _event_time(e: tuple[float, int]) -> float:
     return e[0]
 
 
+def _gives_back(
+    cycle: _Cycle, assignments: tuple[Assignment, ...]
+) -> tuple[tuple[tuple[str, bool], int], ...]:
+    """What a job's cards give back to the projection's pools when it ends: idle cards, shared compute."""
+    out: dict[tuple[str, bool], int] = {}
+    for a in assignments:
+        pos = cycle.pos_of(a.node)
+        if pos is None:
+            continue
+        g = _card(cycle._real_node(pos), a.gpu_index)
+        if g is None or g.health is Health.FAILED:
+            continue
+        is_shared = g.sharing is not Sharing.EXCLUSIVE
+        if a.compute_milli >= WHOLE_GPU_MILLI and a.memory_mib >= g.memory_mib:
+            out[(g.model, False)] = out.get((g.model, False), 0) + 1
+            if is_shared:
+                out[(g.model, True)] = out.get((g.model, True), 0) + WHOLE_GPU_MILLI
+        elif is_shared:
+            out[(g.model, True)] = out.get((g.model, True), 0) + a.compute_milli
+    return tuple(out.items())
+
+
+def _card(node: Node, gpu_index: int) -> Any:
+    gpus = node.gpus
+    if gpu_index < len(gpus) and gpus[gpu_index].index == gpu_index:
+        return gpus[gpu_index]
+    return next((g for g in gpus if g.index == gpu_index), None)
+
+
+def _pool_row(node: Node, factor: float) -> tuple:
+    """What a node adds to the projection's pools, per GPU model: (model, card memory MiB, compute capability,
+    has shared cards, idle cards, free compute milli on shared cards)."""
+    per: dict[str, list] = {}
+    for g in node.gpus:
+        if g.health is Health.FAILED:
+            continue
+        row = per.get(g.model)
+        if row is None:
+            row = per[g.model] = [g.model, g.memory_mib, g.compute_capability, False, 0, 0]
+        if g.sharing is not Sharing.EXCLUSIVE:
+            row[3] = True
+            if g.allocated_memory_mib < g.memory_mib:
+                row[5] += max(0, compute_cap_milli(g, factor) - g.allocated_compute_milli)
+        if gpu_is_free(g):
+            row[4] += 1
+    return tuple(tuple(r) for r in per.values())
+
+
 class StartProjection:
     """A cheap estimate of when each pending job starts: per GPU model, the cluster's idle cards and free shared
     compute now, plus what the running jobs give back at their declared ends (`start_time + max_runtime_s`);
@@ -1217,59 +1279,69 @@ class StartProjection:
     @classmethod
     def build(cls, cycle: _Cycle) -> StartProjection | None:
         snap, now = cycle.snap, cycle.snap.now
-        ends: list[tuple[float, tuple[Assignment, ...]]] = []
+        ends: list[tuple[float, Job, tuple[Assignment, ...]]] = []
         for job in snap.running:
             if job.max_runtime_s is not None and job.id not in cycle.evicted:
                 start = job.start_time if job.start_time is not None else now
-                ends.append((max(now, start + job.max_runtime_s), job.assignments))
+                ends.append((max(now, start + job.max_runtime_s), job, job.assignments))
         if not ends:
             return None  # nothing is known to end: no estimate can be made
         by_id = {p.job_id: p for p in cycle.placements}
         for job in cycle.placed_jobs:
             if job.max_runtime_s is not None and job.id in by_id:
-                ends.append((now + job.max_runtime_s, by_id[job.id].assignments))
+                ends.append((now + job.max_runtime_s, job, by_id[job.id].assignments))
         index = cycle.index
-        cards: dict[str, dict[int, Any]] = {}
         models: dict[str, tuple] = {}
         idle: dict[str, int] = {}
         shared: dict[str, int] = {}
         factor = cycle.factor
-        for pos in np.flatnonzero(index.present & index.ready).tolist():
-            node = cycle._real_node(pos)
-            cards[node.name] = {g.index: g for g in node.gpus}
-            for g in node.gpus:
-                if g.health is Health.FAILED:
-                    continue
-                is_shared = g.sharing is not Sharing.EXCLUSIVE
-                known = models.get(g.model)
-                if known is None or (is_shared and not known[2]):
-                    models[g.model] = (
-                        g.memory_mib,
-                        g.compute_capability,
-                        is_shared or bool(known and known[2]),
-                    )
-                if gpu_is_free(g):
-                    idle[g.model] = idle.get(g.model, 0) + 1
-                if is_shared and g.allocated_memory_mib < g.memory_mib:
-                    room = compute_cap_milli(g, factor) - g.allocated_compute_milli
-                    if room > 0:
-                        shared[g.model] = shared.get(g.model, 0) + room
+
+        def add(row: tuple, times: int) -> None:
+            for model, memory_mib, cc, has_shared, idle_cards, room_milli in row:
+                known = models.get(model)
+                if known is None or (has_shared and not known[2]):
+                    models[model] = (memory_mib, cc, has_shared or bool(known and known[2]))
+                idle[model] = idle.get(model, 0) + idle_cards * times
+                shared[model] = shared.get(model, 0) + room_milli * times
+
+        # Nodes of one shape contribute alike: count shapes, summarise each once (and keep it across cycles).
+        usable = index.present & index.ready
+        held = [pos for pos in cycle.real if usable[pos]]
+        if held:
+            usable = usable.copy()
+            usable[held] = False
+            for pos in held:
+                add(_pool_row(cycle.real[pos], factor), 1)
+        shapes, counts = np.unique(index.shape[usable], return_counts=True)
+        rows = index.pool_rows
+        first_pos = None
+        for sid, count in zip(shapes.tolist(), counts.tolist(), strict=True):
+            row = rows.get(sid)
+            if row is None:
+                if first_pos is None:
+                    first_pos = {}
+                    for pos in np.flatnonzero(usable).tolist():
+                        first_pos.setdefault(int(index.shape[pos]), pos)
+                row = rows[sid] = _pool_row(index.nodes[first_pos[sid]], factor)
+            add(row, count)
         pools: dict[tuple[str, bool], _Pool] = {}
         for model in models:
             pools[(model, False)] = _Pool(idle.get(model, 0), now)
             pools[(model, True)] = _Pool(shared.get(model, 0), now)
         releases: dict[tuple[str, bool], list[tuple[float, int]]] = {}
-        for end, assignments in ends:
-            for a in assignments:
-                g = cards.get(a.node, {}).get(a.gpu_index)
-                if g is None or g.health is Health.FAILED:
-                    continue
-                if a.compute_milli >= WHOLE_GPU_MILLI and a.memory_mib >= g.memory_mib:
-                    releases.setdefault((g.model, False), []).append((end, 1))
-                    if g.sharing is not Sharing.EXCLUSIVE:
-                        releases.setdefault((g.model, True), []).append((end, WHOLE_GPU_MILLI))
-                elif g.sharing is not Sharing.EXCLUSIVE:
-                    releases.setdefault((g.model, True), []).append((end, a.compute_milli))
+        # What a running job gives back, per pool, is kept between cycles: its cards do not change.
+        memo = cycle.state.releases
+        seen: dict[str, tuple] = {}
+        for end, job, assignments in ends:
+            known = memo.get(job.id)
+            if known is not None and known[0] is assignments:
+                gives = known[1]
+            else:
+                gives = _gives_back(cycle, assignments)
+            seen[job.id] = (assignments, gives)
+            for key, amount in gives:
+                releases.setdefault(key, []).append((end, amount))
+        cycle.state.releases = seen
         for key, events in releases.items():
             events.sort(key=_event_time)
             pool = pools[key]

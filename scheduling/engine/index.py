@@ -117,6 +117,7 @@ class NodeIndex:
         self.timeslice_factor = timeslice_factor
         self.shape_ids: dict[tuple, int] = {}
         self.rows: dict[int, tuple] = {}  # shape id -> its summary
+        self.pool_rows: dict[int, tuple] = {}  # shape id -> what it adds to the start projection (cycle.py)
         self.model_bits: dict[str, int] = {}
         self.memos: dict[Request, RequestMemo] = {}
         self.verdicts: dict[tuple[Request, int], tuple[bool, float]] = {}
@@ -291,6 +292,7 @@ class NodeIndex:
         if len(self.shape_ids) > _MAX_SHAPES:
             self.shape_ids.clear()
             self.rows.clear()
+            self.pool_rows.clear()
             self.verdicts.clear()
             self._build(nodes)
             return
