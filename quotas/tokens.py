@@ -47,30 +47,32 @@ def api_token_revoke(*, token: ApiToken) -> ApiToken:
 
 
 @functools.cache
-def _token_query() -> tuple[str, list[str], list[str]]:
-    token_fields = [f for f in ApiToken._meta.concrete_fields]
+def _token_query() -> tuple[str, list, list]:
+    token_fields = list(ApiToken._meta.concrete_fields)
     user_model = get_user_model()
-    user_fields = [f for f in user_model._meta.concrete_fields]
+    user_fields = list(user_model._meta.concrete_fields)
     columns = [f"t.{f.column}" for f in token_fields] + [f"u.{f.column}" for f in user_fields]
     sql = (
         f"SELECT {', '.join(columns)} FROM {ApiToken._meta.db_table} AS t "
         f"JOIN {user_model._meta.db_table} AS u ON u.{user_model._meta.pk.column} = t.user_id "
         "WHERE t.token_hash = %s AND t.revoked_at IS NULL"
     )
-    return sql, [f.attname for f in token_fields], [f.attname for f in user_fields]
+    return sql, token_fields, user_fields
 
 
 def _live_token_with_user(digest: str) -> ApiToken | None:
     """The unrevoked token row with this hash, its user loaded. Every API call does this, so it is one
     hand-written query (the ORM's select_related costs several times the database's work here)."""
-    sql, token_names, user_names = _token_query()
+    from scheduling.rows import model_from_row  # local: scheduling's modules import quotas
+
+    sql, token_fields, user_fields = _token_query()
     with connection.cursor() as cursor:
         cursor.execute(sql, [digest])
         values = cursor.fetchone()
     if values is None:
         return None
-    row = ApiToken.from_db(connection.alias, token_names, values[: len(token_names)])
-    row.user = get_user_model().from_db(connection.alias, user_names, values[len(token_names) :])
+    row = model_from_row(ApiToken, token_fields, values[: len(token_fields)])
+    row.user = model_from_row(get_user_model(), user_fields, values[len(token_fields) :])
     return row
 
 

@@ -22,6 +22,7 @@ from quotas.models import Membership, PriorityClass, Quota, Team
 from scheduling import events
 from scheduling.choices import ActorKind, GpuHealth, JobState, NodeState, SharingMode, Topology
 from scheduling.models import Gpu, GpuModel, Job, JobEvent, Node, Slice
+from scheduling.rows import model_from_row
 from scheduling.states import ACTIVE_STATES, TERMINAL_STATES, check_transition
 
 MAX_GPUS_PER_JOB_NODE = 64
@@ -230,7 +231,7 @@ def _membership_and_default_class(*, user_id: int, team_id: int) -> tuple[bool, 
     is_member, *values = rows[0]
     if values[0] is None:
         return bool(is_member), None
-    return bool(is_member), PriorityClass.from_db(connection.alias, [f.attname for f in fields], values)
+    return bool(is_member), model_from_row(PriorityClass, fields, values)
 
 
 def _insert_values(obj: Any) -> tuple[list[str], list[Any]]:

@@ -40,6 +40,7 @@ from scheduling.api.queries import (
 from scheduling.api.usage import GROUPS, MAX_WINDOW, usage_rows
 from scheduling.choices import GpuHealth, JobState, LinkKind, NodeState
 from scheduling.models import Gpu, GpuLink, Job, Node, Slice
+from scheduling.rows import model_from_row
 from scheduling.spec import SpecError, spec_check_card_limits, spec_from_mapping, spec_from_text
 from scheduling.states import ACTIVE_STATES, TERMINAL_STATES
 
@@ -69,7 +70,7 @@ def _team_by_slug(slug: str) -> Team | None:
             f"SELECT {', '.join(f.column for f in fields)} FROM {Team._meta.db_table} WHERE slug = %s", [slug]
         )
         values = cursor.fetchone()
-    return None if values is None else Team.from_db(connection.alias, [f.attname for f in fields], values)
+    return None if values is None else model_from_row(Team, fields, values)
 
 
 def _resolve_team(*, user: Any, slug: str | None) -> Team:
