@@ -5,7 +5,10 @@ It creates (or reuses) a benchmark database, loads the demo cluster, starts guni
 worker processes, drives it from load-generator processes over keep-alive HTTP connections, then fills the queue
 with 10,000 pending jobs and times GET /api/v1/queue/ pages.
 
-    .venv/bin/python bench/api_submit.py --workers 4 --threads 2 --clients 24 --duration 15
+    .venv/bin/python bench/api_submit.py --workers 3 --threads 2 --clients 24 --duration 15
+
+The default server is what docs/operations.md recommends for API-heavy sites: gthread, cores + 1 workers, 2
+threads each.
 """
 
 from __future__ import annotations
@@ -369,7 +372,9 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/12"),
         help="'' for none",
     )
-    parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
+    parser.add_argument(
+        "--workers", type=int, default=(os.cpu_count() or 1) + 1, help="gunicorn worker processes (cores + 1)"
+    )
     parser.add_argument("--threads", type=int, default=2, help="threads per gunicorn worker (gthread)")
     parser.add_argument("--worker-class", default="gthread", choices=["gthread", "sync"])
     parser.add_argument("--clients", type=int, default=24, help="concurrent client connections")
