@@ -14,8 +14,10 @@ env = environ.FileAwareEnv()
 
 # --- Core -------------------------------------------------------------------------------------------------
 DEBUG = env.bool("DEBUG", default=False)
-# The embedded default key is for a laptop demo only; `check --deploy` flags it and production must set one.
-SECRET_KEY = env.str("SECRET_KEY", default="tessera-insecure-embedded-demo-key-change-me-in-production-0123")
+# The embedded default key is for a laptop demo only: its "django-insecure-" prefix makes `check --deploy` fail
+# (security.W009), so a production deployment cannot pass its checks with it.
+EMBEDDED_SECRET_KEY = "django-insecure-tessera-embedded-demo-key-set-SECRET_KEY-in-production"
+SECRET_KEY = env.str("SECRET_KEY", default="") or EMBEDDED_SECRET_KEY
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 VAR_DIR = Path(env.str("TESSERA_VAR_DIR", default=str(BASE_DIR / "var")))
@@ -72,7 +74,10 @@ TEMPLATES = [
 # --- Database ---------------------------------------------------------------------------------------------
 # PostgreSQL is the source of truth in production; SQLite keeps the embedded demo free of services.
 DATABASES = {
-    "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'tessera.sqlite3'}"),
+    # An empty DATABASE_URL means unset, as an empty REDIS_URL does.
+    "default": env.db_url_config(
+        env.str("DATABASE_URL", default="") or f"sqlite:///{VAR_DIR / 'tessera.sqlite3'}"
+    ),
 }
 DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=0))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -160,6 +165,8 @@ SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
 CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
 SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env.bool("BEHIND_TLS_PROXY", False) else None
 
 # --- Static files, i18n -----------------------------------------------------------------------------------
