@@ -11,15 +11,7 @@ from quotas.models import Membership, PriorityClass, Quota, QuotaChange, Team
 class QuotaInline(admin.TabularInline):
     model = Quota
     extra = 0
-    fields = (
-        "gpu_model",
-        "guaranteed_gpu_memory_mib",
-        "limit_gpu_memory_mib",
-        "guaranteed_gpus",
-        "limit_gpus",
-        "fair_share_weight",
-        "default_priority_class",
-    )
+    fields = services.QUOTA_AUDITED_FIELDS
 
 
 class MembershipInline(admin.TabularInline):

@@ -3,16 +3,9 @@
 from __future__ import annotations
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import QuerySet
 
 from quotas.choices import Role
-from quotas.models import Membership, PriorityClass, Quota, QuotaChange, Team
-
-
-def teams_for_user(*, user: AbstractBaseUser) -> QuerySet[Team]:
-    if user.is_staff:
-        return Team.objects.all()
-    return Team.objects.filter(memberships__user=user).distinct()
+from quotas.models import Membership, PriorityClass, Quota, Team
 
 
 def team_ids_for_user(*, user: AbstractBaseUser) -> set[int]:
@@ -21,18 +14,6 @@ def team_ids_for_user(*, user: AbstractBaseUser) -> set[int]:
 
 def team_ids_administered_by(*, user: AbstractBaseUser) -> set[int]:
     return set(Membership.objects.filter(user=user, role=Role.TEAM_ADMIN).values_list("team_id", flat=True))
-
-
-def user_is_member(*, user: AbstractBaseUser, team: Team) -> bool:
-    return Membership.objects.filter(user=user, team=team).exists()
-
-
-def quotas_all() -> QuerySet[Quota]:
-    return Quota.objects.select_related("team", "gpu_model", "default_priority_class")
-
-
-def quota_changes_for_team(*, team: Team) -> QuerySet[QuotaChange]:
-    return QuotaChange.objects.filter(team=team).select_related("actor")
 
 
 def priority_class_default_for_team(*, team: Team) -> PriorityClass | None:

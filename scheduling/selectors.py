@@ -10,7 +10,6 @@ from django.db.models import F, Q, QuerySet, Sum
 from quotas.selectors import team_ids_for_user
 from scheduling.choices import JobState, LinkKind
 from scheduling.models import Gpu, GpuLink, Job, Node
-from scheduling.states import ACTIVE_STATES
 
 
 def jobs_visible_to(*, user: AbstractBaseUser) -> QuerySet[Job]:
@@ -28,10 +27,6 @@ def queue() -> QuerySet[Job]:
         .select_related("team", "submitter", "priority_class")
         .order_by(F("queue_position").asc(nulls_last=True), "submitted_at", "id")
     )
-
-
-def active_jobs() -> QuerySet[Job]:
-    return Job.objects.filter(state__in=ACTIVE_STATES)
 
 
 def cluster_nodes() -> QuerySet[Node]:
