@@ -305,30 +305,16 @@ def allocate_on_node(
 
 
 def release_on_node(node: Node, assignments: tuple[Assignment, ...], cpu_milli: int, memory_mib: int) -> Node:
-    """The node after a job gives back what it held on it (never below zero, so a stale ledger cannot go negative)."""
-    gpus = list(node.gpus)
-    pos = _card_positions(node)
-    for a in assignments:
-        i = pos.get(a.gpu_index)
-        if i is None:
-            continue
-        g = gpus[i]
-        gpus[i] = gpu_with(
-            g,
-            max(0, g.allocated_memory_mib - a.memory_mib),
-            max(0, g.allocated_compute_milli - a.compute_milli),
-            max(0, g.holders - 1),
-        )
-    return node_with(
-        node,
-        tuple(gpus),
-        max(0, node.allocated_cpu_milli - cpu_milli),
-        max(0, node.allocated_memory_mib - memory_mib),
-    )
+    """The node after one job gives back what it held on it."""
+    return release_many(node, [(assignments, cpu_milli, memory_mib)])
 
 
 def release_many(node: Node, holdings: list[tuple[tuple[Assignment, ...], int, int]]) -> Node:
-    """The node after several jobs give back (assignments, cpu_milli, memory_mib) each, in one copy."""
+    """The node after several jobs give back (assignments, cpu_milli, memory_mib) each, in one copy.
+
+    Never below zero: host CPU and memory are counted from the running jobs, not kept in a ledger, so a job whose
+    recorded share is stale must not drive a node negative and make it look larger than it is.
+    """
     if not holdings:
         return node
     gpus = list(node.gpus)
