@@ -29,6 +29,7 @@ MAX_CPU_MILLI = 4096 * 1000
 MAX_RUNTIME_S = 365 * 24 * 3600
 MAX_SPEC_BYTES = 256 * 1024
 MAX_GPU_MODELS = 32
+MAX_SPEC_INT = 2**63 - 1  # the database's bigint
 
 # Every key a spec may carry, with the unit-free aliases the API and the CLI also accept.
 SPEC_FIELDS = (
@@ -100,21 +101,30 @@ class ParsedSpec:
     spec: JobSpec
 
 
+def _shown(value: Any) -> str:
+    """A value for an error message: short, and never an error itself (repr of a huge int raises)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return "a number of more than 4300 digits"
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
 def _int_in(field: str, value: Any, *, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str | float):
-        raise SpecError(f"{field} must be a whole number (got {value!r}).", field=field)
+        raise SpecError(f"{field} must be a whole number (got {_shown(value)}).", field=field)
     try:
-        number = int(str(value).strip()) if not isinstance(value, float) else value
+        number = value if isinstance(value, int | float) else int(value.strip())
     except ValueError:
-        raise SpecError(f"{field} must be a whole number (got {value!r}).", field=field) from None
+        raise SpecError(f"{field} must be a whole number (got {_shown(value)}).", field=field) from None
     if isinstance(number, float):
-        if not number.is_integer():
-            raise SpecError(f"{field} must be a whole number (got {value!r}).", field=field)
+        if not number.is_integer():  # NaN and infinities too
+            raise SpecError(f"{field} must be a whole number (got {_shown(value)}).", field=field)
         number = int(number)
     if number < low:
-        raise SpecError(f"{field} must be at least {low} (got {number}).", field=field, limit=low)
+        raise SpecError(f"{field} must be at least {low} (got {_shown(number)}).", field=field, limit=low)
     if number > high:
-        raise SpecError(f"{field} must be at most {high} (got {number}).", field=field, limit=high)
+        raise SpecError(f"{field} must be at most {high} (got {_shown(number)}).", field=field, limit=high)
     return number
 
 
@@ -138,7 +148,7 @@ def parse_memory_mib(value: Any, *, field: str = "memory", high: int = MAX_HOST_
     mib = math.ceil(Decimal(match.group(1)) * _BYTES_PER_UNIT[unit] / (1024**2))
     if mib > high:
         raise SpecError(
-            f"{field} must be at most {high} MiB (got {mib} MiB).", field=field, limit=f"{high}MiB"
+            f"{field} must be at most {high} MiB (got {_shown(value)}).", field=field, limit=f"{high}MiB"
         )
     return int(mib)
 
@@ -146,9 +156,12 @@ def parse_memory_mib(value: Any, *, field: str = "memory", high: int = MAX_HOST_
 def parse_duration_s(value: Any, *, field: str = "max_runtime") -> int:
     """'2h' -> 7200, '30m' -> 1800, '90s' -> 90, '1h30m' -> 5400, 3600 -> 3600 (a bare number is seconds)."""
     if isinstance(value, bool):
-        raise SpecError(f"{field} must be a duration such as '2h' (got {value!r}).", field=field)
+        raise SpecError(f"{field} must be a duration such as '2h' (got {_shown(value)}).", field=field)
     if isinstance(value, int | float):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int beyond any float: certainly over the limit
+            seconds = math.inf
     else:
         text = str(value).strip().replace(" ", "")
         if re.fullmatch(r"\d+(\.\d+)?", text):
@@ -157,14 +170,14 @@ def parse_duration_s(value: Any, *, field: str = "max_runtime") -> int:
             seconds = sum(float(n) * _SECONDS_PER_UNIT[u.lower()] for n, u in _DURATION_PART.findall(text))
         else:
             raise SpecError(
-                f"{field} must be a duration such as '2h', '30m', '90s' or '1h30m' (got {value!r}).",
+                f"{field} must be a duration such as '2h', '30m', '90s' or '1h30m' (got {_shown(value)}).",
                 field=field,
             )
     if seconds <= 0:
-        raise SpecError(f"{field} must be positive (got {value!r}).", field=field, limit=1)
+        raise SpecError(f"{field} must be positive (got {_shown(value)}).", field=field, limit=1)
     if seconds > MAX_RUNTIME_S:
         raise SpecError(
-            f"{field} must be at most {MAX_RUNTIME_S} s (365 days) (got {value!r}).",
+            f"{field} must be at most {MAX_RUNTIME_S} s (365 days) (got {_shown(value)}).",
             field=field,
             limit=MAX_RUNTIME_S,
         )
@@ -175,21 +188,27 @@ def parse_cpu_milli(value: Any, *, field: str = "cpu") -> int:
     """'4' or 4 -> 4000 (cores), '500m' -> 500 (millicores), 0.5 -> 500."""
     if isinstance(value, bool):
         raise SpecError(f"{field} must be cores such as '4' or millicores such as '500m'.", field=field)
+    if isinstance(value, int) and value > MAX_CPU_MILLI:  # before str(): a huge int cannot be printed
+        raise SpecError(
+            f"{field} must be at most {MAX_CPU_MILLI // 1000} cores (got {_shown(value)}).",
+            field=field,
+            limit=MAX_CPU_MILLI // 1000,
+        )
     text = str(value).strip()
     match = re.fullmatch(r"(\d+(?:\.\d+)?)(m?)", text)
     if not match:
         raise SpecError(
-            f"{field} must be cores such as '4' or '0.5', or millicores such as '500m' (got {value!r}).",
+            f"{field} must be cores such as '4' or '0.5', or millicores such as '500m' (got {_shown(value)}).",
             field=field,
         )
     milli = Decimal(match.group(1)) if match.group(2) else Decimal(match.group(1)) * 1000
     if milli != milli.to_integral_value():
-        raise SpecError(f"{field} is counted in whole millicores (got {value!r}).", field=field)
+        raise SpecError(f"{field} is counted in whole millicores (got {_shown(value)}).", field=field)
     if milli < 1:
-        raise SpecError(f"{field} must be at least 1m (got {value!r}).", field=field, limit="1m")
+        raise SpecError(f"{field} must be at least 1m (got {_shown(value)}).", field=field, limit="1m")
     if milli > MAX_CPU_MILLI:
         raise SpecError(
-            f"{field} must be at most {MAX_CPU_MILLI // 1000} cores (got {value!r}).",
+            f"{field} must be at most {MAX_CPU_MILLI // 1000} cores (got {_shown(value)}).",
             field=field,
             limit=MAX_CPU_MILLI // 1000,
         )
@@ -267,19 +286,38 @@ def _gpu_models(value: Any) -> tuple[str, ...]:
 
 def _compute_capability(value: Any) -> Decimal:
     try:
-        number = Decimal(str(value).strip())
+        number = Decimal(value if isinstance(value, int) else str(value).strip())
     except InvalidOperation:
         raise SpecError(
-            f"min_compute_capability must be a number such as 8.0 (got {value!r}).",
+            f"min_compute_capability must be a number such as 8.0 (got {_shown(value)}).",
             field="min_compute_capability",
         ) from None
     if not number.is_finite() or number < 0 or number > Decimal("99.9"):
         raise SpecError(
-            f"min_compute_capability must be between 0 and 99.9 (got {value!r}).",
+            f"min_compute_capability must be between 0 and 99.9 (got {_shown(value)}).",
             field="min_compute_capability",
             limit="99.9",
         )
     return number.quantize(Decimal("0.1"))
+
+
+def _refuse_odd_numbers(field: str, value: Any) -> None:
+    """NaN and infinities (YAML's .nan and .inf) are no quantity, and no field needs an integer beyond 64 bits
+    (str() of one past 4300 digits raises): refuse them wherever they sit in a field."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SpecError(f"{field} must be a finite number (got {value!r}).", field=field)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SPEC_INT:
+        raise SpecError(
+            f"{field} must be a number of at most {MAX_SPEC_INT} (got {_shown(value)}).",
+            field=field,
+            limit=MAX_SPEC_INT,
+        )
+    if isinstance(value, dict):
+        for item in value.values():
+            _refuse_odd_numbers(field, item)
+    elif isinstance(value, list):
+        for item in value:
+            _refuse_odd_numbers(field, item)
 
 
 def spec_from_mapping(data: Any) -> ParsedSpec:
@@ -295,6 +333,7 @@ def spec_from_mapping(data: Any) -> ParsedSpec:
             )
         if name in fields:
             raise SpecError(f"{name} is given twice ({key!r} is another name for it).", field=name)
+        _refuse_odd_numbers(name, value)
         # Unit-free aliases carry the model's units directly.
         if key in ("gpu_memory_mib", "min_gpu_memory_mib", "memory_mib"):
             value = f"{_int_in(name, value, low=0, high=MAX_HOST_MEMORY_MIB)}MiB"
@@ -376,10 +415,20 @@ def spec_from_text(text: str | bytes) -> ParsedSpec:
     if len(text) > MAX_SPEC_BYTES:
         raise SpecError(f"A spec must be at most {MAX_SPEC_BYTES} bytes.", field="spec", limit=MAX_SPEC_BYTES)
     try:
-        data = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
+        if text.lstrip().startswith("{"):
+            data = json.loads(text, parse_constant=_refuse_json_constant)
+        else:
+            data = yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
         raise SpecError(f"The spec is not valid YAML or JSON: {exc}", field="spec") from None
+    except ValueError as exc:  # an integer of more than 4300 digits, or NaN / Infinity in JSON
+        raise SpecError(f"The spec holds a number that is out of range: {exc}", field="spec") from None
     return spec_from_mapping(data)
+
+
+def _refuse_json_constant(name: str) -> Any:
+    """json.loads accepts NaN, Infinity and -Infinity, which are not JSON: refuse them."""
+    raise ValueError(f"{name} is not a number a spec may hold")
 
 
 def spec_to_mapping(spec: JobSpec, *, team: str | None = None) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from quotas.models import IdempotencyRecord, Membership, Quota, Team
 from quotas.selectors import team_ids_for_user
 from scheduling import joblogs, selectors, services
 from scheduling.api import serializers as s
-from scheduling.api.filtersets import JobFilterSet, QueueFilterSet
+from scheduling.api.filtersets import EARLIEST, LATEST, JobFilterSet, QueueFilterSet
 from scheduling.api.queries import (
     allocations_by_team,
     can_cancel_job,
@@ -493,10 +493,14 @@ class ClusterView(APIView):
         return Response(s.ClusterSerializer(body).data)
 
 
-def _moment(raw: str | None, *, name: str, default: datetime) -> datetime:
+def _moment(raw: str | None, *, name: str) -> datetime | None:
+    """The query parameter as an aware datetime between 1970 and 9999 (as BoundedIsoDateTimeFilter), or None."""
     if raw in (None, ""):
-        return default
-    moment = parse_datetime(raw) if "T" in raw or " " in raw else None
+        return None
+    try:
+        moment = parse_datetime(raw) if "T" in raw or " " in raw else None
+    except ValueError:  # well formed but no such moment, e.g. 2026-02-30T00:00
+        moment = None
     if moment is None:
         try:
             day = parse_date(raw)
@@ -509,6 +513,16 @@ def _moment(raw: str | None, *, name: str, default: datetime) -> datetime:
         moment = datetime.combine(day, time.min)
     if timezone.is_naive(moment):
         moment = moment.replace(tzinfo=UTC)
+    try:
+        in_range = EARLIEST <= moment.astimezone(UTC) <= LATEST
+    except (OverflowError, ValueError):  # year 1 with a positive offset falls before datetime.min
+        in_range = False
+    if not in_range:
+        raise ApiError(
+            f"{name} must be between {EARLIEST.year} and {LATEST.year} (got {raw!r}).",
+            field=name,
+            limit=f"{EARLIEST.year}..{LATEST.year}",
+        )
     return moment
 
 
@@ -538,8 +552,8 @@ class UsageView(APIView):
     )
     def get(self, request: Request) -> Response:
         now = timezone.now()
-        until = _moment(request.query_params.get("until"), name="until", default=now)
-        since = _moment(request.query_params.get("since"), name="since", default=until - timedelta(days=30))
+        until = _moment(request.query_params.get("until"), name="until") or now
+        since = _moment(request.query_params.get("since"), name="since") or until - timedelta(days=30)
         if since >= until:
             raise ApiError("since must be before until.", field="since")
         if until - since > MAX_WINDOW:

@@ -36,6 +36,19 @@ def test_a_member_submits_a_yaml_spec_and_the_team_defaults_to_their_only_team(a
 
 
 @pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("name: a\ncommand: b\ngpus: 1\nmax_runtime: .nan\n", "max_runtime"),
+        ('{"name": "a", "command": "b", "gpus": 1, "max_runtime": NaN}', "spec"),
+    ],
+)
+def test_a_yaml_spec_with_a_non_finite_number_is_refused_naming_the_field(as_alice, text, field):
+    response = as_alice.post("/api/v1/jobs/", text, content_type="application/yaml")
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["field"] == field
+
+
+@pytest.mark.parametrize(
     ("spec", "field", "limit", "words"),
     [
         ({"gpu_memory": "96GiB"}, "gpu_memory", "81920MiB", "largest"),

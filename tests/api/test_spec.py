@@ -132,3 +132,57 @@ def test_it_refuses_text_that_is_not_yaml():
     with pytest.raises(SpecError) as caught:
         spec_from_text("name: [unclosed")
     assert caught.value.field == "spec"
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("name: a\ncommand: b\ngpus: 1\nmax_runtime: .nan\n", "max_runtime"),
+        ("name: a\ncommand: b\ngpus: 1\nmax_runtime: -.inf\n", "max_runtime"),
+        ("name: a\ncommand: b\ngpus: .inf\n", "gpus"),
+        ("name: .nan\ncommand: b\ngpus: 1\n", "name"),
+        ("name: a\ncommand: [run, .nan]\ngpus: 1\n", "command"),
+        ("name: a\ncommand: b\ngpus: 1\nenv: {X: .inf}\n", "env"),
+        ("name: a\ncommand: b\ngpus: 1\ncompute_pct: .nan\n", "compute_pct"),
+        ("name: a\ncommand: b\ngpus: 1\ncpu: .nan\n", "cpu"),
+        ('{"name": "a", "command": "b", "gpus": 1, "max_runtime": NaN}', "spec"),
+        ('{"name": "a", "command": "b", "gpus": Infinity}', "spec"),
+        ('{"name": "a", "command": "b", "gpus": -Infinity}', "spec"),
+        ("name: a\ncommand: b\ngpus: " + "1" * 5000 + "\n", "spec"),
+        ('{"name": "a", "command": "b", "gpus": ' + "1" * 5000 + "}", "spec"),
+    ],
+)
+def test_it_refuses_non_finite_and_out_of_range_numbers_naming_the_field(text, field):
+    with pytest.raises(SpecError) as caught:
+        spec_from_text(text)
+    assert caught.value.field == field
+
+
+def test_it_reads_negative_zero_as_zero():
+    parsed = spec_from_mapping({"name": "a", "command": "b", "gpus": 1, "compute_pct": -0.0})
+    assert parsed.spec.compute_pct == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"gpus": 10**5000}, "gpus"),
+        ({"memory_mib": 10**5000}, "memory"),
+        ({"cpu": 10**5000}, "cpu"),
+        ({"max_runtime": 10**5000}, "max_runtime"),
+        ({"min_compute_capability": 10**5000}, "min_compute_capability"),
+        ({"name": 10**5000}, "name"),
+        ({"env": {"SEED": 10**5000}}, "env"),
+        ({"command": ["run", 10**5000]}, "command"),
+        ({"gpus": 2**63}, "gpus"),
+        ({"max_runtime": "1" * 400 + "d"}, "max_runtime"),
+        ({"gpu_memory": "1" * 5000 + "GiB"}, "gpu_memory"),
+        ({"max_runtime": -0.0}, "max_runtime"),
+        ({"nodes": -0.0}, "nodes"),
+    ],
+)
+def test_it_refuses_huge_integers_and_negative_zero_naming_the_field(extra, field):
+    with pytest.raises(SpecError) as caught:
+        spec_from_mapping({"name": "a", "command": "b", "gpus": 1, **extra})
+    assert caught.value.field == field
+    assert len(str(caught.value)) < 300

@@ -119,6 +119,12 @@ def test_usage_splits_by_day_and_exports_csv(as_admin, alice, teams, node, submi
         ("group_by=colour", "group_by"),
         ("since=yesterday", "since"),
         ("since=2020-01-01&until=2026-01-01", "since"),
+        ("until=0001-01-01", "until"),
+        ("since=2026-01-01&until=0001-01-01", "until"),
+        ("since=0001-01-01T00:00:00%2B05:00", "since"),
+        ("until=9999-12-31T23:00:00-05:00", "until"),
+        ("since=1969-12-31", "since"),
+        ("since=2026-02-30T00:00:00", "since"),
     ],
 )
 def test_usage_refuses_bad_parameters_naming_them(as_alice, query, field):
