@@ -216,7 +216,10 @@ class JobLogSerializer(serializers.Serializer):
 class QueueEntrySerializer(serializers.Serializer):
     """A pending job as everyone sees it; name, user, command and id only for the caller's own teams."""
 
-    position = serializers.IntegerField()
+    position = serializers.IntegerField(
+        help_text="Place in the whole queue (filters do not renumber it): the last scheduling cycle's, or, for a "
+        "job no cycle has seen yet, after every positioned job in submit order."
+    )
     mine = serializers.BooleanField(help_text="True when the job belongs to one of your teams.")
     id = serializers.IntegerField(allow_null=True)
     name = serializers.CharField(allow_null=True)

@@ -287,6 +287,32 @@ def _request_gpu_equivalents(job: Job) -> float | None:
     return None  # a memory slice's share depends on the card it lands on
 
 
+def _queue_positions(jobs: list[Job]) -> dict[int, int]:
+    """Each job's place in the whole queue, whatever filter picked it.
+
+    The scheduling cycle writes `queue_position`; a job it has not seen yet (just submitted, or no cycle has
+    run) ranks after every positioned job, in submit order, as selectors.queue orders them: the count of
+    positioned pending jobs plus its rank among the unpositioned ones.
+    """
+    positions = {job.pk: job.queue_position for job in jobs if job.queue_position is not None}
+    unpositioned = [job for job in jobs if job.queue_position is None]
+    if not unpositioned:
+        return positions
+    pending = Job.objects.filter(state=JobState.PENDING)
+    positioned = pending.filter(queue_position__isnull=False).count()
+    latest = max(job.submitted_at for job in unpositioned)
+    ahead = (
+        pending.filter(queue_position__isnull=True, submitted_at__lte=latest)
+        .order_by("submitted_at", "id")
+        .values_list("id", flat=True)
+    )
+    rank = {job_id: positioned + i for i, job_id in enumerate(ahead, start=1)}
+    for job in unpositioned:
+        # A job that left the queue between the two reads keeps a place after the others.
+        positions[job.pk] = rank.get(job.pk, positioned + len(rank) + 1)
+    return positions
+
+
 class QueueView(generics.GenericAPIView):
     """Pending jobs in the engine's order. Other teams' entries are anonymous: no id, name, user or reason text."""
 
@@ -299,16 +325,15 @@ class QueueView(generics.GenericAPIView):
     @extend_schema(responses={200: s.QueueEntrySerializer(many=True)})
     def get(self, request: Request) -> Response:
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
-        paginator = self.paginator
-        first = (paginator.page.number - 1) * paginator.get_page_size(request) + 1
+        positions = _queue_positions(page)
         mine_ids = _visible_team_ids(request.user)
         now = timezone.now()
         entries = []
-        for i, job in enumerate(page):
+        for job in page:
             mine = mine_ids is None or job.team_id in mine_ids
             entries.append(
                 {
-                    "position": first + i,
+                    "position": positions[job.pk],
                     "mine": mine,
                     "id": job.pk if mine else None,
                     "name": job.name if mine else None,
