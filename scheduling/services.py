@@ -287,9 +287,14 @@ def job_submit(*, submitter: AbstractBaseUser, team: Team, spec: JobSpec) -> Job
         priority_class = default_class
         if priority_class is None:
             raise ServiceError("No priority class exists; an admin must create one.", field="priority")
+    if spec.preemptible and not priority_class.preemptible:
+        # Refused rather than quietly turned off: whoever asked for it expects to be evictable.
+        raise ServiceError(
+            f"priority class {priority_class.name} is never preempted; drop preemptible or choose another "
+            "priority.",
+            field="preemptible",
+        )
     preemptible = priority_class.preemptible if spec.preemptible is None else spec.preemptible
-    if preemptible and not priority_class.preemptible:
-        preemptible = False  # a class that is never preempted makes all its jobs non-preemptible
     job = Job(
         team=team,
         submitter=submitter,

@@ -30,6 +30,11 @@ def _submit(user, team, **spec):
         ({"compute_pct": 150}, "compute_pct", "at most 100"),
         ({"gpus": 1, "gpu_memory_mib": 1024}, "gpus", "not both"),
         ({"gpus": 1, "priority": "urgent"}, "priority", "Unknown priority 'urgent'"),
+        (
+            {"gpus": 1, "priority": "critical", "preemptible": True},
+            "preemptible",
+            "priority class critical is never preempted; drop preemptible or choose another priority",
+        ),
     ],
 )
 def test_a_spec_that_can_never_run_is_refused_naming_the_field(alice, teams, node, spec, field, message):
@@ -52,3 +57,10 @@ def test_a_spec_over_quota_but_within_the_cluster_is_accepted_and_waits(alice, t
     job = _submit(alice, teams["training"], gpus=8, topology="nvlink")  # the guarantee is 4 GPUs
     assert job.state == "pending"
     assert job.priority_class.name == "training", "the team's default priority class applies"
+
+
+@pytest.mark.django_db
+def test_a_never_preempted_class_takes_jobs_that_ask_not_to_be_or_say_nothing(alice, teams, node):
+    quiet = _submit(alice, teams["training"], gpus=1, priority="critical")
+    explicit = _submit(alice, teams["training"], gpus=1, priority="critical", preemptible=False)
+    assert (quiet.preemptible, explicit.preemptible) == (False, False)
