@@ -12,6 +12,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection
 from django.utils import timezone
 
+from portal.rows import model_from_row
 from quotas.models import ApiToken
 
 TOKEN_PREFIX = "tsk_"
@@ -63,8 +64,6 @@ def _token_query() -> tuple[str, list, list]:
 def _live_token_with_user(digest: str) -> ApiToken | None:
     """The unrevoked token row with this hash, its user loaded. Every API call does this, so it is one
     hand-written query (the ORM's select_related costs several times the database's work here)."""
-    from scheduling.rows import model_from_row  # local: scheduling's modules import quotas
-
     sql, token_fields, user_fields = _token_query()
     with connection.cursor() as cursor:
         cursor.execute(sql, [digest])

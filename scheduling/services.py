@@ -18,11 +18,11 @@ from django.db import connection, transaction
 from django.db.models import Count, F
 from django.utils import timezone
 
+from portal.rows import model_from_row
 from quotas.models import Membership, PriorityClass, Quota, Team
 from scheduling import events
 from scheduling.choices import ActorKind, GpuHealth, JobState, NodeState, SharingMode, Topology
 from scheduling.models import Gpu, GpuModel, Job, JobEvent, Node, Slice
-from scheduling.rows import model_from_row
 from scheduling.states import ACTIVE_STATES, TERMINAL_STATES, check_transition
 
 MAX_GPUS_PER_JOB_NODE = 64

@@ -26,6 +26,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal.api_support import ApiError, CsvRenderer, SubmitRateThrottle
+from portal.rows import model_from_row
 from quotas.models import IdempotencyRecord, Membership, Quota, Team
 from quotas.selectors import team_ids_for_user
 from scheduling import joblogs, selectors, services
@@ -40,7 +41,6 @@ from scheduling.api.queries import (
 from scheduling.api.usage import GROUPS, MAX_WINDOW, usage_rows
 from scheduling.choices import GpuHealth, JobState, LinkKind, NodeState
 from scheduling.models import Gpu, GpuLink, Job, Node, Slice
-from scheduling.rows import model_from_row
 from scheduling.spec import SpecError, spec_check_card_limits, spec_from_mapping, spec_from_text
 from scheduling.states import ACTIVE_STATES, TERMINAL_STATES
 
