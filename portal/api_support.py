@@ -176,8 +176,11 @@ class CsvRenderer(BaseRenderer):
             data = [data.get("error", data)]
         rows = list(data or [])
         buffer = io.StringIO()
-        if rows:
-            columns = list(rows[0].keys())
+        # With no rows the view's `csv_columns` still give a header: an empty body would go out without a
+        # Content-Type (DRF drops it for empty content).
+        view = (renderer_context or {}).get("view")
+        columns = list(rows[0].keys()) if rows else list(getattr(view, "csv_columns", None) or [])
+        if columns:
             writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
             writer.writeheader()
             for row in rows:

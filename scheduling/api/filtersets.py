@@ -32,6 +32,8 @@ class BoundedIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
                 raise ValidationError(
                     {self.param: [f"Give a date-time between {EARLIEST.year} and {LATEST.year}."]}
                 )
+            # In UTC: Python takes offsets up to 24 h, PostgreSQL refuses those beyond 15:59.
+            value = value.astimezone(UTC)
         return super().filter(qs, value)
 
 

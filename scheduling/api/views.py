@@ -45,6 +45,7 @@ from scheduling.spec import SpecError, spec_check_card_limits, spec_from_mapping
 from scheduling.states import ACTIVE_STATES, TERMINAL_STATES
 
 MAX_IDEMPOTENCY_KEY_CHARS = 200
+USAGE_MEASURES = ("gpu_hours", "gpu_memory_gib_hours", "jobs")  # after the group columns
 MAX_LOG_TAIL_LINES = 10_000
 
 
@@ -548,7 +549,7 @@ def _moment(raw: str | None, *, name: str) -> datetime | None:
             field=name,
             limit=f"{EARLIEST.year}..{LATEST.year}",
         )
-    return moment
+    return moment.astimezone(UTC)  # Python takes offsets up to 24 h, PostgreSQL refuses those beyond 15:59
 
 
 class UsageView(APIView):
@@ -594,6 +595,7 @@ class UsageView(APIView):
             raise ApiError(
                 f"group_by takes a comma list of {', '.join(GROUPS)} (got {raw_groups!r}).", field="group_by"
             )
+        self.csv_columns = [g for g in GROUPS if g in group_by] + list(USAGE_MEASURES)
         jobs = selectors.jobs_visible_to(user=request.user)
         if request.query_params.get("team"):
             jobs = jobs.filter(team__slug=request.query_params["team"])

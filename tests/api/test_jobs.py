@@ -216,6 +216,13 @@ def test_odd_dates_in_filters_are_refused_not_crashed_on(as_alice, query):
     assert response.json()["error"]["field"] in ("submitted_after", "submitted_before")
 
 
+def test_a_date_filter_with_an_offset_postgresql_does_not_take_is_read_in_utc(as_alice, alice, teams, submit):
+    submit(alice, teams["training"])
+    response = as_alice.get("/api/v1/jobs/?submitted_after=1970-04-23T01:33:23.5-22:30")
+    assert response.status_code == 200, response.content
+    assert response.json()["count"] == 1
+
+
 def test_the_submit_response_is_the_job_as_the_list_and_detail_show_it(as_alice, alice, teams, submit):
     from scheduling import services
     from scheduling.api.serializers import JobSerializer, job_payload

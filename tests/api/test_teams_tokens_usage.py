@@ -113,6 +113,15 @@ def test_usage_splits_by_day_and_exports_csv(as_admin, alice, teams, node, submi
     assert len(lines) == len(rows) + 1
 
 
+def test_an_empty_usage_csv_still_has_its_header_and_content_type(as_alice):
+    csv = as_alice.get(
+        "/api/v1/usage/?group_by=day,team&team=nobody&format=csv&until=2026-01-01T00:00:00-22:30"
+    )
+    assert csv.status_code == 200
+    assert csv["Content-Type"].startswith("text/csv")
+    assert csv.content.decode().strip() == "team,day,gpu_hours,gpu_memory_gib_hours,jobs"
+
+
 @pytest.mark.parametrize(
     ("query", "field"),
     [
