@@ -123,7 +123,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return super().get_throttles()
 
     @extend_schema(
-        request={"application/json": s.JobSubmitSerializer, "application/yaml": OpenApiTypes.STR},
+        request={"application/json": s.JobSubmitSerializer, "application/yaml": s.JobSubmitSerializer},
         parameters=[
             OpenApiParameter(
                 "Idempotency-Key",
