@@ -159,7 +159,7 @@ def test_logs_prints_the_output_and_follow_stops_when_the_job_ends(
 def test_usage_nodes_and_top_once_print_tables(logged_in):
     usage = logged_in("usage")
     assert usage.returncode == 0 and "GPU_HOURS" in usage.stdout and "Total: 0.00 GPU-hours" in usage.stdout
-    assert logged_in("usage", "--csv").stdout.strip() == ""
+    assert logged_in("usage", "--csv").stdout.strip() == "team,user,gpu_hours,gpu_memory_gib_hours,jobs"
     nodes = logged_in("nodes")
     assert nodes.returncode == 0 and "a100-01" in nodes.stdout and "8/8" not in nodes.stdout
     top = logged_in("top", "--once")
