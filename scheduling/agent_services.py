@@ -14,6 +14,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from agent import protocol
 from scheduling import events, joblogs, lock_objects
 from scheduling.choices import ActorKind, GpuHealth, JobState, NodeState
 from scheduling.models import Gpu, Job, JobEvent, Node, NodeSync, Slice
@@ -256,15 +257,53 @@ def _apply_report(job: Job, node: Node, state: str, payload: dict[str, Any], dat
     return Outcome(True, changed=True)
 
 
+# What an agent event may carry into the audit log: known fields, bounded (the rest is dropped).
+_EVENT_FIELDS = {
+    "gpu_uuid": str,
+    "used_mib": int,
+    "limit_mib": int,
+    "at": float,
+    "detail": str,
+    "health": str,
+}
+_EVENT_TEXT_CHARS = 200
+_EVENT_MAX_PIDS = 32
+
+
+def _event_data(payload: dict[str, Any]) -> dict[str, Any]:
+    """The known fields of an event payload, typed and bounded: an agent cannot fill the audit log."""
+    data: dict[str, Any] = {}
+    for key, kind in _EVENT_FIELDS.items():
+        value = payload.get(key)
+        if value is None:
+            continue
+        try:
+            data[key] = str(value)[:_EVENT_TEXT_CHARS] if kind is str else kind(value)
+        except (TypeError, ValueError):
+            continue
+    pids = payload.get("pids")
+    if isinstance(pids, list):
+        data["pids"] = [int(p) for p in pids[:_EVENT_MAX_PIDS] if isinstance(p, int)]
+    return data
+
+
 def node_event(*, node_id: int, payload: dict[str, Any]) -> Outcome:
-    """Agent events: prevented neighbour interference (memory watchdog), GPU health changes, MPS trouble."""
-    kind = str(payload.get("kind") or "")
+    """Agent events: prevented neighbour interference (memory watchdog), GPU health changes, MPS trouble.
+    An event about a job is refused unless the job's current attempt is placed on this node."""
+    kind = str(payload.get("kind") or "")[:_EVENT_TEXT_CHARS]
+    data = _event_data(payload)
     with transaction.atomic():
         node = Node.objects.get(pk=node_id)
         if kind == "prevented_neighbour_interference":
-            job = Job.objects.filter(pk=int(payload.get("job_id") or 0)).first()
-            if job is None or int(payload.get("attempt") or -1) != job.attempt:
-                return Outcome(False, "stale event: no such placement")
+            try:
+                job_id, attempt = int(payload["job_id"]), int(payload["attempt"])
+            except (KeyError, TypeError, ValueError):
+                return Outcome(False, "an interference event needs job_id and attempt")
+            job = Job.objects.filter(pk=job_id).first()
+            if job is None or attempt != job.attempt or not _placed_here(job, node):
+                return Outcome(
+                    False, f"stale event: job {job_id} attempt {attempt} is not placed on {node.name}"
+                )
             JobEvent.objects.create(
                 job=job,
                 from_state=job.state,
@@ -272,52 +311,68 @@ def node_event(*, node_id: int, payload: dict[str, Any]) -> Outcome:
                 actor_kind=ActorKind.AGENT,
                 code=kind,
                 message=(
-                    f"Used {payload.get('used_mib')} MiB on {node.name} against a {payload.get('limit_mib')} MiB "
+                    f"Used {data.get('used_mib')} MiB on {node.name} against a {data.get('limit_mib')} MiB "
                     "slice: stopped before it could push its neighbours out of memory."
                 ),
-                data={k: v for k, v in payload.items() if k != "kind"},
+                data={**data, "node": node.name, "attempt": attempt},
             )
             return Outcome(True, changed=True)
         if kind == "gpu_health":
             health = _HEALTH.get(str(payload.get("health")), GpuHealth.DEGRADED)
-            updated = Gpu.objects.filter(node=node, uuid=payload.get("gpu_uuid")).exclude(health=health)
+            updated = Gpu.objects.filter(node=node, uuid=data.get("gpu_uuid")).exclude(health=health)
             if updated.update(health=health):
                 events.publish_after_commit(
                     "cluster",
                     {
                         "type": "gpu.health",
                         "node": node.name,
-                        "uuid": payload.get("gpu_uuid"),
+                        "uuid": data.get("gpu_uuid"),
                         "health": health,
                     },
                 )
                 cycle_request_after_commit()
             return Outcome(True, changed=True)
-        log.info("node %s event %s: %s", node.name, kind, payload)
+        log.info("node %s event %s: %s", node.name, kind, data)
         return Outcome(True)
 
 
-def job_logs_store(*, node_id: int, payload: dict[str, Any]) -> tuple[int, int] | None:
-    """Store a chunk of a job's log the agent sent (a reply to our logs_request). Returns (next offset, size)
-    on the agent's side, or None when the chunk is refused (unknown job, not this node's)."""
-    try:
-        job_id, attempt, stream = int(payload["job_id"]), int(payload["attempt"]), str(payload["stream"])
-        offset, data = int(payload.get("offset", 0)), str(payload.get("data") or "")
-    except (KeyError, TypeError, ValueError):
-        return None
+def job_logs_store(
+    *, node_id: int, job_id: int, attempt: int, stream: str, offset: int, payload: dict[str, Any]
+) -> tuple[int, int] | None:
+    """Store the agent's answer to our logs_request for (job_id, attempt, stream) at `offset` (both what the
+    portal asked for, never what the answer claims). Returns (next offset, size) on the agent's side, or None
+    when the chunk is refused: an error answer, an answer about another placement, a job not placed on this node,
+    or a chunk larger than asked for."""
     if stream not in joblogs.STREAMS or "error" in payload:
         return None
-    job = Job.objects.filter(pk=job_id).first()
-    if job is None or job.attempt != attempt:
+    claimed = (str(payload.get("job_id")), str(payload.get("attempt")), str(payload.get("stream")))
+    if claimed != (str(job_id), str(attempt), stream):
+        return None
+    try:
+        next_offset, size = int(payload.get("next_offset", offset)), int(payload.get("size", 0))
+    except (TypeError, ValueError):
+        return None
+    data = payload.get("data") or ""
+    if not isinstance(data, str):
         return None
     chunk = data.encode()
-    base = _attempt_base(job_id, stream, attempt)
-    size = joblogs.log_append(job_id=job_id, stream=stream, data=chunk, offset=base + offset)
-    if chunk:
-        events.publish_after_commit(
-            f"job-{job_id}", {"type": "logs.appended", "stream": stream, "size": size}
-        )
-    return int(payload.get("next_offset", offset + len(chunk))), int(payload.get("size", 0))
+    # The agent reads at most MAX_LOG_CHUNK_BYTES; replaced invalid bytes may grow when re-encoded (x3 at most).
+    if not offset <= next_offset <= offset + protocol.MAX_LOG_CHUNK_BYTES or len(chunk) > 3 * (
+        next_offset - offset
+    ):
+        return None
+    with transaction.atomic():
+        node = Node.objects.get(pk=node_id)
+        job = Job.objects.filter(pk=job_id).first()
+        if job is None or job.attempt != attempt or not _placed_here(job, node):
+            return None
+        base = _attempt_base(job_id, stream, attempt)
+        size_stored = joblogs.log_append(job_id=job_id, stream=stream, data=chunk, offset=base + offset)
+        if chunk:
+            events.publish_after_commit(
+                f"job-{job_id}", {"type": "logs.appended", "stream": stream, "size": size_stored}
+            )
+    return next_offset, size
 
 
 def _attempt_base(job_id: int, stream: str, attempt: int) -> int:

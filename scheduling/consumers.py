@@ -31,8 +31,8 @@ METRICS_PUBLISH_INTERVAL_S = 1.0
 LOG_PULL_INTERVAL_S = 2.0
 LOG_CHUNK_BYTES = protocol.MAX_LOG_CHUNK_BYTES
 FINAL_STATES = frozenset({"exited", "stopped", "killed", "launch_failed", "lost"})
-# Messages that write: the token is re-checked before each (metrics and logs only read or append).
-CHECKED = frozenset({"hello", "heartbeat", "job_status", "event", "ack"})
+# Messages that write: the token is re-checked before each (metrics only relays what browsers may see).
+CHECKED = frozenset({"hello", "heartbeat", "job_status", "event", "ack", "logs"})
 
 
 def _header(scope: dict, name: bytes) -> str:
@@ -145,7 +145,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         except Exception as exc:  # one bad report must not drop the node's connection
             log.exception("node %s: %s failed", self.node_name, kind)
             outcome = agent_services.Outcome(False, f"portal error: {type(exc).__name__}")
-        if kind in protocol.RELIABLE:
+        # Reliable messages are always acked; others only when refused, so the agent can log why.
+        if kind in protocol.RELIABLE or (outcome is not None and not outcome.ok):
             ok = outcome.ok if outcome is not None else True
             await self.send_msg(protocol.ack(msg["id"], ok=ok, error=outcome.error if outcome else None))
 
@@ -230,16 +231,27 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.channel_layer.group_send(f"job-{job_id}", msg)
             await self.channel_layer.group_send(f"team-{team_id}", msg)
 
-    async def on_logs(self, payload: dict) -> None:
+    async def on_logs(self, payload: dict) -> agent_services.Outcome | None:
         key = self.log_waiting.pop(str(payload.get("request_id") or ""), None)
         if key is None:
-            return
+            return None  # an answer to nothing we asked (or asked again since): ignored
+        job_id, attempt, stream = key
+        # Stored under the placement and at the offset this connection asked for, never what the answer claims.
         stored = await database_sync_to_async(agent_services.job_logs_store)(
-            node_id=self.node_id, payload=payload
+            node_id=self.node_id,
+            job_id=job_id,
+            attempt=attempt,
+            stream=stream,
+            offset=self.log_next.get(key, 0),
+            payload=payload,
         )
         if stored is None:
             self.log_draining.discard(key[:2])
-            return
+            if "error" in payload:
+                return None  # the agent's own "cannot read it": nothing to refuse
+            return agent_services.Outcome(
+                False, f"logs refused: not the chunk asked for job {job_id} attempt {attempt} {stream}"
+            )
         next_offset, size = stored
         self.log_next[key] = next_offset
         if next_offset < size:
@@ -248,6 +260,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             self.log_eof.add(key)
             if all((key[0], key[1], s) in self.log_eof for s in ("stdout", "stderr")):
                 self.log_draining.discard(key[:2])
+        return None
 
     # -- log pulling ---------------------------------------------------------------------------------------------
     async def _request_log(self, job_id: int, attempt: int, stream: str) -> None:

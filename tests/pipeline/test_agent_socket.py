@@ -1,0 +1,192 @@
+"""An agent's token speaks for its own node only, over the real consumer: no logs or events for another node's job."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.testing import WebsocketCommunicator
+
+from agent import protocol
+from scheduling import consumers, cycle, joblogs
+from scheduling.engine import types as eng
+from scheduling.models import Gpu, JobEvent, Node
+from scheduling.services import JobSpec, job_submit, node_issue_token
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _in_memory(settings, tmp_path, monkeypatch):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    settings.TESSERA_LOG_DIR = str(tmp_path / "logs")
+    monkeypatch.setattr(consumers, "LOG_PULL_INTERVAL_S", 0.05)
+
+
+def _place(job, node_name: str, gpu_index: int):
+    placement = eng.Placement(str(job.pk), (eng.Assignment(node_name, gpu_index, 81920, 1000),))
+    cycle.apply_decisions(decisions=eng.Decisions(placements=(placement,)), epoch=cycle.epoch_issue())
+    job.refresh_from_db()
+    return job
+
+
+@pytest.fixture
+def two_nodes(node, a100, alice, bob, teams):
+    """Alice's job placed on a100-01 (node A); bob's on a100-02 (node B), whose agent token we hold."""
+    node_b = Node.objects.create(name="a100-02", cpu_milli=128_000, memory_mib=1024 * 1024)
+    Gpu.objects.create(node=node_b, index=0, uuid="GPU-b-0", model=a100, memory_mib=81920, numa_node=0)
+    on_a = _place(
+        job_submit(submitter=alice, team=teams["training"], spec=JobSpec(name="a", command="x", gpus=1)),
+        "a100-01",
+        0,
+    )
+    on_b = _place(
+        job_submit(submitter=bob, team=teams["inference"], spec=JobSpec(name="b", command="y", gpus=1)),
+        "a100-02",
+        0,
+    )
+    return on_a, on_b, node_b, node_issue_token(node=node_b)
+
+
+async def _connect(token: str, name: str) -> WebsocketCommunicator:
+    from portal.asgi import application
+
+    headers = [(b"authorization", f"Bearer {token}".encode()), (b"x-tessera-node", name.encode())]
+    communicator = WebsocketCommunicator(application, "/ws/agent/", headers=headers)
+    connected, _ = await communicator.connect()
+    assert connected
+    await communicator.send_to(text_data=protocol.encode(protocol.message("hello", {"node": name})))
+    return communicator
+
+
+async def _next(communicator: WebsocketCommunicator, type_: str, **match) -> dict:
+    """The next message of this type (and payload fields) from the portal within 5 s, skipping the others."""
+    async with asyncio.timeout(5):
+        while True:
+            msg = protocol.decode(await communicator.receive_from(timeout=5))
+            if msg["type"] == type_ and all(msg["payload"].get(k) == v for k, v in match.items()):
+                return msg
+
+
+def test_node_bs_agent_cannot_record_an_event_on_a_job_of_node_a(two_nodes):
+    on_a, _, _, token_b = two_nodes
+    event = protocol.message(
+        "event",
+        {
+            "kind": "prevented_neighbour_interference",
+            "job_id": str(on_a.pk),
+            "attempt": on_a.attempt,
+            "used_mib": 1,
+            "limit_mib": 1,
+        },
+    )
+
+    async def scenario():
+        communicator = await _connect(token_b, "a100-02")
+        await communicator.send_to(text_data=protocol.encode(event))
+        ack = await _next(communicator, "ack", ack_id=event["id"])
+        await communicator.disconnect()
+        return ack
+
+    ack = async_to_sync(scenario)()
+    assert ack["payload"]["ok"] is False and "not placed on a100-02" in ack["payload"]["error"]
+    assert not JobEvent.objects.filter(job=on_a, code="prevented_neighbour_interference").exists()
+
+
+def test_an_event_on_its_own_job_keeps_only_known_bounded_fields(two_nodes):
+    _, on_b, _, token_b = two_nodes
+    event = protocol.message(
+        "event",
+        {
+            "kind": "prevented_neighbour_interference",
+            "job_id": str(on_b.pk),
+            "attempt": on_b.attempt,
+            "used_mib": 6144,
+            "limit_mib": 4096,
+            "pids": list(range(1000)),
+            "gpu_uuid": "GPU-b-0" + "x" * 10_000,
+            "junk": "y" * 100_000,
+        },
+    )
+
+    async def scenario():
+        communicator = await _connect(token_b, "a100-02")
+        await communicator.send_to(text_data=protocol.encode(event))
+        ack = await _next(communicator, "ack", ack_id=event["id"])
+        await communicator.disconnect()
+        return ack
+
+    assert async_to_sync(scenario)()["payload"]["ok"] is True
+    data = JobEvent.objects.get(job=on_b, code="prevented_neighbour_interference").data
+    assert "junk" not in data and data["used_mib"] == 6144 and data["node"] == "a100-02"
+    assert len(data["pids"]) <= 32 and len(data["gpu_uuid"]) <= 200
+
+
+def test_node_bs_agent_cannot_write_the_log_of_a_job_of_node_a(two_nodes):
+    on_a, on_b, _, token_b = two_nodes
+
+    async def scenario():
+        communicator = await _connect(token_b, "a100-02")
+        # The portal asks node B for its own job's log; B answers as if it were A's job, at an offset of its own.
+        request = await _next(communicator, "logs_request", job_id=str(on_b.pk), stream="stdout")
+        forged = protocol.message(
+            "logs",
+            {
+                "request_id": request["id"],
+                "job_id": str(on_a.pk),
+                "attempt": on_a.attempt,
+                "stream": "stdout",
+                "offset": 0,
+                "next_offset": 9,
+                "size": 9,
+                "data": "forged!\n",
+                "eof": True,
+            },
+        )
+        await communicator.send_to(text_data=protocol.encode(forged))
+        ack = await _next(communicator, "ack", ack_id=forged["id"])
+        await communicator.disconnect()
+        return ack
+
+    ack = async_to_sync(scenario)()
+    assert ack["payload"]["ok"] is False
+    for job in (on_a, on_b):
+        assert joblogs.log_read(job_id=job.pk, stream="stdout")[0] == b""
+
+
+def test_node_bs_agent_writes_its_own_jobs_log_where_the_portal_asked(two_nodes):
+    _, on_b, _, token_b = two_nodes
+
+    async def scenario():
+        communicator = await _connect(token_b, "a100-02")
+        request = await _next(communicator, "logs_request", job_id=str(on_b.pk), stream="stdout")
+        answer = {**request["payload"], "request_id": request["id"], "data": "hello\n", "eof": False}
+        answer.update(next_offset=6, size=6)
+        await communicator.send_to(text_data=protocol.encode(protocol.message("logs", answer)))
+        await asyncio.sleep(0.3)
+        await communicator.disconnect()
+
+    async_to_sync(scenario)()
+    assert joblogs.log_read(job_id=on_b.pk, stream="stdout")[0] == b"hello\n"
+
+
+def test_a_connection_whose_token_was_rotated_cannot_write_logs(two_nodes):
+    _, on_b, node_b, token_b = two_nodes
+
+    async def scenario():
+        communicator = await _connect(token_b, "a100-02")
+        request = await _next(communicator, "logs_request", job_id=str(on_b.pk), stream="stdout")
+        from channels.db import database_sync_to_async
+
+        await database_sync_to_async(node_issue_token)(node=node_b)
+        answer = {**request["payload"], "request_id": request["id"], "data": "late\n", "next_offset": 5}
+        await communicator.send_to(text_data=protocol.encode(protocol.message("logs", answer)))
+        async with asyncio.timeout(5):
+            while True:
+                out = await communicator.receive_output(timeout=5)
+                if out["type"] == "websocket.close":
+                    return out["code"]
+
+    assert async_to_sync(scenario)() == consumers.CLOSE_UNAUTHENTICATED
+    assert joblogs.log_read(job_id=on_b.pk, stream="stdout")[0] == b""
