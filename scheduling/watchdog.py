@@ -105,9 +105,54 @@ def node_mark_lost(*, node_id: int, now=None) -> list[int]:
     return affected
 
 
+# When the watchdog last ran, and when it last resumed after a gap (Redis keys; a process fallback without Redis).
+_LAST_RUN_KEY = "tessera:watchdog:last_run_s"
+_RESUMED_KEY = "tessera:watchdog:resumed_s"
+_local_marks: dict[str, float] = {}
+
+
+def _marks_swap(*, now_s: float) -> tuple[float | None, float | None]:
+    """Record this run; return (the previous run, the last resumption) in unix seconds."""
+    from scheduling.tasks import redis_client
+
+    r = redis_client()
+    if r is None:
+        previous, resumed = _local_marks.get(_LAST_RUN_KEY), _local_marks.get(_RESUMED_KEY)
+        _local_marks[_LAST_RUN_KEY] = now_s
+        return previous, resumed
+    previous, resumed = r.getset(_LAST_RUN_KEY, now_s), r.get(_RESUMED_KEY)
+    return (float(previous) if previous else None), (float(resumed) if resumed else None)
+
+
+def _mark_resumed(*, now_s: float) -> None:
+    from scheduling.tasks import redis_client
+
+    r = redis_client()
+    if r is None:
+        _local_marks[_RESUMED_KEY] = now_s
+    else:
+        r.set(_RESUMED_KEY, now_s)
+
+
+def watch_resumed_at(*, now) -> float:
+    """When the watchdog's current unbroken watch began (unix s). A gap since its previous run longer than the
+    lost timeout (it was paused, or Redis was down so neither it nor the agents' reports could run) starts a new
+    watch: silence before it says nothing about the nodes. No record at all (Redis restarted) also starts one."""
+    now_s = now.timestamp()
+    lost_after_s = settings.TESSERA_NODE_LOST_AFTER_S
+    previous, resumed = _marks_swap(now_s=now_s)
+    if previous is None or resumed is None or now_s - previous > lost_after_s:
+        _mark_resumed(now_s=now_s)
+        return now_s
+    return resumed
+
+
 def nodes_check(*, now=None) -> dict[str, list[int]]:
-    """Every node silent for longer than TESSERA_NODE_LOST_AFTER_S: lost. Returns node name -> job ids."""
+    """Every node silent for longer than TESSERA_NODE_LOST_AFTER_S, counted from its last heartbeat or from when
+    the watchdog resumed watching, whichever is later: lost. Returns node name -> job ids."""
     now = now or timezone.now()
+    if watch_resumed_at(now=now) > now.timestamp() - settings.TESSERA_NODE_LOST_AFTER_S:
+        return {}  # a full grace period after resuming: the agents could not report while nobody listened
     out = {}
     for node_id, name in _silent_nodes(now).values_list("pk", "name"):
         out[name] = node_mark_lost(node_id=node_id, now=now)

@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from scheduling import cycle
+from scheduling import cycle, tasks, watchdog
 from scheduling.choices import JobState, NodeState
 from scheduling.desired_state import desired_state_for_node
 from scheduling.engine import types as eng
@@ -138,11 +138,47 @@ def test_the_desired_version_moves_only_when_the_content_does(node, alice, teams
     assert moved2 and state2.version == state1.version + 1 and state2.jobs == ()
 
 
-def test_a_silent_node_is_lost_only_after_the_timeout_and_its_jobs_are_requeued(node, alice, teams, settings):
+@pytest.fixture
+def fresh_watch():
+    """No record of earlier watchdog runs (shared Redis keys from other tests)."""
+    r = tasks.redis_client()
+    if r is not None:
+        r.delete(watchdog._LAST_RUN_KEY, watchdog._RESUMED_KEY)
+    watchdog._local_marks.clear()
+
+
+def _watched_since(start, until, step_s: float = 10.0) -> None:
+    """The watchdog ran every step_s from start to just before until (and found everyone alive)."""
+    at = start
+    while at < until:
+        watchdog.watch_resumed_at(now=at)
+        at += timedelta(seconds=step_s)
+
+
+def test_a_watchdog_resuming_after_a_long_pause_gives_every_node_a_full_grace_period(
+    node, alice, teams, settings, fresh_watch
+):
     settings.TESSERA_NODE_LOST_AFTER_S = 30
     job = submit(alice, teams["training"], gpus=1)
     cycle.cycle_run_once()
     now = timezone.now()
+    _watched_since(now - timedelta(seconds=300), now - timedelta(seconds=200))
+    # Paused (or Redis down) for 200 s; the agents could not report meanwhile.
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now - timedelta(seconds=200))
+    assert nodes_check(now=now) == {}
+    assert nodes_check(now=now + timedelta(seconds=20)) == {}
+    # Still silent a full timeout after the watchdog resumed: lost.
+    assert nodes_check(now=now + timedelta(seconds=31)) == {"a100-01": [job.pk]}
+
+
+def test_a_silent_node_is_lost_only_after_the_timeout_and_its_jobs_are_requeued(
+    node, alice, teams, settings, fresh_watch
+):
+    settings.TESSERA_NODE_LOST_AFTER_S = 30
+    job = submit(alice, teams["training"], gpus=1)
+    cycle.cycle_run_once()
+    now = timezone.now()
+    _watched_since(now - timedelta(seconds=60), now)
     Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now - timedelta(seconds=29))
     assert nodes_check(now=now) == {}
     Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now - timedelta(seconds=31))
@@ -155,10 +191,11 @@ def test_a_silent_node_is_lost_only_after_the_timeout_and_its_jobs_are_requeued(
     assert Job.objects.get(pk=job.pk).submitted_at == job.submitted_at
 
 
-def test_requeues_are_bounded(node, alice, teams, settings):
+def test_requeues_are_bounded(node, alice, teams, settings, fresh_watch):
     settings.TESSERA_MAX_REQUEUES = 1
     settings.TESSERA_NODE_LOST_AFTER_S = 30
     job = submit(alice, teams["training"], gpus=1)
+    _watched_since(timezone.now() - timedelta(seconds=60), timezone.now())
     for _ in range(2):
         Node.objects.filter(pk=node.pk).update(state=NodeState.READY, last_heartbeat_at=timezone.now())
         cycle.cycle_run_once()

@@ -297,9 +297,12 @@ def test_a_redis_restart_loses_no_job_and_cycles_resume(pipe):
     wait_state(job, JobState.SUCCEEDED, timeout_s=60)
     print(f"redis restart: restarted by the supervisor: {restarted or 'nothing'}")
     path = path_of(job)
-    # The test cluster declares a node lost after only NODE_LOST_AFTER_S; an agent whose websocket dropped with
-    # Redis may take longer than that to reconnect on a loaded machine, and is then (rightly) declared lost and
-    # its job requeued once. Either way the job is neither lost nor run twice to completion.
+    # The watchdog gives every node a full NODE_LOST_AFTER_S after it resumes (Redis, which holds its marks,
+    # restarted empty), so the outage itself loses no node. But that grace is only 4 s here, and an agent whose
+    # websocket dropped with Redis may still be in a longer reconnect backoff (0.5 s doubling, with jitter) on a
+    # loaded machine: it is then (rightly) declared lost and its job requeued once. So the strict path
+    # pending, placed, running, succeeded is the usual one, not a guaranteed one; the job is never lost nor run
+    # twice to completion.
     assert path[:2] == ["pending", "placed"] and path[-2:] == ["running", "succeeded"], path
     assert path.count("lost") <= 1 and path.count("succeeded") == 1, path
     if "lost" in path:
