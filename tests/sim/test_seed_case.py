@@ -7,12 +7,19 @@ import json
 
 import pytest
 
+from scheduling.sim import cli_dynamic
 from scheduling.sim.cli_dynamic import main_scenario, run_scenario
 
 
 @pytest.fixture(scope="module")
-def seed_case():
-    _, results, summary = run_scenario("seed-case")
+def seed_run():
+    """The 8-hour scenario, run once for the whole module: (scenario, results, summary)."""
+    return run_scenario("seed-case")
+
+
+@pytest.fixture(scope="module")
+def seed_case(seed_run):
+    _, results, summary = seed_run
     return results, summary
 
 
@@ -50,7 +57,16 @@ def test_training_lands_on_one_nvlink_island_under_both_policies(seed_case):
         assert len({a.node for a in training.assignments}) == 1
 
 
-def test_the_command_prints_allocation_utilization_and_training_wait_per_policy(capsys, tmp_path):
+def test_the_command_prints_allocation_utilization_and_training_wait_per_policy(
+    capsys, tmp_path, monkeypatch, seed_run
+):
+    asked = []
+
+    def run_once_more(name, **options):  # the command's own run would repeat the module's: reuse it
+        asked.append(name)
+        return seed_run
+
+    monkeypatch.setattr(cli_dynamic, "run_scenario", run_once_more)
     assert main_scenario(["seed-case", "--json", "--out", str(tmp_path), "--quiet"]) == 0
     out = json.loads(capsys.readouterr().out)
     for name in ("whole-card-fifo", "tessera"):
@@ -59,3 +75,4 @@ def test_the_command_prints_allocation_utilization_and_training_wait_per_policy(
         assert figures["training_wait_s"] is not None
     written = {p.name for p in (tmp_path / "seed-case").iterdir()}
     assert {"summary.json", "utilization.png", "queue.png", "wait-by-team.png", "tessera-jobs.csv"} <= written
+    assert asked == ["seed-case"]
