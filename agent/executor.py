@@ -137,21 +137,29 @@ class Executor:
         return self.jobs_dir / safe_name(spec.job_id) / str(spec.attempt)
 
     # -- start ----------------------------------------------------------------------------------------------
-    def start(self, spec: JobSpec) -> JobHandle:
-        """Launch a placement once. Calling it again for the same job id and attempt returns the same handle."""
+    def _record(self, spec: JobSpec) -> tuple[JobHandle, bool]:
+        """The placement's handle, and whether it is new: a placement known in memory or on disk (launched before
+        and since forgotten from memory) keeps its record, never a second launch; a new one is written down."""
         existing = self._jobs.get(spec.key)
         if existing is not None:
-            return existing
+            return existing, False
         d = self.job_dir(spec)
         if (d / "spec.json").exists():
-            # Launched before and since forgotten from memory: the record on disk stands, never a second launch.
             known = self._load_dir(d)
             if known is not None:
-                return known
+                return known, False
         d.mkdir(parents=True, exist_ok=True)
         _write_json(d / "spec.json", spec.to_dict())
         handle = JobHandle(spec=spec, dir=d)
         self._jobs[spec.key] = handle
+        return handle, True
+
+    def start(self, spec: JobSpec) -> JobHandle:
+        """Launch a placement once. Calling it again for the same job id and attempt returns the same handle."""
+        handle, new = self._record(spec)
+        if not new:
+            return handle
+        d = handle.dir
         try:
             env = self._job_env(spec, handle)
             command = (
@@ -195,18 +203,9 @@ class Executor:
 
     def reject(self, spec: JobSpec, reason: str) -> JobHandle:
         """Record a placement this node cannot run (as launch_failed) so it is reported once, never retried."""
-        existing = self._jobs.get(spec.key)
-        if existing is not None:
-            return existing
-        d = self.job_dir(spec)
-        if (d / "spec.json").exists():
-            known = self._load_dir(d)
-            if known is not None:
-                return known
-        d.mkdir(parents=True, exist_ok=True)
-        _write_json(d / "spec.json", spec.to_dict())
-        handle = JobHandle(spec=spec, dir=d)
-        self._jobs[spec.key] = handle
+        handle, new = self._record(spec)
+        if not new:
+            return handle
         self._finish(handle, outcome="launch_failed", exit_code=None, detail=reason)
         return handle
 

@@ -21,7 +21,7 @@ from scheduling.models import Gpu, Job, JobEvent, Node, NodeSync, Slice
 from scheduling.services import job_transition
 from scheduling.states import ACTIVE_STATES
 from scheduling.tasks import cycle_request_after_commit
-from scheduling.watchdog import job_requeue_or_fail, last_placement
+from scheduling.watchdog import job_lose_then_requeue, job_requeue_or_fail, last_placement
 
 log = logging.getLogger(__name__)
 
@@ -218,16 +218,14 @@ def _apply_report(job: Job, node: Node, state: str, payload: dict[str, Any], dat
         )
     elif state == "launch_failed" and reason.startswith("GPU(s) not on this node"):
         # The placement named GPUs the node does not have (an inventory that changed): not the job's fault.
-        job_transition(
+        job_lose_then_requeue(
             job=job,
-            to_state=JobState.LOST,
             actor_kind=ActorKind.AGENT,
             code="gpus_not_on_node",
             message=f"{node.name} refused the placement: {reason}.",
+            requeue_code="requeued",
+            requeue_message="Requeued: its GPUs were not on the node.",
             data=data,
-        )
-        job_requeue_or_fail(
-            job=job, code="requeued", message="Requeued: its GPUs were not on the node.", data=data
         )
     elif state in ("killed", "launch_failed"):
         if data.get("exit_code") is not None:
@@ -243,16 +241,14 @@ def _apply_report(job: Job, node: Node, state: str, payload: dict[str, Any], dat
             data=data,
         )
     else:  # "lost", or "stopped" although still wanted (the agent held an older desired state)
-        job_transition(
+        job_lose_then_requeue(
             job=job,
-            to_state=JobState.LOST,
             actor_kind=ActorKind.AGENT,
             code=f"agent_{state}",
             message=f"The agent on {node.name} reported the job {state} ({reason or 'no reason given'}).",
+            requeue_code="requeued",
+            requeue_message="Requeued after its process was lost.",
             data=data,
-        )
-        job_requeue_or_fail(
-            job=job, code="requeued", message="Requeued after its process was lost.", data=data
         )
     return Outcome(True, changed=True)
 

@@ -41,6 +41,24 @@ def job_requeue_or_fail(*, job: Job, code: str, message: str, data: dict | None 
     )
 
 
+def job_lose_then_requeue(
+    *,
+    job: Job,
+    actor_kind: str,
+    code: str,
+    message: str,
+    requeue_code: str,
+    requeue_message: str,
+    data: dict | None = None,
+) -> Job:
+    """Record that the job's placement was lost (why, by whom), then send it back to the queue (or fail it when
+    it has used up its requeues): both steps are JobEvents."""
+    job_transition(
+        job=job, to_state=JobState.LOST, actor_kind=actor_kind, code=code, message=message, data=data
+    )
+    return job_requeue_or_fail(job=job, code=requeue_code, message=requeue_message, data=data)
+
+
 def _silent_nodes(now):
     threshold = now - timedelta(seconds=settings.TESSERA_NODE_LOST_AFTER_S)
     # A node that never reported counts from its registration: pre-registered hosts without agents are lost too.
@@ -73,22 +91,25 @@ def node_mark_lost(*, node_id: int, now=None) -> list[int]:
             if job.state not in ACTIVE_STATES:
                 continue
             data = {"node": node.name}
-            job_transition(
-                job=job,
-                to_state=JobState.LOST,
-                actor_kind=ActorKind.SYSTEM,
-                code="node_lost",
-                message=f"Node {node.name} sent no heartbeat for {silent_for}.",
-                data=data,
-            )
             if job.requeue_on_node_loss:
-                job_requeue_or_fail(
+                job_lose_then_requeue(
                     job=job,
-                    code="requeued_node_lost",
-                    message=f"Requeued after node {node.name} was lost.",
+                    actor_kind=ActorKind.SYSTEM,
+                    code="node_lost",
+                    message=f"Node {node.name} sent no heartbeat for {silent_for}.",
+                    requeue_code="requeued_node_lost",
+                    requeue_message=f"Requeued after node {node.name} was lost.",
                     data=data,
                 )
             else:
+                job_transition(
+                    job=job,
+                    to_state=JobState.LOST,
+                    actor_kind=ActorKind.SYSTEM,
+                    code="node_lost",
+                    message=f"Node {node.name} sent no heartbeat for {silent_for}.",
+                    data=data,
+                )
                 job_transition(
                     job=job,
                     to_state=JobState.FAILED,
