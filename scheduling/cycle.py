@@ -29,7 +29,7 @@ from scheduling import events, lock_objects
 from scheduling.choices import ActorKind, JobState, LinkKind, NodeState, SharingMode
 from scheduling.engine import types as eng
 from scheduling.engine.framework import Profile
-from scheduling.models import Gpu, GpuLink, Job, Node, SchedulerLease, Slice
+from scheduling.models import Gpu, GpuLink, Job, JobEvent, Node, SchedulerLease, Slice
 from scheduling.services import SliceDoesNotFit, job_transition, slice_allocate
 from scheduling.states import ACTIVE_STATES
 
@@ -106,11 +106,33 @@ def job_request(job: Job) -> eng.Request:
     )
 
 
-def job_gpu_milli(job: Job) -> int:
-    """Whole-GPU equivalents a job holds while it runs, in milli-GPU (the fair-share and quota unit)."""
-    if job.gpus:
-        return job.gpus * job.nodes * eng.WHOLE_GPU_MILLI
-    return job.compute_pct * 10
+def job_held_milli(
+    *, gpus: int, nodes: int, compute_pct: int, gpu_memory_mib: int, card_memory_mib: int
+) -> int:
+    """Milli-GPU a job holds while it runs (the fair-share unit): whole GPUs count 1000 each; a slice counts the
+    larger of its compute share and its memory share of the card it was placed on (a memory-only slice holds its
+    proportional compute share, as the engine charges it), at most one card. The SQL twin: _HELD_MILLI_SQL."""
+    if gpus:
+        return gpus * nodes * eng.WHOLE_GPU_MILLI
+    memory_milli = -(-gpu_memory_mib * eng.WHOLE_GPU_MILLI // card_memory_mib) if card_memory_mib else 0
+    return min(eng.WHOLE_GPU_MILLI, max(compute_pct * 10, memory_milli))
+
+
+# job_held_milli in SQL, over the spans' columns (gpus, nodes, compute_pct, gpu_memory_mib, card_mib).
+_HELD_MILLI_SQL = f"""CASE WHEN gpus > 0 THEN gpus * nodes * {eng.WHOLE_GPU_MILLI}
+    ELSE LEAST({eng.WHOLE_GPU_MILLI}, GREATEST(compute_pct * 10,
+         COALESCE(CEIL(gpu_memory_mib * {eng.WHOLE_GPU_MILLI}.0 / NULLIF(card_mib, 0)), 0))) END"""
+
+
+def _card_memory_mib(job_id: int) -> int:
+    """Memory of the card the job's current slice was placed on (from its placement event; 0 if unknown)."""
+    placed = JobEvent.objects.filter(job_id=job_id, to_state=JobState.PLACED).order_by("-at", "-id").first()
+    try:
+        node_name, gpu_index = placed.data["gpus"][0][:2]
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+        return 0
+    gpu = Gpu.objects.filter(node__name=node_name, index=gpu_index).values_list("memory_mib", flat=True)
+    return gpu.first() or 0
 
 
 def _decayed_usage(*, now_s: float, half_life_s: float) -> dict[str, float]:
@@ -130,10 +152,16 @@ def _decayed_usage_python(*, now_s: float, half_life_s: float) -> dict[str, floa
     )
     rate = math.log(2) / half_life_s
     usage: dict[str, float] = defaultdict(float)
-    for slug, gpus, nodes, pct, started, finished in rows.values_list(
-        "team__slug", "gpus", "nodes", "compute_pct", "started_at", "finished_at"
+    for job_id, slug, gpus, nodes, pct, memory_mib, started, finished in rows.values_list(
+        "pk", "team__slug", "gpus", "nodes", "compute_pct", "gpu_memory_mib", "started_at", "finished_at"
     ).iterator():
-        milli = gpus * nodes * eng.WHOLE_GPU_MILLI if gpus else pct * 10
+        milli = job_held_milli(
+            gpus=gpus,
+            nodes=nodes,
+            compute_pct=pct,
+            gpu_memory_mib=memory_mib,
+            card_memory_mib=0 if gpus or not memory_mib else _card_memory_mib(job_id),
+        )
         t0, t1 = started.timestamp(), min(finished.timestamp() if finished else now_s, now_s)
         if t1 <= t0 or not milli:
             continue
@@ -145,17 +173,24 @@ def _decayed_usage_python(*, now_s: float, half_life_s: float) -> dict[str, floa
 def _decayed_usage_sql(*, now_s: float, half_life_s: float) -> dict[str, float]:
     from quotas.models import Team
 
-    job, team = Job._meta.db_table, Team._meta.db_table
+    job, team, event = Job._meta.db_table, Team._meta.db_table, JobEvent._meta.db_table
+    node, gpu = Node._meta.db_table, Gpu._meta.db_table
     sql = f"""
-        WITH spans AS (
-          SELECT t.slug AS slug,
-                 CASE WHEN j.gpus > 0 THEN j.gpus * j.nodes * {eng.WHOLE_GPU_MILLI} ELSE j.compute_pct * 10 END
-                   AS milli,
+        WITH rows AS (
+          SELECT t.slug AS slug, j.gpus AS gpus, j.nodes AS nodes, j.compute_pct AS compute_pct,
+                 j.gpu_memory_mib AS gpu_memory_mib,
+                 CASE WHEN j.gpus = 0 AND j.gpu_memory_mib > 0 THEN (
+                   SELECT g.memory_mib FROM {event} e
+                     JOIN {node} n ON n.name = e.data->'gpus'->0->>0
+                     JOIN {gpu} g ON g.node_id = n.id AND g.index = (e.data->'gpus'->0->>1)::int
+                   WHERE e.job_id = j.id AND e.to_state = '{JobState.PLACED.value}'
+                   ORDER BY e.at DESC, e.id DESC LIMIT 1) END AS card_mib,
                  EXTRACT(EPOCH FROM j.started_at)::float8 AS t0,
                  LEAST(COALESCE(EXTRACT(EPOCH FROM j.finished_at)::float8, %(now)s), %(now)s) AS t1
           FROM {job} j JOIN {team} t ON t.id = j.team_id
           WHERE j.started_at IS NOT NULL AND (j.finished_at IS NULL OR j.finished_at >= %(since)s)
-        )
+        ),
+        spans AS (SELECT slug, t0, t1, {_HELD_MILLI_SQL} AS milli FROM rows)
         SELECT slug, SUM(milli * (exp(-%(rate)s * (%(now)s - t1)) - exp(-%(rate)s * (%(now)s - t0))) / %(rate)s)
         FROM spans WHERE t1 > t0 AND milli > 0 GROUP BY slug
     """

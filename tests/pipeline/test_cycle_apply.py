@@ -242,3 +242,25 @@ def test_fair_share_usage_decays_with_the_half_life_and_sql_agrees_with_python(n
     # Two GPUs for an hour two hours ago, plus a month-old hour that counts for about 5 % of its face value.
     month_old = 3_600_000 * 0.5 ** (30 * 24 * 3600 / half_life_s)
     assert in_python["ai-lab/training"] == pytest.approx(7_200_000 + month_old, rel=0.01)
+
+
+def test_fair_share_charges_a_memory_only_slice_its_memory_share_in_python_and_sql(node, alice, bob, teams):
+    from django.utils import timezone
+
+    now = timezone.now()
+    # 10 GiB of an 80 GiB MPS card, no compute named: it holds 125 milli-GPU, like the engine charges it.
+    memory_only = submit(alice, teams["training"], gpu_memory_mib=10240)
+    # Both named: the larger share counts (20 GiB = 250 milli against 10 % = 100 milli).
+    both = submit(bob, teams["inference"], gpu_memory_mib=20480, compute_pct=10)
+    for job, gpu_index in ((memory_only, 6), (both, 7)):
+        assignment = eng.Assignment("a100-01", gpu_index, job.gpu_memory_mib, 125)
+        placement = eng.Placement(str(job.pk), (assignment,))
+        cycle.apply_decisions(decisions=eng.Decisions(placements=(placement,)), epoch=cycle.epoch_issue())
+        Job.objects.filter(pk=job.pk).update(started_at=now - timedelta(hours=1), finished_at=now)
+    half_life_s = 7 * 24 * 3600.0
+    in_sql = cycle._decayed_usage_sql(now_s=now.timestamp(), half_life_s=half_life_s)
+    in_python = cycle._decayed_usage_python(now_s=now.timestamp(), half_life_s=half_life_s)
+    assert in_python["ai-lab/training"] == pytest.approx(125 * 3600, rel=0.01)
+    assert in_python["ai-lab/inference"] == pytest.approx(250 * 3600, rel=0.01)
+    for team, value in in_python.items():
+        assert in_sql[team] == pytest.approx(value, rel=1e-9)
