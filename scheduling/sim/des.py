@@ -214,6 +214,21 @@ def _alloc_share_milli(assignment: Assignment, card_memory_mib: int) -> int:
     return min(WHOLE_GPU_MILLI, max(assignment.compute_milli, mem_share))
 
 
+def _engine_job(spec: JobSpec, **running) -> Job:
+    """The engine's view of a simulated job; `running` adds where and since when it runs."""
+    return Job(
+        id=spec.id,
+        team=spec.team,
+        request=spec.request,
+        priority=spec.priority,
+        preemptible=spec.preemptible,
+        grace_s=spec.grace_s,
+        submit_time=spec.submit_time_s,
+        max_runtime_s=spec.max_runtime_s,
+        **running,
+    )
+
+
 class Simulator:
     """Runs one workload on one cluster under one profile. Build, then call `run()` once."""
 
@@ -381,16 +396,7 @@ class Simulator:
         rec.state = JobState.PENDING
         rec.assignments = ()
         rec.cpu = {}
-        self.pending[s.id] = Job(
-            id=s.id,
-            team=s.team,
-            request=s.request,
-            priority=s.priority,
-            preemptible=s.preemptible,
-            grace_s=s.grace_s,
-            submit_time=s.submit_time_s,
-            max_runtime_s=s.max_runtime_s,
-        )
+        self.pending[s.id] = _engine_job(s)
         mem, milli = self._demand(s.request)
         self._team_pending_mem[s.team] += mem
         self._team_pending_milli[s.team] += milli
@@ -512,15 +518,8 @@ class Simulator:
         rec.epoch += 1
         if rec.first_start_s is None:
             rec.first_start_s = self.now
-        self.running[s.id] = Job(
-            id=s.id,
-            team=s.team,
-            request=s.request,
-            priority=s.priority,
-            preemptible=s.preemptible,
-            grace_s=s.grace_s,
-            submit_time=s.submit_time_s,
-            max_runtime_s=s.max_runtime_s,
+        self.running[s.id] = _engine_job(
+            s,
             assignments=assignments,
             start_time=self.now,
             borrowed=borrowed,
