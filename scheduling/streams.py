@@ -92,6 +92,7 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):
         return self.user.is_active
 
     async def groups_for_user(self) -> list[str] | None:
+        """The channel groups this user may follow on this stream, or None to refuse. Each stream defines it."""
         raise NotImplementedError
 
     stream_name = ""
