@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from django.conf import settings
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 
 from tests.pipeline.harness import NODE_LOST_AFTER_S, Cluster, seed, wait_for
 
@@ -111,24 +111,46 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+def _cancel_live_jobs() -> None:
+    """Cancel every live job in one commit, so no cycle hands the freed GPUs to a job about to be cancelled.
+
+    It takes its locks in the cycle's order (nodes, then jobs by id, then GPUs): releasing two slices of one GPU
+    in one transaction makes PostgreSQL check the GPU's node reference at commit (FOR KEY SHARE), which would
+    wait on a cycle holding that node while the cycle waits on one of our jobs.
+    """
+    from scheduling import lock_objects
+    from scheduling.models import Job
+    from scheduling.services import job_cancel
+    from scheduling.states import LIVE_STATES, IllegalTransition
+
+    with transaction.atomic():
+        list(lock_objects.nodes_for_update())
+        live = list(Job.objects.select_for_update(of=("self",)).filter(state__in=LIVE_STATES).order_by("id"))
+        for job in live:
+            try:
+                with transaction.atomic():
+                    job_cancel(job=job, actor=None)
+            except IllegalTransition:
+                pass  # it finished meanwhile
+
+
 @pytest.fixture
 def pipe(cluster, django_db_blocker, request):
     """The cluster for one test; jobs it leaves alive are cancelled so the next test starts on idle GPUs."""
-    from scheduling.models import Gpu, Job
-    from scheduling.services import job_cancel
-    from scheduling.states import LIVE_STATES, IllegalTransition
+    from scheduling.models import Gpu
 
     with django_db_blocker.unblock():
         yield cluster
         if getattr(request.node, "pipeline_failed", False):
             print(cluster.logs())
-        with transaction.atomic():  # one commit: no cycle hands the freed GPUs to a job about to be cancelled
-            for job in Job.objects.filter(state__in=LIVE_STATES):
-                try:
-                    with transaction.atomic():
-                        job_cancel(job=job, actor=None)
-                except IllegalTransition:
-                    pass  # it finished meanwhile
+        for attempt in range(3):
+            try:
+                _cancel_live_jobs()
+                break
+            except OperationalError as exc:  # a deadlock the database broke: the cleanup tries again
+                print(f"cancelling the test's live jobs, attempt {attempt + 1}: {exc}")
+        else:
+            raise AssertionError("could not cancel the jobs this test left alive")
         wait_for(
             "the GPUs to be free again",
             lambda: not Gpu.objects.filter(allocated_memory_mib__gt=0).exists(),

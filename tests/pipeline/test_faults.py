@@ -16,6 +16,7 @@ from django.db import connection, transaction
 from scheduling import cycle
 from scheduling.choices import JobState
 from scheduling.models import Gpu, Job, SchedulerLease, Slice
+from scheduling.states import LIVE_STATES
 from tests.pipeline.harness import path_of, submit, wait_for, wait_state
 
 
@@ -108,14 +109,20 @@ def test_cycles_racing_from_two_workers_and_a_rogue_caller_never_double_book_a_g
         finally:
             conn.close()
 
+    def exercised() -> bool:
+        placed = Job.objects.filter(name__startswith="race-", attempt__gte=1).count()
+        return outcomes["cycles"] > 10 and outcomes["stale"] > 0 and placed > 10
+
     threads = [threading.Thread(target=rogue)]
     for t in threads:
         t.start()
     violations = []
     try:
-        deadline = time.monotonic() + 12
+        # Race until the race has really happened (the rogue collided with the workers and jobs were placed), on
+        # an idle machine within seconds; a loaded one gets up to a minute rather than a verdict on too little.
+        deadline = time.monotonic() + 60
         i = 0
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (i >= 40 and exercised()):
             i += 1
             if i % 2:
                 submit(pipe, gpus=1, command="sleep 0.5", name=f"race-whole-{i}")
@@ -152,15 +159,18 @@ def test_cycles_racing_from_two_workers_and_a_rogue_caller_never_double_book_a_g
 
 
 def test_a_worker_killed_mid_cycle_leaves_no_partial_decision(pipe):
+    left = list(Job.objects.filter(state__in=LIVE_STATES).values_list("pk", "name", "state"))
+    assert left == [], f"the cluster must start idle for this test; live jobs left over: {left}"
     pipe.procs["worker"].stop()
     faulty = pipe.start_worker("faulty", TESSERA_FAULT_COMMIT_DELAY_S="60")
     try:
         job = submit(pipe, gpus=1, command="sleep 0.2", name="mid-cycle")
-        wait_for(
-            "the worker to pause inside its transaction, the job's placement written but not committed",
-            lambda: re.search(rf"placements \[[^\]]*\b{job.pk}\b", faulty.tail(200)),
+        paused = wait_for(
+            "the worker to pause inside its transaction with placements written but not committed",
+            lambda: re.search(r"pausing [\d.]+ s at commit with placements \[([^\]]*)\]", faulty.tail(200)),
             timeout_s=30,
         )
+        assert str(job.pk) in re.findall(r"\d+", paused.group(1)), paused.group(0)
         faulty.kill9()
         job.refresh_from_db()
         assert job.state == JobState.PENDING and job.attempt == 0
@@ -169,12 +179,25 @@ def test_a_worker_killed_mid_cycle_leaves_no_partial_decision(pipe):
         assert ledger_violations() == CLEAN
         lease = SchedulerLease.objects.get(pk=1)
         assert lease.applied_epoch < lease.issued_epoch
+        killed_epoch = lease.issued_epoch
     finally:
         faulty.kill9()
         pipe.start_worker()
-    # A fresh worker (once the dead one's Redis lock expires) schedules it as if nothing happened.
+    # A fresh worker (once the dead one's Redis lock expires) schedules it as if nothing happened: placed by a
+    # later cycle, run to success once.
     wait_state(job, JobState.SUCCEEDED, timeout_s=30)
-    assert job.attempt == 1
+    path = path_of(job)
+    first = job.events.filter(to_state=JobState.PLACED).order_by("at", "id").first()
+    assert first.data["epoch"] > killed_epoch, first.data
+    assert path[:2] == ["pending", "placed"] and path.count("succeeded") == 1, path
+    # The usual path is pending, placed, starting, running, succeeded (attempt 1). On a loaded machine an agent
+    # whose reports queued up behind the dead worker's row locks may miss the short test timeout for silence:
+    # its node is then (rightly) declared lost once and the job requeued, never run twice to completion.
+    assert path.count("lost") <= 1, path
+    if "lost" in path:
+        assert path[path.index("lost") + 1] == "pending", path
+    else:
+        assert job.attempt == 1, path
 
 
 def test_an_agent_token_is_good_for_its_own_node_only(pipe):
@@ -298,7 +321,7 @@ def test_a_redis_restart_loses_no_job_and_cycles_resume(pipe):
     print(f"redis restart: restarted by the supervisor: {restarted or 'nothing'}")
     path = path_of(job)
     # The watchdog gives every node a full NODE_LOST_AFTER_S after it resumes (Redis, which holds its marks,
-    # restarted empty), so the outage itself loses no node. But that grace is only 4 s here, and an agent whose
+    # restarted empty), so the outage itself loses no node. But that grace is short here, and an agent whose
     # websocket dropped with Redis may still be in a longer reconnect backoff (0.5 s doubling, with jitter) on a
     # loaded machine: it is then (rightly) declared lost and its job requeued once. So the strict path
     # pending, placed, running, succeeded is the usual one, not a guaranteed one; the job is never lost nor run
