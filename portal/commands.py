@@ -600,10 +600,17 @@ def _nodes_table(rows: list[dict[str, Any]]) -> str:
                 n["state"],
                 ",".join(models) or "-",
                 f"{used}/{len(gpus)}",
+                _live_util(gpus),
                 " ".join(_gpu_bar(g, 4) for g in gpus),
             ]
         )
-    return table(out, ["NODE", "STATE", "MODEL", "USED", "GPUS (memory/compute allocated)"])
+    return table(out, ["NODE", "STATE", "MODEL", "USED", "UTIL", "GPUS (memory/compute allocated)"])
+
+
+def _live_util(gpus: list[dict[str, Any]]) -> str:
+    """Mean SM utilisation of the node's GPUs as its agent last measured it; '-' when no fresh sample."""
+    utils = [g["metrics"]["util_pct"] for g in gpus if (g.get("metrics") or {}).get("util_pct") is not None]
+    return f"{sum(utils) / len(utils):.0f}%" if utils else "-"
 
 
 def _top_frame(client: Client) -> str:

@@ -16,7 +16,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from agent import protocol
-from scheduling import agent_services
+from scheduling import agent_services, live_metrics
 from scheduling.desired_state import DesiredState, desired_state_for_node, desired_version_raise
 from scheduling.models import Node
 from scheduling.services import node_authenticate
@@ -201,18 +201,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if now - self.last_metrics_at < METRICS_PUBLISH_INTERVAL_S:
             return
         self.last_metrics_at = now
-        keep = (
-            "index",
-            "uuid",
-            "util_pct",
-            "memory_used_mib",
-            "memory_total_mib",
-            "power_w",
-            "temperature_c",
-            "health",
-        )
-        gpus = [{k: g.get(k) for k in keep} for g in payload.get("gpus") or []]
+        gpus = [live_metrics.gpu_sample(g) for g in payload.get("gpus") or [] if isinstance(g, dict)]
         at = payload.get("sampled_at")
+        at = at if isinstance(at, (int, float)) and not isinstance(at, bool) else None
+        await live_metrics.live_metrics_store(node_name=self.node_name, sampled_at=at, gpus=gpus)
         await self.channel_layer.group_send(
             "cluster", {"type": "gpu.metrics", "node": self.node_name, "at": at, "gpus": gpus}
         )

@@ -246,6 +246,19 @@ class SliceHolderSerializer(serializers.Serializer):
     compute_pct = serializers.IntegerField()
 
 
+class GpuMetricsSerializer(serializers.Serializer):
+    sampled_at = serializers.FloatField(
+        allow_null=True, help_text="When the agent sampled it (Unix seconds)."
+    )
+    util_pct = serializers.FloatField(allow_null=True, help_text="SM utilisation, mean over the last second.")
+    mem_util_pct = serializers.FloatField(allow_null=True, help_text="Memory-bandwidth utilisation.")
+    memory_used_mib = serializers.IntegerField(allow_null=True)
+    memory_total_mib = serializers.IntegerField(allow_null=True)
+    power_w = serializers.FloatField(allow_null=True)
+    temperature_c = serializers.IntegerField(allow_null=True)
+    health = serializers.CharField(allow_null=True)
+
+
 class GpuSerializer(serializers.Serializer):
     index = serializers.IntegerField()
     uuid = serializers.CharField()
@@ -259,8 +272,9 @@ class GpuSerializer(serializers.Serializer):
     allocated_compute_pct = serializers.IntegerField()
     nvlink_peers = serializers.ListField(child=serializers.IntegerField())
     slices = SliceHolderSerializer(many=True)
-    metrics = serializers.DictField(
-        allow_null=True, help_text="Latest utilisation sample, when agents report one."
+    metrics = GpuMetricsSerializer(
+        allow_null=True,
+        help_text="The GPU's newest sample from its node agent; null when none arrived in the last 30 s.",
     )
 
 

@@ -40,6 +40,7 @@ from scheduling.api.queries import (
 )
 from scheduling.api.usage import GROUPS, MAX_WINDOW, usage_rows
 from scheduling.choices import GpuHealth, JobState, LinkKind, NodeState
+from scheduling.live_metrics import live_metrics_for_nodes
 from scheduling.models import Gpu, GpuLink, Job, Node, Slice
 from scheduling.spec import SpecError, spec_check_card_limits, spec_from_mapping, spec_from_text
 from scheduling.states import ACTIVE_STATES, TERMINAL_STATES
@@ -354,7 +355,13 @@ class QueueView(generics.GenericAPIView):
         return self.get_paginated_response(s.QueueEntrySerializer(entries, many=True).data)
 
 
-def _node_payload(node: Node, *, links: dict[int, list[int]], mine_ids: set[int] | None) -> dict[str, Any]:
+def _node_payload(
+    node: Node,
+    *,
+    links: dict[int, list[int]],
+    mine_ids: set[int] | None,
+    metrics: dict[int, dict[str, Any]],
+) -> dict[str, Any]:
     gpus = []
     for gpu in node.gpus.all():
         holders = []
@@ -385,7 +392,7 @@ def _node_payload(node: Node, *, links: dict[int, list[int]], mine_ids: set[int]
                 "allocated_compute_pct": gpu.allocated_compute_pct,
                 "nvlink_peers": sorted(links.get(gpu.pk, [])),
                 "slices": holders,
-                "metrics": getattr(gpu, "latest_metrics", None),
+                "metrics": metrics.get(gpu.index),
             }
         )
     return {
@@ -432,7 +439,10 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
                 links[a].append(index_of[b])
                 links[b].append(index_of[a])
         mine_ids = _visible_team_ids(self.request.user)
-        return [_node_payload(n, links=links, mine_ids=mine_ids) for n in nodes]
+        metrics = live_metrics_for_nodes(node_names=[n.name for n in nodes])
+        return [
+            _node_payload(n, links=links, mine_ids=mine_ids, metrics=metrics.get(n.name, {})) for n in nodes
+        ]
 
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         queryset = self.filter_queryset(self.get_queryset())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -190,3 +191,58 @@ def test_a_connection_whose_token_was_rotated_cannot_write_logs(two_nodes):
 
     assert async_to_sync(scenario)() == consumers.CLOSE_UNAUTHENTICATED
     assert joblogs.log_read(job_id=on_b.pk, stream="stdout")[0] == b""
+
+
+def test_the_newest_gpu_sample_reaches_the_rest_cluster_view_typed_and_for_a_while_only(
+    two_nodes, alice, monkeypatch
+):
+    from django.core.cache import caches
+    from rest_framework.test import APIClient
+
+    from scheduling import live_metrics
+
+    *_, token_b = two_nodes
+    caches["live_metrics"].delete_many(["live-metrics:a100-01", "live-metrics:a100-02"])
+    monkeypatch.setattr(live_metrics, "LIVE_METRICS_TTL_S", 2)
+    sample = {
+        "sampled_at": 1_700_000_000.5,
+        "gpus": [
+            {
+                "index": 0,
+                "uuid": "GPU-b-0",
+                "util_pct": 87.5,
+                "memory_used_mib": 40960,
+                "memory_total_mib": 81920,
+                "power_w": "lots",  # wrong type: kept as null, never passed on
+                "temperature_c": 2**60,  # past any real reading and a JSON double: null
+                "health": "ok",
+                "processes": [{"pid": 4242, "used_mib": 40960}],  # not for the cluster view
+            }
+        ],
+    }
+
+    async def scenario():
+        communicator = await _connect(token_b, "a100-02")
+        await communicator.send_to(text_data=protocol.encode(protocol.message("metrics", sample)))
+        await asyncio.sleep(0.3)
+        await communicator.disconnect()
+
+    async_to_sync(scenario)()
+    client = APIClient()
+    client.force_authenticate(alice)
+    body = client.get("/api/v1/cluster/nodes/").json()
+    by_node = {n["name"]: n for n in body["results"]}
+    assert by_node["a100-02"]["gpus"][0]["metrics"] == {
+        "sampled_at": 1_700_000_000.5,
+        "util_pct": 87.5,
+        "mem_util_pct": None,
+        "memory_used_mib": 40960,
+        "memory_total_mib": 81920,
+        "power_w": None,
+        "temperature_c": None,
+        "health": "ok",
+    }
+    assert by_node["a100-01"]["gpus"][0]["metrics"] is None  # its agent never reported
+    time.sleep(2.2)
+    gone = client.get("/api/v1/cluster/nodes/a100-02/").json()
+    assert gone["gpus"][0]["metrics"] is None, "a sample older than the TTL must not be shown as live"
