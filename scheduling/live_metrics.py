@@ -1,19 +1,22 @@
 """The latest GPU sample of each node, as its agent last reported it.
 
 Agents push a sample a second over their websocket; the agent consumer relays it to the browsers' streams and
-keeps the newest one per node here, in the `live_metrics` cache (Redis in production, process memory when
-embedded), never in the database: it is a gauge, not a record. The REST cluster view reads it. A sample older
-than LIVE_METRICS_TTL_S is gone, so a silent node shows no metrics rather than stale ones.
+keeps the newest one per node here: in Redis (one key per node, so every web process can answer the REST
+cluster view), or in this process's memory when embedded (one process serves the agents and the API). Never in
+the database: it is a gauge, not a record. A sample older than LIVE_METRICS_TTL_S is gone, so a silent node
+shows no metrics rather than stale ones.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import time
 from collections.abc import Iterable
 from typing import Any
 
-from django.core.cache import caches
+from asgiref.sync import sync_to_async
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +37,11 @@ GPU_FIELDS: dict[str, type] = {
 
 
 def _key(node_name: str) -> str:
-    return f"live-metrics:{node_name}"
+    return f"tessera:live-metrics:{node_name}"
+
+
+# Embedded mode: node name -> (expires at, monotonic s; the sample).
+_local: dict[str, tuple[float, dict[str, Any]]] = {}
 
 
 def _typed(value: Any, kind: type) -> Any:
@@ -51,29 +58,47 @@ def gpu_sample(raw: dict[str, Any]) -> dict[str, Any]:
     return {k: _typed(raw.get(k), kind) for k, kind in GPU_FIELDS.items()}
 
 
+def _store(node_name: str, sample: dict[str, Any]) -> None:
+    from scheduling.tasks import redis_client
+
+    r = redis_client()
+    if r is None:
+        _local[node_name] = (time.monotonic() + LIVE_METRICS_TTL_S, sample)
+    else:
+        r.set(_key(node_name), json.dumps(sample), ex=LIVE_METRICS_TTL_S)
+
+
 async def live_metrics_store(*, node_name: str, sampled_at: float | None, gpus: list[dict[str, Any]]) -> None:
-    """Keep a node's newest sample. Best effort: a cache outage costs the REST view its metrics, nothing else."""
+    """Keep a node's newest sample. Best effort: a Redis outage costs the REST view its metrics, nothing else.
+    Runs off the thread the consumers' database calls share, so a slow Redis never delays a heartbeat."""
     try:
-        await caches["live_metrics"].aset(
-            _key(node_name), {"sampled_at": sampled_at, "gpus": gpus}, timeout=LIVE_METRICS_TTL_S
+        await sync_to_async(_store, thread_sensitive=False)(
+            node_name, {"sampled_at": sampled_at, "gpus": gpus}
         )
-    except Exception as exc:  # the relay to browsers must not stop because the cache is down
+    except Exception as exc:  # the relay to browsers must not stop because Redis is down
         log.warning("live metrics of %s not kept: %s", node_name, exc)
+
+
+def _load(names: list[str]) -> dict[str, dict[str, Any]]:
+    from scheduling.tasks import redis_client
+
+    r = redis_client()
+    if r is None:
+        now = time.monotonic()
+        return {n: kept[1] for n in names if (kept := _local.get(n)) and kept[0] > now}
+    found = r.mget([_key(n) for n in names]) if names else []
+    return {n: json.loads(raw) for n, raw in zip(names, found, strict=True) if raw}
 
 
 def live_metrics_for_nodes(*, node_names: Iterable[str]) -> dict[str, dict[int, dict[str, Any]]]:
     """node name -> GPU index -> that GPU's newest sample (with its `sampled_at`, Unix seconds)."""
-    names = list(node_names)
     try:
-        found = caches["live_metrics"].get_many([_key(n) for n in names])
+        found = _load(list(node_names))
     except Exception as exc:
         log.warning("live metrics unavailable: %s", exc)
         return {}
     out: dict[str, dict[int, dict[str, Any]]] = {}
-    for name in names:
-        sample = found.get(_key(name))
-        if not sample:
-            continue
+    for name, sample in found.items():
         per_gpu = out.setdefault(name, {})
         for g in sample.get("gpus") or []:
             if isinstance(g.get("index"), int):

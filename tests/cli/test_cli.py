@@ -161,9 +161,9 @@ def test_usage_nodes_and_top_once_print_tables(logged_in):
     assert usage.returncode == 0 and "GPU_HOURS" in usage.stdout and "Total: 0.00 GPU-hours" in usage.stdout
     assert logged_in("usage", "--csv").stdout.strip() == "team,user,gpu_hours,gpu_memory_gib_hours,jobs"
     from asgiref.sync import async_to_sync
-    from django.core.cache import caches
 
     from scheduling.live_metrics import live_metrics_store
+    from tests.pipeline.harness import forget_live_metrics
 
     nodes = logged_in("nodes")
     assert nodes.returncode == 0 and "a100-01" in nodes.stdout and "8/8" not in nodes.stdout
@@ -173,7 +173,7 @@ def test_usage_nodes_and_top_once_print_tables(logged_in):
     try:
         assert "50%" in logged_in("nodes").stdout  # the mean of the GPUs with a fresh sample
     finally:
-        caches["live_metrics"].delete("live-metrics:a100-01")
+        forget_live_metrics("a100-01")
     top = logged_in("top", "--once")
     assert top.returncode == 0
     assert "tessera top" in top.stdout and "A100-80GB" in top.stdout and "ai-lab/training" in top.stdout

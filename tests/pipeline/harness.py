@@ -351,3 +351,16 @@ def wait_state(job, *states: str, timeout_s: float = 20):
 def path_of(job) -> list[str]:
     """The states a job went through, in order, from its events."""
     return list(job.events.order_by("at", "id").values_list("to_state", flat=True))
+
+
+def forget_live_metrics(*names: str) -> None:
+    """Drop the nodes' newest GPU samples, wherever this process keeps them (Redis, or memory embedded)."""
+    from scheduling import live_metrics
+    from scheduling.tasks import redis_client
+
+    r = redis_client()
+    if r is None:
+        for name in names:
+            live_metrics._local.pop(name, None)
+    else:
+        r.delete(*(f"tessera:live-metrics:{name}" for name in names))

@@ -14,6 +14,7 @@ from scheduling import consumers, cycle, joblogs
 from scheduling.engine import types as eng
 from scheduling.models import Gpu, JobEvent, Node
 from scheduling.services import JobSpec, job_submit, node_issue_token
+from tests.pipeline.harness import forget_live_metrics
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -196,13 +197,12 @@ def test_a_connection_whose_token_was_rotated_cannot_write_logs(two_nodes):
 def test_the_newest_gpu_sample_reaches_the_rest_cluster_view_typed_and_for_a_while_only(
     two_nodes, alice, monkeypatch
 ):
-    from django.core.cache import caches
     from rest_framework.test import APIClient
 
     from scheduling import live_metrics
 
     *_, token_b = two_nodes
-    caches["live_metrics"].delete_many(["live-metrics:a100-01", "live-metrics:a100-02"])
+    forget_live_metrics("a100-01", "a100-02")
     monkeypatch.setattr(live_metrics, "LIVE_METRICS_TTL_S", 2)
     sample = {
         "sampled_at": 1_700_000_000.5,
