@@ -10,9 +10,12 @@ import math
 
 from scheduling.engine.framework import CycleContext
 from scheduling.engine.resources import charge_of
-from scheduling.engine.types import WHOLE_GPU_MILLI, Job, Quota, Request
+from scheduling.engine.types import WHOLE_GPU_MILLI, Assignment, Job, ModelQuota, Quota, Request
 
 _USAGE_KEY = "accounting.team_usage"
+_MODEL_USAGE_KEY = "accounting.team_model_usage"
+_CARDS_KEY = "accounting.card_models"
+_MODELS_KEY = "accounting.cluster_models"
 
 
 def team_usage(ctx: CycleContext) -> dict[str, list[int]]:
@@ -50,7 +53,7 @@ def min_charge(req: Request) -> tuple[int, int]:
 
 
 def exceeds_limit(
-    quota: Quota | None, used: list[int] | tuple[int, int], charge: tuple[int, int]
+    quota: Quota | ModelQuota | None, used: list[int] | tuple[int, int], charge: tuple[int, int]
 ) -> str | None:
     """Which limit the charge would break ('memory' / 'compute'), or None."""
     if quota is None:
@@ -62,7 +65,9 @@ def exceeds_limit(
     return None
 
 
-def within_guarantee(quota: Quota | None, used: list[int] | tuple[int, int], charge: tuple[int, int]) -> bool:
+def within_guarantee(
+    quota: Quota | ModelQuota | None, used: list[int] | tuple[int, int], charge: tuple[int, int]
+) -> bool:
     """True when the team stays within its guarantee on both resources after taking `charge`."""
     if quota is None:
         return charge == (0, 0)
@@ -91,3 +96,104 @@ def history_share(quota: Quota | None, usage_milli_s: float, half_life_s: float)
 
 def job_charge_estimate(job: Job) -> tuple[int, int]:
     return min_charge(job.request)
+
+
+# -- per-GPU-model accounting (only for teams that have per-model quota rows) ----------------------------------
+
+
+def model_limited_teams(ctx: CycleContext) -> frozenset[str]:
+    """Teams with at least one per-model quota row: the only ones whose usage is counted per model."""
+    return frozenset(team for team, quota in ctx.snapshot.quotas.items() if quota.per_model)
+
+
+def _card_models(ctx: CycleContext) -> dict[str, dict[int, str]]:
+    """node name -> GPU index -> model, from the snapshot (a card's model never changes within a cycle)."""
+    cards = ctx.cache.get(_CARDS_KEY)
+    if cards is None:
+        cards = ctx.cache[_CARDS_KEY] = {
+            n.name: {g.index: g.model for g in n.gpus} for n in ctx.snapshot.nodes
+        }
+    return cards
+
+
+def charges_by_model(ctx: CycleContext, assignments: tuple[Assignment, ...]) -> dict[str, tuple[int, int]]:
+    """(gpu memory MiB, compute milli) the assignments count per GPU model, fractions exactly as `charge_of`
+    counts them. A card the snapshot does not list (its node is gone) counts under no model."""
+    cards = _card_models(ctx)
+    out: dict[str, tuple[int, int]] = {}
+    for a in assignments:
+        model = cards.get(a.node, {}).get(a.gpu_index)
+        if model is None:
+            continue
+        mem, comp = out.get(model, (0, 0))
+        out[model] = (mem + a.memory_mib, comp + a.compute_milli)
+    return out
+
+
+def team_model_usage(ctx: CycleContext) -> dict[tuple[str, str], list[int]]:
+    """(team, model) -> [gpu memory MiB, compute milli] held now, for teams with per-model quota rows, including
+    this cycle's placements and evictions once built. Built on first use; the cycle asks for it before it places
+    anything (through the plugin's `restricted_teams`), so no placement is missed."""
+    usage = ctx.cache.get(_MODEL_USAGE_KEY)
+    if usage is None:
+        usage = {}
+        teams = model_limited_teams(ctx)
+        if teams:
+            for job in ctx.snapshot.running:
+                if job.team in teams:
+                    for model, (mem, comp) in charges_by_model(ctx, job.assignments).items():
+                        row = usage.setdefault((job.team, model), [0, 0])
+                        row[0] += mem
+                        row[1] += comp
+        ctx.cache[_MODEL_USAGE_KEY] = usage
+    return usage
+
+
+def model_usage_add(ctx: CycleContext, team: str, assignments: tuple[Assignment, ...], sign: int) -> None:
+    """Keep the per-model usage in step with a placement (sign +1) or eviction (-1), if it has been built and
+    the team is counted per model."""
+    usage = ctx.cache.get(_MODEL_USAGE_KEY)
+    if usage is None or not assignments or ctx.snapshot.quotas.get(team) is None:
+        return
+    if not ctx.snapshot.quotas[team].per_model:
+        return
+    for model, (mem, comp) in charges_by_model(ctx, assignments).items():
+        row = usage.setdefault((team, model), [0, 0])
+        row[0] += sign * mem
+        row[1] += sign * comp
+
+
+def cluster_models(ctx: CycleContext) -> dict[str, tuple[int, int]]:
+    """model -> (smallest, largest) card memory MiB among the snapshot's cards of that model."""
+    models = ctx.cache.get(_MODELS_KEY)
+    if models is None:
+        models = {}
+        for n in ctx.snapshot.nodes:
+            for g in n.gpus:
+                known = models.get(g.model)
+                models[g.model] = (
+                    (g.memory_mib, g.memory_mib)
+                    if known is None
+                    else (min(known[0], g.memory_mib), max(known[1], g.memory_mib))
+                )
+        ctx.cache[_MODELS_KEY] = models
+    return models
+
+
+def min_charge_on_model(req: Request, card_memory_mib: tuple[int, int]) -> tuple[int, int]:
+    """A lower bound of what the request counts on cards of one model whose memory lies in `card_memory_mib`
+    (smallest, largest): a whole card counts its full memory and 1000 milli; a memory-only slice its memory and
+    the proportional compute share (smallest on the largest card). Only MIG rounding up can make the exact
+    charge larger, which the exact check at placement catches. A gang counts all its cards on the model, which
+    errs on the safe side: a gang that would stay within the limit only by splitting its nodes across models is
+    kept off the model."""
+    smallest, largest = card_memory_mib
+    if req.gpus:
+        cards = req.gpus * req.nodes
+        return cards * max(smallest, req.min_gpu_memory_mib), cards * WHOLE_GPU_MILLI
+    if req.is_slice:
+        compute = req.gpu_compute_milli
+        if compute == 0 and largest > 0:
+            compute = -(-req.gpu_memory_mib * WHOLE_GPU_MILLI // largest)
+        return req.gpu_memory_mib, compute
+    return 0, 0

@@ -12,12 +12,12 @@ import threading
 from bisect import insort
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from scheduling.engine.accounting import min_charge, team_usage, usage_add, within_guarantee
+from scheduling.engine.accounting import min_charge, model_usage_add, team_usage, usage_add, within_guarantee
 from scheduling.engine.framework import CycleContext, Profile
 from scheduling.engine.index import NodeIndex
 from scheduling.engine.plugins import get_plugin
@@ -25,9 +25,15 @@ from scheduling.engine.profiles import DEFAULT_PARAMS, check_profile
 from scheduling.engine.reasons import (
     BEING_FREED,
     FILTERED,
+    GANG_INCOMPLETE,
+    INSUFFICIENT_GPUS,
     INSUFFICIENT_HOST,
+    MODEL_QUOTA_LIMIT,
     NO_FIT,
     NO_MATCHING_GPU,
+    NO_NUMA_GROUP,
+    NO_NVLINK_GROUP,
+    NO_SLICE,
     NODE_UNAVAILABLE,
     NOT_REACHED,
     QUOTA_LIMIT,
@@ -84,6 +90,10 @@ class _Plugins:
     live_scores: list[tuple[Any, float]]
     gpu_scores: list[tuple[Any, float]]
     topology_aware: bool
+    # Admit plugins with per-GPU-model hooks (see framework.AdmitPlugin).
+    restrictors: list[Any] = field(default_factory=list)
+    model_checks: list[Any] = field(default_factory=list)
+    model_borrowed: list[Any] = field(default_factory=list)
 
 
 def _cacheable(plugin: Any) -> bool:
@@ -94,15 +104,19 @@ def _load(profile: Profile) -> _Plugins:
     check_profile(profile)
     filters = [get_plugin(n) for n in profile.filters if n != "fits"]
     node_scores = [(get_plugin(n), float(w)) for n, w in profile.node_scores if w]
+    admit = [get_plugin(n) for n in profile.admit]
     return _Plugins(
         queue=[get_plugin(n) for n in profile.queue_order],
-        admit=[get_plugin(n) for n in profile.admit],
+        admit=admit,
         cached_filters=[f for f in filters if _cacheable(f)],
         live_filters=[f for f in filters if not _cacheable(f)],
         cached_scores=[(p, w) for p, w in node_scores if _cacheable(p)],
         live_scores=[(p, w) for p, w in node_scores if not _cacheable(p)],
         gpu_scores=[(get_plugin(n), float(w)) for n, w in profile.gpu_scores if w],
         topology_aware=any(n == "topology" for n, _ in profile.gpu_scores),
+        restrictors=[p for p in admit if hasattr(p, "restrict_models") and hasattr(p, "restricted_teams")],
+        model_checks=[p for p in admit if hasattr(p, "admit_assignments")],
+        model_borrowed=[p for p in admit if hasattr(p, "borrowed_assignments")],
     )
 
 
@@ -204,6 +218,7 @@ class _Statement:
         self.cycle = cycle
         self.saved: dict[int, tuple[Node, Node | None]] = {}
         self.usage: list[tuple[str, int, int]] = []
+        self.model_usage: list[tuple[str, tuple[Assignment, ...], int]] = []
         self.evicted: list[tuple[Job, str]] = []
         self.placement: Placement | None = None
 
@@ -222,6 +237,8 @@ class _Statement:
             c.index.set(pos, view, consumed_only=False)
         for team, mem, comp in self.usage:
             usage_add(c.ctx, team, -mem, -comp)
+        for team, assignments, sign in self.model_usage:
+            model_usage_add(c.ctx, team, assignments, -sign)
         for job, _ in self.evicted:
             c.evicted.discard(job.id)
 
@@ -258,6 +275,11 @@ class _Cycle:
         self._by_pos: dict[int, list[_Holding]] | None = None
         self._all_by_pos: dict[int, list[_Holding]] | None = None
         self._reason_cache: dict[tuple, Status | None] = {}
+        # Teams with per-GPU-model quota rows (asked once, before anything is placed), and per job the latest
+        # per-model limit that kept it off some model (named in its pending reason).
+        self.restricted: frozenset[str] = frozenset()
+        self.model_notes: dict[str, Status] = {}
+        self.views: dict[str, Job | Status] = {}  # pending job -> how `_pending` explained and projects it
 
     def param(self, name: str) -> Any:
         return self.profile.params.get(name, DEFAULT_PARAMS.get(name))
@@ -280,6 +302,10 @@ class _Cycle:
     # -- the cycle ----------------------------------------------------------------------------------------
     def run(self) -> Decisions:
         try:
+            if self.plugins.restrictors:
+                self.restricted = frozenset().union(
+                    *(p.restricted_teams(self.ctx) for p in self.plugins.restrictors)
+                )
             queue = self._queue()
             actions = self.profile.actions
             if "admit" in actions:
@@ -350,7 +376,9 @@ class _Cycle:
                 and (min_prio is None or job.priority >= min_prio)
             ):
                 tries_left -= 1
-                self._reserve(job)
+                view = self._effective(job)
+                if not isinstance(view, Status):
+                    self._reserve(view)
 
     def _evaluator(self, job: Job) -> Callable[[int], tuple[bool, float]]:
         req, nodes, ctx, factor = job.request, self.index.nodes, self.ctx, self.factor
@@ -485,19 +513,95 @@ class _Cycle:
                 plan.append((pos, ()))
         return plan
 
+    def _effective(self, job: Job) -> Job | Status:
+        """The job as it may be placed now: when per-GPU-model quota rules keep its team off some models, the
+        same job with its allowed models narrowed to the rest (or, when none is left, why it must wait).
+
+        A narrowed request is a request of its own to the node index, so the memos and cached verdicts stay
+        keyed by what they depend on. Only jobs of `restricted` teams are looked at; the answer follows the
+        team's usage at the moment of asking, which this cycle's placements and evictions change."""
+        if job.team not in self.restricted or not job.request.uses_gpu:
+            return job
+        allowed: tuple[str, ...] | None = None
+        notes: list[Status] = []
+        for plugin in self.plugins.restrictors:
+            restriction = plugin.restrict_models(self.ctx, job)
+            if restriction is None:
+                continue
+            notes.append(restriction.status)
+            allowed = (
+                restriction.allowed
+                if allowed is None
+                else tuple(m for m in allowed if m in restriction.allowed)
+            )
+        if allowed is None:
+            self.model_notes.pop(job.id, None)
+            return job
+        note = notes[0] if len(notes) == 1 else Status(notes[0].code, "; ".join(n.reason for n in notes))
+        self.model_notes[job.id] = note
+        if not allowed:
+            return note
+        return replace(job, request=replace(job.request, gpu_models=allowed))
+
+    def _without_models(
+        self, view: Job, chosen: list[tuple[int, Node]], plan: list[tuple[int, tuple[Assignment, ...]]]
+    ) -> Job | None:
+        """The job without the GPU models a plan used (None when no model would be left)."""
+        nodes = dict(chosen)
+        used = set()
+        for pos, assigns in plan:
+            for a in assigns:
+                card = _card(nodes[pos], a.gpu_index)
+                if card is not None:
+                    used.add(card.model)
+        req = view.request
+        remaining = tuple(m for m in (req.gpu_models or tuple(self.index.model_bits)) if m not in used)
+        if not remaining or not used:
+            return None
+        return replace(view, request=replace(req, gpu_models=remaining))
+
+    def _refused_on_models(self, job: Job, assignments: tuple[Assignment, ...]) -> Status | None:
+        """A per-model rule's refusal of these exact assignments (None: every model they touch allows them)."""
+        if job.team not in self.restricted:
+            return None
+        for plugin in self.plugins.model_checks:
+            status = plugin.admit_assignments(self.ctx, job, assignments)
+            if status is not None:
+                return status
+        return None
+
     def _try_place(
         self, job: Job, *, chosen: list[tuple[int, Node]] | None = None, stmt: _Statement | None = None
     ) -> bool:
-        if chosen is None:
-            chosen = self._choose(job)
-            if chosen is None:
-                return False
-        plan = self._plan(job, chosen)
-        if plan is None:
+        view = self._effective(job)
+        if isinstance(view, Status):
+            self.status[job.id] = view
             return False
-        assignments = tuple(a for _, assigns in plan for a in assigns)
+        while True:
+            pick = chosen if chosen is not None else self._choose(view)
+            if pick is None:
+                return False
+            plan = self._plan(view, pick)
+            if plan is None:
+                return False
+            assignments = tuple(a for _, assigns in plan for a in assigns)
+            refused = self._refused_on_models(job, assignments)
+            if refused is None:
+                break
+            # Charged exactly (a MIG instance rounds a slice up) a model would take the team past its limit
+            # there: look again without the models this plan used, as if they had been ruled out up front.
+            narrower = self._without_models(view, pick, plan) if chosen is None else None
+            if narrower is None:
+                self.status[job.id] = refused
+                self.model_notes[job.id] = refused
+                return False
+            view = narrower
         charge = charge_of(assignments)
         borrowed = False
+        if job.team in self.restricted:
+            borrowed = any(
+                p.borrowed_assignments(self.ctx, job, assignments) for p in self.plugins.model_borrowed
+            )
         for plugin in self.plugins.admit:
             check = getattr(plugin, "admit_charge", None)
             if check is not None:
@@ -517,9 +621,13 @@ class _Cycle:
                 stmt.touch(pos)
             self._take(pos, assigns, req.cpu_milli, req.memory_mib)
         usage_add(self.ctx, job.team, charge[0], charge[1])
+        if job.team in self.restricted:
+            model_usage_add(self.ctx, job.team, assignments, 1)
         placement = Placement(job.id, assignments, borrowed, cpu)
         if stmt is not None:
             stmt.usage.append((job.team, charge[0], charge[1]))
+            if job.team in self.restricted:
+                stmt.model_usage.append((job.team, assignments, 1))
             stmt.placement = placement
         else:
             self.placements.append(placement)
@@ -935,18 +1043,30 @@ class _Cycle:
             if self.evictions and self._try_place(job):
                 self._drop_reservation(job.id)
                 continue  # room freed by this cycle's evictions for an earlier job
+            view = self._effective(job)
+            if isinstance(view, Status):
+                # Its team's per-model limits leave it no model (this cycle's evictions may have changed that
+                # only for the better, and then the plain placement above took it).
+                self.status[job.id] = view
+                self.blocked.discard(job.id)
+                if lifted:
+                    self._restore_holds(lifted)
+                continue
             rule = self._victim_rule(job, mode)
-            key = (job.request, job.priority, job.team if mode == "reclaim" else "")
+            key = (view.request, job.priority, job.team if mode == "reclaim" else "")
             if rule is not None and key not in failed:
                 budget -= 1
-                if self._evict_for(job, rule, code):
+                if self._evict_for(job, view, rule, code):
                     continue
                 failed.add(key)
             if lifted:
                 self._restore_holds(lifted)
 
-    def _evict_for(self, job: Job, rule: Callable[[list[_Holding]], list[_Holding]], code: str) -> bool:
-        req = job.request
+    def _evict_for(
+        self, job: Job, view: Job, rule: Callable[[list[_Holding]], list[_Holding]], code: str
+    ) -> bool:
+        """Evict for `job`, judging where it fits as `view` (the job with the GPU models it may use now)."""
+        req = view.request
         static = self.index.static(req)
         candidates: list[tuple[tuple, int, list[_Holding]]] = []
         for pos, held in sorted(self._running_by_pos().items()):
@@ -955,11 +1075,11 @@ class _Cycle:
             eligible = rule(held)
             if not eligible:
                 continue
-            found = self._victims_on(job, pos, eligible)
+            found = self._victims_on(view, pos, eligible)
             if found is not None:
                 candidates.append((found[0], pos, found[1]))
         if req.nodes > 1:
-            ok, _ = self._feasible(job)
+            ok, _ = self._feasible(view)
             candidates += [((-1, 0.0, 0), int(p), []) for p in np.flatnonzero(ok).tolist()]
         if len({pos for _, pos, _ in candidates}) < req.nodes or not candidates:
             return False
@@ -983,7 +1103,7 @@ class _Cycle:
         for v in sorted(victims_by_id.values(), key=lambda v: v.id):
             self._evict(v, code, stmt)
         chosen = [(pos, self.index.nodes[pos]) for pos, _ in picked]
-        if all(self._node_ok(job, node) for _, node in chosen) and self._try_place(
+        if all(self._node_ok(view, node) for _, node in chosen) and self._try_place(
             job, chosen=chosen, stmt=stmt
         ):
             stmt.commit(job)
@@ -1009,6 +1129,9 @@ class _Cycle:
         mem, comp = charge_of(victim.assignments)
         usage_add(self.ctx, victim.team, -mem, -comp)
         stmt.usage.append((victim.team, -mem, -comp))
+        if victim.team in self.restricted:
+            model_usage_add(self.ctx, victim.team, victim.assignments, -1)
+            stmt.model_usage.append((victim.team, victim.assignments, -1))
         self.evicted.add(victim.id)
         stmt.evicted.append((victim, code))
 
@@ -1027,6 +1150,14 @@ class _Cycle:
             position += 1
             status = self.status.get(job.id)
             note = ""
+            # The job as it may be placed now: per-model quota limits may leave it fewer GPU models (or none).
+            subject = job
+            if job.team in self.restricted and job.request.uses_gpu:
+                view = self.views[job.id] = self._effective(job)
+                if isinstance(view, Status):
+                    status = status or view
+                else:
+                    subject = view
             if status is None and job.id in holders:
                 held = holders[job.id]
                 where = ", ".join(sorted({a.node for a in held.assignments}))
@@ -1048,12 +1179,12 @@ class _Cycle:
             if status is None and job.id not in self.blocked and "allocate" not in self.profile.actions:
                 status = Status(NOT_REACHED, "this profile does not allocate")
             if status is None and job.id not in holders:
-                status = self._reserved_reason(job)
+                status = self._reserved_reason(subject)
             if status is None:
-                req = job.request
+                req = subject.request
                 status = explained.get(req)
                 if status is None:
-                    ok, _ = self._feasible(job)
+                    ok, _ = self._feasible(subject)
                     if job.id in self.blocked and int(ok.sum()) >= max(1, req.nodes):
                         # It did not fit when its turn came; evictions for a later job freed room since.
                         first = self.index.ranked(np.flatnonzero(ok).tolist())[0]
@@ -1062,18 +1193,35 @@ class _Cycle:
                             f"room is being freed on {self.index.names[first]} by this cycle's evictions; "
                             "it should start in the next cycle",
                         )
-                        rows.append((job, status, position))
+                        rows.append((job, self._with_model_note(job, subject, status), position))
                         continue
                     if in_order is None:
                         in_order = self.index.in_order()
-                    status = self._filtered_reason(job, ok) or explain_cluster(
+                    status = self._filtered_reason(subject, ok) or explain_cluster(
                         req, in_order, ok[self.index.order], self.factor
                     )
                     explained[req] = status
             if note:
                 status = Status(status.code, status.reason + note)
+            if subject is not job and job.id not in self.status:
+                status = self._with_model_note(job, subject, status)
             rows.append((job, status, position))
         return self._with_estimates(rows, explain)
+
+    def _with_model_note(self, job: Job, view: Job, status: Status) -> Status:
+        """The pending reason of a job that per-model limits keep off some GPU models. When it would fit now on
+        a model it may not use, the limit is what holds it back: `model-quota-limit`, naming the limit, then what
+        the models left to it lack. Otherwise it waits like any job, and the reason adds the limit."""
+        if view is job:
+            return status
+        note = self.model_notes[job.id].reason
+        if status.code in (NO_FIT, INSUFFICIENT_HOST) or status.code in _WAITING_FOR_ROOM:
+            whole, _ = self._feasible(job)
+            if int(whole.sum()) >= max(1, job.request.nodes):
+                return Status(
+                    MODEL_QUOTA_LIMIT, f"{note}; on the GPU models it may still use: {status.reason}"
+                )
+        return Status(status.code, f"{status.reason}; {note}")
 
     def _with_estimates(self, rows: list[tuple[Job, Status, int]], explain: bool) -> list[Pending]:
         """The pending list, each job with its estimated start: its reservation's where it has one, else a
@@ -1088,9 +1236,10 @@ class _Cycle:
         out = []
         for job, status, position in rows:
             eta = None
-            if status.code not in _NO_ESTIMATE:
+            view = self.views.get(job.id, job)
+            if status.code not in _NO_ESTIMATE and not isinstance(view, Status):
                 if projection is not None:
-                    eta = projection.start(job)
+                    eta = projection.start(view)
                 held = est_start.get(job.id)
                 if held is not None:
                     eta = held
@@ -1151,6 +1300,11 @@ class _Cycle:
                 )
         return None
 
+
+# Reasons that say the job's GPU capacity is missing now (a per-model limit may be what is in the way).
+_WAITING_FOR_ROOM = frozenset(
+    {INSUFFICIENT_GPUS, NO_NVLINK_GROUP, NO_NUMA_GROUP, NO_SLICE, GANG_INCOMPLETE, NO_MATCHING_GPU}
+)
 
 # Pending jobs that wait for something other than GPU capacity: no start is projected for them.
 _NO_ESTIMATE = frozenset(

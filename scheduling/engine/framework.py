@@ -35,9 +35,31 @@ class QueueOrderPlugin(Protocol):
 
 
 class AdmitPlugin(Protocol):
+    """Refuses a job before allocation (`admit`). Optional hooks, looked up with getattr:
+
+    - `admit_charge(ctx, job, (memory_mib, compute_milli)) -> Status | None` and
+      `borrowed(ctx, job, charge) -> bool`: the exact charge of a placement, all models together;
+    - `restricted_teams(ctx) -> frozenset[str]`, `restrict_models(ctx, job) -> ModelRestriction | None`,
+      `admit_assignments(ctx, job, assignments) -> Status | None` and
+      `borrowed_assignments(ctx, job, assignments) -> bool`: per-GPU-model rules. `restricted_teams` is asked
+      once per cycle, before anything is placed, and the other three only for jobs of the teams it names (of any
+      plugin defining both it and `restrict_models`); such a job is placed only on the models `restrict_models`
+      allows (see docs/engine.md, "Quotas")."""
+
     NAME: str
 
     def admit(self, ctx: CycleContext, job: Job) -> Status | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRestriction:
+    """GPU models a job may not use now, as an admit plugin's `restrict_models` says: the engine narrows the job's
+    allowed models to `allowed` (empty: none is left, and the job waits with `status`) and names `status` in the
+    job's pending reason. A narrowed request is a request of its own to the node index, so cached filter and
+    score verdicts stay keyed by what they depend on."""
+
+    allowed: tuple[str, ...]
+    status: Status
 
 
 class FilterPlugin(Protocol):
@@ -74,7 +96,7 @@ class Profile:
 
     name: str
     queue_order: tuple[str, ...] = ("priority", "fairshare", "fifo")
-    admit: tuple[str, ...] = ("quota",)
+    admit: tuple[str, ...] = ("quota", "modelquota")
     filters: tuple[str, ...] = ("fits",)
     node_scores: tuple[tuple[str, float], ...] = (("binpack", 1.0),)
     gpu_scores: tuple[tuple[str, float], ...] = (("binpack", 1.0),)

@@ -156,8 +156,25 @@ class Job:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelQuota:
+    """A team's share of one GPU model (`model` as the cards name it, `Gpu.model`). It adds to the team's
+    all-models `Quota`, never replaces it: what the team holds on cards of this model must stay within this
+    limit and within the all-models one, and work on this model beyond this guarantee is borrowed."""
+
+    model: str
+    guaranteed_gpu_memory_mib: int = 0
+    limit_gpu_memory_mib: int | None = None  # None = no limit
+    guaranteed_compute_milli: int = 0
+    limit_compute_milli: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Quota:
-    """A team's share. Compute is in milli-GPU (whole-GPU equivalents x 1000)."""
+    """A team's share. Compute is in milli-GPU (whole-GPU equivalents x 1000).
+
+    The fields are the all-models quota; `per_model` holds the team's per-GPU-model rows (at most one per
+    model). A team with only per-model rows has a `Quota` with the all-models defaults: no guarantee (its GPU
+    work counts as borrowed, as for a team with no quota) and no limit."""
 
     team: str
     guaranteed_gpu_memory_mib: int = 0
@@ -165,6 +182,14 @@ class Quota:
     guaranteed_compute_milli: int = 0
     limit_compute_milli: int | None = None
     weight: float = 1.0
+    per_model: tuple[ModelQuota, ...] = ()
+
+    def for_model(self, model: str) -> ModelQuota | None:
+        """The per-model row for `model`, if the team has one (a linear scan: teams have a handful)."""
+        for row in self.per_model:
+            if row.model == model:
+                return row
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from scheduling.engine.types import (
     Gpu,
     Health,
     Job,
+    ModelQuota,
     Node,
     NodeState,
     Quota,
@@ -184,6 +185,7 @@ def quota(
     guaranteed_gpus: float = 0,
     limit_gpus: float | None = None,
     weight: float = 1.0,
+    per_model: Iterable[ModelQuota] = (),
 ) -> Quota:
     return Quota(
         team=team,
@@ -192,6 +194,25 @@ def quota(
         guaranteed_compute_milli=int(guaranteed_gpus * 1000),
         limit_compute_milli=None if limit_gpus is None else int(limit_gpus * 1000),
         weight=weight,
+        per_model=tuple(per_model),
+    )
+
+
+def model_quota(
+    model: str,
+    *,
+    guaranteed_gib: float = 0,
+    limit_gib: float | None = None,
+    guaranteed_gpus: float = 0,
+    limit_gpus: float | None = None,
+) -> ModelQuota:
+    """A team's row for one GPU model (pass it to `quota(..., per_model=[...])`)."""
+    return ModelQuota(
+        model=model,
+        guaranteed_gpu_memory_mib=int(guaranteed_gib * GIB),
+        limit_gpu_memory_mib=None if limit_gib is None else int(limit_gib * GIB),
+        guaranteed_compute_milli=int(guaranteed_gpus * 1000),
+        limit_compute_milli=None if limit_gpus is None else int(limit_gpus * 1000),
     )
 
 

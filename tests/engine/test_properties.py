@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from scheduling.engine import run_cycle
 from scheduling.engine.resources import job_host_on, release_on_node
 from scheduling.engine.types import WHOLE_GPU_MILLI, Health, Sharing, Snapshot, TopologyNeed
-from tests.engine.builders import job, node, profile, quota, snapshot
+from tests.engine.builders import job, model_quota, node, profile, quota, snapshot
 
 NOW = 100_000.0
 FACTOR = 2.0
@@ -87,6 +87,18 @@ def jobs(draw, prefix: str, count: int, priorities: tuple[int, int] = (0, 3), cr
 
 
 @st.composite
+def model_quotas(draw):
+    """A per-GPU-model row; limits small enough to bind in these small clusters (0 forbids the model)."""
+    return model_quota(
+        draw(st.sampled_from(["A100", "H100"])),
+        guaranteed_gib=draw(st.sampled_from([0, 40, 160])),
+        limit_gib=draw(st.sampled_from([None, None, 20, 100])),
+        guaranteed_gpus=draw(st.sampled_from([0, 1, 2])),
+        limit_gpus=draw(st.sampled_from([None, 0, 0.5, 1, 3])),
+    )
+
+
+@st.composite
 def worlds(draw) -> Snapshot:
     """Random worlds; half of them crowded (all nodes ready, no model or host needs, many running jobs) so that
     preemption and reclaim happen often."""
@@ -113,6 +125,7 @@ def worlds(draw) -> Snapshot:
             limit_gib=draw(st.sampled_from([None, None, 160, 640])),
             guaranteed_gpus=draw(st.sampled_from([0, 1, 4])),
             limit_gpus=draw(st.sampled_from([None, None, 2, 8])),
+            per_model=draw(st.lists(model_quotas(), max_size=2, unique_by=lambda m: m.model)),
         )
         for team in ("a", "b")
     ]
@@ -258,9 +271,23 @@ def _usage(assignment_sets) -> tuple[int, int]:
     return mem, comp
 
 
+def _model_usage(snap: Snapshot, assignment_sets) -> dict[str, tuple[int, int]]:
+    """(memory MiB, compute milli) held per GPU model, fractions exactly."""
+    models = {(n.name, g.index): g.model for n in snap.nodes for g in n.gpus}
+    out: dict[str, tuple[int, int]] = {}
+    for assigns in assignment_sets:
+        for a in assigns:
+            model = models[(a.node, a.gpu_index)]
+            mem, comp = out.get(model, (0, 0))
+            out[model] = (mem + a.memory_mib, comp + a.compute_milli)
+    return out
+
+
 @SETTINGS
 @given(worlds())
 def test_no_team_goes_above_its_limit(snap: Snapshot) -> None:
+    """Neither the all-models limit nor, on each model it was placed on this cycle, a per-model limit (a team
+    may start a cycle above a limit; it must then get nothing more there)."""
     decisions = run_cycle(snap, PROFILE)
     evicted = {e.job_id for e in decisions.evictions}
     pending = {j.id: j for j in snap.pending}
@@ -268,12 +295,31 @@ def test_no_team_goes_above_its_limit(snap: Snapshot) -> None:
         q = snap.quotas.get(team)
         if q is None:
             continue
-        mem, comp = _usage(
-            [j.assignments for j in snap.running if j.team == team and j.id not in evicted]
-            + [p.assignments for p in decisions.placements if pending[p.job_id].team == team]
-        )
+        held = [j.assignments for j in snap.running if j.team == team and j.id not in evicted]
+        placed = [p.assignments for p in decisions.placements if pending[p.job_id].team == team]
+        mem, comp = _usage(held + placed)
         assert q.limit_gpu_memory_mib is None or mem <= q.limit_gpu_memory_mib
         assert q.limit_compute_milli is None or comp <= q.limit_compute_milli
+        per_model = _model_usage(snap, held + placed)
+        for model in _model_usage(snap, placed):
+            row = q.for_model(model)
+            if row is None:
+                continue
+            mem, comp = per_model[model]
+            assert row.limit_gpu_memory_mib is None or mem <= row.limit_gpu_memory_mib, (team, model)
+            assert row.limit_compute_milli is None or comp <= row.limit_compute_milli, (team, model)
+
+
+@SETTINGS
+@given(worlds())
+def test_per_model_rules_change_nothing_for_teams_without_per_model_rows(snap: Snapshot) -> None:
+    plain = replace(
+        snap, quotas=MappingProxyType({t: replace(q, per_model=()) for t, q in snap.quotas.items()})
+    )
+    without = profile(
+        fields={"admit": ("quota",)}, timeslice_oversubscription=FACTOR, min_runtime_s=MIN_RUNTIME_S
+    )
+    assert run_cycle(plain, PROFILE) == run_cycle(plain, without)
 
 
 @SETTINGS

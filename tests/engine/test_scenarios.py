@@ -10,7 +10,16 @@ import pytest
 
 from scheduling.engine import run_cycle
 from scheduling.engine.framework import Profile
-from tests.engine.builders import job, node, profile, quota, running, snapshot, with_ledger
+from tests.engine.builders import (
+    job,
+    model_quota,
+    node,
+    profile,
+    quota,
+    running,
+    snapshot,
+    with_ledger,
+)
 
 NOW = 10_000.0
 
@@ -58,6 +67,7 @@ TOPO_ONLY = profile(fields={"node_scores": (("topology", 1.0),), "gpu_scores": (
 SPREAD = profile("spread")
 BINPACK = profile("binpack")
 NO_PREEMPT = profile(fields={"actions": ("admit", "allocate")})
+TRAIN = "ai-lab/training"
 
 SCENARIOS = [
     # 1. Requests ------------------------------------------------------------------------------------------
@@ -351,6 +361,121 @@ SCENARIOS = [
         pending=[job("fits", memory_gib=10), job("over", memory_gib=0.5, submit=1)],
         placed={"fits": "a"},
         waiting={"over": "quota-limit"},
+    ),
+    # 5b. Per-GPU-model quotas -------------------------------------------------------------------------------
+    Scenario(
+        "a team capped at 4 H100 gets no more even with idle H100s, and the reason names the limit",
+        nodes=[node("h", model="H100", cc=(9, 0))],
+        quotas=[quota(TRAIN, per_model=[model_quota("H100", limit_gpus=4)])],
+        running=[R(job("r", team=TRAIN, gpus=3), {"h": [0, 1, 2]})],
+        pending=[
+            job("two", team=TRAIN, gpus=2, models=["H100"], submit=0),
+            job("one", team=TRAIN, gpus=1, models=["H100"], submit=1),
+        ],
+        placed={"one": {"h": [3]}},
+        waiting={"two": "model-quota-limit"},
+        reason_has={"two": "ai-lab/training would go past its H100 limit (4 GPUs): it holds 3 H100 GPUs"},
+        reserved={},
+    ),
+    Scenario(
+        "a team at its H100 limit still runs on the other models, even when an H100 node comes first",
+        nodes=[node("h", model="H100", cc=(9, 0)), node("a", model="A100")],
+        quotas=[quota(TRAIN, per_model=[model_quota("H100", limit_gpus=4)])],
+        running=[R(job("r", team=TRAIN, gpus=4), {"h": [0, 1, 2, 3]})],
+        pending=[job("any", team=TRAIN, gpus=2)],
+        placed={"any": {"a": [0, 1]}},
+        profile=BINPACK,
+    ),
+    Scenario(
+        "a gang stays all-or-nothing: it goes whole to the models its team may still use",
+        nodes=[
+            node("h1", gpus=4, model="H100", cc=(9, 0)),
+            node("h2", gpus=4, model="H100", cc=(9, 0)),
+            node("a1", gpus=4, model="A100"),
+            node("a2", gpus=4, model="A100"),
+        ],
+        quotas=[quota(TRAIN, per_model=[model_quota("H100", limit_gpus=4)])],
+        pending=[job("gang", team=TRAIN, gpus=4, nodes=2)],
+        placed={"gang": {"a1": [0, 1, 2, 3], "a2": [0, 1, 2, 3]}},
+    ),
+    Scenario(
+        "a job kept off its capped model by busy other models says both: the limit, then what the rest lacks",
+        nodes=[node("h", gpus=4, model="H100", cc=(9, 0)), node("a", gpus=4, model="A100")],
+        quotas=[quota(TRAIN, per_model=[model_quota("H100", limit_gpus=2)])],
+        running=[
+            R(job("mine", team=TRAIN, gpus=2, priority=5), {"h": [0, 1]}),
+            R(job("theirs", team="other", gpus=4, priority=5), {"a": [0, 1, 2, 3]}),
+        ],
+        pending=[job("j", team=TRAIN, gpus=1)],
+        waiting={"j": "model-quota-limit"},
+        reason_has={
+            "j": "is at its H100 limit (2 GPUs): it holds 2 H100 GPUs and this job needs 1 more; "
+            "on the GPU models it may still use: needs 1 free A100 GPU"
+        },
+    ),
+    Scenario(
+        "per-model limits count slices exactly: a slice landing exactly on the limit is admitted, the next is not",
+        nodes=[node("h", gpus=1, model="H100", cc=(9, 0), sharing="mps")],
+        quotas=[quota(TRAIN, per_model=[model_quota("H100", limit_gib=20)])],
+        running=[R(job("r", team=TRAIN, memory_gib=10), {"h": [0]})],
+        pending=[job("fits", team=TRAIN, memory_gib=10), job("over", team=TRAIN, memory_gib=0.5, submit=1)],
+        placed={"fits": "h"},
+        charged={"fits": (10 * 1024, 125)},
+        waiting={"over": "model-quota-limit"},
+        reason_has={"over": "is at its H100 limit (20 GiB of GPU memory): it holds 20 GiB on H100"},
+    ),
+    Scenario(
+        "a MIG instance that rounds a slice past the model's limit sends the slice to another model",
+        nodes=[
+            node("hm", gpus=1, model="H100", cc=(9, 0), sharing="mig", mig_profiles_gib=[10, 20, 40]),
+            node("a", gpus=1, model="A100", sharing="mps"),
+        ],
+        quotas=[quota(TRAIN, per_model=[model_quota("H100", limit_gib=15)])],
+        pending=[job("s", team=TRAIN, memory_gib=12)],
+        placed={"s": "a"},
+        profile=BINPACK,
+    ),
+    Scenario(
+        "a high-priority job of a team at its H100 limit evicts on another model, never to take an H100",
+        nodes=[node("h", gpus=1, model="H100", cc=(9, 0)), node("a", gpus=1, model="A100")],
+        quotas=[quota(TRAIN, per_model=[model_quota("H100", limit_gpus=0)])],
+        running=[
+            # Evicting low-h would lose less work: only the limit makes low-a the victim.
+            R(job("low-h", team="other", gpus=1, priority=1), {"h": [0]}, start=NOW - 600),
+            R(job("low-a", team="other", gpus=1, priority=1), {"a": [0]}, start=0.0),
+        ],
+        pending=[job("high", team=TRAIN, gpus=1, priority=10)],
+        evicted={"low-a": "preempted"},
+        placed={"high": "a"},
+    ),
+    Scenario(
+        "work beyond the model's guarantee is borrowed even within the all-models guarantee",
+        nodes=[node("h", gpus=4, model="H100", cc=(9, 0)), node("a", gpus=4, model="A100")],
+        quotas=[
+            quota(
+                TRAIN,
+                guaranteed_gib=640,
+                guaranteed_gpus=8,
+                per_model=[model_quota("H100", guaranteed_gib=80, guaranteed_gpus=1)],
+            )
+        ],
+        pending=[
+            job("h1", team=TRAIN, gpus=1, models=["H100"], submit=0),
+            job("h2", team=TRAIN, gpus=1, models=["H100"], submit=1),
+            job("a1", team=TRAIN, gpus=1, models=["A100"], submit=2),
+        ],
+        borrowed={"h1": False, "h2": True, "a1": False},
+    ),
+    Scenario(
+        "a team without per-model rows is unaffected by another team's",
+        nodes=[node("h", gpus=4, model="H100", cc=(9, 0))],
+        quotas=[
+            quota(TRAIN, per_model=[model_quota("H100", limit_gpus=1)]),
+            quota("free", guaranteed_gpus=2),
+        ],
+        pending=[job("big", team="free", gpus=3, models=["H100"])],
+        placed={"big": {"h": [0, 1, 2]}},
+        borrowed={"big": True},
     ),
     # 6. Gangs, reservations, backfill ------------------------------------------------------------------------
     Scenario(
