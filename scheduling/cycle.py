@@ -214,17 +214,32 @@ def _typical_workload() -> tuple[tuple[eng.Request, float], ...]:
 
 
 def _quotas() -> dict[str, eng.Quota]:
+    """Per team, its all-models quota with its per-GPU-model rows attached (`Quota.per_model`); the engine enforces
+    both. A team with only per-model rows gets the all-models defaults (no guarantee, no limit)."""
+
+    def shares(q: QuotaRow) -> dict[str, int | None]:
+        return {
+            "guaranteed_gpu_memory_mib": int(q.guaranteed_gpu_memory_mib),
+            "limit_gpu_memory_mib": None if q.limit_gpu_memory_mib is None else int(q.limit_gpu_memory_mib),
+            "guaranteed_compute_milli": int(q.guaranteed_gpus * eng.WHOLE_GPU_MILLI),
+            "limit_compute_milli": None if q.limit_gpus is None else int(q.limit_gpus * eng.WHOLE_GPU_MILLI),
+        }
+
+    all_models: dict[str, QuotaRow] = {}
+    per_model: dict[str, list[eng.ModelQuota]] = {}
+    for q in QuotaRow.objects.select_related("team", "gpu_model").order_by("team__slug", "gpu_model__name"):
+        if q.gpu_model is None:
+            all_models[q.team.slug] = q
+        else:
+            per_model.setdefault(q.team.slug, []).append(eng.ModelQuota(model=q.gpu_model.name, **shares(q)))
     out = {}
-    # Only the all-models quota feeds the engine; per-model quotas are informational for now.
-    for q in QuotaRow.objects.filter(gpu_model__isnull=True).select_related("team"):
-        out[q.team.slug] = eng.Quota(
-            team=q.team.slug,
-            guaranteed_gpu_memory_mib=int(q.guaranteed_gpu_memory_mib),
-            limit_gpu_memory_mib=int(q.limit_gpu_memory_mib) if q.limit_gpu_memory_mib is not None else None,
-            guaranteed_compute_milli=int(q.guaranteed_gpus * eng.WHOLE_GPU_MILLI),
-            limit_compute_milli=int(q.limit_gpus * eng.WHOLE_GPU_MILLI) if q.limit_gpus is not None else None,
-            weight=float(q.fair_share_weight),
-        )
+    for slug in sorted(all_models.keys() | per_model.keys()):
+        rows = tuple(per_model.get(slug, ()))
+        q = all_models.get(slug)
+        if q is None:
+            out[slug] = eng.Quota(team=slug, per_model=rows)
+        else:
+            out[slug] = eng.Quota(team=slug, weight=float(q.fair_share_weight), per_model=rows, **shares(q))
     return out
 
 
