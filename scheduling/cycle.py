@@ -135,7 +135,7 @@ def _card_memory_mib(job_id: int) -> int:
     return gpu.first() or 0
 
 
-def _decayed_usage(*, now_s: float, half_life_s: float) -> dict[str, float]:
+def decayed_usage(*, now_s: float, half_life_s: float) -> dict[str, float]:
     """Past GPU usage per team (milli-GPU-seconds), each second weighted 2^-(age / half-life).
 
     Summed by PostgreSQL where it can be (history grows without bound); the same sum in Python otherwise.
@@ -213,7 +213,7 @@ def _typical_workload() -> tuple[tuple[eng.Request, float], ...]:
     return tuple((req, count / total) for req, count in shapes.most_common())
 
 
-def _quotas() -> dict[str, eng.Quota]:
+def engine_quotas() -> dict[str, eng.Quota]:
     """Per team, its all-models quota with its per-GPU-model rows attached (`Quota.per_model`); the engine enforces
     both. A team with only per-model rows gets the all-models defaults (no guarantee, no limit)."""
 
@@ -338,8 +338,8 @@ def _read_snapshot(now_s: float) -> eng.Snapshot:
         nodes=nodes,
         running=tuple(running),
         pending=pending,
-        quotas=_quotas(),
-        usage=_decayed_usage(now_s=now_s, half_life_s=settings.TESSERA_FAIRSHARE_HALF_LIFE_S),
+        quotas=engine_quotas(),
+        usage=decayed_usage(now_s=now_s, half_life_s=settings.TESSERA_FAIRSHARE_HALF_LIFE_S),
         workload=_typical_workload(),
     )
 

@@ -36,7 +36,21 @@ class TeamBorrowedSerializer(serializers.Serializer):
 
 
 class FairShareSerializer(serializers.Serializer):
-    gpus = serializers.FloatField(allow_null=True)
+    gpus = serializers.FloatField(
+        allow_null=True,
+        help_text="The team's fair share of the cluster in GPUs: its guarantee plus a weight-proportional part of "
+        "what nobody is guaranteed.",
+    )
+    held_share = serializers.FloatField(
+        help_text="GPU memory or compute held now relative to the guarantee, whichever is larger (1.0 = at it)."
+    )
+    usage_share = serializers.FloatField(
+        help_text="Decayed past compute usage relative to running exactly at the guarantee (1.0 = at it)."
+    )
+    queue_share = serializers.FloatField(
+        help_text="max(held_share, usage_share) / fair-share weight: the scheduler orders jobs of one priority by "
+        "it, lowest first."
+    )
 
 
 class TeamSerializer(serializers.ModelSerializer):

@@ -24,7 +24,7 @@ from quotas.api.serializers import (
 )
 from quotas.models import ApiToken, Membership, PriorityClass, Team
 from quotas.tokens import TokenLimitReached, api_token_create, api_token_revoke
-from scheduling.api.queries import allocations_by_team, fair_shares_gpus, team_summary
+from scheduling.api.queries import allocations_by_team, fair_shares_gpus, queue_shares, team_summary
 
 
 class TeamViewSet(viewsets.ReadOnlyModelViewSet):
@@ -46,9 +46,13 @@ class TeamViewSet(viewsets.ReadOnlyModelViewSet):
     def _with_summaries(self, teams: list[Team]) -> list[Team]:
         allocations = allocations_by_team()
         shares = fair_shares_gpus()
+        standing = queue_shares()
         for team in teams:
             team.summary = team_summary(
-                team=team, allocation=allocations[team.pk], fair_share_gpus=shares.get(team.pk)
+                team=team,
+                allocation=allocations[team.pk],
+                fair_share_gpus=shares.get(team.pk),
+                queue_share=standing.get(team.pk),
             )
         return teams
 

@@ -93,7 +93,54 @@ def fair_shares_gpus() -> dict[int, float]:
     return {team_id: float(g + (rest * w / weights if weights else 0)) for team_id, g, w in quotas}
 
 
-def team_summary(*, team: Team, allocation: TeamAllocation, fair_share_gpus: float | None) -> dict:
+def queue_shares(*, now_s: float | None = None) -> dict[int, dict[str, float]]:
+    """Each team's fair-share standing as the scheduling cycle computes it, by team id.
+
+    `held_share`: memory or compute held now relative to the team's guarantee, whichever is larger;
+    `usage_share`: decayed past compute usage relative to what running at the guarantee would have accumulated;
+    `queue_share`: the larger of the two over the fair-share weight, the number the queue orders a priority's
+    jobs by (lower goes first). Same inputs and functions as the cycle's snapshot and the engine's fairshare
+    plugin, so what a team admin reads here is what ranks their jobs.
+    """
+    import time
+
+    from django.conf import settings
+
+    from scheduling.cycle import decayed_usage, engine_quotas
+    from scheduling.engine.accounting import dominant_share, history_share
+
+    now_s = time.time() if now_s is None else now_s
+    half_life_s = float(settings.TESSERA_FAIRSHARE_HALF_LIFE_S)
+    quotas = engine_quotas()
+    past = decayed_usage(now_s=now_s, half_life_s=half_life_s)
+    held: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    rows = Slice.objects.filter(job__state__in=ACTIVE_STATES).values_list(
+        "job__team__slug", "memory_mib", "compute_pct"
+    )
+    for slug, memory_mib, compute_pct in rows:
+        held[slug][0] += memory_mib
+        held[slug][1] += compute_pct * 10  # the engine's milli-GPU
+    out = {}
+    for team_id, slug in Team.objects.values_list("pk", "slug"):
+        quota = quotas.get(slug)
+        weight = quota.weight if quota and quota.weight > 0 else 1.0
+        held_share = dominant_share(quota, held.get(slug, (0, 0)))
+        usage_share = history_share(quota, past.get(slug, 0.0), half_life_s)
+        out[team_id] = {
+            "held_share": round(held_share, 4),
+            "usage_share": round(usage_share, 4),
+            "queue_share": round(max(held_share, usage_share) / weight, 4),
+        }
+    return out
+
+
+def team_summary(
+    *,
+    team: Team,
+    allocation: TeamAllocation,
+    fair_share_gpus: float | None,
+    queue_share: dict[str, float] | None = None,
+) -> dict:
     quotas = [
         {
             "gpu_model": q.gpu_model.name if q.gpu_model_id else None,
@@ -118,5 +165,8 @@ def team_summary(*, team: Team, allocation: TeamAllocation, fair_share_gpus: flo
             "gpus": round(allocation.borrowed_gpus, 3),
             "gpu_memory_mib": allocation.borrowed_gpu_memory_mib,
         },
-        "fair_share": {"gpus": round(fair_share_gpus, 3) if fair_share_gpus is not None else None},
+        "fair_share": {
+            "gpus": round(fair_share_gpus, 3) if fair_share_gpus is not None else None,
+            **(queue_share or {"held_share": 0.0, "usage_share": 0.0, "queue_share": 0.0}),
+        },
     }

@@ -32,6 +32,32 @@ def test_my_team_shows_quota_usage_borrowed_and_fair_share(as_alice, alice, team
     assert team["borrowed"] == {"gpus": 0.25, "gpu_memory_mib": 20480}
     # 8 GPUs; guarantees 4 + 1; the 3 left split by equal weights.
     assert team["fair_share"]["gpus"] == 5.5
+    # What ranks its jobs: 20 GiB of a 320 GiB guarantee, a quarter GPU of 4; no past usage yet.
+    assert team["fair_share"]["held_share"] == 0.0625
+    assert team["fair_share"]["usage_share"] == 0.0
+    assert team["fair_share"]["queue_share"] == 0.0625
+
+
+def test_a_teams_queue_share_counts_decayed_past_usage_over_its_weight(as_alice, alice, teams, node, submit):
+    from decimal import Decimal
+
+    from quotas.models import Quota
+
+    half_life_s = 7 * 24 * 3600
+    job = submit(alice, teams["training"], gpus=4)
+    _run(job, Gpu.objects.get(node=node, index=0), memory_mib=81920, compute_pct=100)
+    services.job_transition(job=job, to_state=JobState.SUCCEEDED, actor_kind=ActorKind.AGENT)
+    # Four GPUs for one half-life, ending one half-life ago: 4000 milli x h / ln 2 x (1/2 - 1/4).
+    now = timezone.now()
+    Job.objects.filter(pk=job.pk).update(
+        started_at=now - timedelta(seconds=2 * half_life_s), finished_at=now - timedelta(seconds=half_life_s)
+    )
+    Quota.objects.filter(team=teams["training"], gpu_model=None).update(fair_share_weight=Decimal(2))
+    share = as_alice.get(f"/api/v1/teams/{teams['training'].pk}/").json()["fair_share"]
+    # Running at its 4-GPU guarantee forever would accumulate 4000 x h / ln 2: a quarter of that.
+    assert share["held_share"] == 0.0
+    assert share["usage_share"] == pytest.approx(0.25, abs=1e-3)
+    assert share["queue_share"] == pytest.approx(0.125, abs=1e-3)  # over its weight of 2
 
 
 def test_priority_classes_are_listed_highest_first(as_alice):
