@@ -60,6 +60,7 @@ def only_consumed(old: Node, new: Node) -> bool:
         or old.cpu_milli != new.cpu_milli
         or old.memory_mib != new.memory_mib
         or old.nvlink != new.nvlink
+        or old.labels != new.labels
         or len(old.gpus) != len(new.gpus)
         or new.allocated_cpu_milli < old.allocated_cpu_milli
         or new.allocated_memory_mib < old.allocated_memory_mib
@@ -72,6 +73,8 @@ def only_consumed(old: Node, new: Node) -> bool:
             a.index != b.index
             or a.model != b.model
             or a.memory_mib != b.memory_mib
+            or a.compute_capability != b.compute_capability
+            or a.numa_node != b.numa_node
             or a.sharing != b.sharing
             or a.health != b.health
             or a.mig_profiles_mib != b.mig_profiles_mib

@@ -746,6 +746,17 @@ def test_the_same_snapshot_gives_the_same_decisions_cold_or_warm() -> None:
     assert run_cycle(snap, profile()) == first
 
 
+def test_a_node_whose_numa_layout_changes_is_looked_at_again() -> None:
+    """A node that did not fit and comes back with the same cards on other NUMA nodes (or another compute
+    capability, or other labels) has not merely lost capacity: the warm engine must look at it again."""
+    p = profile(fields={"actions": ("admit", "allocate")})
+    j = job("j", gpus=3, topology="numa")
+    assert not run_cycle(snapshot([node("n1", gpus=4, numa=2)], pending=[j]), p).placements
+    regrouped = snapshot([node("n1", gpus=4)], pending=[j])
+    assert run_cycle(regrouped, p) == run_cycle(regrouped, profile(fields={"actions": ("admit", "allocate")}))
+    assert run_cycle(regrouped, p).placements
+
+
 class _RefuseNodeB:
     """A profile filter for the test below: node b is off limits."""
 
