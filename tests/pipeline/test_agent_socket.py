@@ -6,7 +6,7 @@ import asyncio
 import time
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from agent import protocol
@@ -203,7 +203,7 @@ def test_the_newest_gpu_sample_reaches_the_rest_cluster_view_typed_and_for_a_whi
 
     *_, token_b = two_nodes
     forget_live_metrics("a100-01", "a100-02")
-    monkeypatch.setattr(live_metrics, "LIVE_METRICS_TTL_S", 2)
+    monkeypatch.setattr(live_metrics, "LIVE_METRICS_TTL_S", 6)
     sample = {
         "sampled_at": 1_700_000_000.5,
         "gpus": [
@@ -224,7 +224,10 @@ def test_the_newest_gpu_sample_reaches_the_rest_cluster_view_typed_and_for_a_whi
     async def scenario():
         communicator = await _connect(token_b, "a100-02")
         await communicator.send_to(text_data=protocol.encode(protocol.message("metrics", sample)))
-        await asyncio.sleep(0.3)
+        kept = sync_to_async(live_metrics.live_metrics_for_nodes)
+        async with asyncio.timeout(15):  # the consumer handles it after the hello's database work
+            while not await kept(node_names=["a100-02"]):
+                await asyncio.sleep(0.05)
         await communicator.disconnect()
 
     async_to_sync(scenario)()
@@ -243,6 +246,6 @@ def test_the_newest_gpu_sample_reaches_the_rest_cluster_view_typed_and_for_a_whi
         "health": "ok",
     }
     assert by_node["a100-01"]["gpus"][0]["metrics"] is None  # its agent never reported
-    time.sleep(2.2)
+    time.sleep(6.5)
     gone = client.get("/api/v1/cluster/nodes/a100-02/").json()
     assert gone["gpus"][0]["metrics"] is None, "a sample older than the TTL must not be shown as live"

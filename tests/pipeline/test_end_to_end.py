@@ -38,7 +38,7 @@ def test_a_failing_job_reports_its_exit_code(pipe):
 def test_cancelling_a_running_job_stops_its_process_and_frees_its_gpus(pipe):
     job = submit(pipe, gpus=2, command="sleep 120")
     wait_state(job, JobState.RUNNING)
-    node = job.events.get(to_state=JobState.PLACED).data["nodes"][0]
+    node = job.events.filter(to_state=JobState.PLACED).latest("at", "id").data["nodes"][0]
     job_cancel(job=job, actor=pipe.people["alice"])
     outcome = wait_for(
         "the agent to stop the cancelled job",
@@ -88,7 +88,7 @@ def test_a_killed_agent_has_its_jobs_requeued_after_the_timeout_not_before_and_n
     starts = pipe.root / "starts"
     job = submit(pipe, gpus=2, command=f"echo start >> {starts}/$TESSERA_JOB_ID.$TESSERA_ATTEMPT; sleep 120")
     wait_state(job, JobState.RUNNING)
-    node = job.events.get(to_state=JobState.PLACED).data["nodes"][0]
+    node = job.events.filter(to_state=JobState.PLACED).latest("at", "id").data["nodes"][0]
     other = next(n for n in pipe.nodes if n != node)
     pipe.procs[f"agent-{node}"].kill9()
     killed_at = time.time()
@@ -100,7 +100,7 @@ def test_a_killed_agent_has_its_jobs_requeued_after_the_timeout_not_before_and_n
     )
     # Its last heartbeat was at most one interval (1 s) before the kill.
     # Not before the timeout (the point); soon after it (the watchdog runs every 0.5 s), with slack for load.
-    assert NODE_LOST_AFTER_S - 1.2 <= lost.at.timestamp() - killed_at <= NODE_LOST_AFTER_S + 6.0
+    assert NODE_LOST_AFTER_S - 1.2 <= lost.at.timestamp() - killed_at <= 2 * NODE_LOST_AFTER_S
     wait_for("the job to be placed again", lambda: job.refresh_from_db() or job.attempt == 2, timeout_s=15)
     wait_state(job, JobState.RUNNING)
     assert job.events.get(to_state=JobState.PLACED, data__nodes=[other])

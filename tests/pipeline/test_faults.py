@@ -216,7 +216,7 @@ def test_an_agent_token_is_good_for_its_own_node_only(pipe):
     # Node A's token may not report on a job that runs on node B.
     job = submit(pipe, gpus=2, command="sleep 60", name="on-b")
     wait_state(job, JobState.RUNNING)
-    job_node = job.events.get(to_state=JobState.PLACED).data["nodes"][0]
+    job_node = job.events.filter(to_state=JobState.PLACED).latest("at", "id").data["nodes"][0]
     other = next(n for n in pipe.nodes if n != job_node)
     token = (pipe.root / f"{other}.token").read_text()
     with connect(url, additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=10) as ws:
@@ -254,11 +254,13 @@ def test_gpu_utilisation_reaches_the_cluster_group_at_most_once_a_second_per_nod
             await layer.group_discard("cluster", channel)
         return got
 
-    messages = [m for m in async_to_sync(listen)(3.5) if m["type"] == "gpu.metrics"]
+    listen_s = 6.0
+    messages = [m for m in async_to_sync(listen)(listen_s) if m["type"] == "gpu.metrics"]
     per_node = {n: [m for m in messages if m["node"] == n] for n in pipe.nodes}
     for node, msgs in per_node.items():
-        # At most one a second (the point); at least one (the agent is alive), whatever the load on the host.
-        assert 1 <= len(msgs) <= 4, f"{node}: {len(msgs)} metrics messages in 3.5 s"
+        # At most one a second (the point), though the agents sample five times a second; at least one (the
+        # agent is alive), whatever the load on the host.
+        assert 1 <= len(msgs) <= listen_s + 1, f"{node}: {len(msgs)} metrics messages in {listen_s} s"
         assert {g["index"] for g in msgs[-1]["gpus"]} == {0, 1, 2}
     assert Gpu.objects.filter(node__name="pipe-a").count() == 3
 
