@@ -86,11 +86,16 @@ USING_POSTGRES = DATABASES["default"]["ENGINE"].endswith("postgresql")
 # --- Redis: broker and channel layer ----------------------------------------------------------------------
 REDIS_URL = env.str("REDIS_URL", default="")
 
+# channels_redis waits for messages with a 5 s BZPOPMIN, and redis-py 8 gives every read a 5 s socket timeout by
+# default: on a busy host the reply to an idle wait lands after the timeout and the consumer (an agent's socket)
+# is dropped. Reads get 10 s, longer than any blocking wait.
+CHANNEL_REDIS_SOCKET_TIMEOUT_S = 10
+
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_REDIS_SOCKET_TIMEOUT_S}]},
         }
     }
 else:

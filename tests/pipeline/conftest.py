@@ -21,7 +21,8 @@ def _use_redis(url: str):
 
     from portal.celery import app
 
-    layer = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [url]}}}
+    host = {"address": url, "socket_timeout": settings.CHANNEL_REDIS_SOCKET_TIMEOUT_S}
+    layer = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [host]}}}
     overrides = override_settings(REDIS_URL=url, CELERY_BROKER_URL=url, CHANNEL_LAYERS=layer)
     overrides.enable()
     old_broker = app.conf.broker_url
