@@ -216,3 +216,14 @@ def test_loading_the_demo_twice_keeps_one_copy():
     assert counts[0] == 6 and counts[1] == 44
     assert set(Job.objects.values_list("state", flat=True)) >= {"succeeded", "failed", "running", "pending"}
     assert not overcommitted_gpus().exists()
+
+
+def test_channel_layer_reads_outlast_its_blocking_waits(settings):
+    """redis-py times reads out after 5 s by default, exactly channels_redis's BZPOPMIN wait: idle consumers
+    (agents' sockets) would be dropped on a busy host."""
+    from channels_redis.core import RedisChannelLayer
+
+    if settings.CHANNEL_LAYERS["default"]["BACKEND"] != "channels_redis.core.RedisChannelLayer":
+        pytest.skip("REDIS_URL is not set: the in-memory channel layer has no socket")
+    host = settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"][0]
+    assert host["socket_timeout"] > RedisChannelLayer.brpop_timeout
