@@ -348,7 +348,14 @@ def wait_state(job, *states: str, timeout_s: float = 20):
         job.refresh_from_db()
         return job.state in states
 
-    wait_for(f"job #{job.pk} to reach {'/'.join(states)} (it is {job.state})", reached, timeout_s=timeout_s)
+    try:
+        wait_for(f"job #{job.pk} to reach {'/'.join(states)}", reached, timeout_s=timeout_s)
+    except AssertionError as exc:
+        from scheduling.models import Node
+
+        nodes = dict(Node.objects.values_list("name", "state"))
+        why = f"{job.pending_reason_code}: {job.pending_reason}" if job.state == "pending" else ""
+        raise AssertionError(f"{exc} (it is {job.state} {why}; nodes {nodes})") from None
     return job
 
 
