@@ -36,7 +36,7 @@ GPU_FIELDS: dict[str, type] = {
 }
 
 
-def _key(node_name: str) -> str:
+def live_metrics_key(node_name: str) -> str:
     return f"tessera:live-metrics:{node_name}"
 
 
@@ -65,7 +65,7 @@ def _store(node_name: str, sample: dict[str, Any]) -> None:
     if r is None:
         _local[node_name] = (time.monotonic() + LIVE_METRICS_TTL_S, sample)
     else:
-        r.set(_key(node_name), json.dumps(sample), ex=LIVE_METRICS_TTL_S)
+        r.set(live_metrics_key(node_name), json.dumps(sample), ex=LIVE_METRICS_TTL_S)
 
 
 async def live_metrics_store(*, node_name: str, sampled_at: float | None, gpus: list[dict[str, Any]]) -> None:
@@ -86,7 +86,7 @@ def _load(names: list[str]) -> dict[str, dict[str, Any]]:
     if r is None:
         now = time.monotonic()
         return {n: kept[1] for n in names if (kept := _local.get(n)) and kept[0] > now}
-    found = r.mget([_key(n) for n in names]) if names else []
+    found = r.mget([live_metrics_key(n) for n in names]) if names else []
     return {n: json.loads(raw) for n, raw in zip(names, found, strict=True) if raw}
 
 

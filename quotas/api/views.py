@@ -46,7 +46,7 @@ class TeamViewSet(viewsets.ReadOnlyModelViewSet):
     def _with_summaries(self, teams: list[Team]) -> list[Team]:
         allocations = allocations_by_team()
         shares = fair_shares_gpus()
-        standing = queue_shares()
+        standing = queue_shares(allocations=allocations)
         for team in teams:
             team.summary = team_summary(
                 team=team,

@@ -5,15 +5,19 @@ Aggregates count GPUs in whole-GPU equivalents: a slice counts max(memory share,
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 
 from quotas.models import Quota, Team
 from quotas.selectors import team_ids_administered_by, team_ids_for_user
 from scheduling.choices import GpuHealth, JobState, NodeState
+from scheduling.cycle import decayed_usage, engine_quotas
+from scheduling.engine.accounting import dominant_share, history_share
 from scheduling.models import Gpu, Job, Slice
 from scheduling.states import ACTIVE_STATES, LIVE_STATES
 
@@ -37,6 +41,7 @@ def can_cancel_job(*, user: AbstractBaseUser, job: Job) -> bool:
 class TeamAllocation:
     gpus: float = 0.0
     gpu_memory_mib: int = 0
+    compute_milli: int = 0  # the engine's unit: a whole GPU is 1000
     borrowed_gpus: float = 0.0
     borrowed_gpu_memory_mib: int = 0
     running_jobs: int = 0
@@ -55,6 +60,7 @@ def allocations_by_team() -> dict[int, TeamAllocation]:
         alloc = out[team_id]
         alloc.gpus += share
         alloc.gpu_memory_mib += memory_mib
+        alloc.compute_milli += compute_pct * 10
         if borrowed:
             alloc.borrowed_gpus += share
             alloc.borrowed_gpu_memory_mib += memory_mib
@@ -93,38 +99,27 @@ def fair_shares_gpus() -> dict[int, float]:
     return {team_id: float(g + (rest * w / weights if weights else 0)) for team_id, g, w in quotas}
 
 
-def queue_shares(*, now_s: float | None = None) -> dict[int, dict[str, float]]:
+def queue_shares(
+    *, allocations: dict[int, TeamAllocation], now_s: float | None = None
+) -> dict[int, dict[str, float]]:
     """Each team's fair-share standing as the scheduling cycle computes it, by team id.
 
     `held_share`: memory or compute held now relative to the team's guarantee, whichever is larger;
     `usage_share`: decayed past compute usage relative to what running at the guarantee would have accumulated;
     `queue_share`: the larger of the two over the fair-share weight, the number the queue orders a priority's
     jobs by (lower goes first). Same inputs and functions as the cycle's snapshot and the engine's fairshare
-    plugin, so what a team admin reads here is what ranks their jobs.
+    plugin, so what a team admin reads here is what ranks their jobs. `allocations` is allocations_by_team().
     """
-    import time
-
-    from django.conf import settings
-
-    from scheduling.cycle import decayed_usage, engine_quotas
-    from scheduling.engine.accounting import dominant_share, history_share
-
     now_s = time.time() if now_s is None else now_s
     half_life_s = float(settings.TESSERA_FAIRSHARE_HALF_LIFE_S)
     quotas = engine_quotas()
     past = decayed_usage(now_s=now_s, half_life_s=half_life_s)
-    held: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    rows = Slice.objects.filter(job__state__in=ACTIVE_STATES).values_list(
-        "job__team__slug", "memory_mib", "compute_pct"
-    )
-    for slug, memory_mib, compute_pct in rows:
-        held[slug][0] += memory_mib
-        held[slug][1] += compute_pct * 10  # the engine's milli-GPU
     out = {}
     for team_id, slug in Team.objects.values_list("pk", "slug"):
         quota = quotas.get(slug)
         weight = quota.weight if quota and quota.weight > 0 else 1.0
-        held_share = dominant_share(quota, held.get(slug, (0, 0)))
+        held = allocations.get(team_id) or TeamAllocation()
+        held_share = dominant_share(quota, (held.gpu_memory_mib, held.compute_milli))
         usage_share = history_share(quota, past.get(slug, 0.0), half_life_s)
         out[team_id] = {
             "held_share": round(held_share, 4),

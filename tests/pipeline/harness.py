@@ -374,4 +374,4 @@ def forget_live_metrics(*names: str) -> None:
         for name in names:
             live_metrics._local.pop(name, None)
     else:
-        r.delete(*(f"tessera:live-metrics:{name}" for name in names))
+        r.delete(*(live_metrics.live_metrics_key(name) for name in names))
