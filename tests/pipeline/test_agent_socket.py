@@ -166,10 +166,16 @@ def test_node_bs_agent_writes_its_own_jobs_log_where_the_portal_asked(two_nodes)
         answer = {**request["payload"], "request_id": request["id"], "data": "hello\n", "eof": False}
         answer.update(next_offset=6, size=6)
         await communicator.send_to(text_data=protocol.encode(protocol.message("logs", answer)))
-        await asyncio.sleep(0.3)
+        # The consumer stores the chunk in its own time: wait for it (a loaded machine is slow), then hang up.
+        deadline = time.monotonic() + 15
+        stored = b""
+        while not stored and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            stored = (await sync_to_async(joblogs.log_read)(job_id=on_b.pk, stream="stdout"))[0]
         await communicator.disconnect()
+        return stored
 
-    async_to_sync(scenario)()
+    assert async_to_sync(scenario)() == b"hello\n"
     assert joblogs.log_read(job_id=on_b.pk, stream="stdout")[0] == b"hello\n"
 
 
