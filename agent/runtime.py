@@ -43,6 +43,8 @@ class _Pending:
     msg: dict[str, Any]
     on_ack: Callable[[dict[str, Any]], None] | None
     sent_at: float | None = None
+    retry_at: float | None = None  # the portal failed to handle it: send it again at this time
+    retries: int = 0
 
 
 class MetricsAggregator:
@@ -112,6 +114,7 @@ class Agent:
         heartbeat_s: float = 5.0,
         metrics_interval_s: float = 1.0,
         ack_timeout_s: float = 30.0,
+        retry_initial_s: float = 1.0,
         watchdog_tolerance_mib: int = 0,
         watchdog_grace_s: float = 5.0,
         log_tail_lines: int = 20,
@@ -124,6 +127,7 @@ class Agent:
         self.sample_interval_s = sample_interval_s
         self.heartbeat_s = heartbeat_s
         self.ack_timeout_s = ack_timeout_s
+        self.retry_initial_s = retry_initial_s
         self.log_tail_lines = log_tail_lines
         # Without a connection to the portal for this long, stop every job: the portal may have declared this
         # node lost and placed its jobs elsewhere. Keep it below the portal's node-lost timeout. None: never.
@@ -349,6 +353,21 @@ class Agent:
         self._last_contact = time.monotonic()
         kind, payload = msg["type"], msg["payload"]
         if kind == "ack":
+            if payload.get("retry") and not payload.get("ok", True):
+                # Not refused: the portal could not handle it now (its database). Keep it; send it again soon.
+                pending = self._outbox.get(str(payload.get("ack_id")))
+                if pending is not None:
+                    delay = min(self.retry_initial_s * 2**pending.retries, self.ack_timeout_s)
+                    pending.retries += 1
+                    pending.retry_at = time.monotonic() + delay
+                    log.warning(
+                        "portal failed to handle %s %s (%s); sending it again in %.1f s",
+                        pending.msg["type"],
+                        pending.msg["id"],
+                        payload.get("error"),
+                        delay,
+                    )
+                return []
             pending = self._outbox.pop(str(payload.get("ack_id")), None)
             if pending is not None:
                 if not payload.get("ok", True):
@@ -422,7 +441,7 @@ class Agent:
             return  # unreliable messages are dropped while disconnected; reliable ones wait in the outbox
         pending = self._outbox.get(msg["id"])
         if pending is not None:
-            pending.sent_at = time.monotonic()
+            pending.sent_at, pending.retry_at = time.monotonic(), None
         async with self._send_lock:
             await channel.send(protocol.encode(msg))
 
@@ -451,7 +470,8 @@ class Agent:
     async def _resend_overdue(self) -> None:
         now = time.monotonic()
         for pending in list(self._outbox.values()):
-            if pending.sent_at is not None and now - pending.sent_at >= self.ack_timeout_s:
+            retry_due = pending.retry_at is not None and now >= pending.retry_at
+            if retry_due or (pending.sent_at is not None and now - pending.sent_at >= self.ack_timeout_s):
                 try:
                     await self._send(pending.msg)
                 except ChannelClosed:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -360,3 +361,49 @@ def test_a_job_that_ended_while_the_agent_was_down_is_reported_once_after_the_re
     agent = _agent(tmp_path)
     statuses = [m["payload"] for m in agent.pending() if m["type"] == "job_status"]
     assert [(s["job_id"], s["state"], s["exit_code"]) for s in statuses] == [("gone", "exited", 0)]
+
+
+def test_a_report_the_portal_failed_to_handle_is_sent_again_and_one_it_refused_is_not(tmp_path):
+    async def scenario():
+        agent = _agent(tmp_path, retry_initial_s=0.2)
+        mine, portal = QueueChannel.pair()
+        stop = asyncio.Event()
+        ticks = asyncio.create_task(agent.run_ticks(stop))
+        session = asyncio.create_task(agent.run_session(mine))
+        statuses: list[tuple[float, dict]] = []
+
+        async def recv_until(pred):
+            while True:
+                msg = protocol.decode(await asyncio.wait_for(portal.recv(), 10))
+                if msg["type"] == "job_status":
+                    statuses.append((time.monotonic(), msg))
+                if pred(msg):
+                    return msg
+
+        hello = await recv_until(lambda m: m["type"] == "hello")
+        await portal.send(protocol.encode(protocol.ack(hello["id"])))
+        desired = {"version": 1, "jobs": [_job(agent, "r", "pass")]}
+        await portal.send(protocol.encode(protocol.message("desired_state", desired)))
+        started = await recv_until(lambda m: m["type"] == "job_status" and m["payload"]["state"] == "started")
+        # The portal's database failed: not a refusal. The same report comes back, after the retry delay.
+        failed_at = time.monotonic()
+        error = "portal error: OperationalError"
+        await portal.send(protocol.encode(protocol.ack(started["id"], ok=False, error=error, retry=True)))
+        again = await recv_until(lambda m: m["type"] == "job_status" and m["id"] == started["id"])
+        resent_after_s = time.monotonic() - failed_at
+        # A refusal settles it: never sent again (listen past several retry delays).
+        await portal.send(protocol.encode(protocol.ack(started["id"], ok=False, error="stale report")))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(recv_until(lambda m: False), timeout=1.5)
+        stop.set()
+        mine.close()
+        with contextlib.suppress(Exception):
+            await session
+        await ticks
+        return started, again, resent_after_s, statuses, agent
+
+    started, again, resent_after_s, statuses, agent = asyncio.run(scenario())
+    assert again["payload"] == started["payload"]
+    assert 0.15 <= resent_after_s < 5, resent_after_s
+    assert [m["id"] for _, m in statuses].count(started["id"]) == 2
+    assert started["id"] not in {m["id"] for m in agent.pending()}
