@@ -116,6 +116,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBIL
 TESSERA_SCHEDULER_PROFILE = env.str("TESSERA_SCHEDULER_PROFILE", default="default")
 TESSERA_CYCLE_INTERVAL_S = env.float("TESSERA_CYCLE_INTERVAL_S", default=5.0)
 TESSERA_NODE_LOST_AFTER_S = env.float("TESSERA_NODE_LOST_AFTER_S", default=50.0)
+# Threads (each with its own database connection) that handle the agents' reports in one portal process.
+TESSERA_AGENT_DB_THREADS = env.int("TESSERA_AGENT_DB_THREADS", default=4)
 TESSERA_FAIRSHARE_HALF_LIFE_S = env.float("TESSERA_FAIRSHARE_HALF_LIFE_S", default=7 * 24 * 3600.0)
 TESSERA_MAX_REQUEUES = env.int("TESSERA_MAX_REQUEUES", default=10)
 # The execution pipeline (scheduling/tasks.py, docs/operations.md): how fast cycles and the watchdog react.

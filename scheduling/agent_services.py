@@ -40,11 +40,13 @@ _STOP_REASONS = {
 
 @dataclass(frozen=True)
 class Outcome:
-    """The answer to one report: accepted or not, and why (sent back in the ack)."""
+    """The answer to one report: accepted or not, and why (sent back in the ack). `retry`: not refused, the portal
+    failed to handle it (a database error): the agent keeps the report and sends it again shortly."""
 
     ok: bool
     error: str | None = None
     changed: bool = False
+    retry: bool = False
 
 
 def _revive(node: Node) -> None:
@@ -107,7 +109,13 @@ def node_hello(*, node_id: int, payload: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
-def node_heartbeat(*, node_id: int) -> None:
+def node_heartbeat(*, node_id: int, running: Any = None) -> list[int]:
+    """The node is alive; and what it runs is running. Returns the jobs this heartbeat moved to running.
+
+    `running` is the heartbeat's list of placements alive on the host. A job the database still has as placed or
+    starting while its agent runs it missed its start report (the portal failed to take it, or it was lost):
+    the heartbeat records the start, level-triggered, as a kubelet's status sync does.
+    """
     with transaction.atomic():
         updated = (
             Node.objects.filter(pk=node_id)
@@ -120,6 +128,44 @@ def node_heartbeat(*, node_id: int) -> None:
                 node.last_heartbeat_at = timezone.now()
                 node.save(update_fields=["last_heartbeat_at"])
                 _revive(node)
+            return []  # a node that was lost speaks again: its old placements were requeued meanwhile
+    return _catch_up_started(node_id=node_id, running=running)
+
+
+def _catch_up_started(*, node_id: int, running: Any) -> list[int]:
+    alive: dict[int, dict[str, Any]] = {}
+    for entry in running if isinstance(running, list) else []:
+        if not isinstance(entry, dict) or entry.get("state") != "running":
+            continue
+        try:
+            alive[int(entry["job_id"])] = entry
+        except (KeyError, TypeError, ValueError):
+            continue
+    behind = list(
+        Job.objects.filter(pk__in=alive, state__in=(JobState.PLACED, JobState.STARTING)).values_list(
+            "pk", flat=True
+        )
+    )
+    if not behind:
+        return []
+    moved = []
+    for job_id in behind:
+        entry = alive[job_id]
+        report = {
+            "job_id": job_id,
+            "attempt": entry.get("attempt"),
+            "state": "started",
+            "pid": entry.get("pid"),
+            "adopted": entry.get("adopted"),
+            "via": "heartbeat",
+        }
+        if job_report(node_id=node_id, payload=report).changed:
+            moved.append(job_id)
+    if moved:
+        log.info(
+            "node %s: heartbeat shows jobs %s running; their start reports had not arrived", node_id, moved
+        )
+    return moved
 
 
 def node_disconnected(*, node_id: int) -> None:
@@ -177,6 +223,8 @@ def _apply_report(job: Job, node: Node, state: str, payload: dict[str, Any], dat
     if state == "started":
         if job.state in (JobState.PLACED, JobState.STARTING):
             how = "Re-adopted" if payload.get("adopted") else "Started"
+            if payload.get("via") == "heartbeat":
+                how = "Seen running (by its heartbeat)"
             job_transition(
                 job=job,
                 to_state=JobState.RUNNING,
@@ -332,13 +380,12 @@ def node_event(*, node_id: int, payload: dict[str, Any]) -> Outcome:
         return Outcome(True)
 
 
-def job_logs_store(
-    *, node_id: int, job_id: int, attempt: int, stream: str, offset: int, payload: dict[str, Any]
-) -> tuple[int, int] | None:
-    """Store the agent's answer to our logs_request for (job_id, attempt, stream) at `offset` (both what the
-    portal asked for, never what the answer claims). Returns (next offset, size) on the agent's side, or None
-    when the chunk is refused: an error answer, an answer about another placement, a job not placed on this node,
-    or a chunk larger than asked for."""
+def log_chunk_check(
+    *, job_id: int, attempt: int, stream: str, offset: int, payload: dict[str, Any]
+) -> tuple[int, int, bytes] | None:
+    """The agent's answer to our logs_request for (job_id, attempt, stream) at `offset`, checked without the
+    database: (next offset, size on the agent's side, bytes), or None for an error answer, an answer about another
+    placement, or a chunk larger than asked for."""
     if stream not in joblogs.STREAMS or "error" in payload:
         return None
     claimed = (str(payload.get("job_id")), str(payload.get("attempt")), str(payload.get("stream")))
@@ -357,6 +404,20 @@ def job_logs_store(
         next_offset - offset
     ):
         return None
+    return next_offset, size, chunk
+
+
+def job_logs_store(
+    *, node_id: int, job_id: int, attempt: int, stream: str, offset: int, payload: dict[str, Any]
+) -> tuple[int, int] | None:
+    """Store the agent's answer to our logs_request for (job_id, attempt, stream) at `offset` (both what the
+    portal asked for, never what the answer claims). Returns (next offset, size) on the agent's side, or None
+    when the chunk is refused: an error answer, an answer about another placement, a job not placed on this node,
+    or a chunk larger than asked for."""
+    checked = log_chunk_check(job_id=job_id, attempt=attempt, stream=stream, offset=offset, payload=payload)
+    if checked is None:
+        return None
+    next_offset, size, chunk = checked
     with transaction.atomic():
         node = Node.objects.get(pk=node_id)
         job = Job.objects.filter(pk=job_id).first()

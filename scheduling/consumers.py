@@ -10,10 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from channels.db import database_sync_to_async
+from channels.db import DatabaseSyncToAsync
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+from django.db import connection
 
 from agent import protocol
 from scheduling import agent_services, live_metrics
@@ -35,6 +39,24 @@ FINAL_STATES = frozenset({"exited", "stopped", "killed", "launch_failed", "lost"
 CHECKED = frozenset({"hello", "heartbeat", "job_status", "event", "ack", "logs"})
 
 
+_db_pool: ThreadPoolExecutor | None = None
+
+
+def db(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` made awaitable on the agents' own database threads.
+
+    Channels runs every consumer's database work on one shared thread: one node's report waiting on a row lock
+    (a cycle committing) would hold up every other node's heartbeats. A small pool keeps nodes apart; each
+    consumer still awaits its own calls one at a time, so a node's reports keep their order. SQLite (the embedded
+    default) takes one writer at a time: one thread there.
+    """
+    global _db_pool
+    if _db_pool is None:
+        threads = 1 if connection.vendor == "sqlite" else settings.TESSERA_AGENT_DB_THREADS
+        _db_pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="agent-db")
+    return DatabaseSyncToAsync(fn, thread_sensitive=False, executor=_db_pool)
+
+
 def _header(scope: dict, name: bytes) -> str:
     for key, value in scope.get("headers", []):
         if key.lower() == name:
@@ -51,9 +73,23 @@ def _token_current(node_id: int, token_hash: str) -> bool:
     return Node.objects.filter(pk=node_id, agent_token_hash=token_hash).exists()
 
 
-def _desired_for(node_id: int) -> DesiredState:
+def _desired_for(node_id: int) -> tuple[DesiredState, dict[int, int]]:
+    """The node's desired state and the team of each of its jobs (for routing their metrics)."""
     state, _ = desired_state_for_node(node=Node.objects.get(pk=node_id))
-    return state
+    return state, agent_services.job_team_ids(job_ids=[int(j["job_id"]) for j in state.jobs])
+
+
+def _heartbeat(node_id: int, token_hash: str, running: Any) -> bool:
+    """Record a heartbeat unless the connection's token was rotated since it opened (then False)."""
+    if not _token_current(node_id, token_hash):
+        return False
+    agent_services.node_heartbeat(node_id=node_id, running=running)
+    return True
+
+
+def _no_log_bytes(payload: dict) -> bool:
+    """A logs answer that carries nothing: no write, so no database work."""
+    return "error" not in payload and not payload.get("data")
 
 
 class AgentConsumer(AsyncWebsocketConsumer):
@@ -61,7 +97,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     node_name = ""
 
     async def connect(self) -> None:
-        node = await database_sync_to_async(node_authenticate)(token=_bearer(self.scope))
+        node = await db(node_authenticate)(token=_bearer(self.scope))
         if node is None:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
@@ -81,41 +117,48 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.log_draining: set[tuple[int, int]] = set()  # finished placements whose logs are still coming
         self.log_eof: set[tuple[int, int, str]] = set()
         self.said_hello = False
+        self.desired_lock = asyncio.Lock()  # one desired state computed and sent at a time, in version order
+        self.heartbeat_latest: dict | None = None
+        self.heartbeat_due = asyncio.Event()
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         # The whole desired state follows the agent's hello (its first message), once the GPUs it names are
         # reconciled with the inventory: before that, a fresh node's GPU UUIDs may still be the registered ones.
-        self.log_task = asyncio.ensure_future(self._pull_logs_forever())
+        self.tasks = [
+            asyncio.ensure_future(self._pull_logs_forever()),
+            asyncio.ensure_future(self._heartbeats_forever()),
+        ]
 
     async def disconnect(self, code: int) -> None:
         if self.node_id is None:
             return
-        task = getattr(self, "log_task", None)
-        if task is not None:
+        for task in getattr(self, "tasks", ()):
             task.cancel()
         await self.channel_layer.group_discard(self.group, self.channel_name)
-        await database_sync_to_async(agent_services.node_disconnected)(node_id=self.node_id)
+        await db(agent_services.node_disconnected)(node_id=self.node_id)
 
     # -- out ---------------------------------------------------------------------------------------------------
     async def send_msg(self, msg: dict[str, Any]) -> None:
         await self.send(text_data=protocol.encode(msg))
 
     async def send_desired(self, *, force: bool = False) -> None:
-        state = await database_sync_to_async(_desired_for)(self.node_id)
-        if not force and state.version == self.sent_version:
-            return
-        self.sent_version = state.version
-        job_ids = [int(j["job_id"]) for j in state.jobs]
-        teams = await database_sync_to_async(agent_services.job_team_ids)(job_ids=job_ids)
+        async with self.desired_lock:
+            state, teams = await db(_desired_for)(self.node_id)
+            if not force and state.version == self.sent_version:
+                return
+            self.sent_version = state.version
+            self._route_metrics(state, teams)
+            payload = state.message()
+            payload.pop("type")
+            await self.send_msg(protocol.message("desired_state", payload))
+
+    def _route_metrics(self, state: DesiredState, teams: dict[int, int]) -> None:
         self.job_gpus = {}
         for j in state.jobs:
             for g in j["gpus"]:
                 self.job_gpus.setdefault(g["uuid"], []).append(
                     (int(j["job_id"]), teams.get(int(j["job_id"]), 0))
                 )
-        payload = state.message()
-        payload.pop("type")
-        await self.send_msg(protocol.message("desired_state", payload))
 
     # -- group messages (from the cycle and the services, after commit) ---------------------------------------------
     async def desired_changed(self, event: dict) -> None:
@@ -130,39 +173,66 @@ class AgentConsumer(AsyncWebsocketConsumer):
             log.warning("node %s sent a malformed message: %s", self.node_name, exc)
             return
         kind, payload = msg["type"], msg["payload"]
-        if kind in CHECKED and not await database_sync_to_async(_token_current)(
-            self.node_id, self.token_hash
-        ):
-            # The token was rotated (or the node removed) since this connection opened: it speaks for no one.
-            await self.close(code=CLOSE_UNAUTHENTICATED)
+        if kind == "heartbeat":
+            # Each heartbeat supersedes the one before: its own task handles only the newest, so on a slow
+            # database heartbeats never pile up ahead of the job reports (nor keep a stale backlog alive).
+            self.heartbeat_latest = payload
+            self.heartbeat_due.set()
             return
         handler = getattr(self, f"on_{kind}", None)
         if handler is None:
             await self.send_msg(protocol.ack(msg["id"], ok=False, error=f"unknown message type {kind!r}"))
             return
+        checked = kind in CHECKED and not (kind == "logs" and _no_log_bytes(payload))
         try:
+            if checked and not await db(_token_current)(self.node_id, self.token_hash):
+                # The token was rotated (or the node removed) since this connection opened: it speaks for no one.
+                await self.close(code=CLOSE_UNAUTHENTICATED)
+                return
             outcome = await handler(payload)
-        except Exception as exc:  # one bad report must not drop the node's connection
+        except Exception as exc:  # one bad report must not drop the node's connection, nor be lost
             log.exception("node %s: %s failed", self.node_name, kind)
-            outcome = agent_services.Outcome(False, f"portal error: {type(exc).__name__}")
+            # Not a refusal: the report may be fine and the database busy (a deadlock it broke, a lost
+            # connection). The agent keeps it and sends it again, so a job's start or end is never dropped.
+            outcome = agent_services.Outcome(False, f"portal error: {type(exc).__name__}", retry=True)
         # Reliable messages are always acked; others only when refused, so the agent can log why.
         if kind in protocol.RELIABLE or (outcome is not None and not outcome.ok):
             ok = outcome.ok if outcome is not None else True
-            await self.send_msg(protocol.ack(msg["id"], ok=ok, error=outcome.error if outcome else None))
+            extra = {"retry": True} if outcome is not None and outcome.retry else {}
+            await self.send_msg(
+                protocol.ack(msg["id"], ok=ok, error=outcome.error if outcome else None, **extra)
+            )
 
     async def on_hello(self, payload: dict) -> agent_services.Outcome:
         node = payload.get("node")
         if node is not None and node != self.node_name:
             await self.close(code=CLOSE_WRONG_NODE)
             return agent_services.Outcome(False, f"this token is for node {self.node_name}, not {node}")
-        await database_sync_to_async(agent_services.node_hello)(node_id=self.node_id, payload=payload)
+        await db(agent_services.node_hello)(node_id=self.node_id, payload=payload)
         self.said_hello = True
         # The inventory may have renamed GPUs (their UUIDs): the agent gets the state it can run.
         await self.send_desired(force=True)
         return agent_services.Outcome(True)
 
+    async def _heartbeats_forever(self) -> None:
+        while True:
+            await self.heartbeat_due.wait()
+            self.heartbeat_due.clear()
+            payload, self.heartbeat_latest = self.heartbeat_latest, None
+            if payload is None:
+                continue
+            try:
+                await self.on_heartbeat(payload)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the next heartbeat tries again
+                log.warning("node %s: heartbeat failed", self.node_name, exc_info=True)
+
     async def on_heartbeat(self, payload: dict) -> None:
-        await database_sync_to_async(agent_services.node_heartbeat)(node_id=self.node_id)
+        if not await db(_heartbeat)(self.node_id, self.token_hash, payload.get("running")):
+            # The token was rotated (or the node removed) since this connection opened: it speaks for no one.
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
         if not self.said_hello:
             return
         held = payload.get("desired_version")
@@ -175,16 +245,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
         version = payload.get("desired_version")
         if version is None:
             return
-        await database_sync_to_async(agent_services.node_acked)(node_id=self.node_id, version=int(version))
+        await db(agent_services.node_acked)(node_id=self.node_id, version=int(version))
         if payload.get("ok") is False and self.sent_version is not None and int(version) > self.sent_version:
             # The agent holds a newer version than the database knows (a restored database): leapfrog it.
-            await database_sync_to_async(desired_version_raise)(node_id=self.node_id, above=int(version))
+            await db(desired_version_raise)(node_id=self.node_id, above=int(version))
             await self.send_desired(force=True)
 
     async def on_job_status(self, payload: dict) -> agent_services.Outcome:
-        outcome = await database_sync_to_async(agent_services.job_report)(
-            node_id=self.node_id, payload=payload
-        )
+        outcome = await db(agent_services.job_report)(node_id=self.node_id, payload=payload)
         if outcome.ok and payload.get("state") in FINAL_STATES:
             try:
                 self.log_draining.add((int(payload["job_id"]), int(payload["attempt"])))
@@ -194,7 +262,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         return outcome
 
     async def on_event(self, payload: dict) -> agent_services.Outcome:
-        return await database_sync_to_async(agent_services.node_event)(node_id=self.node_id, payload=payload)
+        return await db(agent_services.node_event)(node_id=self.node_id, payload=payload)
 
     async def on_metrics(self, payload: dict) -> None:
         now = time.monotonic()
@@ -229,14 +297,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return None  # an answer to nothing we asked (or asked again since): ignored
         job_id, attempt, stream = key
         # Stored under the placement and at the offset this connection asked for, never what the answer claims.
-        stored = await database_sync_to_async(agent_services.job_logs_store)(
-            node_id=self.node_id,
-            job_id=job_id,
-            attempt=attempt,
-            stream=stream,
-            offset=self.log_next.get(key, 0),
-            payload=payload,
-        )
+        asked = {"job_id": job_id, "attempt": attempt, "stream": stream, "offset": self.log_next.get(key, 0)}
+        checked = agent_services.log_chunk_check(**asked, payload=payload)
+        if checked is not None and not checked[2]:
+            stored: tuple[int, int] | None = checked[:2]  # nothing new: no write, no database
+        else:
+            stored = await db(agent_services.job_logs_store)(node_id=self.node_id, **asked, payload=payload)
         if stored is None:
             self.log_draining.discard(key[:2])
             if "error" in payload:
@@ -271,7 +337,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.send_msg(msg)
 
     async def _pull_logs(self) -> None:
-        running = await database_sync_to_async(agent_services.running_here)(node_id=self.node_id)
+        running = await db(agent_services.running_here)(node_id=self.node_id)
         for job_id, attempt in set(running) | set(self.log_draining):
             for stream in ("stdout", "stderr"):
                 await self._request_log(job_id, attempt, stream)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scheduling import cycle
-from scheduling.agent_services import job_report, node_event, node_hello
+from scheduling.agent_services import job_report, node_event, node_heartbeat, node_hello
 from scheduling.choices import GpuHealth, JobState, NodeState
 from scheduling.engine import types as eng
 from scheduling.models import Gpu, Node
@@ -122,3 +122,41 @@ def test_hello_brings_a_lost_node_back(node):
     node_hello(node_id=node.pk, payload={"inventory": {"gpus": gpus}})
     node.refresh_from_db()
     assert node.state == NodeState.READY
+
+
+@pytest.fixture
+def placed(node, alice, teams):
+    job = job_submit(submitter=alice, team=teams["training"], spec=JobSpec(name="p", command="true", gpus=1))
+    placement = eng.Placement(str(job.pk), (eng.Assignment("a100-01", 0, 81920, 1000),))
+    cycle.apply_decisions(decisions=eng.Decisions(placements=(placement,)), epoch=cycle.epoch_issue())
+    job.refresh_from_db()
+    assert job.state == JobState.PLACED
+    return job
+
+
+def alive(job, **extra):
+    return {"job_id": str(job.pk), "attempt": job.attempt, "state": "running", "pid": 7, **extra}
+
+
+def test_a_heartbeat_that_shows_the_job_running_records_the_start_report_that_never_came(node, placed):
+    assert node_heartbeat(node_id=node.pk, running=[alive(placed)]) == [placed.pk]
+    placed.refresh_from_db()
+    started = placed.events.get(to_state=JobState.RUNNING)
+    assert placed.state == JobState.RUNNING and started.message.startswith("Seen running (by its heartbeat)")
+    # Level-triggered and idempotent: the next heartbeat, and the late start report itself, change nothing.
+    assert node_heartbeat(node_id=node.pk, running=[alive(placed)]) == []
+    late = job_report(node_id=node.pk, payload=report(placed, "started"))
+    assert late.ok and not late.changed
+    assert placed.events.filter(to_state=JobState.RUNNING).count() == 1
+
+
+def test_a_heartbeat_moves_nothing_it_does_not_run_here(node, placed, a100):
+    other = Node.objects.create(name="a100-02", cpu_milli=1000, memory_mib=1024)
+    garbage = ["x", {"job_id": "nope"}, {"job_id": str(placed.pk)}, None]
+    stopping = alive(placed, state="stopping")
+    assert node_heartbeat(node_id=other.pk, running=[alive(placed)]) == []  # placed on a100-01, not here
+    assert node_heartbeat(node_id=node.pk, running=[alive(placed, attempt=placed.attempt + 1)]) == []
+    assert node_heartbeat(node_id=node.pk, running=[stopping, *garbage]) == []
+    assert node_heartbeat(node_id=node.pk, running="not a list") == []
+    placed.refresh_from_db()
+    assert placed.state == JobState.PLACED

@@ -255,3 +255,110 @@ def test_the_newest_gpu_sample_reaches_the_rest_cluster_view_typed_and_for_a_whi
     time.sleep(6.5)
     gone = client.get("/api/v1/cluster/nodes/a100-02/").json()
     assert gone["gpus"][0]["metrics"] is None, "a sample older than the TTL must not be shown as live"
+
+
+def test_a_report_the_database_failed_on_is_acked_for_a_retry_and_lands_when_sent_again(
+    two_nodes, monkeypatch
+):
+    from django.db import OperationalError
+
+    from scheduling import agent_services
+
+    _, on_b, _, token_b = two_nodes
+    real = agent_services.job_report
+    calls = []
+
+    def deadlocked_once(**kw):
+        calls.append(kw)
+        if len(calls) == 1:
+            raise OperationalError("deadlock detected")
+        return real(**kw)
+
+    monkeypatch.setattr(agent_services, "job_report", deadlocked_once)
+    started = protocol.message(
+        "job_status", {"job_id": str(on_b.pk), "attempt": on_b.attempt, "state": "started", "pid": 9}
+    )
+
+    async def scenario():
+        communicator = await _connect(token_b, "a100-02")
+        acks = []
+        for _ in range(2):  # the agent sends the same message (same id) again after a retry ack
+            await communicator.send_to(text_data=protocol.encode(started))
+            acks.append(await _next(communicator, "ack", ack_id=started["id"]))
+        await communicator.disconnect()
+        return acks
+
+    failed, landed = (a["payload"] for a in async_to_sync(scenario)())
+    assert failed["ok"] is False and failed["retry"] is True and "OperationalError" in failed["error"]
+    assert landed["ok"] is True and "retry" not in landed
+    on_b.refresh_from_db()
+    assert on_b.state == "running" and len(calls) == 2
+
+
+def test_a_heartbeat_showing_a_placed_job_running_moves_it_to_running(two_nodes):
+    _, on_b, _, token_b = two_nodes
+    entry = {"job_id": str(on_b.pk), "attempt": on_b.attempt, "state": "running", "pid": 9, "adopted": False}
+    heartbeat = protocol.message(
+        "heartbeat", {"node": "a100-02", "desired_version": None, "running": [entry]}
+    )
+
+    async def scenario():
+        communicator = await _connect(token_b, "a100-02")
+        await communicator.send_to(text_data=protocol.encode(heartbeat))
+        deadline = time.monotonic() + 15
+        state = on_b.state
+        while state != "running" and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            state = await sync_to_async(lambda: type(on_b).objects.get(pk=on_b.pk).state)()
+        await communicator.disconnect()
+        return state
+
+    assert on_b.state == "placed"
+    assert async_to_sync(scenario)() == "running"
+    assert on_b.events.get(to_state="running").actor_kind == "agent"
+
+
+def test_a_backlog_of_heartbeats_is_handled_as_the_newest_one_and_never_holds_up_a_job_report(
+    two_nodes, monkeypatch
+):
+    from scheduling import agent_services
+
+    _, on_b, _, token_b = two_nodes
+    real = agent_services.node_heartbeat
+    seen = []
+
+    def slow_heartbeat(**kw):  # a database that takes its time
+        seen.append([e["pid"] for e in kw["running"]])
+        time.sleep(0.3)
+        return real(**kw)
+
+    monkeypatch.setattr(agent_services, "node_heartbeat", slow_heartbeat)
+    entry = {"job_id": str(on_b.pk), "attempt": on_b.attempt, "state": "running", "adopted": False}
+    beats = [
+        protocol.message("heartbeat", {"node": "a100-02", "seq": i, "running": [{**entry, "pid": i}]})
+        for i in range(30)
+    ]
+    report = protocol.message(
+        "job_status", {"job_id": str(on_b.pk), "attempt": on_b.attempt, "state": "started", "pid": 29}
+    )
+
+    async def scenario():
+        communicator = await _connect(token_b, "a100-02")
+        await _next(communicator, "desired_state")
+        for beat in beats:
+            await communicator.send_to(text_data=protocol.encode(beat))
+        await communicator.send_to(text_data=protocol.encode(report))
+        sent = time.monotonic()
+        ack = await _next(communicator, "ack", ack_id=report["id"])
+        acked_after_s = time.monotonic() - sent
+        while not seen or seen[-1] != [29]:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        await communicator.disconnect()
+        return ack, acked_after_s
+
+    ack, acked_after_s = async_to_sync(scenario)()
+    assert ack["payload"]["ok"] is True
+    # Thirty heartbeats at 0.3 s each would hold the report up 9 s; the newest is handled, most never are.
+    assert acked_after_s < 4.5, acked_after_s
+    assert seen[-1] == [29] and len(seen) <= 5, seen
