@@ -33,6 +33,8 @@ CLOSE_WRONG_NODE = 4403
 METRICS_PUBLISH_INTERVAL_S = 1.0
 # How often the portal pulls new log bytes of running jobs from the agent.
 LOG_PULL_INTERVAL_S = 2.0
+# A logs_request unanswered this long is asked again (the agent dropped it).
+LOG_REQUEST_TIMEOUT_S = 30.0
 LOG_CHUNK_BYTES = protocol.MAX_LOG_CHUNK_BYTES
 FINAL_STATES = frozenset({"exited", "stopped", "killed", "launch_failed", "lost"})
 # Messages that write: the token is re-checked before each (metrics only relays what browsers may see).
@@ -114,6 +116,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.last_metrics_at = 0.0
         self.log_next: dict[tuple[int, int, str], int] = {}  # (job, attempt, stream) -> agent offset
         self.log_waiting: dict[str, tuple[int, int, str]] = {}  # request id -> (job, attempt, stream)
+        self.log_asked_at: dict[str, float] = {}  # request id -> when (monotonic)
         self.log_draining: set[tuple[int, int]] = set()  # finished placements whose logs are still coming
         self.log_eof: set[tuple[int, int, str]] = set()
         self.said_hello = False
@@ -292,7 +295,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.channel_layer.group_send(f"team-{team_id}", msg)
 
     async def on_logs(self, payload: dict) -> agent_services.Outcome | None:
-        key = self.log_waiting.pop(str(payload.get("request_id") or ""), None)
+        request_id = str(payload.get("request_id") or "")
+        key = self.log_waiting.pop(request_id, None)
+        self.log_asked_at.pop(request_id, None)
         if key is None:
             return None  # an answer to nothing we asked (or asked again since): ignored
         job_id, attempt, stream = key
@@ -334,6 +339,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         }
         msg = protocol.message("logs_request", payload)
         self.log_waiting[msg["id"]] = key
+        self.log_asked_at[msg["id"]] = time.monotonic()
         await self.send_msg(msg)
 
     async def _pull_logs(self) -> None:
@@ -346,8 +352,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
         while True:
             await asyncio.sleep(LOG_PULL_INTERVAL_S)
             try:
-                # Requests the agent never answered (a reconnect) are asked again.
-                self.log_waiting.clear()
+                # A request the agent has not answered for a while is asked again; a slow answer is still taken
+                # (dropping every answer older than one interval would starve a busy node's logs).
+                cutoff = time.monotonic() - LOG_REQUEST_TIMEOUT_S
+                for request_id in [r for r, at in self.log_asked_at.items() if at < cutoff]:
+                    self.log_waiting.pop(request_id, None)
+                    self.log_asked_at.pop(request_id, None)
                 await self._pull_logs()
             except asyncio.CancelledError:
                 raise

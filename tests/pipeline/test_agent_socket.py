@@ -163,6 +163,8 @@ def test_node_bs_agent_writes_its_own_jobs_log_where_the_portal_asked(two_nodes)
     async def scenario():
         communicator = await _connect(token_b, "a100-02")
         request = await _next(communicator, "logs_request", job_id=str(on_b.pk), stream="stdout")
+        # A slow agent (a busy host) answers ten pull intervals later: the answer is still taken.
+        await asyncio.sleep(10 * consumers.LOG_PULL_INTERVAL_S)
         answer = {**request["payload"], "request_id": request["id"], "data": "hello\n", "eof": False}
         answer.update(next_offset=6, size=6)
         await communicator.send_to(text_data=protocol.encode(protocol.message("logs", answer)))
