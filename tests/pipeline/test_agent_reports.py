@@ -15,12 +15,20 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def running(node, alice, teams):
-    """A one-GPU job placed on a100-01/gpu0 and started."""
+def placed(node, alice, teams):
+    """A one-GPU job placed on a100-01/gpu0."""
     job = job_submit(submitter=alice, team=teams["training"], spec=JobSpec(name="j", command="true", gpus=1))
     placement = eng.Placement(str(job.pk), (eng.Assignment("a100-01", 0, 81920, 1000),))
     cycle.apply_decisions(decisions=eng.Decisions(placements=(placement,)), epoch=cycle.epoch_issue())
     job.refresh_from_db()
+    assert job.state == JobState.PLACED
+    return job
+
+
+@pytest.fixture
+def running(node, placed):
+    """The placed job, started."""
+    job = placed
     assert job_report(node_id=node.pk, payload=report(job, "started")).changed
     job.refresh_from_db()
     assert job.state == JobState.RUNNING
@@ -122,16 +130,6 @@ def test_hello_brings_a_lost_node_back(node):
     node_hello(node_id=node.pk, payload={"inventory": {"gpus": gpus}})
     node.refresh_from_db()
     assert node.state == NodeState.READY
-
-
-@pytest.fixture
-def placed(node, alice, teams):
-    job = job_submit(submitter=alice, team=teams["training"], spec=JobSpec(name="p", command="true", gpus=1))
-    placement = eng.Placement(str(job.pk), (eng.Assignment("a100-01", 0, 81920, 1000),))
-    cycle.apply_decisions(decisions=eng.Decisions(placements=(placement,)), epoch=cycle.epoch_issue())
-    job.refresh_from_db()
-    assert job.state == JobState.PLACED
-    return job
 
 
 def alive(job, **extra):
