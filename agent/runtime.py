@@ -357,7 +357,7 @@ class Agent:
                 # Not refused: the portal could not handle it now (its database). Keep it; send it again soon.
                 pending = self._outbox.get(str(payload.get("ack_id")))
                 if pending is not None:
-                    delay = min(self.retry_initial_s * 2**pending.retries, self.ack_timeout_s)
+                    delay = min(self.retry_initial_s * 2 ** min(pending.retries, 16), self.ack_timeout_s)
                     pending.retries += 1
                     pending.retry_at = time.monotonic() + delay
                     log.warning(

@@ -12,12 +12,13 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
-from channels.db import DatabaseSyncToAsync
+from channels.db import DatabaseSyncToAsync, database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
-from django.db import connection
+from django.db import InterfaceError, OperationalError, connection
 
 from agent import protocol
 from scheduling import agent_services, live_metrics
@@ -48,15 +49,26 @@ def db(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn` made awaitable on the agents' own database threads.
 
     Channels runs every consumer's database work on one shared thread: one node's report waiting on a row lock
-    (a cycle committing) would hold up every other node's heartbeats. A small pool keeps nodes apart; each
-    consumer still awaits its own calls one at a time, so a node's reports keep their order. SQLite (the embedded
-    default) takes one writer at a time: one thread there.
+    (a cycle committing) would hold up every other node's heartbeats. A small pool keeps nodes apart. A node's
+    heartbeats and log pulls run beside its reports, so the writes they share are idempotent and re-check the
+    job's state under its row lock. SQLite (the embedded default) takes one writer at a time: there, everything
+    stays on the shared thread, with the embedded scheduling loop.
     """
     global _db_pool
+    if connection.vendor == "sqlite":
+        return database_sync_to_async(fn)
     if _db_pool is None:
-        threads = 1 if connection.vendor == "sqlite" else settings.TESSERA_AGENT_DB_THREADS
-        _db_pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="agent-db")
+        _db_pool = ThreadPoolExecutor(
+            max_workers=settings.TESSERA_AGENT_DB_THREADS, thread_name_prefix="agent-db"
+        )
     return DatabaseSyncToAsync(fn, thread_sensitive=False, executor=_db_pool)
+
+
+@dataclass(frozen=True)
+class _LogRequest:
+    key: tuple[int, int, str]  # (job, attempt, stream)
+    offset: int
+    asked_at: float  # monotonic
 
 
 def _header(scope: dict, name: bytes) -> str:
@@ -115,11 +127,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.job_gpus: dict[str, list[tuple[int, int]]] = {}  # gpu uuid -> [(job id, team id)]
         self.last_metrics_at = 0.0
         self.log_next: dict[tuple[int, int, str], int] = {}  # (job, attempt, stream) -> agent offset
-        self.log_waiting: dict[str, tuple[int, int, str]] = {}  # request id -> (job, attempt, stream)
-        self.log_asked_at: dict[str, float] = {}  # request id -> when (monotonic)
+        self.log_waiting: dict[str, _LogRequest] = {}  # request id -> what it asked
         self.log_draining: set[tuple[int, int]] = set()  # finished placements whose logs are still coming
         self.log_eof: set[tuple[int, int, str]] = set()
         self.said_hello = False
+        self.closing = False  # refused (a rotated token, another node's name): nothing more is handled
         self.desired_lock = asyncio.Lock()  # one desired state computed and sent at a time, in version order
         self.heartbeat_latest: dict | None = None
         self.heartbeat_due = asyncio.Event()
@@ -139,6 +151,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
             task.cancel()
         await self.channel_layer.group_discard(self.group, self.channel_name)
         await db(agent_services.node_disconnected)(node_id=self.node_id)
+
+    async def refuse(self, code: int) -> None:
+        if not self.closing:
+            self.closing = True
+            await self.close(code=code)
 
     # -- out ---------------------------------------------------------------------------------------------------
     async def send_msg(self, msg: dict[str, Any]) -> None:
@@ -165,7 +182,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     # -- group messages (from the cycle and the services, after commit) ---------------------------------------------
     async def desired_changed(self, event: dict) -> None:
-        if self.said_hello:
+        if self.said_hello and not self.closing:
             await self.send_desired()
 
     # -- in ------------------------------------------------------------------------------------------------------
@@ -176,6 +193,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             log.warning("node %s sent a malformed message: %s", self.node_name, exc)
             return
         kind, payload = msg["type"], msg["payload"]
+        if self.closing:
+            return
         if kind == "heartbeat":
             # Each heartbeat supersedes the one before: its own task handles only the newest, so on a slow
             # database heartbeats never pile up ahead of the job reports (nor keep a stale backlog alive).
@@ -190,14 +209,17 @@ class AgentConsumer(AsyncWebsocketConsumer):
         try:
             if checked and not await db(_token_current)(self.node_id, self.token_hash):
                 # The token was rotated (or the node removed) since this connection opened: it speaks for no one.
-                await self.close(code=CLOSE_UNAUTHENTICATED)
+                await self.refuse(CLOSE_UNAUTHENTICATED)
                 return
             outcome = await handler(payload)
-        except Exception as exc:  # one bad report must not drop the node's connection, nor be lost
-            log.exception("node %s: %s failed", self.node_name, kind)
-            # Not a refusal: the report may be fine and the database busy (a deadlock it broke, a lost
-            # connection). The agent keeps it and sends it again, so a job's start or end is never dropped.
+        except (OperationalError, InterfaceError) as exc:
+            # Not a refusal: the report may be fine and the database failing for now (a deadlock it broke, a
+            # lost connection). The agent keeps it and sends it again, so a job's start or end is not dropped.
+            log.warning("node %s: %s failed, the agent will send it again: %s", self.node_name, kind, exc)
             outcome = agent_services.Outcome(False, f"portal error: {type(exc).__name__}", retry=True)
+        except Exception as exc:  # one bad report must not drop the node's connection (nor come back forever)
+            log.exception("node %s: %s failed", self.node_name, kind)
+            outcome = agent_services.Outcome(False, f"portal error: {type(exc).__name__}")
         # Reliable messages are always acked; others only when refused, so the agent can log why.
         if kind in protocol.RELIABLE or (outcome is not None and not outcome.ok):
             ok = outcome.ok if outcome is not None else True
@@ -209,7 +231,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def on_hello(self, payload: dict) -> agent_services.Outcome:
         node = payload.get("node")
         if node is not None and node != self.node_name:
-            await self.close(code=CLOSE_WRONG_NODE)
+            await self.refuse(CLOSE_WRONG_NODE)
             return agent_services.Outcome(False, f"this token is for node {self.node_name}, not {node}")
         await db(agent_services.node_hello)(node_id=self.node_id, payload=payload)
         self.said_hello = True
@@ -218,11 +240,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
         return agent_services.Outcome(True)
 
     async def _heartbeats_forever(self) -> None:
-        while True:
+        while not self.closing:
             await self.heartbeat_due.wait()
             self.heartbeat_due.clear()
             payload, self.heartbeat_latest = self.heartbeat_latest, None
-            if payload is None:
+            if payload is None or self.closing:
                 continue
             try:
                 await self.on_heartbeat(payload)
@@ -234,7 +256,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def on_heartbeat(self, payload: dict) -> None:
         if not await db(_heartbeat)(self.node_id, self.token_hash, payload.get("running")):
             # The token was rotated (or the node removed) since this connection opened: it speaks for no one.
-            await self.close(code=CLOSE_UNAUTHENTICATED)
+            await self.refuse(CLOSE_UNAUTHENTICATED)
             return
         if not self.said_hello:
             return
@@ -295,14 +317,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.channel_layer.group_send(f"team-{team_id}", msg)
 
     async def on_logs(self, payload: dict) -> agent_services.Outcome | None:
-        request_id = str(payload.get("request_id") or "")
-        key = self.log_waiting.pop(request_id, None)
-        self.log_asked_at.pop(request_id, None)
-        if key is None:
+        request = self.log_waiting.pop(str(payload.get("request_id") or ""), None)
+        if request is None:
             return None  # an answer to nothing we asked (or asked again since): ignored
+        key = request.key
+        if request.offset != self.log_next.get(key, 0):
+            return None  # asked before an earlier answer moved the offset on: the next pull asks again
         job_id, attempt, stream = key
         # Stored under the placement and at the offset this connection asked for, never what the answer claims.
-        asked = {"job_id": job_id, "attempt": attempt, "stream": stream, "offset": self.log_next.get(key, 0)}
+        asked = {"job_id": job_id, "attempt": attempt, "stream": stream, "offset": request.offset}
         checked = agent_services.log_chunk_check(**asked, payload=payload)
         if checked is not None and not checked[2]:
             stored: tuple[int, int] | None = checked[:2]  # nothing new: no write, no database
@@ -328,7 +351,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     # -- log pulling ---------------------------------------------------------------------------------------------
     async def _request_log(self, job_id: int, attempt: int, stream: str) -> None:
         key = (job_id, attempt, stream)
-        if key in self.log_waiting.values():
+        if any(r.key == key for r in self.log_waiting.values()):
             return
         payload = {
             "job_id": str(job_id),
@@ -338,8 +361,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             "limit_bytes": LOG_CHUNK_BYTES,
         }
         msg = protocol.message("logs_request", payload)
-        self.log_waiting[msg["id"]] = key
-        self.log_asked_at[msg["id"]] = time.monotonic()
+        self.log_waiting[msg["id"]] = _LogRequest(key, payload["offset"], time.monotonic())
         await self.send_msg(msg)
 
     async def _pull_logs(self) -> None:
@@ -349,15 +371,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 await self._request_log(job_id, attempt, stream)
 
     async def _pull_logs_forever(self) -> None:
-        while True:
+        while not self.closing:
             await asyncio.sleep(LOG_PULL_INTERVAL_S)
             try:
                 # A request the agent has not answered for a while is asked again; a slow answer is still taken
                 # (dropping every answer older than one interval would starve a busy node's logs).
                 cutoff = time.monotonic() - LOG_REQUEST_TIMEOUT_S
-                for request_id in [r for r, at in self.log_asked_at.items() if at < cutoff]:
-                    self.log_waiting.pop(request_id, None)
-                    self.log_asked_at.pop(request_id, None)
+                for request_id in [i for i, r in self.log_waiting.items() if r.asked_at < cutoff]:
+                    del self.log_waiting[request_id]
                 await self._pull_logs()
             except asyncio.CancelledError:
                 raise

@@ -364,3 +364,62 @@ def test_a_backlog_of_heartbeats_is_handled_as_the_newest_one_and_never_holds_up
     # Thirty heartbeats at 0.3 s each would hold the report up 9 s; the newest is handled, most never are.
     assert acked_after_s < 4.5, acked_after_s
     assert seen[-1] == [29] and len(seen) <= 5, seen
+
+
+def test_an_answer_asked_before_the_previous_chunk_was_stored_is_not_stored_twice(two_nodes, monkeypatch):
+    from scheduling import agent_services
+
+    _, on_b, _, token_b = two_nodes
+    real = agent_services.job_logs_store
+
+    def slow_store(**kw):  # while it writes, the pull loop asks again from the offset it still holds
+        time.sleep(0.5)
+        return real(**kw)
+
+    monkeypatch.setattr(agent_services, "job_logs_store", slow_store)
+
+    def answer(request):
+        payload = {**request["payload"], "request_id": request["id"], "data": "hello\n", "eof": False}
+        payload.update(next_offset=request["payload"]["offset"] + 6, size=6)
+        return protocol.encode(protocol.message("logs", payload))
+
+    async def scenario():
+        communicator = await _connect(token_b, "a100-02")
+        first = await _next(communicator, "logs_request", job_id=str(on_b.pk), stream="stdout")
+        await communicator.send_to(text_data=answer(first))
+        again = await _next(communicator, "logs_request", job_id=str(on_b.pk), stream="stdout")
+        # The agent answers what it was asked: the same first six bytes (its file has not grown).
+        await communicator.send_to(text_data=answer(again))
+        await asyncio.sleep(1.5)
+        await communicator.disconnect()
+        return first, again
+
+    first, again = async_to_sync(scenario)()
+    assert first["payload"]["offset"] == again["payload"]["offset"] == 0
+    assert joblogs.log_read(job_id=on_b.pk, stream="stdout")[0] == b"hello\n"
+
+
+def test_a_report_that_fails_for_a_reason_other_than_the_database_is_refused_not_retried(
+    two_nodes, monkeypatch
+):
+    from scheduling import agent_services
+
+    _, on_b, _, token_b = two_nodes
+
+    def broken(**kw):
+        raise ValueError("a bug, or a report no retry can fix")
+
+    monkeypatch.setattr(agent_services, "job_report", broken)
+    report = protocol.message(
+        "job_status", {"job_id": str(on_b.pk), "attempt": on_b.attempt, "state": "started"}
+    )
+
+    async def scenario():
+        communicator = await _connect(token_b, "a100-02")
+        await communicator.send_to(text_data=protocol.encode(report))
+        ack = await _next(communicator, "ack", ack_id=report["id"])
+        await communicator.disconnect()
+        return ack["payload"]
+
+    ack = async_to_sync(scenario)()
+    assert ack["ok"] is False and "retry" not in ack and "ValueError" in ack["error"]
