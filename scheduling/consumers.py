@@ -8,6 +8,7 @@ and docs/agent.md. The consumer authorises and relays; the writes live in schedu
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from typing import Any
 from channels.db import DatabaseSyncToAsync, database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connection
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from agent import protocol
 from scheduling import agent_services, live_metrics
@@ -61,7 +62,32 @@ def db(fn: Callable[..., Any]) -> Callable[..., Any]:
         _db_pool = ThreadPoolExecutor(
             max_workers=settings.TESSERA_AGENT_DB_THREADS, thread_name_prefix="agent-db"
         )
-    return DatabaseSyncToAsync(fn, thread_sensitive=False, executor=_db_pool)
+    return DatabaseSyncToAsync(_closing_connections(fn), thread_sensitive=False, executor=_db_pool)
+
+
+def _closing_connections(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Close the thread's spent database connections (per CONN_MAX_AGE, as Django does per request) around `fn`,
+    inside the context asgiref runs it in. Channels' own close around the call left pool threads' connections
+    open until garbage collection (idle sessions piling up in PostgreSQL); this one is what closes them."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        close_old_connections()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            close_old_connections()
+
+    return run
+
+
+def db_pool_shutdown() -> None:
+    """Wait for the agents' database calls still running (a closed connection's cancelled work finishes in its
+    thread, and closes its database connection), then drop the pool; the next call makes a new one."""
+    global _db_pool
+    pool, _db_pool = _db_pool, None
+    if pool is not None:
+        pool.shutdown(wait=True)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@ def _in_memory(settings, tmp_path, monkeypatch):
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     settings.TESSERA_LOG_DIR = str(tmp_path / "logs")
     monkeypatch.setattr(consumers, "LOG_PULL_INTERVAL_S", 0.05)
+    yield
+    consumers.db_pool_shutdown()  # no database work of this test's connections outlives it
 
 
 def _place(job, node_name: str, gpu_index: int):
