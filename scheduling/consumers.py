@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from channels.db import DatabaseSyncToAsync, database_sync_to_async
+from asgiref.sync import SyncToAsync
+from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
@@ -40,7 +41,8 @@ LOG_REQUEST_TIMEOUT_S = 30.0
 LOG_CHUNK_BYTES = protocol.MAX_LOG_CHUNK_BYTES
 FINAL_STATES = frozenset({"exited", "stopped", "killed", "launch_failed", "lost"})
 # Messages that write: the token is re-checked before each (metrics only relays what browsers may see).
-CHECKED = frozenset({"hello", "heartbeat", "job_status", "event", "ack", "logs"})
+# Heartbeats and log chunks check it in the same database call as their write.
+CHECKED = frozenset({"hello", "job_status", "event", "ack"})
 
 
 _db_pool: ThreadPoolExecutor | None = None
@@ -62,13 +64,13 @@ def db(fn: Callable[..., Any]) -> Callable[..., Any]:
         _db_pool = ThreadPoolExecutor(
             max_workers=settings.TESSERA_AGENT_DB_THREADS, thread_name_prefix="agent-db"
         )
-    return DatabaseSyncToAsync(_closing_connections(fn), thread_sensitive=False, executor=_db_pool)
+    return SyncToAsync(_closing_connections(fn), thread_sensitive=False, executor=_db_pool)
 
 
 def _closing_connections(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Close the thread's spent database connections (per CONN_MAX_AGE, as Django does per request) around `fn`,
-    inside the context asgiref runs it in. Channels' own close around the call left pool threads' connections
-    open until garbage collection (idle sessions piling up in PostgreSQL); this one is what closes them."""
+    inside the context asgiref runs it in. Channels' DatabaseSyncToAsync closes outside it, which left pool
+    threads' connections open until garbage collection (idle sessions piling up in PostgreSQL)."""
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -127,9 +129,11 @@ def _heartbeat(node_id: int, token_hash: str, running: Any) -> bool:
     return True
 
 
-def _no_log_bytes(payload: dict) -> bool:
-    """A logs answer that carries nothing: no write, so no database work."""
-    return "error" not in payload and not payload.get("data")
+def _store_logs(node_id: int, token_hash: str, **chunk: Any) -> tuple[int, int] | None | bool:
+    """Store a log chunk unless the connection's token was rotated since it opened (then False)."""
+    if not _token_current(node_id, token_hash):
+        return False
+    return agent_services.job_logs_store(node_id=node_id, **chunk)
 
 
 class AgentConsumer(AsyncWebsocketConsumer):
@@ -231,9 +235,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if handler is None:
             await self.send_msg(protocol.ack(msg["id"], ok=False, error=f"unknown message type {kind!r}"))
             return
-        checked = kind in CHECKED and not (kind == "logs" and _no_log_bytes(payload))
         try:
-            if checked and not await db(_token_current)(self.node_id, self.token_hash):
+            if kind in CHECKED and not await db(_token_current)(self.node_id, self.token_hash):
                 # The token was rotated (or the node removed) since this connection opened: it speaks for no one.
                 await self.refuse(CLOSE_UNAUTHENTICATED)
                 return
@@ -354,9 +357,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
         asked = {"job_id": job_id, "attempt": attempt, "stream": stream, "offset": request.offset}
         checked = agent_services.log_chunk_check(**asked, payload=payload)
         if checked is not None and not checked[2]:
-            stored: tuple[int, int] | None = checked[:2]  # nothing new: no write, no database
+            stored: tuple[int, int] | None | bool = checked[:2]  # nothing new: no write, no database
         else:
-            stored = await db(agent_services.job_logs_store)(node_id=self.node_id, **asked, payload=payload)
+            stored = await db(_store_logs)(self.node_id, self.token_hash, **asked, payload=payload)
+            if stored is False:
+                await self.refuse(CLOSE_UNAUTHENTICATED)  # the token was rotated: it speaks for no one
+                return None
         if stored is None:
             self.log_draining.discard(key[:2])
             if "error" in payload:
