@@ -159,7 +159,7 @@ def setup_data(*, users: int) -> list[str]:
     from quotas.services import membership_set
     from quotas.tokens import api_token_create
     from scheduling.demo import load_demo
-    from scheduling.models import Job, JobEvent, Slice
+    from scheduling.jobs.models import Job, JobEvent, Slice
 
     call_command("migrate", verbosity=0)
     load_demo()
@@ -183,7 +183,7 @@ def fill_queue(*, jobs: int) -> int:
     from django.contrib.auth import get_user_model
 
     from quotas.models import PriorityClass, Team
-    from scheduling.models import Job, JobEvent, Slice
+    from scheduling.jobs.models import Job, JobEvent, Slice
 
     Slice.objects.all().delete()
     JobEvent.objects.all().delete()

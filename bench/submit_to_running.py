@@ -69,9 +69,11 @@ def main() -> int:
     from django.core.management import call_command
 
     from scheduling.choices import JobState
-    from scheduling.models import Job, NodeSync
-    from scheduling.services import JobSpec, job_submit
-    from scheduling.tasks import KEYS, redis_client
+    from scheduling.coordination import redis_client
+    from scheduling.cycle.models import NodeSync
+    from scheduling.cycle.requests import KEYS
+    from scheduling.jobs.models import Job
+    from scheduling.jobs.services import JobSpec, job_submit
     from tests.pipeline.harness import Cluster, seed, wait_for
 
     call_command("migrate", verbosity=0)

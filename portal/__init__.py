@@ -1,5 +1,5 @@
-"""Tessera's portal: settings, ASGI entry point, URLs and the `tessera` command line."""
+"""Tessera's portal: settings, ASGI entry point, URLs and the `tessera` command line.
 
-from portal.celery import app as celery_app
-
-__all__ = ("celery_app",)
+Nothing is imported here: `tessera` (the CLI) loads neither Django nor Celery. Django processes load the Celery
+app when the portal app is ready (portal.apps); `celery -A portal` finds `portal.celery` by itself.
+"""

@@ -18,8 +18,8 @@ from rest_framework.response import Response
 from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from scheduling.services import ServiceError
-from scheduling.states import IllegalTransition
+from scheduling.errors import ServiceError
+from scheduling.jobs.states import IllegalTransition
 
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50

@@ -18,7 +18,7 @@ def not_found(request: HttpRequest, path: str = "") -> JsonResponse:
 
 
 urlpatterns = [
-    path("v1/", include("scheduling.api.urls")),
+    path("v1/", include("scheduling.urls")),
     path("v1/", include("quotas.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),

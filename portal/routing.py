@@ -5,11 +5,11 @@ websocket_urlpatterns: list = []
 # Node agents: token-authenticated, no cookies, no Origin check (agents send none); see scheduling/consumers.py.
 from django.urls import path  # noqa: E402
 
-from scheduling.consumers import AgentConsumer  # noqa: E402
+from scheduling.agents.consumers import AgentConsumer  # noqa: E402
 
 websocket_urlpatterns.append(path("ws/agent/", AgentConsumer.as_asgi()))
 
 # Browser streams (cluster, queue, one job): session auth, Origin checked; see scheduling/streams.py.
-from scheduling.streams import websocket_urlpatterns as browser_streams  # noqa: E402
+from scheduling.realtime.streams import websocket_urlpatterns as browser_streams  # noqa: E402
 
 websocket_urlpatterns.extend(browser_streams)

@@ -10,7 +10,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from quotas.choices import ChangeSource, Role
-from quotas.models import Membership, PriorityClass, Quota, QuotaChange, Team
+from quotas.models import IdempotencyRecord, Membership, PriorityClass, Quota, QuotaChange, Team
 
 QUOTA_AUDITED_FIELDS = (
     "gpu_model",
@@ -129,3 +129,17 @@ def quota_delete(
     )
     quota.delete()
     return change
+
+
+def idempotency_record_create(
+    *, user: AbstractBaseUser, key: str, request_hash: str, response_status: int, response_body: Any
+) -> IdempotencyRecord:
+    """Remember the response to a request made with an Idempotency-Key. The (user, key) unique constraint
+    decides between two concurrent retries: the loser's IntegrityError rolls back its whole request."""
+    return IdempotencyRecord.objects.create(
+        user=user,
+        key=key,
+        request_hash=request_hash,
+        response_status=response_status,
+        response_body=response_body,
+    )

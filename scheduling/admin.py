@@ -3,10 +3,12 @@
 from django.contrib import admin, messages
 from django.http import HttpRequest
 
-from scheduling import services
 from scheduling.choices import ActorKind, NodeState
-from scheduling.models import Gpu, GpuLink, GpuModel, Job, JobEvent, Node, Slice
-from scheduling.states import IllegalTransition
+from scheduling.inventory import services as inventory_services
+from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node
+from scheduling.jobs import services as job_services
+from scheduling.jobs.models import Job, JobEvent, Slice
+from scheduling.jobs.states import IllegalTransition
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -45,7 +47,7 @@ class GpuInline(admin.TabularInline):
 
 def _set_state(modeladmin, request, queryset, state: str, verb: str) -> None:
     for node in queryset:
-        services.node_set_state(
+        inventory_services.node_set_state(
             node=node, state=state, actor=request.user, reason=f"{verb} in the admin site"
         )
     modeladmin.message_user(request, f"{verb} {queryset.count()} node(s).", messages.SUCCESS)
@@ -127,7 +129,7 @@ def cancel_jobs(modeladmin, request, queryset):
     done = 0
     for job in queryset:
         try:
-            services.job_cancel(job=job, actor=request.user, actor_kind=ActorKind.ADMIN)
+            job_services.job_cancel(job=job, actor=request.user, actor_kind=ActorKind.ADMIN)
             done += 1
         except IllegalTransition as exc:
             modeladmin.message_user(request, str(exc), messages.WARNING)
@@ -139,7 +141,7 @@ def requeue_jobs(modeladmin, request, queryset):
     done = 0
     for job in queryset:
         try:
-            services.job_requeue(job=job, actor=request.user, reason="Requeued in the admin site.")
+            job_services.job_requeue(job=job, actor=request.user, reason="Requeued in the admin site.")
             done += 1
         except IllegalTransition as exc:
             modeladmin.message_user(request, str(exc), messages.WARNING)

@@ -15,9 +15,11 @@ from django.db import transaction
 from quotas import services as quota_services
 from quotas.choices import ChangeSource, Role
 from quotas.models import PriorityClass, Quota, Team
-from scheduling import services
 from scheduling.choices import ActorKind, JobState, LinkKind, SharingMode, Topology
-from scheduling.models import Gpu, GpuLink, GpuModel, Job, Node
+from scheduling.inventory import services as inventory_services
+from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node
+from scheduling.jobs import services as job_services
+from scheduling.jobs.models import Job
 
 GIB = 1024
 
@@ -193,7 +195,7 @@ def _people_and_teams() -> dict[str, object]:
 
 
 def _run(job: Job, gpus: list[Gpu], *, memory_mib: int | None = None, compute_pct: int = 100) -> None:
-    services.job_transition(
+    job_services.job_transition(
         job=job,
         to_state=JobState.PLACED,
         actor_kind=ActorKind.SCHEDULER,
@@ -201,10 +203,12 @@ def _run(job: Job, gpus: list[Gpu], *, memory_mib: int | None = None, compute_pc
         message="Placed by the demo loader.",
     )
     for gpu in gpus:
-        services.slice_allocate(
+        job_services.slice_allocate(
             job=job, gpu=gpu, memory_mib=memory_mib or gpu.memory_mib, compute_pct=compute_pct
         )
-    services.job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT, code="started")
+    job_services.job_transition(
+        job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT, code="started"
+    )
 
 
 def _jobs(users: dict) -> None:
@@ -216,12 +220,16 @@ def _jobs(users: dict) -> None:
 
     def submit(user: str, team: Team, **spec) -> Job:
         spec.setdefault("command", "python train.py")
-        return services.job_submit(submitter=users[user], team=team, spec=services.JobSpec(**spec))
+        return job_services.job_submit(submitter=users[user], team=team, spec=job_services.JobSpec(**spec))
 
     done = submit("alice", training, name="bert-pretrain-smoke", gpus=1, max_runtime_s=3600)
-    services.job_transition(job=done, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER, code="placed")
-    services.job_transition(job=done, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT, code="started")
-    services.job_transition(
+    job_services.job_transition(
+        job=done, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER, code="placed"
+    )
+    job_services.job_transition(
+        job=done, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT, code="started"
+    )
+    job_services.job_transition(
         job=done,
         to_state=JobState.SUCCEEDED,
         actor_kind=ActorKind.AGENT,
@@ -230,11 +238,13 @@ def _jobs(users: dict) -> None:
         data={"exit_code": 0},
     )
     failed = submit("dave", research, name="sweep-lr-3e-4", gpus=1, max_runtime_s=1800)
-    services.job_transition(
+    job_services.job_transition(
         job=failed, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER, code="placed"
     )
-    services.job_transition(job=failed, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT, code="started")
-    services.job_transition(
+    job_services.job_transition(
+        job=failed, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT, code="started"
+    )
+    job_services.job_transition(
         job=failed,
         to_state=JobState.FAILED,
         actor_kind=ActorKind.AGENT,
@@ -301,7 +311,7 @@ def load_demo(*, token_dir: Path | None = None) -> dict[str, str]:
         for node in Node.objects.all():
             path = token_dir / f"{node.name}.token"
             if not path.exists() or not node.agent_token_hash:
-                tokens[node.name] = services.node_issue_token(node=node)
+                tokens[node.name] = inventory_services.node_issue_token(node=node)
                 path.write_text(tokens[node.name])
                 path.chmod(0o600)
     return tokens

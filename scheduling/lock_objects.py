@@ -10,7 +10,9 @@ from collections.abc import Iterable
 
 from django.db.models import QuerySet
 
-from scheduling.models import Job, Node, NodeSync, SchedulerLease
+from scheduling.cycle.models import NodeSync, SchedulerLease
+from scheduling.inventory.models import Node
+from scheduling.jobs.models import Job
 
 
 def scheduler_lease_for_update() -> QuerySet[SchedulerLease]:

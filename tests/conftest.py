@@ -89,7 +89,7 @@ def carol(django_user_model, teams):
 
 @pytest.fixture
 def a100(db):
-    from scheduling.models import GpuModel
+    from scheduling.inventory.models import GpuModel
 
     return GpuModel.objects.create(
         name="A100-80GB",
@@ -103,7 +103,7 @@ def a100(db):
 def node(db, a100):
     """One node with 8 A100s: GPUs 0-5 exclusive, 6-7 MPS, all NVLink-connected."""
     from scheduling.choices import LinkKind, SharingMode
-    from scheduling.models import Gpu, GpuLink, Node
+    from scheduling.inventory.models import Gpu, GpuLink, Node
 
     node = Node.objects.create(name="a100-01", cpu_milli=128_000, memory_mib=1024 * 1024)
     gpus = [

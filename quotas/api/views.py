@@ -24,7 +24,46 @@ from quotas.api.serializers import (
 )
 from quotas.models import ApiToken, Membership, PriorityClass, Team
 from quotas.tokens import TokenLimitReached, api_token_create, api_token_revoke
-from scheduling.api.queries import allocations_by_team, fair_shares_gpus, queue_shares, team_summary
+from scheduling.cycle.selectors import fair_shares_gpus, queue_shares
+from scheduling.jobs.usage import TeamAllocation, allocations_by_team
+
+
+def team_summary(
+    *,
+    team: Team,
+    allocation: TeamAllocation,
+    fair_share_gpus: float | None,
+    queue_share: dict[str, float] | None = None,
+) -> dict:
+    quotas = [
+        {
+            "gpu_model": q.gpu_model.name if q.gpu_model_id else None,
+            "guaranteed_gpus": float(q.guaranteed_gpus),
+            "limit_gpus": float(q.limit_gpus) if q.limit_gpus is not None else None,
+            "guaranteed_gpu_memory_mib": q.guaranteed_gpu_memory_mib,
+            "limit_gpu_memory_mib": q.limit_gpu_memory_mib,
+            "fair_share_weight": float(q.fair_share_weight),
+            "default_priority_class": q.default_priority_class.name if q.default_priority_class_id else None,
+        }
+        for q in team.quotas.all()
+    ]
+    return {
+        "quotas": quotas,
+        "usage": {
+            "gpus": round(allocation.gpus, 3),
+            "gpu_memory_mib": allocation.gpu_memory_mib,
+            "running_jobs": allocation.running_jobs,
+            "pending_jobs": allocation.pending_jobs,
+        },
+        "borrowed": {
+            "gpus": round(allocation.borrowed_gpus, 3),
+            "gpu_memory_mib": allocation.borrowed_gpu_memory_mib,
+        },
+        "fair_share": {
+            "gpus": round(fair_share_gpus, 3) if fair_share_gpus is not None else None,
+            **(queue_share or {"held_share": 0.0, "usage_share": 0.0, "queue_share": 0.0}),
+        },
+    }
 
 
 class TeamViewSet(viewsets.ReadOnlyModelViewSet):

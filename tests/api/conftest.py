@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
+from scheduling.jobs import services
+
 
 @pytest.fixture(autouse=True)
 def _fresh_throttle_counters():
@@ -68,7 +70,6 @@ def as_dave(dave, node):
 @pytest.fixture
 def submit():
     """Submit a job through the services as a given user (setup, not the thing under test)."""
-    from scheduling import services
 
     def _submit(user, team, **spec):
         spec.setdefault("name", "job")

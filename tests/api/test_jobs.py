@@ -3,7 +3,8 @@
 import pytest
 
 from scheduling.choices import JobState
-from scheduling.models import Job
+from scheduling.jobs import services
+from scheduling.jobs.models import Job
 
 pytestmark = pytest.mark.django_db
 
@@ -174,7 +175,7 @@ def test_cancelling_a_finished_job_is_a_conflict(as_alice, alice, teams, submit)
 
 
 def test_logs_give_the_tail_and_pages_from_an_offset(as_alice, alice, teams, submit, settings, tmp_path):
-    from scheduling import joblogs
+    from scheduling.agents import joblogs
 
     settings.TESSERA_LOG_DIR = str(tmp_path)
     job = submit(alice, teams["training"])
@@ -193,7 +194,7 @@ def test_logs_give_the_tail_and_pages_from_an_offset(as_alice, alice, teams, sub
 
 
 def test_a_resent_log_chunk_is_stored_once(settings, tmp_path):
-    from scheduling import joblogs
+    from scheduling.agents import joblogs
 
     settings.TESSERA_LOG_DIR = str(tmp_path)
     joblogs.log_append(job_id=1, stream="stdout", data="abc", offset=0)
@@ -224,8 +225,7 @@ def test_a_date_filter_with_an_offset_postgresql_does_not_take_is_read_in_utc(as
 
 
 def test_the_submit_response_is_the_job_as_the_list_and_detail_show_it(as_alice, alice, teams, submit):
-    from scheduling import services
-    from scheduling.api.serializers import JobSerializer, job_payload
+    from scheduling.jobs.api.serializers import JobSerializer, job_payload
 
     response = as_alice.post("/api/v1/jobs/", {**SLICE, "max_runtime": "2h"}, format="json")
     assert response.status_code == 201

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduling.models import Job
+from scheduling.jobs.models import Job
 
 pytestmark = pytest.mark.django_db
 

@@ -13,6 +13,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import content_type_conformance, response_schema_conformance
 
 from portal.wsgi import application
+from scheduling.jobs import services
 
 schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", application)
 MAX_EXAMPLES = 75  # about 35 s for the file on an idle 2-core machine, 70 s under load
@@ -44,9 +45,9 @@ def keep_the_test_connection():
 def token(keep_the_test_connection, alice, bob, teams, node, submit, carol):
     """Alice, with a job of hers, a job of another team, and a running slice to show in the cluster."""
     from quotas.tokens import api_token_create
-    from scheduling import joblogs, services
+    from scheduling.agents import joblogs
     from scheduling.choices import ActorKind, JobState
-    from scheduling.models import Gpu
+    from scheduling.inventory.models import Gpu
 
     mine = submit(alice, teams["training"], name="mine")
     submit(bob, teams["inference"], name="theirs")

@@ -4,7 +4,7 @@ from decimal import Decimal
 
 import pytest
 
-from scheduling.spec import (
+from scheduling.jobs.spec import (
     SpecError,
     parse_cpu_milli,
     parse_duration_s,

@@ -9,6 +9,8 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
+from scheduling.jobs import services
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -39,7 +41,6 @@ async def _open(path: str, headers: list[tuple[bytes, bytes]]) -> tuple[Websocke
 
 
 def _submit(user, team, **spec):
-    from scheduling import services
 
     spec = {"name": "job", "command": "run", "gpus": 1, **spec}
     return services.job_submit(submitter=user, team=team, spec=services.JobSpec(**spec))
@@ -80,7 +81,6 @@ def test_another_teams_job_stream_is_refused_and_my_job_stream_gets_its_changes(
         communicator, connected = await _open(f"/ws/jobs/{mine.pk}/", headers)
         assert connected
         assert (await communicator.receive_json_from())["type"] == "hello"
-        from scheduling import services
 
         await sync_to_async(services.job_cancel)(job=mine, actor=alice)
         event = await communicator.receive_json_from(timeout=3)
@@ -116,7 +116,7 @@ def test_the_queue_stream_carries_my_teams_jobs_and_only_anonymous_movement_of_o
 
 def test_a_job_stream_closes_when_the_user_loses_access(alice, teams, node, monkeypatch):
     from quotas.models import Membership
-    from scheduling import streams
+    from scheduling.realtime import streams
 
     monkeypatch.setattr(streams, "AUTHZ_TTL_S", 0.0)
     mine = _submit(alice, teams["training"])
@@ -171,7 +171,7 @@ def test_events_reach_a_redis_channel_layer_through_the_publisher_thread(setting
 
     from channels.layers import get_channel_layer
 
-    from scheduling import events
+    from scheduling.realtime import events
 
     settings.CHANNEL_LAYERS = {
         "default": {

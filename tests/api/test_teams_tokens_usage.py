@@ -7,9 +7,10 @@ import pytest
 from django.utils import timezone
 
 from quotas.models import ApiToken
-from scheduling import services
 from scheduling.choices import ActorKind, JobState
-from scheduling.models import Gpu, Job, JobEvent
+from scheduling.inventory.models import Gpu
+from scheduling.jobs import services
+from scheduling.jobs.models import Job, JobEvent
 
 pytestmark = pytest.mark.django_db
 

@@ -4,9 +4,9 @@ foreign rows, and other teams' work shows only anonymously."""
 import pytest
 from rest_framework.test import APIClient
 
-from scheduling import services
 from scheduling.choices import ActorKind, JobState
-from scheduling.models import Gpu
+from scheduling.inventory.models import Gpu
+from scheduling.jobs import services
 
 pytestmark = pytest.mark.django_db
 

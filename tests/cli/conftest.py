@@ -2,10 +2,11 @@
 
 import pytest
 
+from scheduling.jobs import services
+
 
 @pytest.fixture
 def submit_as():
-    from scheduling import services
 
     def _submit(user, team, **spec):
         spec = {"name": "job", "command": "python train.py", "gpus": 1, **spec}

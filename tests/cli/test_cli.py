@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from portal.client import ExitCode
+from scheduling.jobs import services
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -143,7 +144,7 @@ def test_another_teams_job_exits_not_found(logged_in, bob, teams, submit_as):
 def test_logs_prints_the_output_and_follow_stops_when_the_job_ends(
     logged_in, alice, teams, submit_as, settings, tmp_path
 ):
-    from scheduling import joblogs, services
+    from scheduling.agents import joblogs
     from scheduling.choices import JobState
 
     settings.TESSERA_LOG_DIR = str(tmp_path / "logs")
@@ -162,7 +163,7 @@ def test_usage_nodes_and_top_once_print_tables(logged_in):
     assert logged_in("usage", "--csv").stdout.strip() == "team,user,gpu_hours,gpu_memory_gib_hours,jobs"
     from asgiref.sync import async_to_sync
 
-    from scheduling.live_metrics import live_metrics_store
+    from scheduling.agents.live_metrics import live_metrics_store
     from tests.pipeline.harness import forget_live_metrics
 
     nodes = logged_in("nodes")

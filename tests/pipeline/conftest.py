@@ -49,8 +49,10 @@ def cluster(django_db_setup, django_db_blocker, tmp_path_factory):
         pytest.skip(
             "the end-to-end pipeline needs PostgreSQL and Redis: set DATABASE_URL and REDIS_URL (make test)"
         )
-    from scheduling.models import Gpu, NodeSync
-    from scheduling.tasks import KEYS, redis_client
+    from scheduling.coordination import redis_client
+    from scheduling.cycle.models import NodeSync
+    from scheduling.cycle.requests import KEYS
+    from scheduling.inventory.models import Gpu
 
     own_db = None
     if not connection.settings_dict["NAME"].startswith("test_"):
@@ -120,9 +122,9 @@ def _cancel_live_jobs() -> None:
     wait on a cycle holding that node while the cycle waits on one of our jobs.
     """
     from scheduling import lock_objects
-    from scheduling.models import Job
-    from scheduling.services import job_cancel
-    from scheduling.states import LIVE_STATES, IllegalTransition
+    from scheduling.jobs.models import Job
+    from scheduling.jobs.services import job_cancel
+    from scheduling.jobs.states import LIVE_STATES, IllegalTransition
 
     with transaction.atomic():
         list(lock_objects.nodes_for_update())
@@ -138,7 +140,7 @@ def _cancel_live_jobs() -> None:
 @pytest.fixture
 def pipe(cluster, django_db_blocker, request):
     """The cluster for one test; jobs it leaves alive are cancelled so the next test starts on idle GPUs."""
-    from scheduling.models import Gpu
+    from scheduling.inventory.models import Gpu
 
     with django_db_blocker.unblock():
         yield cluster

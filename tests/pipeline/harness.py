@@ -284,8 +284,8 @@ def seed(cluster: Cluster) -> dict:
     from quotas.models import PriorityClass, Quota
     from quotas.services import membership_set, quota_save, team_create
     from scheduling.choices import LinkKind, SharingMode
-    from scheduling.models import Gpu, GpuLink, GpuModel, Node
-    from scheduling.services import node_issue_token
+    from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node
+    from scheduling.inventory.services import node_issue_token
 
     a100 = GpuModel.objects.create(
         name="A100-80GB",
@@ -336,7 +336,7 @@ def seed(cluster: Cluster) -> dict:
 
 def submit(pipe, **spec):
     """Submit as alice to the pipeline team; whole-GPU jobs go to the A100s unless told otherwise."""
-    from scheduling.services import JobSpec, job_submit
+    from scheduling.jobs.services import JobSpec, job_submit
 
     spec.setdefault("name", "e2e")
     spec.setdefault("gpu_models", ("A100-80GB",))
@@ -351,7 +351,7 @@ def wait_state(job, *states: str, timeout_s: float = 20):
     try:
         wait_for(f"job #{job.pk} to reach {'/'.join(states)}", reached, timeout_s=timeout_s)
     except AssertionError as exc:
-        from scheduling.models import Node
+        from scheduling.inventory.models import Node
 
         nodes = dict(Node.objects.values_list("name", "state"))
         why = f"{job.pending_reason_code}: {job.pending_reason}" if job.state == "pending" else ""
@@ -366,8 +366,8 @@ def path_of(job) -> list[str]:
 
 def forget_live_metrics(*names: str) -> None:
     """Drop the nodes' newest GPU samples, wherever this process keeps them (Redis, or memory embedded)."""
-    from scheduling import live_metrics
-    from scheduling.tasks import redis_client
+    from scheduling.agents import live_metrics
+    from scheduling.coordination import redis_client
 
     r = redis_client()
     if r is None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from scheduling import cycle
-from scheduling.agent_services import job_report, node_event, node_heartbeat, node_hello
+from scheduling.agents.reports import job_report, node_event, node_heartbeat, node_hello
 from scheduling.choices import GpuHealth, JobState, NodeState
+from scheduling.cycle import apply, lease
 from scheduling.engine import types as eng
-from scheduling.models import Gpu, Node
-from scheduling.services import JobSpec, job_submit
+from scheduling.inventory.models import Gpu, Node
+from scheduling.jobs.services import JobSpec, job_submit
 
 pytestmark = pytest.mark.django_db
 
@@ -19,7 +19,7 @@ def placed(node, alice, teams):
     """A one-GPU job placed on a100-01/gpu0."""
     job = job_submit(submitter=alice, team=teams["training"], spec=JobSpec(name="j", command="true", gpus=1))
     placement = eng.Placement(str(job.pk), (eng.Assignment("a100-01", 0, 81920, 1000),))
-    cycle.apply_decisions(decisions=eng.Decisions(placements=(placement,)), epoch=cycle.epoch_issue())
+    apply.apply_decisions(decisions=eng.Decisions(placements=(placement,)), epoch=lease.epoch_issue())
     job.refresh_from_db()
     assert job.state == JobState.PLACED
     return job
@@ -72,7 +72,7 @@ def test_it_refuses_reports_from_a_lost_node(node, running):
 
 def test_a_stop_after_preemption_requeues_it_with_its_submit_time(node, running):
     eviction = eng.Eviction(str(running.pk), "99", "preempted", 30.0)
-    cycle.apply_decisions(decisions=eng.Decisions(evictions=(eviction,)), epoch=cycle.epoch_issue())
+    apply.apply_decisions(decisions=eng.Decisions(evictions=(eviction,)), epoch=lease.epoch_issue())
     submitted_at = running.submitted_at
     assert job_report(
         node_id=node.pk, payload=report(running, "stopped", exit_code=-15, reason="not_desired")
@@ -92,7 +92,7 @@ def test_a_job_killed_for_its_runtime_fails_with_that_reason(node, running):
 def test_a_placement_on_gpus_the_node_does_not_have_is_requeued_not_failed(node, alice, teams):
     job = job_submit(submitter=alice, team=teams["training"], spec=JobSpec(name="j", command="true", gpus=1))
     placement = eng.Placement(str(job.pk), (eng.Assignment("a100-01", 1, 81920, 1000),))
-    cycle.apply_decisions(decisions=eng.Decisions(placements=(placement,)), epoch=cycle.epoch_issue())
+    apply.apply_decisions(decisions=eng.Decisions(placements=(placement,)), epoch=lease.epoch_issue())
     job.refresh_from_db()
     job_report(node_id=node.pk, payload=report(job, "launch_failed", reason="GPU(s) not on this node: GPU-x"))
     job.refresh_from_db()

@@ -10,10 +10,13 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from agent import protocol
-from scheduling import consumers, cycle, joblogs
+from scheduling.agents import consumers, joblogs
+from scheduling.cycle import apply, lease
 from scheduling.engine import types as eng
-from scheduling.models import Gpu, JobEvent, Node
-from scheduling.services import JobSpec, job_submit, node_issue_token
+from scheduling.inventory.models import Gpu, Node
+from scheduling.inventory.services import node_issue_token
+from scheduling.jobs.models import JobEvent
+from scheduling.jobs.services import JobSpec, job_submit
 from tests.pipeline.harness import forget_live_metrics
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,7 +33,7 @@ def _in_memory(settings, tmp_path, monkeypatch):
 
 def _place(job, node_name: str, gpu_index: int):
     placement = eng.Placement(str(job.pk), (eng.Assignment(node_name, gpu_index, 81920, 1000),))
-    cycle.apply_decisions(decisions=eng.Decisions(placements=(placement,)), epoch=cycle.epoch_issue())
+    apply.apply_decisions(decisions=eng.Decisions(placements=(placement,)), epoch=lease.epoch_issue())
     job.refresh_from_db()
     return job
 
@@ -209,7 +212,7 @@ def test_the_newest_gpu_sample_reaches_the_rest_cluster_view_typed_and_for_a_whi
 ):
     from rest_framework.test import APIClient
 
-    from scheduling import live_metrics
+    from scheduling.agents import live_metrics
 
     *_, token_b = two_nodes
     forget_live_metrics("a100-01", "a100-02")
@@ -266,7 +269,7 @@ def test_a_report_the_database_failed_on_is_acked_for_a_retry_and_lands_when_sen
 ):
     from django.db import OperationalError
 
-    from scheduling import agent_services
+    from scheduling.agents import reports as agent_services
 
     _, on_b, _, token_b = two_nodes
     real = agent_services.job_report
@@ -325,7 +328,7 @@ def test_a_heartbeat_showing_a_placed_job_running_moves_it_to_running(two_nodes)
 def test_a_backlog_of_heartbeats_is_handled_as_the_newest_one_and_never_holds_up_a_job_report(
     two_nodes, monkeypatch
 ):
-    from scheduling import agent_services
+    from scheduling.agents import reports as agent_services
 
     _, on_b, _, token_b = two_nodes
     real = agent_services.node_heartbeat
@@ -369,7 +372,7 @@ def test_a_backlog_of_heartbeats_is_handled_as_the_newest_one_and_never_holds_up
 
 
 def test_an_answer_asked_before_the_previous_chunk_was_stored_is_not_stored_twice(two_nodes, monkeypatch):
-    from scheduling import agent_services
+    from scheduling.agents import reports as agent_services
 
     _, on_b, _, token_b = two_nodes
     real = agent_services.job_logs_store
@@ -404,7 +407,7 @@ def test_an_answer_asked_before_the_previous_chunk_was_stored_is_not_stored_twic
 def test_a_report_that_fails_for_a_reason_other_than_the_database_is_refused_not_retried(
     two_nodes, monkeypatch
 ):
-    from scheduling import agent_services
+    from scheduling.agents import reports as agent_services
 
     _, on_b, _, token_b = two_nodes
 

@@ -8,13 +8,16 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from scheduling import cycle, tasks, watchdog
+from scheduling import coordination
 from scheduling.choices import JobState, NodeState
-from scheduling.desired_state import desired_state_for_node
+from scheduling.cycle import apply, lease, runner, snapshot, watchdog
+from scheduling.cycle.desired_state import desired_state_for_node
+from scheduling.cycle.watchdog import nodes_check
 from scheduling.engine import types as eng
-from scheduling.models import Gpu, Job, Node, Slice
-from scheduling.services import JobSpec, job_cancel, job_submit
-from scheduling.watchdog import nodes_check
+from scheduling.inventory.models import Gpu, Node
+from scheduling.jobs import usage
+from scheduling.jobs.models import Job, Slice
+from scheduling.jobs.services import JobSpec, job_cancel, job_submit
 
 pytestmark = pytest.mark.django_db
 
@@ -42,7 +45,7 @@ def overcommitted_in_sql() -> int:
 
 def test_the_snapshot_speaks_engine_units(node, alice, teams):
     sliced = submit(alice, teams["training"], gpu_memory_mib=8192, compute_pct=25)
-    snap = cycle.snapshot_from_db()
+    snap = snapshot.snapshot_from_db()
     (n,) = snap.nodes
     assert n.name == "a100-01" and len(n.gpus) == 8
     assert (0, 1) in n.nvlink
@@ -55,7 +58,7 @@ def test_the_snapshot_speaks_engine_units(node, alice, teams):
 
 def test_a_cycle_places_a_pending_job_and_the_ledger_holds_it(node, alice, teams):
     job = submit(alice, teams["training"], gpus=2)
-    report = cycle.cycle_run_once()
+    report = runner.cycle_run_once()
     job.refresh_from_db()
     assert report.placed == 1
     assert job.state == JobState.PLACED and job.attempt == 1
@@ -67,25 +70,25 @@ def test_a_cycle_places_a_pending_job_and_the_ledger_holds_it(node, alice, teams
 
 def test_it_refuses_a_stale_epoch_whole(node, alice, teams):
     job = submit(alice, teams["training"], gpus=1)
-    old = cycle.epoch_issue()
+    old = lease.epoch_issue()
     decisions = eng.Decisions(
         placements=(
             eng.Placement(job_id=str(job.pk), assignments=(eng.Assignment("a100-01", 0, 81920, 1000),)),
         )
     )
-    cycle.epoch_issue()  # a newer cycle started: the older one may no longer write
-    with pytest.raises(cycle.StaleEpoch):
-        cycle.apply_decisions(decisions=decisions, epoch=old)
+    lease.epoch_issue()  # a newer cycle started: the older one may no longer write
+    with pytest.raises(lease.StaleEpoch):
+        apply.apply_decisions(decisions=decisions, epoch=old)
     job.refresh_from_db()
     assert job.state == JobState.PENDING and not Slice.objects.exists()
 
 
 def test_an_epoch_applies_only_once(node, alice, teams):
     job = submit(alice, teams["training"], gpus=1)
-    epoch = cycle.epoch_issue()
-    cycle.apply_decisions(decisions=eng.Decisions(), epoch=epoch)
-    with pytest.raises(cycle.StaleEpoch):
-        cycle.apply_decisions(
+    epoch = lease.epoch_issue()
+    apply.apply_decisions(decisions=eng.Decisions(), epoch=epoch)
+    with pytest.raises(lease.StaleEpoch):
+        apply.apply_decisions(
             decisions=eng.Decisions(
                 placements=(eng.Placement(str(job.pk), (eng.Assignment("a100-01", 0, 81920, 1000),)),)
             ),
@@ -100,7 +103,7 @@ def test_a_placement_the_ledger_refuses_leaves_the_job_pending_with_a_reason(nod
     decisions = eng.Decisions(
         placements=(eng.Placement(str(first.pk), same_gpu), eng.Placement(str(second.pk), same_gpu))
     )
-    result = cycle.apply_decisions(decisions=decisions, epoch=cycle.epoch_issue())
+    result = apply.apply_decisions(decisions=decisions, epoch=lease.epoch_issue())
     assert result.placed == [first.pk] and second.pk in result.conflicts
     second.refresh_from_db()
     assert second.state == JobState.PENDING and second.pending_reason_code == "conflict"
@@ -110,10 +113,10 @@ def test_a_placement_the_ledger_refuses_leaves_the_job_pending_with_a_reason(nod
 
 def test_an_eviction_preempts_with_its_grace_recorded_and_frees_the_gpus(node, alice, teams):
     victim = submit(alice, teams["training"], gpus=8)
-    cycle.cycle_run_once()
+    runner.cycle_run_once()
     victim.refresh_from_db()
     decisions = eng.Decisions(evictions=(eng.Eviction(str(victim.pk), "999", "preempted", 30.0),))
-    cycle.apply_decisions(decisions=decisions, epoch=cycle.epoch_issue())
+    apply.apply_decisions(decisions=decisions, epoch=lease.epoch_issue())
     victim.refresh_from_db()
     assert victim.state == JobState.PREEMPTED
     event = victim.events.get(to_state=JobState.PREEMPTED)
@@ -127,7 +130,7 @@ def test_the_desired_version_moves_only_when_the_content_does(node, alice, teams
     again, moved_again = desired_state_for_node(node=node)
     assert not moved_again and again.version == state0.version
     job = submit(alice, teams["training"], gpus=1, env={"A": "1"})
-    cycle.cycle_run_once()
+    runner.cycle_run_once()
     state1, moved1 = desired_state_for_node(node=node)
     assert moved1 and state1.version == state0.version + 1
     (entry,) = state1.jobs
@@ -141,7 +144,7 @@ def test_the_desired_version_moves_only_when_the_content_does(node, alice, teams
 @pytest.fixture
 def fresh_watch():
     """No record of earlier watchdog runs (shared Redis keys from other tests)."""
-    r = tasks.redis_client()
+    r = coordination.redis_client()
     if r is not None:
         r.delete(watchdog._LAST_RUN_KEY, watchdog._RESUMED_KEY)
     watchdog._local_marks.clear()
@@ -160,7 +163,7 @@ def test_a_watchdog_resuming_after_a_long_pause_gives_every_node_a_full_grace_pe
 ):
     settings.TESSERA_NODE_LOST_AFTER_S = 30
     job = submit(alice, teams["training"], gpus=1)
-    cycle.cycle_run_once()
+    runner.cycle_run_once()
     now = timezone.now()
     _watched_since(now - timedelta(seconds=300), now - timedelta(seconds=200))
     # Paused (or Redis down) for 200 s; the agents could not report meanwhile.
@@ -176,7 +179,7 @@ def test_a_silent_node_is_lost_only_after_the_timeout_and_its_jobs_are_requeued(
 ):
     settings.TESSERA_NODE_LOST_AFTER_S = 30
     job = submit(alice, teams["training"], gpus=1)
-    cycle.cycle_run_once()
+    runner.cycle_run_once()
     now = timezone.now()
     _watched_since(now - timedelta(seconds=60), now)
     Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now - timedelta(seconds=29))
@@ -198,7 +201,7 @@ def test_requeues_are_bounded(node, alice, teams, settings, fresh_watch):
     _watched_since(timezone.now() - timedelta(seconds=60), timezone.now())
     for _ in range(2):
         Node.objects.filter(pk=node.pk).update(state=NodeState.READY, last_heartbeat_at=timezone.now())
-        cycle.cycle_run_once()
+        runner.cycle_run_once()
         Node.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now() - timedelta(seconds=60))
         nodes_check()
     job.refresh_from_db()
@@ -210,13 +213,12 @@ def test_requeues_are_bounded(node, alice, teams, settings, fresh_watch):
 def test_a_submit_commits_while_redis_is_down_and_the_cycle_request_is_only_logged(
     node, alice, teams, settings, caplog
 ):
-    from scheduling import tasks
 
     settings.REDIS_URL = "redis://127.0.0.1:9/0"  # nothing listens there
     job = submit(alice, teams["training"], gpus=1)
     assert Job.objects.get(pk=job.pk).state == JobState.PENDING
     assert "could not request a scheduling cycle" in caplog.text
-    tasks._redis_for.cache_clear()
+    coordination._redis_for.cache_clear()
 
 
 def test_fair_share_usage_decays_with_the_half_life_and_sql_agrees_with_python(node, alice, bob, teams):
@@ -232,8 +234,8 @@ def test_fair_share_usage_decays_with_the_half_life_and_sql_agrees_with_python(n
         job = submit(who, teams[team], gpus=gpus)
         Job.objects.filter(pk=job.pk).update(started_at=started, finished_at=finished)
     half_life_s = 7 * 24 * 3600.0
-    in_sql = cycle._decayed_usage_sql(now_s=now.timestamp(), half_life_s=half_life_s)
-    in_python = cycle._decayed_usage_python(now_s=now.timestamp(), half_life_s=half_life_s)
+    in_sql = usage._decayed_usage_sql(now_s=now.timestamp(), half_life_s=half_life_s)
+    in_python = usage._decayed_usage_python(now_s=now.timestamp(), half_life_s=half_life_s)
     assert in_sql.keys() == in_python.keys() == {"ai-lab/training", "ai-lab/inference"}
     for team, value in in_python.items():
         assert in_sql[team] == pytest.approx(value, rel=1e-9)
@@ -255,11 +257,11 @@ def test_fair_share_charges_a_memory_only_slice_its_memory_share_in_python_and_s
     for job, gpu_index in ((memory_only, 6), (both, 7)):
         assignment = eng.Assignment("a100-01", gpu_index, job.gpu_memory_mib, 125)
         placement = eng.Placement(str(job.pk), (assignment,))
-        cycle.apply_decisions(decisions=eng.Decisions(placements=(placement,)), epoch=cycle.epoch_issue())
+        apply.apply_decisions(decisions=eng.Decisions(placements=(placement,)), epoch=lease.epoch_issue())
         Job.objects.filter(pk=job.pk).update(started_at=now - timedelta(hours=1), finished_at=now)
     half_life_s = 7 * 24 * 3600.0
-    in_sql = cycle._decayed_usage_sql(now_s=now.timestamp(), half_life_s=half_life_s)
-    in_python = cycle._decayed_usage_python(now_s=now.timestamp(), half_life_s=half_life_s)
+    in_sql = usage._decayed_usage_sql(now_s=now.timestamp(), half_life_s=half_life_s)
+    in_python = usage._decayed_usage_python(now_s=now.timestamp(), half_life_s=half_life_s)
     assert in_python["ai-lab/training"] == pytest.approx(125 * 3600, rel=0.01)
     assert in_python["ai-lab/inference"] == pytest.approx(250 * 3600, rel=0.01)
     for team, value in in_python.items():

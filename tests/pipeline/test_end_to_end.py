@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 
-from scheduling import joblogs
+from scheduling.agents import joblogs
 from scheduling.choices import JobState, NodeState
-from scheduling.models import Job, JobEvent, Node
-from scheduling.services import job_cancel
+from scheduling.inventory.models import Node
+from scheduling.jobs.models import Job, JobEvent
+from scheduling.jobs.services import job_cancel
 from tests.pipeline.harness import NODE_LOST_AFTER_S, path_of, submit, wait_for, wait_state
 
 

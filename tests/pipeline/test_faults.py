@@ -13,10 +13,12 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import connection, transaction
 
-from scheduling import cycle
 from scheduling.choices import JobState
-from scheduling.models import Gpu, Job, SchedulerLease, Slice
-from scheduling.states import LIVE_STATES
+from scheduling.cycle import runner
+from scheduling.cycle.models import SchedulerLease
+from scheduling.inventory.models import Gpu
+from scheduling.jobs.models import Job, Slice
+from scheduling.jobs.states import LIVE_STATES
 from tests.pipeline.harness import path_of, submit, wait_for, wait_state
 
 
@@ -99,7 +101,7 @@ def test_cycles_racing_from_two_workers_and_a_rogue_caller_never_double_book_a_g
         try:
             while not stop.is_set():
                 try:
-                    report = cycle.cycle_run_once(holder="rogue")
+                    report = runner.cycle_run_once(holder="rogue")
                 except Exception as exc:  # a deadlock the database broke is a refusal too; note it
                     outcomes["errors"].append(repr(exc))
                     continue
@@ -269,8 +271,8 @@ def test_a_rotated_token_stops_speaking_for_its_node_at_once(pipe):
     from websockets.exceptions import ConnectionClosed, InvalidStatus
     from websockets.sync.client import connect
 
-    from scheduling.models import Node
-    from scheduling.services import node_issue_token
+    from scheduling.inventory.models import Node
+    from scheduling.inventory.services import node_issue_token
 
     url = f"ws://127.0.0.1:{pipe.port}/ws/agent/"
     node = Node.objects.get(name="pipe-a")
@@ -336,7 +338,7 @@ def test_a_redis_restart_loses_no_job_and_cycles_resume(pipe):
 
 
 def test_an_agent_holding_a_newer_version_than_a_restored_database_is_leapfrogged(pipe):
-    from scheduling.models import NodeSync
+    from scheduling.cycle.models import NodeSync
 
     agent = pipe.procs["agent-pipe-b"]
     agent.stop()

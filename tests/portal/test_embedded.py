@@ -213,8 +213,9 @@ def test_the_readme_first_job_runs_on_the_embedded_demo(embedded_server):
 @pytest.mark.django_db
 def test_loading_the_demo_twice_keeps_one_copy():
     from scheduling.demo import load_demo
-    from scheduling.models import Gpu, Job, Node
-    from scheduling.selectors import overcommitted_gpus
+    from scheduling.inventory.models import Gpu, Node
+    from scheduling.inventory.selectors import overcommitted_gpus
+    from scheduling.jobs.models import Job
 
     load_demo()
     counts = (Node.objects.count(), Gpu.objects.count(), Job.objects.count())

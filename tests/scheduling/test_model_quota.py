@@ -8,10 +8,10 @@ import pytest
 
 from quotas.models import Quota
 from quotas.services import quota_save
-from scheduling import cycle
 from scheduling.choices import JobState
-from scheduling.models import Slice
-from scheduling.services import JobSpec, job_submit
+from scheduling.cycle import runner, snapshot
+from scheduling.jobs.models import Slice
+from scheduling.jobs.services import JobSpec, job_submit
 
 pytestmark = pytest.mark.django_db
 
@@ -38,16 +38,16 @@ def a100_capped_at_two(teams, a100):
 
 
 def test_the_snapshot_carries_the_per_model_row_beside_the_all_models_quota(node, teams, a100_capped_at_two):
-    quota = cycle.snapshot_from_db().quotas["ai-lab/training"]
+    quota = snapshot.snapshot_from_db().quotas["ai-lab/training"]
     assert quota.limit_compute_milli == 8000
     (row,) = quota.per_model
     assert (row.model, row.guaranteed_compute_milli, row.limit_compute_milli) == ("A100-80GB", 1000, 2000)
-    assert cycle.snapshot_from_db().quotas["ai-lab/inference"].per_model == ()
+    assert snapshot.snapshot_from_db().quotas["ai-lab/inference"].per_model == ()
 
 
 def test_a_cycle_refuses_to_take_a_team_past_its_per_model_limit(node, alice, teams, a100_capped_at_two):
     first = submit(alice, teams["training"], gpus=2)
-    report = cycle.cycle_run_once()
+    report = runner.cycle_run_once()
     assert report.placed == 1
     first.refresh_from_db()
     assert first.state == JobState.PLACED
@@ -55,7 +55,7 @@ def test_a_cycle_refuses_to_take_a_team_past_its_per_model_limit(node, alice, te
     assert first.borrowed
 
     second = submit(alice, teams["training"], gpus=1)
-    report = cycle.cycle_run_once()
+    report = runner.cycle_run_once()
     second.refresh_from_db()
     assert report.placed == 0
     assert second.state == JobState.PENDING

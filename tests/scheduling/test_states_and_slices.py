@@ -3,11 +3,12 @@ import threading
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from scheduling import services
 from scheduling.choices import ActorKind, JobState
-from scheduling.models import Gpu, Job, JobEvent, Slice
-from scheduling.selectors import overcommitted_gpus
-from scheduling.states import TRANSITIONS, IllegalTransition, check_transition
+from scheduling.inventory.models import Gpu
+from scheduling.inventory.selectors import overcommitted_gpus
+from scheduling.jobs import services
+from scheduling.jobs.models import Job, JobEvent, Slice
+from scheduling.jobs.states import TRANSITIONS, IllegalTransition, check_transition
 
 
 def _job(alice, teams, **spec) -> Job:

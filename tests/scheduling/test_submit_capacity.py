@@ -4,10 +4,13 @@ ORM rules they replace on the submit path."""
 from decimal import Decimal
 
 import pytest
+from django.db.models import Count
 
-from scheduling import services
+from scheduling import errors
 from scheduling.choices import GpuHealth
-from scheduling.models import Gpu, GpuModel, Node
+from scheduling.inventory import selectors as inventory_selectors
+from scheduling.inventory.models import Gpu, GpuModel, Node
+from scheduling.jobs import services
 
 
 def _submit(user, team, **spec):
@@ -32,7 +35,7 @@ def _add_node(name, model, *, gpus, numa_split=4):
 
 @pytest.mark.django_db
 def test_a_gang_refused_for_want_of_nodes_is_accepted_once_a_node_joins(alice, teams, node, a100):
-    with pytest.raises(services.ServiceError, match="the cluster has 1"):
+    with pytest.raises(errors.ServiceError, match="the cluster has 1"):
         _submit(alice, teams["training"], gpus=4, nodes=2)
     _add_node("a100-02", a100, gpus=4)
     assert _submit(alice, teams["training"], gpus=4, nodes=2).state == "pending"
@@ -42,7 +45,7 @@ def test_a_gang_refused_for_want_of_nodes_is_accepted_once_a_node_joins(alice, t
 def test_failed_gpus_shrink_the_largest_group_at_once(alice, teams, node):
     assert _submit(alice, teams["training"], gpus=8).state == "pending"
     Gpu.objects.filter(node=node, index=7).update(health=GpuHealth.FAILED)
-    with pytest.raises(services.ServiceError, match="the most on any node is 7"):
+    with pytest.raises(errors.ServiceError, match="the most on any node is 7"):
         _submit(alice, teams["training"], gpus=8)
     Gpu.objects.filter(node=node, index=7).update(health=GpuHealth.OK)
     assert _submit(alice, teams["training"], gpus=8).state == "pending"
@@ -50,18 +53,37 @@ def test_failed_gpus_shrink_the_largest_group_at_once(alice, teams, node):
 
 @pytest.mark.django_db
 def test_a_new_gpu_model_is_known_to_the_next_submit(alice, teams, node):
-    with pytest.raises(services.ServiceError, match="Unknown GPU model H200"):
+    with pytest.raises(errors.ServiceError, match="Unknown GPU model H200"):
         _submit(alice, teams["training"], gpus=1, gpu_models=["H200"])
     h200 = GpuModel.objects.create(name="H200", memory_mib=143_771, compute_capability=Decimal("9.0"))
-    with pytest.raises(services.ServiceError, match="the most on any node is 0"):
+    with pytest.raises(errors.ServiceError, match="the most on any node is 0"):
         _submit(alice, teams["training"], gpus=1, gpu_models=["H200"])
     _add_node("h200-01", h200, gpus=8)
     assert _submit(alice, teams["training"], gpus=8, gpu_models=["H200"]).state == "pending"
     assert _submit(alice, teams["training"], gpu_memory_mib=140_000, compute_pct=50).state == "pending"
     h200.memory_mib = 100_000
     h200.save()
-    with pytest.raises(services.ServiceError, match="largest allowed GPU has"):
+    with pytest.raises(errors.ServiceError, match="largest allowed GPU has"):
         _submit(alice, teams["training"], gpu_memory_mib=140_000, compute_pct=50)
+
+
+def _largest_group_by_orm(*, allowed_models, topology):
+    """The reference: the most healthy GPUs of the allowed models one node (for NUMA, one NUMA node) holds."""
+    usable = Gpu.objects.filter(model_id__in=allowed_models).exclude(health=GpuHealth.FAILED)
+    per = ("node_id", "numa_node") if topology == "numa" else ("node_id",)
+    counts = usable.values(*per).annotate(n=Count("id")).order_by().values_list("n", flat=True)
+    return max(counts, default=0)
+
+
+def _nodes_with_at_least_by_orm(*, allowed_models, gpus):
+    return (
+        Gpu.objects.filter(model_id__in=allowed_models)
+        .values("node_id")
+        .annotate(n=Count("id"))
+        .filter(n__gte=gpus)
+        .order_by()
+        .count()
+    )
 
 
 @pytest.mark.django_db
@@ -74,10 +96,10 @@ def test_the_one_query_counts_agree_with_the_orm_rules(node, a100, topology):
     _add_node("l4-01", other, gpus=2)
     for allowed in ({a100.id}, {other.id}, {a100.id, other.id}, set()):
         for gpus in (1, 2, 3, 6, 8, 9):
-            got = services._gpu_counts(allowed_models=allowed, topology=topology, gpus=gpus)
+            got = inventory_selectors.whole_gpu_capacity(allowed_models=allowed, topology=topology, gpus=gpus)
             want = (
-                services._largest_gpu_group(allowed_models=allowed, topology=topology),
-                services._nodes_with_at_least(allowed_models=allowed, gpus=gpus),
+                _largest_group_by_orm(allowed_models=allowed, topology=topology) if allowed else 0,
+                _nodes_with_at_least_by_orm(allowed_models=allowed, gpus=gpus),
             )
             assert got == want, (allowed, gpus)
 
@@ -102,7 +124,7 @@ def test_the_one_statement_insert_writes_what_the_orm_saves_write(alice, teams, 
     from django.db import connection
     from django.forms.models import model_to_dict
 
-    from scheduling.models import Job, JobEvent
+    from scheduling.jobs.models import Job, JobEvent
 
     spec = {
         "gpus": 2,
@@ -126,3 +148,35 @@ def test_the_one_statement_insert_writes_what_the_orm_saves_write(alice, teams, 
     assert row(fast) == row(plain)
     assert row(fast)[0]["env"] == {"A": "1"} and row(fast)[2]
     assert fast.pk and not fast._state.adding and fast.events.count() == 1
+
+
+@pytest.mark.django_db
+def test_a_4_gpu_nvlink_job_the_scheduler_would_place_is_accepted_at_submit(alice, teams, a100):
+    """Links 0-1 plus the 4-clique {1, 2, 3, 4}: a greedy grouping finds 3 linked cards, the engine finds 4, and
+    submit validation asks the engine."""
+    from scheduling.choices import LinkKind
+    from scheduling.engine import types as eng
+    from scheduling.engine.capacity import most_whole_gpus
+    from scheduling.inventory.models import GpuLink
+
+    node = _add_node("nv-01", a100, gpus=5, numa_split=8)
+    cards = {g.index: g for g in node.gpus.all()}
+    pairs = [(0, 1), (1, 2), (1, 3), (1, 4), (2, 3), (2, 4), (3, 4)]
+    for a, b in pairs:
+        GpuLink.objects.create(gpu_a=cards[a], gpu_b=cards[b], kind=LinkKind.NVLINK, nvlink_count=4)
+    job = _submit(alice, teams["training"], gpus=4, topology="nvlink")
+    assert job.state == "pending"
+    with pytest.raises(
+        errors.ServiceError,
+        match="5 NVLink-connected GPUs on one node can never be had: the most on any node is 4",
+    ):
+        _submit(alice, teams["training"], gpus=5, topology="nvlink")
+    # The engine places it on that node (the same rule submit asked).
+    engine_node = eng.Node(
+        name="nv-01",
+        cpu_milli=64_000,
+        memory_mib=512 * 1024,
+        gpus=tuple(eng.Gpu(index=i, uuid=f"u{i}", model="A100-80GB", memory_mib=81_920) for i in range(5)),
+        nvlink=frozenset(pairs),
+    )
+    assert most_whole_gpus(eng.Request(gpus=4, topology=eng.TopologyNeed.NVLINK), engine_node) == 4

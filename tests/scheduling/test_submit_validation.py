@@ -1,7 +1,8 @@
 import pytest
 
-from scheduling import services
-from scheduling.models import Job
+from scheduling import errors
+from scheduling.jobs import services
+from scheduling.jobs.models import Job
 
 
 def _submit(user, team, **spec):
@@ -38,7 +39,7 @@ def _submit(user, team, **spec):
     ],
 )
 def test_a_spec_that_can_never_run_is_refused_naming_the_field(alice, teams, node, spec, field, message):
-    with pytest.raises(services.ServiceError) as caught:
+    with pytest.raises(errors.ServiceError) as caught:
         _submit(alice, teams["training"], **spec)
     assert caught.value.field == field
     assert message in caught.value.message
@@ -47,7 +48,7 @@ def test_a_spec_that_can_never_run_is_refused_naming_the_field(alice, teams, nod
 
 @pytest.mark.django_db
 def test_a_team_you_are_not_in_is_refused(alice, teams, node):
-    with pytest.raises(services.ServiceError, match="not a member of team ai-lab/inference") as caught:
+    with pytest.raises(errors.ServiceError, match="not a member of team ai-lab/inference") as caught:
         _submit(alice, teams["inference"], gpus=1)
     assert caught.value.field == "team"
 

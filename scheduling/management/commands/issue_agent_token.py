@@ -4,8 +4,8 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.models import Node
-from scheduling.services import node_issue_token
+from scheduling.inventory.models import Node
+from scheduling.inventory.services import node_issue_token
 
 
 class Command(BaseCommand):

@@ -9,6 +9,7 @@ Production runs the same pieces as separate processes (docs/operations.md).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import shutil
@@ -19,8 +20,16 @@ import time
 from pathlib import Path
 
 import yaml
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.management.base import BaseCommand
+from django.db import close_old_connections
+
+from agent import procfs
+from scheduling.choices import LinkKind
+from scheduling.cycle import requests, runner
+from scheduling.cycle.watchdog import nodes_check, preemptions_check
+from scheduling.inventory.models import GpuLink, Node
 
 log = logging.getLogger("tessera.demo")
 
@@ -42,8 +51,6 @@ _AGENT_SHARING = {"timeslice": "time_sliced"}
 
 def sim_spec(node) -> dict:
     """A simulated-backend YAML for a node, mirroring its GPUs (model, memory, NUMA, sharing) and NVLink."""
-    from scheduling.choices import LinkKind
-    from scheduling.models import GpuLink
 
     gpus = [
         {
@@ -102,8 +109,6 @@ class Command(BaseCommand):
 
     # -- agents -------------------------------------------------------------------------------------------------
     def _start_agents(self, portal_url: str) -> list[subprocess.Popen]:
-        from scheduling.models import Node
-
         root = Path(settings.VAR_DIR) / "demo-agents"
         bin_dir = root / "bin"
         bin_dir.mkdir(parents=True, exist_ok=True)
@@ -173,10 +178,6 @@ class Command(BaseCommand):
 def _stop_demo_jobs(root: Path) -> None:
     """Agents leave their jobs running when they stop (a restarted agent re-adopts them). The demo's jobs stop
     with the demo; the next run finds them gone and requeues them."""
-    import json
-
-    from agent import procfs
-
     for launch in root.glob("*/jobs/*/*/launch.json"):
         if (launch.parent / "outcome.json").exists():
             continue
@@ -191,25 +192,17 @@ def _stop_demo_jobs(root: Path) -> None:
 
 def _scheduling_step(state: dict) -> None:
     """Run what is due: cycles while requested (or every interval), the watchdog every interval."""
-    from scheduling import tasks
-    from scheduling.watchdog import nodes_check, preemptions_check
-
     now = time.monotonic()
     if now - state["watchdog_at"] >= settings.TESSERA_WATCHDOG_INTERVAL_S:
         state["watchdog_at"] = now
         if nodes_check() or preemptions_check():
-            tasks.local_cycle_wanted.set()
-    if tasks.local_cycle_wanted.is_set() or now - state["cycle_at"] >= settings.TESSERA_CYCLE_INTERVAL_S:
+            requests.local_cycle_wanted.set()
+    if requests.local_cycle_wanted.is_set() or now - state["cycle_at"] >= settings.TESSERA_CYCLE_INTERVAL_S:
         state["cycle_at"] = now
-        tasks.run_cycles(holder="demo")
+        runner.run_cycles(holder="demo")
 
 
 async def scheduling_loop() -> None:
-    from asgiref.sync import sync_to_async
-    from django.db import close_old_connections
-
-    from scheduling import tasks
-
     state = {"cycle_at": 0.0, "watchdog_at": 0.0}
     step = sync_to_async(_scheduling_step, thread_sensitive=True)
     while True:
@@ -220,6 +213,6 @@ async def scheduling_loop() -> None:
             await sync_to_async(close_old_connections, thread_sensitive=True)()
         # Wake quickly on a request (a submit, a finish), otherwise at the next interval.
         for _ in range(20):
-            if tasks.local_cycle_wanted.is_set():
+            if requests.local_cycle_wanted.is_set():
                 break
             await asyncio.sleep(0.05)

@@ -9,7 +9,7 @@ from django.db.models import QuerySet
 from rest_framework.exceptions import ValidationError
 
 from scheduling.choices import JobState
-from scheduling.models import Job
+from scheduling.jobs.models import Job
 
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(9999, 1, 1, tzinfo=UTC)

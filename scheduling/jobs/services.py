@@ -1,4 +1,4 @@
-"""Writes for the inventory and jobs: submit, transitions, slices, node state and agent tokens.
+"""Writes for jobs: submit, transitions, slices, cancel and requeue.
 
 Every job state change goes through `job_transition`, which checks the state machine and appends a JobEvent.
 Slices change the GPU ledger with `allocated = allocated + x` guarded in the same UPDATE, so two writers racing
@@ -7,36 +7,30 @@ for one card cannot both win; the CHECK constraints on Gpu are the last guard.
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection, transaction
-from django.db.models import Count, F
+from django.db.models import F
 from django.utils import timezone
 
-from portal.rows import model_from_row
 from quotas.models import Membership, PriorityClass, Quota, Team
-from scheduling import events
-from scheduling.choices import ActorKind, GpuHealth, JobState, NodeState, SharingMode, Topology
-from scheduling.models import Gpu, GpuModel, Job, JobEvent, Node, Slice
-from scheduling.states import ACTIVE_STATES, TERMINAL_STATES, check_transition
+from quotas.rows import fetch_rows, model_from_row
+from scheduling.choices import ActorKind, JobState, SharingMode, Topology
+from scheduling.cycle.requests import cycle_request_after_commit
+from scheduling.errors import ServiceError
+from scheduling.inventory import selectors as inventory
+from scheduling.inventory.models import Gpu
+from scheduling.jobs.models import Job, JobEvent, Slice
+from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES, check_transition
+from scheduling.realtime import events
 
 MAX_GPUS_PER_JOB_NODE = 64
+
+
 MAX_GANG_NODES = 256
-
-
-class ServiceError(Exception):
-    """A refused write. `field` names the input at fault, for API errors and forms."""
-
-    def __init__(self, message: str, *, field: str | None = None, code: str = "invalid"):
-        super().__init__(message)
-        self.message = message
-        self.field = field
-        self.code = code
 
 
 class SliceDoesNotFit(ServiceError):
@@ -95,7 +89,7 @@ def job_spec_validate(*, spec: JobSpec) -> None:
     if spec.max_runtime_s is not None and spec.max_runtime_s <= 0:
         _refuse(f"max_runtime must be positive (got {spec.max_runtime_s} s).", "max_runtime")
 
-    models = {m.name: m for m in _gpu_models()}
+    models = {m.name: m for m in inventory.gpu_model_rows()}
     unknown = [name for name in spec.gpu_models if name not in models]
     if unknown:
         known = ", ".join(sorted(models)) or "none registered"
@@ -115,14 +109,9 @@ def job_spec_validate(*, spec: JobSpec) -> None:
                 "gpu_memory",
             )
     if spec.gpus:
-        allowed_ids = {m.id for m in allowed}
-        if spec.topology == Topology.NVLINK:
-            per_node = _largest_gpu_group(allowed_models=allowed_ids, topology=spec.topology)
-            nodes_with_enough = _nodes_with_at_least(allowed_models=allowed_ids, gpus=spec.gpus)
-        else:
-            per_node, nodes_with_enough = _gpu_counts(
-                allowed_models=allowed_ids, topology=spec.topology, gpus=spec.gpus
-            )
+        per_node, nodes_with_enough = inventory.whole_gpu_capacity(
+            allowed_models={m.id for m in allowed}, topology=spec.topology, gpus=spec.gpus
+        )
         if spec.gpus > per_node:
             what = {"nvlink": "NVLink-connected ", "numa": "same-NUMA "}.get(spec.topology, "")
             _refuse(
@@ -137,79 +126,6 @@ def job_spec_validate(*, spec: JobSpec) -> None:
             )
 
 
-@dataclass(frozen=True)
-class _GpuModelRow:
-    id: int
-    name: str
-    memory_mib: int
-    compute_capability: Decimal
-
-
-def _fetch(sql: str, params: list[Any]) -> list[tuple]:
-    """Rows of one hand-written query. The submit path uses a few of these: building the same ORM queries costs
-    more CPU than PostgreSQL spends answering them."""
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall()
-
-
-def _gpu_models() -> list[_GpuModelRow]:
-    rows = _fetch(f"SELECT id, name, memory_mib, compute_capability FROM {GpuModel._meta.db_table}", [])
-    return [_GpuModelRow(i, name, memory_mib, Decimal(str(cc))) for i, name, memory_mib, cc in rows]
-
-
-def _gpu_counts(*, allowed_models: set[int], topology: str, gpus: int) -> tuple[int, int]:
-    """For GPUs of allowed models, in one query: the most healthy ones one node (or, for NUMA, one NUMA node)
-    could give, and how many nodes hold at least `gpus` of them. Same rules as `_largest_gpu_group` and
-    `_nodes_with_at_least` (which also serve NVLink, where cliques need the links)."""
-    if not allowed_models:
-        return 0, 0
-    best = "best_numa" if topology == Topology.NUMA else "healthy"
-    marks = ", ".join(["%s"] * len(allowed_models))
-    rows = _fetch(
-        f"""
-        SELECT COALESCE(MAX({best}), 0), COUNT(CASE WHEN total >= %s THEN 1 END) FROM (
-            SELECT node_id, SUM(n_all) AS total, SUM(n_ok) AS healthy, MAX(n_ok) AS best_numa FROM (
-                SELECT node_id, numa_node, COUNT(*) AS n_all,
-                       COUNT(CASE WHEN health <> %s THEN 1 END) AS n_ok
-                FROM {Gpu._meta.db_table} WHERE model_id IN ({marks}) GROUP BY node_id, numa_node
-            ) per_numa GROUP BY node_id
-        ) per_node""",
-        [gpus, GpuHealth.FAILED, *sorted(allowed_models)],
-    )
-    largest, nodes = rows[0]
-    return int(largest), int(nodes)
-
-
-def _largest_gpu_group(*, allowed_models: set[int], topology: str) -> int:
-    """The largest number of GPUs of allowed models that one node could give at once for this topology."""
-    from scheduling.selectors import nvlink_cliques_for_node  # local: selectors import services' errors
-
-    usable = Gpu.objects.filter(model_id__in=allowed_models).exclude(health=GpuHealth.FAILED)
-    if topology != Topology.NVLINK:
-        # One aggregate query: a submit must not load the whole inventory.
-        per = ("node_id", "numa_node") if topology == Topology.NUMA else ("node_id",)
-        counts = usable.values(*per).annotate(n=Count("id")).order_by().values_list("n", flat=True)
-        return max(counts, default=0)
-    best = 0
-    for node in Node.objects.filter(gpus__in=usable).distinct().prefetch_related("gpus"):
-        gpus = [g for g in node.gpus.all() if g.model_id in allowed_models and g.health != GpuHealth.FAILED]
-        size = max((len(c) for c in nvlink_cliques_for_node(node=node, gpus=gpus)), default=0)
-        best = max(best, size)
-    return best
-
-
-def _nodes_with_at_least(*, allowed_models: set[int], gpus: int) -> int:
-    return (
-        Gpu.objects.filter(model_id__in=allowed_models)
-        .values("node_id")
-        .annotate(n=Count("id"))
-        .filter(n__gte=gpus)
-        .order_by()
-        .count()
-    )
-
-
 def _membership_and_default_class(*, user_id: int, team_id: int) -> tuple[bool, PriorityClass | None]:
     """Whether the user is in the team, and the team's default priority class, in one query.
 
@@ -218,7 +134,7 @@ def _membership_and_default_class(*, user_id: int, team_id: int) -> tuple[bool, 
     """
     fields = PriorityClass._meta.concrete_fields
     pc, membership, quota = (m._meta.db_table for m in (PriorityClass, Membership, Quota))
-    rows = _fetch(
+    rows = fetch_rows(
         f"""
         SELECT EXISTS (SELECT 1 FROM {membership} WHERE user_id = %s AND team_id = %s),
                {", ".join(f"pc.{f.column}" for f in fields)}
@@ -255,7 +171,7 @@ def _insert_job_and_event(*, job: Job, event: JobEvent) -> None:
     at = event_columns.index("job_id")
     del event_columns[at], event_values[at]
     marks = ", ".join(["%s"] * len(event_values))
-    rows = _fetch(
+    rows = fetch_rows(
         f"""
         WITH new_job AS (
             INSERT INTO {Job._meta.db_table} ({", ".join(job_columns)})
@@ -328,15 +244,8 @@ def job_submit(*, submitter: AbstractBaseUser, team: Team, spec: JobSpec) -> Job
     )
     _insert_job_and_event(job=job, event=event)
     events.job_changed(job_id=job.id, team_id=team.id, state=job.state, code="submitted")
-    _cycle_wanted()
-    return job
-
-
-def _cycle_wanted() -> None:
-    """Ask for a scheduling cycle once this write commits: the queue or the free capacity changed."""
-    from scheduling.tasks import cycle_request_after_commit  # local: the cycle's modules import services
-
     cycle_request_after_commit()
+    return job
 
 
 def job_transition(
@@ -399,9 +308,9 @@ def job_transition(
         for node_name in set(Slice.objects.filter(job=job).values_list("gpu__node__name", flat=True)):
             events.node_desired_state_changed(node_name=node_name)
         job_release_slices(job=job)
-        _cycle_wanted()
+        cycle_request_after_commit()
     elif to_state == JobState.PENDING:
-        _cycle_wanted()
+        cycle_request_after_commit()
     events.job_changed(job_id=job.pk, team_id=job.team_id, state=to_state, code=code, message=message)
     return job
 
@@ -485,35 +394,3 @@ def job_requeue(
         code="requeued",
         message=reason or "Requeued by an admin.",
     )
-
-
-def _hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def node_issue_token(*, node: Node) -> str:
-    """Give the node a new agent token (rotation); only its hash is kept. Returns the token, shown once."""
-    token = f"tna_{secrets.token_urlsafe(32)}"
-    node.agent_token_hash = _hash_token(token)
-    node.agent_token_prefix = token[:12]
-    node.save(update_fields=["agent_token_hash", "agent_token_prefix"])
-    return token
-
-
-def node_authenticate(*, token: str) -> Node | None:
-    """The node this agent token belongs to, or None. A token is good for its own node only."""
-    if not token:
-        return None
-    return Node.objects.filter(agent_token_hash=_hash_token(token)).first()
-
-
-@transaction.atomic
-def node_set_state(*, node: Node, state: str, actor: AbstractBaseUser | None, reason: str = "") -> Node:
-    """Cordon (no new work), drain (no new work; running jobs finish), uncordon, or mark lost."""
-    if state not in NodeState.values:
-        raise ServiceError(f"Unknown node state {state!r}.", field="state")
-    node.state = state
-    node.save(update_fields=["state"])
-    events.publish_after_commit("cluster", {"type": "node.changed", "node": node.name, "state": state})
-    _cycle_wanted()
-    return node

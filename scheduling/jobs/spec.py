@@ -17,7 +17,8 @@ from typing import Any
 import yaml
 
 from scheduling.choices import Topology
-from scheduling.services import MAX_GANG_NODES, MAX_GPUS_PER_JOB_NODE, JobSpec, ServiceError
+from scheduling.errors import ServiceError
+from scheduling.jobs.services import MAX_GANG_NODES, MAX_GPUS_PER_JOB_NODE, JobSpec
 
 MAX_NAME_CHARS = 200
 MAX_COMMAND_CHARS = 64 * 1024
@@ -488,7 +489,7 @@ def spec_check_card_limits(spec: JobSpec) -> None:
     """
     if not spec.gpu_memory_mib:
         return
-    from scheduling.models import GpuModel  # local: parsing itself needs no database
+    from scheduling.inventory.models import GpuModel  # local: parsing itself needs no database
 
     sizes = GpuModel.objects.values_list("name", "memory_mib", "compute_capability")
     allowed = [

@@ -4,7 +4,7 @@ A job holds GPUs while it is placed, starting or running; its JobEvents give tho
 several). What it holds is counted in whole-GPU equivalents: whole cards count 1 each, a slice counts
 max(memory share, compute share) of its card, so a 10 GiB / 25 % slice of an 80 GiB card counts 0.25.
 What a placement held comes from its "placed" event's data (`gpus`: [node, gpu index, memory MiB,
-compute milli] per card, as scheduling.cycle records it) with the card sizes from the inventory; failing that
+compute milli] per card, as scheduling.cycle.apply records it) with the card sizes from the inventory; failing that
 from the job's live slices, else from the smallest card the request allowed.
 """
 
@@ -16,9 +16,10 @@ from datetime import UTC, date, datetime, time, timedelta
 
 from django.db.models import Q, QuerySet
 
-from scheduling.api.queries import slice_share
-from scheduling.models import Gpu, GpuModel, Job, JobEvent
-from scheduling.states import ACTIVE_STATES
+from scheduling.inventory.models import Gpu, GpuModel
+from scheduling.jobs.models import Job, JobEvent
+from scheduling.jobs.states import ACTIVE_STATES
+from scheduling.jobs.usage import slice_share
 
 GROUPS = ("team", "user", "day")
 MAX_WINDOW = timedelta(days=366)

@@ -15,6 +15,8 @@ from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
 
+from scheduling.realtime import groups
+
 log = logging.getLogger(__name__)
 
 
@@ -96,14 +98,14 @@ def publish_after_commit(group: str, message: dict[str, Any]) -> None:
 def job_changed(*, job_id: int, team_id: int, state: str, code: str = "", message: str = "") -> None:
     payload = {"type": "job.changed", "job_id": job_id, "team_id": team_id, "state": state, "code": code}
     messages = [
-        (f"job-{job_id}", {**payload, "message": message}),
-        (f"team-{team_id}", {**payload, "message": message}),
+        (groups.job(job_id), {**payload, "message": message}),
+        (groups.team(team_id), {**payload, "message": message}),
         # The cluster group sees no names or messages, only that the queue moved.
-        ("cluster", {"type": "queue.changed", "state": state}),
+        (groups.CLUSTER, {"type": "queue.changed", "state": state}),
     ]
     # One commit hook for the three: they are sent together, in this order, or (rolled back) not at all.
     transaction.on_commit(lambda: _send_all(messages))
 
 
 def node_desired_state_changed(*, node_name: str) -> None:
-    publish_after_commit(f"node-{node_name}", {"type": "desired.changed", "node": node_name})
+    publish_after_commit(groups.node(node_name), {"type": "desired.changed", "node": node_name})

@@ -18,6 +18,8 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
+from scheduling.coordination import redis_client
+
 log = logging.getLogger(__name__)
 
 LIVE_METRICS_TTL_S = 30
@@ -59,8 +61,6 @@ def gpu_sample(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _store(node_name: str, sample: dict[str, Any]) -> None:
-    from scheduling.tasks import redis_client
-
     r = redis_client()
     if r is None:
         _local[node_name] = (time.monotonic() + LIVE_METRICS_TTL_S, sample)
@@ -80,8 +80,6 @@ async def live_metrics_store(*, node_name: str, sampled_at: float | None, gpus: 
 
 
 def _load(names: list[str]) -> dict[str, dict[str, Any]]:
-    from scheduling.tasks import redis_client
-
     r = redis_client()
     if r is None:
         now = time.monotonic()

@@ -1,6 +1,6 @@
 """Browser websocket streams: /ws/cluster/, /ws/queue/ and /ws/jobs/<id>/, with the REST API's permissions.
 
-Consumers only subscribe and authorize: they join the groups scheduling.events publishes to (`cluster`,
+Consumers only subscribe and authorize: they join the groups scheduling.realtime.events publishes to (`cluster`,
 `team-<id>`, `job-<id>`), check access when a socket connects and again before forwarding each event, and send
 nothing the REST API would not show the same user. Routes are wrapped in AllowedHostsOriginValidator (foreign
 Origins are refused) and AuthMiddlewareStack (the session cookie); agents have their own route.
@@ -19,6 +19,8 @@ from django.urls import path
 
 from quotas.models import Team
 from quotas.selectors import team_ids_for_user
+from scheduling.jobs.selectors import job_in_teams, job_team_id
+from scheduling.realtime import groups
 
 # Membership is re-read at most this often per socket: revoking access takes effect within it.
 AUTHZ_TTL_S = 5.0
@@ -104,7 +106,7 @@ class ClusterStream(_StreamConsumer):
     stream_name = "cluster"
 
     async def groups_for_user(self) -> list[str] | None:
-        return ["cluster"]
+        return [groups.CLUSTER]
 
     async def node_changed(self, event: dict[str, Any]) -> None:
         if await self.still_allowed():
@@ -143,7 +145,7 @@ class QueueStream(ClusterStream):
             team_ids = set(
                 await database_sync_to_async(lambda: list(Team.objects.values_list("pk", flat=True)))()
             )
-        return ["cluster", *(f"team-{team_id}" for team_id in sorted(team_ids))]
+        return [groups.CLUSTER, *(groups.team(team_id) for team_id in sorted(team_ids))]
 
     async def job_changed(self, event: dict[str, Any]) -> None:
         team_ids = await self.team_ids()
@@ -162,11 +164,7 @@ class QueueStream(ClusterStream):
             await self.send_json(_metrics_event(event))
 
     async def _job_in_teams(self, job_id: Any, team_ids: set[int]) -> bool:
-        from scheduling.models import Job
-
-        return await database_sync_to_async(
-            lambda: Job.objects.filter(pk=int(job_id), team_id__in=team_ids).exists()
-        )()
+        return await database_sync_to_async(lambda: job_in_teams(job_id=int(job_id), team_ids=team_ids))()
 
 
 class JobStream(_StreamConsumer):
@@ -179,12 +177,10 @@ class JobStream(_StreamConsumer):
         self.team_id = await database_sync_to_async(self._job_team_id)()
         if self.team_id is None or not await self._may_see():
             return None
-        return [f"job-{self.job_id}"]
+        return [groups.job(self.job_id)]
 
     def _job_team_id(self) -> int | None:
-        from scheduling.models import Job
-
-        return Job.objects.filter(pk=self.job_id).values_list("team_id", flat=True).first()
+        return job_team_id(job_id=self.job_id)
 
     async def _may_see(self) -> bool:
         team_ids = await self.team_ids()

@@ -1,17 +1,16 @@
-"""Jobs, the queue, the cluster and usage. Tenant scoping is in get_queryset; writes go through services.
+"""Jobs, the queue and usage. Tenant scoping is in get_queryset; writes go through services.
 
 Visibility: staff see everything; everyone else sees their teams' jobs in full and other teams' work only as
-anonymous queue entries, anonymous slices and per-team aggregates.
+anonymous queue entries.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import Counter, defaultdict
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Prefetch
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
@@ -26,32 +25,32 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal.api_support import ApiError, CsvRenderer, SubmitRateThrottle
-from portal.rows import model_from_row
-from quotas.models import IdempotencyRecord, Membership, Quota, Team
-from quotas.selectors import team_ids_for_user
-from scheduling import joblogs, selectors, services
-from scheduling.api import serializers as s
-from scheduling.api.filtersets import EARLIEST, LATEST, JobFilterSet, QueueFilterSet
-from scheduling.api.queries import (
-    allocations_by_team,
-    can_cancel_job,
-    fair_shares_gpus,
-    slice_share,
-)
-from scheduling.api.usage import GROUPS, MAX_WINDOW, usage_rows
-from scheduling.choices import GpuHealth, JobState, LinkKind, NodeState
-from scheduling.live_metrics import live_metrics_for_nodes
-from scheduling.models import Gpu, GpuLink, Job, Node, Slice
-from scheduling.spec import SpecError, spec_check_card_limits, spec_from_mapping, spec_from_text
-from scheduling.states import ACTIVE_STATES, TERMINAL_STATES
+from quotas.models import Team
+from quotas.selectors import idempotency_record_for, team_by_slug, team_ids_for_user, team_slugs_for_user
+from quotas.services import idempotency_record_create
+from scheduling.agents import joblogs
+from scheduling.choices import JobState
+from scheduling.errors import ServiceError
+from scheduling.jobs.api import serializers as s
+from scheduling.jobs.api.filtersets import EARLIEST, LATEST, JobFilterSet, QueueFilterSet
+from scheduling.jobs.chargeback import GROUPS, MAX_WINDOW, usage_rows
+from scheduling.jobs.models import Job, Slice
+from scheduling.jobs.selectors import can_cancel_job, jobs_visible_to, queue
+from scheduling.jobs.services import job_cancel, job_submit
+from scheduling.jobs.spec import SpecError, spec_check_card_limits, spec_from_mapping, spec_from_text
+from scheduling.jobs.states import TERMINAL_STATES
 
 MAX_IDEMPOTENCY_KEY_CHARS = 200
+
+
 USAGE_MEASURES = ("gpu_hours", "gpu_memory_gib_hours", "jobs")  # after the group columns
+
+
 MAX_LOG_TAIL_LINES = 10_000
 
 
 class YamlParser(BaseParser):
-    """Job specs posted as YAML (`Content-Type: application/yaml`); parsed by scheduling.spec."""
+    """Job specs posted as YAML (`Content-Type: application/yaml`); parsed by scheduling.jobs.spec."""
 
     media_type = "application/yaml"
 
@@ -64,32 +63,21 @@ def _visible_team_ids(user: Any) -> set[int] | None:
     return None if user.is_staff else team_ids_for_user(user=user)
 
 
-def _team_by_slug(slug: str) -> Team | None:
-    """The team with this slug. Every submit looks one up, so it is one hand-written query, not the ORM's."""
-    fields = Team._meta.concrete_fields
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {', '.join(f.column for f in fields)} FROM {Team._meta.db_table} WHERE slug = %s", [slug]
-        )
-        values = cursor.fetchone()
-    return None if values is None else model_from_row(Team, fields, values)
-
-
 def _resolve_team(*, user: Any, slug: str | None) -> Team:
     """The team a submit goes to. An unknown team reads like one you are not in, so slugs cannot be probed."""
     if slug is None:
-        slugs = list(Membership.objects.filter(user=user).values_list("team__slug", flat=True)[:2])
+        slugs = team_slugs_for_user(user=user, limit=2)
         if len(slugs) != 1:
             raise SpecError(
                 "Name the team (you belong to several)." if slugs else "Name the team: you belong to none.",
                 field="team",
             )
         slug = slugs[0]
-    team = _team_by_slug(slug)
+    team = team_by_slug(slug=slug)
     if team is None:
         if user.is_staff:
             raise SpecError(f"Unknown team {slug!r}.", field="team")
-        raise services.ServiceError(f"You are not a member of team {slug}.", field="team", code="not_member")
+        raise ServiceError(f"You are not a member of team {slug}.", field="team", code="not_member")
     return team
 
 
@@ -102,7 +90,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation has no user
             return Job.objects.none()
-        jobs = selectors.jobs_visible_to(user=self.request.user).order_by("-submitted_at", "-id")
+        jobs = jobs_visible_to(user=self.request.user).order_by("-submitted_at", "-id")
         if self.action == "retrieve":
             jobs = jobs.prefetch_related(
                 Prefetch("slices", queryset=Slice.objects.select_related("gpu__node", "gpu__model"))
@@ -154,7 +142,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         try:
             with transaction.atomic():
                 response = self._submit(request)
-                IdempotencyRecord.objects.create(
+                idempotency_record_create(
                     user=request.user,
                     key=key,
                     request_hash=request_hash,
@@ -170,7 +158,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return response
 
     def _replay(self, user: Any, key: str, request_hash: str) -> Response | None:
-        record = IdempotencyRecord.objects.filter(user=user, key=key).first()
+        record = idempotency_record_for(user=user, key=key)
         if record is None:
             return None
         if record.request_hash != request_hash:
@@ -192,8 +180,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             parsed = spec_from_mapping(data)
         team = _resolve_team(user=request.user, slug=parsed.team)
         try:
-            job = services.job_submit(submitter=request.user, team=team, spec=parsed.spec)
-        except services.ServiceError as exc:
+            job = job_submit(submitter=request.user, team=team, spec=parsed.spec)
+        except ServiceError as exc:
             if exc.field == "gpu_memory":
                 spec_check_card_limits(parsed.spec)  # the same refusal, with the card size as its limit
             raise
@@ -210,7 +198,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                 code="permission_denied",
                 status_code=status.HTTP_403_FORBIDDEN,
             )
-        job = services.job_cancel(job=job, actor=request.user)
+        job = job_cancel(job=job, actor=request.user)
         job = self.get_queryset().get(pk=job.pk)
         return Response(s.JobSerializer(job, context={"request": request}).data)
 
@@ -293,7 +281,7 @@ def _queue_positions(jobs: list[Job]) -> dict[int, int]:
     """Each job's place in the whole queue, whatever filter picked it.
 
     The scheduling cycle writes `queue_position`; a job it has not seen yet (just submitted, or no cycle has
-    run) ranks after every positioned job, in submit order, as selectors.queue orders them: the count of
+    run) ranks after every positioned job, in submit order, as jobs.selectors.queue orders them: the count of
     positioned pending jobs plus its rank among the unpositioned ones.
     """
     positions = {job.pk: job.queue_position for job in jobs if job.queue_position is not None}
@@ -322,7 +310,7 @@ class QueueView(generics.GenericAPIView):
     serializer_class = s.QueueEntrySerializer
 
     def get_queryset(self):
-        return selectors.queue()
+        return queue()
 
     @extend_schema(responses={200: s.QueueEntrySerializer(many=True)})
     def get(self, request: Request) -> Response:
@@ -353,180 +341,6 @@ class QueueView(generics.GenericAPIView):
                 }
             )
         return self.get_paginated_response(s.QueueEntrySerializer(entries, many=True).data)
-
-
-def _node_payload(
-    node: Node,
-    *,
-    links: dict[int, list[int]],
-    mine_ids: set[int] | None,
-    metrics: dict[int, dict[str, Any]],
-) -> dict[str, Any]:
-    gpus = []
-    for gpu in node.gpus.all():
-        holders = []
-        for sl in gpu.slices.all():
-            mine = mine_ids is None or sl.job.team_id in mine_ids
-            holders.append(
-                {
-                    "job_id": sl.job_id if mine else None,
-                    "job_name": sl.job.name if mine else None,
-                    "user": sl.job.submitter.username if mine else None,
-                    "team": sl.job.team.slug if mine else None,
-                    "mine": mine,
-                    "memory_mib": sl.memory_mib,
-                    "compute_pct": sl.compute_pct,
-                }
-            )
-        gpus.append(
-            {
-                "index": gpu.index,
-                "uuid": gpu.uuid,
-                "model": gpu.model.name,
-                "memory_mib": gpu.memory_mib,
-                "numa_node": gpu.numa_node,
-                "sharing_mode": gpu.sharing_mode,
-                "health": gpu.health,
-                "compute_capacity_pct": gpu.compute_capacity_pct,
-                "allocated_memory_mib": gpu.allocated_memory_mib,
-                "allocated_compute_pct": gpu.allocated_compute_pct,
-                "nvlink_peers": sorted(links.get(gpu.pk, [])),
-                "slices": holders,
-                "metrics": metrics.get(gpu.index),
-            }
-        )
-    return {
-        "name": node.name,
-        "state": node.state,
-        "cpu_milli": node.cpu_milli,
-        "memory_mib": node.memory_mib,
-        "allocated_cpu_milli": node.allocated_cpu_milli,
-        "allocated_memory_mib": node.allocated_memory_mib,
-        "labels": node.labels,
-        "last_heartbeat_at": node.last_heartbeat_at,
-        "gpus": gpus,
-    }
-
-
-class NodeViewSet(viewsets.ReadOnlyModelViewSet):
-    """Nodes with one entry per GPU and each GPU's slices (other teams' slices anonymous) and NVLink peers."""
-
-    serializer_class = s.NodeSerializer
-    lookup_field = "name"
-    lookup_value_regex = "[^/]+"
-    filterset_fields = ["state"]
-
-    def get_queryset(self):
-        return Node.objects.order_by("name").prefetch_related(
-            Prefetch(
-                "gpus",
-                queryset=Gpu.objects.select_related("model")
-                .order_by("index")
-                .prefetch_related(
-                    Prefetch("slices", queryset=Slice.objects.select_related("job__team", "job__submitter"))
-                ),
-            )
-        )
-
-    def _payloads(self, nodes: list[Node]) -> list[dict[str, Any]]:
-        gpu_ids = [g.pk for n in nodes for g in n.gpus.all()]
-        index_of = {g.pk: g.index for n in nodes for g in n.gpus.all()}
-        links: dict[int, list[int]] = defaultdict(list)
-        for a, b in GpuLink.objects.filter(gpu_a_id__in=gpu_ids, kind=LinkKind.NVLINK).values_list(
-            "gpu_a_id", "gpu_b_id"
-        ):
-            if a in index_of and b in index_of:
-                links[a].append(index_of[b])
-                links[b].append(index_of[a])
-        mine_ids = _visible_team_ids(self.request.user)
-        metrics = live_metrics_for_nodes(node_names=[n.name for n in nodes])
-        return [
-            _node_payload(n, links=links, mine_ids=mine_ids, metrics=metrics.get(n.name, {})) for n in nodes
-        ]
-
-    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        queryset = self.filter_queryset(self.get_queryset())
-        page = self.paginate_queryset(queryset)
-        data = s.NodeSerializer(self._payloads(list(page)), many=True).data
-        return self.get_paginated_response(data)
-
-    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return Response(s.NodeSerializer(self._payloads([self.get_object()])[0]).data)
-
-
-class ClusterView(APIView):
-    """The whole cluster in numbers: nodes by state, capacity and allocation by GPU model, per-team aggregates."""
-
-    @extend_schema(responses={200: s.ClusterSerializer})
-    def get(self, request: Request) -> Response:
-        node_states = Counter(Node.objects.values_list("state", flat=True))
-        models: dict[str, dict[str, Any]] = {}
-        ready_states = {NodeState.READY, NodeState.DRAINING}
-        gpu_rows = Gpu.objects.values_list(
-            "pk",
-            "model__name",
-            "memory_mib",
-            "allocated_memory_mib",
-            "allocated_compute_pct",
-            "health",
-            "node__state",
-        )
-        for _pk, model, memory, alloc_mem, alloc_pct, health, node_state in gpu_rows:
-            entry = models.setdefault(
-                model,
-                {
-                    "model": model,
-                    "gpus": 0,
-                    "ready_gpus": 0,
-                    "memory_mib": 0,
-                    "allocated_memory_mib": 0,
-                    "allocated_gpus": 0.0,
-                    "free_whole_gpus": 0,
-                },
-            )
-            ready = node_state in ready_states and health != GpuHealth.FAILED
-            entry["gpus"] += 1
-            entry["ready_gpus"] += int(ready)
-            entry["memory_mib"] += memory
-            entry["allocated_memory_mib"] += alloc_mem
-            entry["allocated_gpus"] += slice_share(
-                memory_mib=alloc_mem, compute_pct=alloc_pct, gpu_memory_mib=memory
-            )
-            entry["free_whole_gpus"] += int(ready and alloc_mem == 0 and alloc_pct == 0)
-        allocations = allocations_by_team()
-        shares = fair_shares_gpus()
-        guaranteed = dict(
-            Quota.objects.filter(gpu_model__isnull=True).values_list("team_id", "guaranteed_gpus")
-        )
-        team_rows = []
-        for team in Team.objects.filter(parent__isnull=False) | Team.objects.filter(pk__in=list(guaranteed)):
-            alloc = allocations.get(team.pk)
-            team_rows.append(
-                {
-                    "team": team.slug,
-                    "guaranteed_gpus": float(guaranteed[team.pk]) if team.pk in guaranteed else None,
-                    "fair_share_gpus": round(shares[team.pk], 3) if team.pk in shares else None,
-                    "allocated_gpus": round(alloc.gpus, 3) if alloc else 0.0,
-                    "borrowed_gpus": round(alloc.borrowed_gpus, 3) if alloc else 0.0,
-                    "running_jobs": alloc.running_jobs if alloc else 0,
-                    "pending_jobs": alloc.pending_jobs if alloc else 0,
-                }
-            )
-        team_rows.sort(key=lambda r: r["team"])
-        for entry in models.values():
-            entry["allocated_gpus"] = round(entry["allocated_gpus"], 3)
-        body = {
-            "nodes": dict(node_states),
-            "gpus": sum(m["gpus"] for m in models.values()),
-            "memory_mib": sum(m["memory_mib"] for m in models.values()),
-            "allocated_memory_mib": sum(m["allocated_memory_mib"] for m in models.values()),
-            "allocated_gpus": round(sum(m["allocated_gpus"] for m in models.values()), 3),
-            "pending_jobs": Job.objects.filter(state=JobState.PENDING).count(),
-            "running_jobs": Job.objects.filter(state__in=ACTIVE_STATES).count(),
-            "models": sorted(models.values(), key=lambda m: m["model"]),
-            "teams": team_rows,
-        }
-        return Response(s.ClusterSerializer(body).data)
 
 
 def _moment(raw: str | None, *, name: str) -> datetime | None:
@@ -606,7 +420,7 @@ class UsageView(APIView):
                 f"group_by takes a comma list of {', '.join(GROUPS)} (got {raw_groups!r}).", field="group_by"
             )
         self.csv_columns = [g for g in GROUPS if g in group_by] + list(USAGE_MEASURES)
-        jobs = selectors.jobs_visible_to(user=request.user)
+        jobs = jobs_visible_to(user=request.user)
         if request.query_params.get("team"):
             jobs = jobs.filter(team__slug=request.query_params["team"])
         if request.query_params.get("user"):

@@ -15,11 +15,15 @@ from django.db.models import F, Max, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from scheduling import events, lock_objects
+from scheduling import lock_objects
 from scheduling.choices import ActorKind, JobState, NodeState
-from scheduling.models import Job, JobEvent, Node, Slice
-from scheduling.services import job_transition
-from scheduling.states import ACTIVE_STATES
+from scheduling.coordination import redis_client
+from scheduling.cycle.requests import cycle_request
+from scheduling.inventory.models import Node
+from scheduling.jobs.models import Job, JobEvent, Slice
+from scheduling.jobs.services import job_transition
+from scheduling.jobs.states import ACTIVE_STATES
+from scheduling.realtime import events, groups
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +124,7 @@ def node_mark_lost(*, node_id: int, now=None) -> list[int]:
                 )
             affected.append(job.pk)
         events.publish_after_commit(
-            "cluster", {"type": "node.changed", "node": node.name, "state": NodeState.LOST}
+            groups.CLUSTER, {"type": "node.changed", "node": node.name, "state": NodeState.LOST}
         )
     log.warning("node %s lost; jobs %s requeued or failed", node.name, affected)
     return affected
@@ -134,8 +138,6 @@ _local_marks: dict[str, float] = {}
 
 def _marks_swap(*, now_s: float) -> tuple[float | None, float | None]:
     """Record this run; return (the previous run, the last resumption) in unix seconds."""
-    from scheduling.tasks import redis_client
-
     r = redis_client()
     if r is None:
         previous, resumed = _local_marks.get(_LAST_RUN_KEY), _local_marks.get(_RESUMED_KEY)
@@ -146,8 +148,6 @@ def _marks_swap(*, now_s: float) -> tuple[float | None, float | None]:
 
 
 def _mark_resumed(*, now_s: float) -> None:
-    from scheduling.tasks import redis_client
-
     r = redis_client()
     if r is None:
         _local_marks[_RESUMED_KEY] = now_s
@@ -205,6 +205,15 @@ def preemptions_check(*, now=None) -> list[int]:
             )
             overdue.append(job_id)
     return overdue
+
+
+def watchdog_run() -> dict:
+    """One watchdog round: silent nodes lost, overdue preemptions finished; a cycle asked for if either did."""
+    lost = nodes_check()
+    overdue = preemptions_check()
+    if lost or overdue:
+        cycle_request()
+    return {"lost": lost, "preemptions_requeued": overdue}
 
 
 def last_placement(job: Job) -> JobEvent | None:

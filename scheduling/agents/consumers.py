@@ -2,7 +2,7 @@
 
 Agents send no cookies and no Origin, so this route has neither session auth nor an Origin check: the bearer
 token alone says which node is speaking, and every report is checked against that node. Wire format: agent/protocol.py
-and docs/agent.md. The consumer authorises and relays; the writes live in scheduling.agent_services.
+and docs/agent.md. The consumer authorises and relays; the writes live in scheduling.agents.reports.
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from agent import protocol
-from scheduling import agent_services, live_metrics
-from scheduling.desired_state import DesiredState, desired_state_for_node, desired_version_raise
-from scheduling.models import Node
-from scheduling.services import node_authenticate
+from scheduling.agents import live_metrics
+from scheduling.agents import reports as agent_services
+from scheduling.cycle.desired_state import DesiredState, desired_state_for_node, desired_version_raise
+from scheduling.inventory.models import Node
+from scheduling.inventory.services import node_authenticate
+from scheduling.realtime import groups
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +154,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         self.node_id, self.node_name = node.pk, node.name
         self.token_hash = node.agent_token_hash
-        self.group = f"node-{node.name}"
+        self.group = groups.node(node.name)
         self.sent_version: int | None = None
         self.job_gpus: dict[str, list[tuple[int, int]]] = {}  # gpu uuid -> [(job id, team id)]
         self.last_metrics_at = 0.0
@@ -328,7 +330,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         at = at if isinstance(at, (int, float)) and not isinstance(at, bool) else None
         await live_metrics.live_metrics_store(node_name=self.node_name, sampled_at=at, gpus=gpus)
         await self.channel_layer.group_send(
-            "cluster", {"type": "gpu.metrics", "node": self.node_name, "at": at, "gpus": gpus}
+            groups.CLUSTER, {"type": "gpu.metrics", "node": self.node_name, "at": at, "gpus": gpus}
         )
         per_job: dict[tuple[int, int], list[dict]] = {}
         for g in gpus:
@@ -342,8 +344,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 "at": at,
                 "gpus": job_gpus,
             }
-            await self.channel_layer.group_send(f"job-{job_id}", msg)
-            await self.channel_layer.group_send(f"team-{team_id}", msg)
+            await self.channel_layer.group_send(groups.job(job_id), msg)
+            await self.channel_layer.group_send(groups.team(team_id), msg)
 
     async def on_logs(self, payload: dict) -> agent_services.Outcome | None:
         request = self.log_waiting.pop(str(payload.get("request_id") or ""), None)

@@ -14,10 +14,13 @@ from typing import Any
 
 from django.db import transaction
 
-from scheduling import events, lock_objects
+from scheduling import lock_objects
 from scheduling.choices import SharingMode
-from scheduling.models import Job, Node, NodeSync, Slice
-from scheduling.states import ACTIVE_STATES
+from scheduling.cycle.models import NodeSync
+from scheduling.inventory.models import Node
+from scheduling.jobs.models import Job, Slice
+from scheduling.jobs.states import ACTIVE_STATES
+from scheduling.realtime import events
 
 # The agent names time-slicing `time_sliced`; everything else matches.
 _AGENT_SHARING = {SharingMode.TIMESLICE: "time_sliced"}

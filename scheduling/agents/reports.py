@@ -15,13 +15,17 @@ from django.db import transaction
 from django.utils import timezone
 
 from agent import protocol
-from scheduling import events, joblogs, lock_objects
+from scheduling import lock_objects
+from scheduling.agents import joblogs
 from scheduling.choices import ActorKind, GpuHealth, JobState, NodeState
-from scheduling.models import Gpu, Job, JobEvent, Node, NodeSync, Slice
-from scheduling.services import job_transition
-from scheduling.states import ACTIVE_STATES
-from scheduling.tasks import cycle_request_after_commit
-from scheduling.watchdog import job_lose_then_requeue, job_requeue_or_fail, last_placement
+from scheduling.cycle.models import NodeSync
+from scheduling.cycle.requests import cycle_request_after_commit
+from scheduling.cycle.watchdog import job_lose_then_requeue, job_requeue_or_fail, last_placement
+from scheduling.inventory.models import Gpu, Node
+from scheduling.jobs.models import Job, JobEvent, Slice
+from scheduling.jobs.services import job_transition
+from scheduling.jobs.states import ACTIVE_STATES
+from scheduling.realtime import events, groups
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +59,7 @@ def _revive(node: Node) -> None:
         node.state = NodeState.READY
         node.save(update_fields=["state"])
         events.publish_after_commit(
-            "cluster", {"type": "node.changed", "node": node.name, "state": node.state}
+            groups.CLUSTER, {"type": "node.changed", "node": node.name, "state": node.state}
         )
         cycle_request_after_commit()
 
@@ -366,7 +370,7 @@ def node_event(*, node_id: int, payload: dict[str, Any]) -> Outcome:
             updated = Gpu.objects.filter(node=node, uuid=data.get("gpu_uuid")).exclude(health=health)
             if updated.update(health=health):
                 events.publish_after_commit(
-                    "cluster",
+                    groups.CLUSTER,
                     {
                         "type": "gpu.health",
                         "node": node.name,
@@ -427,7 +431,7 @@ def job_logs_store(
         size_stored = joblogs.log_append(job_id=job_id, stream=stream, data=chunk, offset=base + offset)
         if chunk:
             events.publish_after_commit(
-                f"job-{job_id}", {"type": "logs.appended", "stream": stream, "size": size_stored}
+                groups.job(job_id), {"type": "logs.appended", "stream": stream, "size": size_stored}
             )
     return next_offset, size
 

@@ -1,6 +1,6 @@
-"""Shapes of jobs, queue entries, events, logs, the cluster and usage in the API.
+"""Shapes of jobs, queue entries, events, logs and usage in the API.
 
-Serializers only shape data: submit parsing is scheduling.spec's, writes are scheduling.services'.
+Serializers only shape data: submit parsing is scheduling.jobs.spec's, writes are scheduling.jobs.services'.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from scheduling.choices import JobState
-from scheduling.models import Job, JobEvent
-from scheduling.services import JobSpec
-from scheduling.spec import spec_to_mapping
+from scheduling.jobs.models import Job, JobEvent
+from scheduling.jobs.selectors import can_cancel_job
+from scheduling.jobs.services import JobSpec
+from scheduling.jobs.spec import spec_to_mapping
 
 
 class JobRequestSerializer(serializers.Serializer):
@@ -158,8 +159,6 @@ class JobDetailSerializer(JobSerializer):
         return spec_to_mapping(spec, team=job.team.slug)
 
     def get_can_cancel(self, job: Job) -> bool:
-        from scheduling.api.queries import can_cancel_job
-
         request = self.context.get("request")
         return bool(request and can_cancel_job(user=request.user, job=job))
 
@@ -234,92 +233,6 @@ class QueueEntrySerializer(serializers.Serializer):
     pending_reason_code = serializers.CharField(allow_blank=True)
     pending_reason = serializers.CharField(allow_blank=True, allow_null=True)
     estimated_start_at = serializers.DateTimeField(allow_null=True)
-
-
-class SliceHolderSerializer(serializers.Serializer):
-    job_id = serializers.IntegerField(allow_null=True)
-    job_name = serializers.CharField(allow_null=True)
-    user = serializers.CharField(allow_null=True)
-    team = serializers.CharField(allow_null=True)
-    mine = serializers.BooleanField()
-    memory_mib = serializers.IntegerField()
-    compute_pct = serializers.IntegerField()
-
-
-class GpuMetricsSerializer(serializers.Serializer):
-    sampled_at = serializers.FloatField(
-        allow_null=True, help_text="When the agent sampled it (Unix seconds)."
-    )
-    util_pct = serializers.FloatField(allow_null=True, help_text="SM utilisation, mean over the last second.")
-    mem_util_pct = serializers.FloatField(allow_null=True, help_text="Memory-bandwidth utilisation.")
-    memory_used_mib = serializers.IntegerField(allow_null=True)
-    memory_total_mib = serializers.IntegerField(allow_null=True)
-    power_w = serializers.FloatField(allow_null=True)
-    temperature_c = serializers.IntegerField(allow_null=True)
-    health = serializers.CharField(allow_null=True)
-
-
-class GpuSerializer(serializers.Serializer):
-    index = serializers.IntegerField()
-    uuid = serializers.CharField()
-    model = serializers.CharField()
-    memory_mib = serializers.IntegerField()
-    numa_node = serializers.IntegerField()
-    sharing_mode = serializers.CharField()
-    health = serializers.CharField()
-    compute_capacity_pct = serializers.IntegerField()
-    allocated_memory_mib = serializers.IntegerField()
-    allocated_compute_pct = serializers.IntegerField()
-    nvlink_peers = serializers.ListField(child=serializers.IntegerField())
-    slices = SliceHolderSerializer(many=True)
-    metrics = GpuMetricsSerializer(
-        allow_null=True,
-        help_text="The GPU's newest sample from its node agent; null when none arrived in the last 30 s.",
-    )
-
-
-class NodeSerializer(serializers.Serializer):
-    name = serializers.CharField()
-    state = serializers.CharField()
-    cpu_milli = serializers.IntegerField()
-    memory_mib = serializers.IntegerField()
-    allocated_cpu_milli = serializers.IntegerField()
-    allocated_memory_mib = serializers.IntegerField()
-    labels = serializers.DictField()
-    last_heartbeat_at = serializers.DateTimeField(allow_null=True)
-    gpus = GpuSerializer(many=True)
-
-
-class ModelCapacitySerializer(serializers.Serializer):
-    model = serializers.CharField()
-    gpus = serializers.IntegerField()
-    ready_gpus = serializers.IntegerField()
-    memory_mib = serializers.IntegerField()
-    allocated_memory_mib = serializers.IntegerField()
-    allocated_gpus = serializers.FloatField(help_text="Whole-GPU equivalents allocated.")
-    free_whole_gpus = serializers.IntegerField(help_text="Cards with nothing allocated on ready nodes.")
-
-
-class TeamAggregateSerializer(serializers.Serializer):
-    team = serializers.CharField()
-    guaranteed_gpus = serializers.FloatField(allow_null=True)
-    fair_share_gpus = serializers.FloatField(allow_null=True)
-    allocated_gpus = serializers.FloatField()
-    borrowed_gpus = serializers.FloatField()
-    running_jobs = serializers.IntegerField()
-    pending_jobs = serializers.IntegerField()
-
-
-class ClusterSerializer(serializers.Serializer):
-    nodes = serializers.DictField(child=serializers.IntegerField(), help_text="Node count by state.")
-    gpus = serializers.IntegerField()
-    memory_mib = serializers.IntegerField()
-    allocated_memory_mib = serializers.IntegerField()
-    allocated_gpus = serializers.FloatField()
-    pending_jobs = serializers.IntegerField()
-    running_jobs = serializers.IntegerField()
-    models = ModelCapacitySerializer(many=True)
-    teams = TeamAggregateSerializer(many=True, help_text="Anonymous aggregates per team: no jobs, no people.")
 
 
 class UsageRowSerializer(serializers.Serializer):

@@ -1,1 +1,0 @@
-"""The scheduling app's REST API: jobs, the queue, the cluster and usage."""

@@ -1,0 +1,200 @@
+"""Writing a cycle's decisions: `apply_decisions()`, in one transaction under the lease's fencing epoch.
+
+Row locks and the GPU ledger's guarded UPDATEs mean a stale or racing cycle can never double-book a GPU; agents
+and browsers hear of it after commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from django.db import transaction
+
+from scheduling import lock_objects
+from scheduling.choices import ActorKind, JobState, NodeState
+from scheduling.cycle.lease import epoch_claim
+from scheduling.engine import types as eng
+from scheduling.inventory.models import Gpu
+from scheduling.jobs.models import Job, Slice
+from scheduling.jobs.services import SliceDoesNotFit, job_transition, slice_allocate
+from scheduling.jobs.states import ACTIVE_STATES
+from scheduling.realtime import events
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ApplyResult:
+    epoch: int
+    placed: list[int] = field(default_factory=list)
+    evicted: list[int] = field(default_factory=list)
+    conflicts: dict[int, str] = field(default_factory=dict)  # job id -> why its placement was refused
+    pending_updated: int = 0
+    nodes_changed: set[str] = field(default_factory=set)
+
+
+def _job_nodes(job_id: int) -> set[str]:
+    return set(Slice.objects.filter(job_id=job_id).values_list("gpu__node__name", flat=True))
+
+
+def _fault_point(name: str, detail: str = "") -> None:
+    """Fault injection for the failure tests: TESSERA_FAULT_<NAME>_DELAY_S pauses the cycle here, inside its
+    transaction, so a test can kill the worker mid-write. Unset (always, in production) it does nothing."""
+    delay = float(os.environ.get(f"TESSERA_FAULT_{name.upper()}_DELAY_S", "0") or 0)
+    if delay > 0:
+        log.warning("fault injection: pausing %.1f s at %s %s", delay, name, detail)
+        time.sleep(delay)
+
+
+def _place(job: Job, placement: eng.Placement, gpus: dict[tuple[str, int], Gpu], epoch: int) -> set[str]:
+    """Place one job (inside its own savepoint). Raises SliceDoesNotFit when the ledger refuses."""
+    where = ", ".join(f"{a.node}/gpu{a.gpu_index}" for a in placement.assignments)
+    kind = "borrowed capacity" if placement.borrowed else "its team's guarantee"
+    job_transition(
+        job=job,
+        to_state=JobState.PLACED,
+        actor_kind=ActorKind.SCHEDULER,
+        code="placed",
+        message=f"Placed on {where} (within {kind}).",
+        data={
+            "epoch": epoch,
+            "nodes": sorted({a.node for a in placement.assignments}),
+            "gpus": [[a.node, a.gpu_index, a.memory_mib, a.compute_milli] for a in placement.assignments],
+            "borrowed": placement.borrowed,
+        },
+    )
+    if placement.borrowed != job.borrowed:
+        job.borrowed = placement.borrowed
+        job.save(update_fields=["borrowed"])
+    for a in placement.assignments:
+        gpu = gpus.get((a.node, a.gpu_index))
+        if gpu is None:
+            raise SliceDoesNotFit(f"{a.node}/gpu{a.gpu_index} no longer exists.", code="gone")
+        slice_allocate(job=job, gpu=gpu, memory_mib=a.memory_mib, compute_pct=math.ceil(a.compute_milli / 10))
+    return {a.node for a in placement.assignments}
+
+
+def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
+    """Write one cycle's decisions in one transaction, or nothing at all.
+
+    Refused whole (StaleEpoch) unless `epoch` is the newest issued and not yet applied. Within it, a placement
+    whose job is no longer pending, whose node is no longer ready, or that the GPU ledger refuses is skipped
+    (recorded in `conflicts`; the job stays pending for the next cycle). Agents are told after commit.
+    """
+    result = ApplyResult(epoch=epoch)
+    with transaction.atomic():
+        epoch_claim(epoch)
+
+        placement_nodes = {a.node for p in decisions.placements for a in p.assignments}
+        eviction_ids = [int(e.job_id) for e in decisions.evictions]
+        placement_ids = [int(p.job_id) for p in decisions.placements]
+        victim_nodes = set(
+            Slice.objects.filter(job_id__in=eviction_ids).values_list("gpu__node__name", flat=True)
+        )
+        nodes = {n.name: n for n in lock_objects.nodes_for_update(names=placement_nodes | victim_nodes)}
+        jobs = {j.pk: j for j in lock_objects.jobs_for_update(ids=eviction_ids + placement_ids)}
+
+        for ev in decisions.evictions:
+            job = jobs.get(int(ev.job_id))
+            if job is None or job.state not in ACTIVE_STATES:
+                continue
+            on_nodes = _job_nodes(job.pk)
+            verb = "Reclaimed for" if ev.code == "reclaimed" else "Preempted by"
+            job_transition(
+                job=job,
+                to_state=JobState.PREEMPTED,
+                actor_kind=ActorKind.SCHEDULER,
+                code=ev.code or "preempted",
+                message=f"{verb} job #{ev.preemptor_id}; {ev.grace_s:g} s grace before SIGKILL.",
+                data={
+                    "preemptor": ev.preemptor_id,
+                    "grace_s": ev.grace_s,
+                    "nodes": sorted(on_nodes),
+                    "epoch": epoch,
+                },
+            )
+            result.evicted.append(job.pk)
+            result.nodes_changed |= on_nodes
+
+        gpus = {
+            (g.node.name, g.index): g
+            for g in Gpu.objects.select_related("node").filter(node__name__in=placement_nodes)
+        }
+        for placement in decisions.placements:
+            job = jobs.get(int(placement.job_id))
+            if job is None or job.state != JobState.PENDING:
+                result.conflicts[int(placement.job_id)] = "no longer pending"
+                continue
+            unready = sorted(
+                {a.node for a in placement.assignments}
+                - {n for n, node in nodes.items() if node.state == NodeState.READY}
+            )
+            if unready:
+                result.conflicts[job.pk] = f"node {', '.join(unready)} is no longer ready"
+                continue
+            try:
+                with transaction.atomic():
+                    result.nodes_changed |= _place(job, placement, gpus, epoch)
+            except SliceDoesNotFit as exc:
+                job.refresh_from_db()
+                result.conflicts[job.pk] = exc.message
+                continue
+            result.placed.append(job.pk)
+
+        result.pending_updated = _write_pending(
+            decisions, placed=set(result.placed), conflicts=result.conflicts
+        )
+        if result.placed or result.evicted:
+            _fault_point("commit", f"with placements {result.placed} and evictions {result.evicted} written")
+        for name in sorted(result.nodes_changed):
+            events.node_desired_state_changed(node_name=name)
+    return result
+
+
+def _write_pending(decisions: eng.Decisions, *, placed: set[int], conflicts: dict[int, str]) -> int:
+    """Pending reasons, queue positions and estimated starts, written only where they changed."""
+    wanted: dict[int, tuple[str, str, int | None, datetime | None]] = {}
+    for p in decisions.pending:
+        eta = datetime.fromtimestamp(p.estimated_start, tz=UTC) if p.estimated_start is not None else None
+        wanted[int(p.job_id)] = (p.status.code[:50], p.status.reason, p.position, eta)
+    for job_id, why in conflicts.items():
+        if job_id not in wanted:
+            wanted[job_id] = (
+                "conflict",
+                f"Its placement was refused ({why}); retrying next cycle.",
+                None,
+                None,
+            )
+    wanted = {k: v for k, v in wanted.items() if k not in placed}
+    if not wanted:
+        return 0
+    changed = []
+    # skip_locked: a job being cancelled right now keeps its row; its reason can wait for the next cycle.
+    for job in lock_objects.jobs_for_update(ids=wanted, skip_locked=True).filter(state=JobState.PENDING):
+        code, reason, position, eta = wanted[job.pk]
+        if eta is not None:
+            eta = eta.replace(microsecond=0)
+        current = (job.pending_reason_code, job.pending_reason, job.queue_position, job.estimated_start_at)
+        if current == (code, reason, position, eta):
+            continue
+        reason_changed = job.pending_reason_code != code
+        job.pending_reason_code, job.pending_reason, job.queue_position, job.estimated_start_at = (
+            code,
+            reason,
+            position,
+            eta,
+        )
+        changed.append(job)
+        if reason_changed:
+            events.job_changed(job_id=job.pk, team_id=job.team_id, state=job.state, code=code, message=reason)
+    Job.objects.bulk_update(
+        changed,
+        ["pending_reason_code", "pending_reason", "queue_position", "estimated_start_at"],
+        batch_size=500,
+    )
+    return len(changed)

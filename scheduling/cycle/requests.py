@@ -1,0 +1,101 @@
+"""Asking for a scheduling cycle, and the Redis lock that lets one run at a time.
+
+Cycles are requested, not run, by writers (`cycle_request_after_commit`): a "wanted" flag plus one queued task
+coalesce a burst of submits into one or two cycles. One cycle runs at a time under a Redis lock; the lock is
+not trusted for correctness, the database lease's fencing epoch is. Without Redis (the embedded demo) the same
+requests wake an in-process loop instead (`scheduling.management.commands.run_demo`).
+
+Writers call this module; it names the cycle task rather than importing it (the task runs the cycle, whose
+modules write through the services that call here).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+
+from scheduling.coordination import redis_client
+
+log = logging.getLogger(__name__)
+
+RUN_CYCLE_TASK = "scheduling.tasks.run_cycle_task"
+
+KEY_WANTED = "tessera:cycle:wanted"
+KEY_QUEUED = "tessera:cycle:queued"
+KEY_LOCK = "tessera:cycle:lock"
+KEYS = (KEY_WANTED, KEY_QUEUED, KEY_LOCK)
+# A queued-task marker older than this is presumed lost (a broker restart) and no longer blocks new requests.
+QUEUED_TTL_S = 10
+
+# In-process mode: the demo's loop waits on this.
+local_cycle_wanted = threading.Event()
+local_lock = threading.Lock()
+
+# Compare-and-delete: release the lock only if we still hold it (it may have expired and moved on).
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+_EXTEND = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
+
+
+# Set "wanted"; set "queued" only if absent (with its expiry) and say whether we did: then the caller queues a task.
+_REQUEST = (
+    "redis.call('set', KEYS[1], 1) "
+    "if redis.call('set', KEYS[2], 1, 'NX', 'EX', ARGV[1]) then return 1 else return 0 end"
+)
+
+
+@functools.cache
+def _request_script(r):
+    """The script bound to this client; it reloads itself if Redis lost it (a restart)."""
+    return r.register_script(_REQUEST)
+
+
+def _debounce_s() -> float:
+    return float(getattr(settings, "TESSERA_CYCLE_DEBOUNCE_S", 0.05))
+
+
+def lock_ttl_ms() -> int:
+    return int(float(getattr(settings, "TESSERA_CYCLE_LOCK_TTL_S", 30.0)) * 1000)
+
+
+def cycle_request() -> None:
+    """Ask for a scheduling cycle soon. Cheap and safe to call any number of times."""
+    r = redis_client()
+    if r is None:
+        local_cycle_wanted.set()
+        return
+    try:
+        # Every submit asks, so both flags go in one command (a script: one round trip, no pipeline objects).
+        if _request_script(r)(keys=[KEY_WANTED, KEY_QUEUED], args=[QUEUED_TTL_S]):
+            current_app.tasks[RUN_CYCLE_TASK].apply_async(countdown=_debounce_s(), retry=False)
+    except Exception:  # Redis or the broker is down: the write that asked has committed all the same
+        # The periodic cycle (beat) picks the work up once Redis is back; PostgreSQL still holds every job.
+        log.warning("could not request a scheduling cycle; the periodic one will run it", exc_info=True)
+
+
+def cycle_request_after_commit() -> None:
+    """Request a cycle once the surrounding transaction commits (so the cycle sees the write).
+
+    Once per transaction: a transaction that submits a hundred jobs asks once. A request registered inside a
+    savepoint that rolls back is dropped by Django from this list, so a later write still registers its own.
+    """
+    conn = transaction.get_connection()
+    if conn.in_atomic_block and any(entry[1] is cycle_request for entry in conn.run_on_commit):
+        return
+    transaction.on_commit(cycle_request)
+
+
+def lock_acquire(r, *, holder: str) -> bool:
+    return bool(r.set(KEY_LOCK, holder, nx=True, px=lock_ttl_ms()))
+
+
+def lock_extend(r, *, holder: str) -> None:
+    r.eval(_EXTEND, 1, KEY_LOCK, holder, lock_ttl_ms())
+
+
+def lock_release(r, *, holder: str) -> None:
+    r.eval(_RELEASE, 1, KEY_LOCK, holder)

@@ -1,0 +1,115 @@
+"""Running scheduling cycles: one cycle (snapshot -> engine -> apply) under a fresh fencing epoch, and the
+bounded loop a cycle task runs while requests keep arriving, under the cycle lock."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+from scheduling.coordination import redis_client
+from scheduling.cycle import requests
+from scheduling.cycle.apply import ApplyResult, apply_decisions
+from scheduling.cycle.desired_state import desired_state_sync
+from scheduling.cycle.lease import StaleEpoch, epoch_issue
+from scheduling.cycle.snapshot import cycle_profile, snapshot_from_db
+from scheduling.engine import run_cycle
+
+log = logging.getLogger(__name__)
+
+# Cycles one task may run back to back while requests keep arriving, before it hands over to a fresh task.
+MAX_CYCLES_PER_TASK = 20
+
+
+@dataclass
+class CycleReport:
+    epoch: int
+    pending: int
+    running: int
+    placed: int
+    evicted: int
+    conflicts: int
+    snapshot_s: float
+    engine_s: float
+    apply_s: float
+    stale: bool = False
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def cycle_run_once(*, holder: str | None = None) -> CycleReport:
+    """One scheduling cycle under a fresh fencing epoch. The caller provides mutual exclusion (a lock);
+    the epoch makes the database refuse this cycle's writes if a newer one started meanwhile."""
+    epoch = epoch_issue(holder=holder)
+    t0 = time.perf_counter()
+    snapshot = snapshot_from_db()
+    t1 = time.perf_counter()
+    decisions = run_cycle(snapshot, cycle_profile())
+    t2 = time.perf_counter()
+    stale = False
+    try:
+        result = apply_decisions(decisions=decisions, epoch=epoch)
+    except StaleEpoch as exc:
+        log.warning("%s; its decisions were discarded", exc)
+        result, stale = ApplyResult(epoch=epoch), True
+    t3 = time.perf_counter()
+    report = CycleReport(
+        epoch=epoch,
+        pending=len(snapshot.pending),
+        running=len(snapshot.running),
+        placed=len(result.placed),
+        evicted=len(result.evicted),
+        conflicts=len(result.conflicts),
+        snapshot_s=round(t1 - t0, 4),
+        engine_s=round(t2 - t1, 4),
+        apply_s=round(t3 - t2, 4),
+        stale=stale,
+    )
+    if report.placed or report.evicted or report.conflicts or stale:
+        log.info("cycle %s", report.as_dict())
+    return report
+
+
+def run_cycles(*, holder: str) -> list[dict]:
+    """Run cycles until no request is outstanding (bounded). The caller holds the cycle lock."""
+    reports = []
+    r = redis_client()
+    for _ in range(MAX_CYCLES_PER_TASK):
+        if r is not None:
+            r.delete(requests.KEY_WANTED)
+        else:
+            requests.local_cycle_wanted.clear()
+        reports.append(cycle_run_once(holder=holder).as_dict())
+        desired_state_sync()
+        if r is not None:
+            if not r.exists(requests.KEY_WANTED):
+                break
+            requests.lock_extend(r, holder=holder)
+        elif not requests.local_cycle_wanted.is_set():
+            break
+    return reports
+
+
+def cycles_run_locked() -> dict:
+    """Run the scheduling cycle if no one else is; a busy lock means the holder will see our request."""
+    r = redis_client()
+    holder = f"{uuid.uuid4().hex}"
+    if r is None:
+        if not requests.local_lock.acquire(blocking=False):
+            return {"ran": 0, "busy": True}
+        try:
+            return {"ran": len(run_cycles(holder=holder))}
+        finally:
+            requests.local_lock.release()
+    r.delete(requests.KEY_QUEUED)  # from here on, a new request queues a new task
+    if not requests.lock_acquire(r, holder=holder):
+        return {"ran": 0, "busy": True}
+    try:
+        reports = run_cycles(holder=holder)
+    finally:
+        requests.lock_release(r, holder=holder)
+    if r.exists(requests.KEY_WANTED):  # arrived after our last look: hand over rather than lose it
+        requests.cycle_request()
+    return {"ran": len(reports), "placed": sum(x["placed"] for x in reports)}

@@ -1,0 +1,141 @@
+"""Reads of the cluster and the teams as the scheduler stands: fair shares, fair-share standing, the summary.
+
+What a team admin reads here is computed with the cycle's own inputs and the engine's accounting, so it is
+what ranks their jobs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+
+from quotas.models import Quota, Team
+from scheduling.choices import GpuHealth, JobState, NodeState
+from scheduling.cycle.snapshot import engine_quotas
+from scheduling.engine.accounting import dominant_share, history_share
+from scheduling.inventory.models import Gpu, Node
+from scheduling.inventory.selectors import schedulable_gpu_count
+from scheduling.jobs.models import Job
+from scheduling.jobs.states import ACTIVE_STATES
+from scheduling.jobs.usage import TeamAllocation, allocations_by_team, decayed_usage, slice_share
+
+
+def fair_shares_gpus() -> dict[int, float]:
+    """Each team's fair share in GPUs: its guarantee plus a weight-proportional part of the unguaranteed rest.
+
+    A static reading of the quota tree (KAI-style water-filling without demand), for display; the engine's
+    decisions use its own, demand-aware computation.
+    """
+    quotas = list(
+        Quota.objects.filter(gpu_model__isnull=True).values_list(
+            "team_id", "guaranteed_gpus", "fair_share_weight"
+        )
+    )
+    total = Decimal(schedulable_gpu_count())
+    guaranteed = sum((g for _, g, _ in quotas), Decimal(0))
+    weights = sum((w for _, _, w in quotas), Decimal(0))
+    rest = max(Decimal(0), total - guaranteed)
+    return {team_id: float(g + (rest * w / weights if weights else 0)) for team_id, g, w in quotas}
+
+
+def queue_shares(
+    *, allocations: dict[int, TeamAllocation], now_s: float | None = None
+) -> dict[int, dict[str, float]]:
+    """Each team's fair-share standing as the scheduling cycle computes it, by team id.
+
+    `held_share`: memory or compute held now relative to the team's guarantee, whichever is larger;
+    `usage_share`: decayed past compute usage relative to what running at the guarantee would have accumulated;
+    `queue_share`: the larger of the two over the fair-share weight, the number the queue orders a priority's
+    jobs by (lower goes first). Same inputs and functions as the cycle's snapshot and the engine's fairshare
+    plugin, so what a team admin reads here is what ranks their jobs. `allocations` is allocations_by_team().
+    """
+    now_s = time.time() if now_s is None else now_s
+    half_life_s = float(settings.TESSERA_FAIRSHARE_HALF_LIFE_S)
+    quotas = engine_quotas()
+    past = decayed_usage(now_s=now_s, half_life_s=half_life_s)
+    out = {}
+    for team_id, slug in Team.objects.values_list("pk", "slug"):
+        quota = quotas.get(slug)
+        weight = quota.weight if quota and quota.weight > 0 else 1.0
+        held = allocations.get(team_id) or TeamAllocation()
+        held_share = dominant_share(quota, (held.gpu_memory_mib, held.compute_milli))
+        usage_share = history_share(quota, past.get(slug, 0.0), half_life_s)
+        out[team_id] = {
+            "held_share": round(held_share, 4),
+            "usage_share": round(usage_share, 4),
+            "queue_share": round(max(held_share, usage_share) / weight, 4),
+        }
+    return out
+
+
+def cluster_summary() -> dict[str, Any]:
+    """The whole cluster in numbers: nodes by state, capacity and allocation by GPU model, per-team aggregates."""
+    node_states = Counter(Node.objects.values_list("state", flat=True))
+    models: dict[str, dict[str, Any]] = {}
+    ready_states = {NodeState.READY, NodeState.DRAINING}
+    gpu_rows = Gpu.objects.values_list(
+        "pk",
+        "model__name",
+        "memory_mib",
+        "allocated_memory_mib",
+        "allocated_compute_pct",
+        "health",
+        "node__state",
+    )
+    for _pk, model, memory, alloc_mem, alloc_pct, health, node_state in gpu_rows:
+        entry = models.setdefault(
+            model,
+            {
+                "model": model,
+                "gpus": 0,
+                "ready_gpus": 0,
+                "memory_mib": 0,
+                "allocated_memory_mib": 0,
+                "allocated_gpus": 0.0,
+                "free_whole_gpus": 0,
+            },
+        )
+        ready = node_state in ready_states and health != GpuHealth.FAILED
+        entry["gpus"] += 1
+        entry["ready_gpus"] += int(ready)
+        entry["memory_mib"] += memory
+        entry["allocated_memory_mib"] += alloc_mem
+        entry["allocated_gpus"] += slice_share(
+            memory_mib=alloc_mem, compute_pct=alloc_pct, gpu_memory_mib=memory
+        )
+        entry["free_whole_gpus"] += int(ready and alloc_mem == 0 and alloc_pct == 0)
+    allocations = allocations_by_team()
+    shares = fair_shares_gpus()
+    guaranteed = dict(Quota.objects.filter(gpu_model__isnull=True).values_list("team_id", "guaranteed_gpus"))
+    team_rows = []
+    for team in Team.objects.filter(parent__isnull=False) | Team.objects.filter(pk__in=list(guaranteed)):
+        alloc = allocations.get(team.pk)
+        team_rows.append(
+            {
+                "team": team.slug,
+                "guaranteed_gpus": float(guaranteed[team.pk]) if team.pk in guaranteed else None,
+                "fair_share_gpus": round(shares[team.pk], 3) if team.pk in shares else None,
+                "allocated_gpus": round(alloc.gpus, 3) if alloc else 0.0,
+                "borrowed_gpus": round(alloc.borrowed_gpus, 3) if alloc else 0.0,
+                "running_jobs": alloc.running_jobs if alloc else 0,
+                "pending_jobs": alloc.pending_jobs if alloc else 0,
+            }
+        )
+    team_rows.sort(key=lambda r: r["team"])
+    for entry in models.values():
+        entry["allocated_gpus"] = round(entry["allocated_gpus"], 3)
+    return {
+        "nodes": dict(node_states),
+        "gpus": sum(m["gpus"] for m in models.values()),
+        "memory_mib": sum(m["memory_mib"] for m in models.values()),
+        "allocated_memory_mib": sum(m["allocated_memory_mib"] for m in models.values()),
+        "allocated_gpus": round(sum(m["allocated_gpus"] for m in models.values()), 3),
+        "pending_jobs": Job.objects.filter(state=JobState.PENDING).count(),
+        "running_jobs": Job.objects.filter(state__in=ACTIVE_STATES).count(),
+        "models": sorted(models.values(), key=lambda m: m["model"]),
+        "teams": team_rows,
+    }

@@ -1,0 +1,13 @@
+"""The refusal every service raises: a message naming the field at fault, for API errors and forms."""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """A refused write. `field` names the input at fault, for API errors and forms."""
+
+    def __init__(self, message: str, *, field: str | None = None, code: str = "invalid"):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.code = code

@@ -1,0 +1,138 @@
+"""Reads for the inventory: nodes and their GPUs, capacity totals, and what one node could ever give a job."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.db.models import Count, F, Q, QuerySet, Sum
+
+from quotas.rows import fetch_rows
+from scheduling.choices import GpuHealth, LinkKind, NodeState, Topology
+from scheduling.engine import types as eng
+from scheduling.engine.capacity import most_whole_gpus
+from scheduling.inventory.engine_view import engine_gpu, engine_node
+from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node
+
+
+@dataclass(frozen=True)
+class GpuModelRow:
+    id: int
+    name: str
+    memory_mib: int
+    compute_capability: Decimal
+
+
+def gpu_model_rows() -> list[GpuModelRow]:
+    rows = fetch_rows(f"SELECT id, name, memory_mib, compute_capability FROM {GpuModel._meta.db_table}", [])
+    return [GpuModelRow(i, name, memory_mib, Decimal(str(cc))) for i, name, memory_mib, cc in rows]
+
+
+def _healthy_gpu_counts(*, allowed_models: set[int], topology: str, gpus: int) -> tuple[int, int]:
+    """For GPUs of allowed models, in one query: the most healthy ones one node (or, for NUMA, one NUMA node)
+    holds, and how many nodes hold at least `gpus` of them."""
+    if not allowed_models:
+        return 0, 0
+    best = "best_numa" if topology == Topology.NUMA else "healthy"
+    marks = ", ".join(["%s"] * len(allowed_models))
+    rows = fetch_rows(
+        f"""
+        SELECT COALESCE(MAX({best}), 0), COUNT(CASE WHEN total >= %s THEN 1 END) FROM (
+            SELECT node_id, SUM(n_all) AS total, SUM(n_ok) AS healthy, MAX(n_ok) AS best_numa FROM (
+                SELECT node_id, numa_node, COUNT(*) AS n_all,
+                       COUNT(CASE WHEN health <> %s THEN 1 END) AS n_ok
+                FROM {Gpu._meta.db_table} WHERE model_id IN ({marks}) GROUP BY node_id, numa_node
+            ) per_numa GROUP BY node_id
+        ) per_node""",
+        [gpus, GpuHealth.FAILED, *sorted(allowed_models)],
+    )
+    largest, nodes = rows[0]
+    return int(largest), int(nodes)
+
+
+def cluster_nodes() -> QuerySet[Node]:
+    return Node.objects.prefetch_related("gpus__model", "gpus__slices")
+
+
+def gpu_capacity_totals() -> dict[str, int]:
+    agg = Gpu.objects.aggregate(
+        memory_mib=Sum("memory_mib"),
+        allocated_memory_mib=Sum("allocated_memory_mib"),
+        allocated_compute_pct=Sum("allocated_compute_pct"),
+    )
+    agg["gpus"] = Gpu.objects.count()
+    return {k: v or 0 for k, v in agg.items()}
+
+
+def overcommitted_gpus() -> QuerySet[Gpu]:
+    """GPUs whose ledger exceeds capacity: must always be empty (the first invariant)."""
+    return Gpu.objects.filter(
+        Q(allocated_memory_mib__gt=F("memory_mib")) | Q(allocated_compute_pct__gt=F("compute_capacity_pct"))
+    )
+
+
+def schedulable_gpu_count() -> int:
+    return (
+        Gpu.objects.filter(node__state__in=[NodeState.READY, NodeState.DRAINING])
+        .exclude(health=GpuHealth.FAILED)
+        .count()
+    )
+
+
+def whole_gpu_capacity(*, allowed_models: set[int], topology: str, gpus: int) -> tuple[int, int]:
+    """For a job of `gpus` whole GPUs per node of the allowed models, with its topology need: the most such GPUs
+    any one node could ever give it at once (every card idle), and how many nodes hold at least `gpus` of them.
+
+    Without a topology need it is a count, in one aggregate query. With one, the engine decides
+    (`engine.capacity.most_whole_gpus`: exact NVLink cliques, NUMA groups) on the nodes as the cycle sees them:
+    first only those holding enough healthy cards; all of them only to name the most when none will do."""
+    if not allowed_models:
+        return 0, 0
+    most, nodes_with_enough = _healthy_gpu_counts(
+        allowed_models=allowed_models, topology=Topology.NONE, gpus=gpus
+    )
+    if topology == Topology.NONE:
+        return most, nodes_with_enough
+    request = eng.Request(gpus=gpus, topology=eng.TopologyNeed(topology))
+    best = max(
+        (
+            most_whole_gpus(request, node)
+            for node in _engine_nodes(allowed_models=allowed_models, at_least=gpus)
+        ),
+        default=0,
+    )
+    if best < gpus:  # refused: name the most any node gives
+        best = max(
+            (most_whole_gpus(request, node) for node in _engine_nodes(allowed_models=allowed_models)),
+            default=0,
+        )
+    return best, nodes_with_enough
+
+
+def _engine_nodes(*, allowed_models: set[int], at_least: int = 1) -> list[eng.Node]:
+    """Nodes as the engine sees them, with only their GPUs of the allowed models (healthy or not), limited to
+    nodes with at least `at_least` healthy ones."""
+    usable = Gpu.objects.filter(model_id__in=allowed_models).exclude(health=GpuHealth.FAILED)
+    node_ids = list(
+        usable.values("node_id")
+        .annotate(n=Count("id"))
+        .filter(n__gte=at_least)
+        .values_list("node_id", flat=True)
+    )
+    gpus: dict[int, list[eng.Gpu]] = defaultdict(list)
+    for g in (
+        Gpu.objects.filter(node_id__in=node_ids, model_id__in=allowed_models)
+        .select_related("model")
+        .order_by("node_id", "index")
+    ):
+        gpus[g.node_id].append(engine_gpu(g))
+    links: dict[int, set[tuple[int, int]]] = defaultdict(set)
+    for node_id, a, b in GpuLink.objects.filter(
+        kind=LinkKind.NVLINK, gpu_a__node_id__in=node_ids
+    ).values_list("gpu_a__node_id", "gpu_a__index", "gpu_b__index"):
+        links[node_id].add((min(a, b), max(a, b)))
+    return [
+        engine_node(n, gpus=gpus[n.pk], nvlink=links[n.pk])
+        for n in Node.objects.filter(pk__in=node_ids).order_by("name")
+    ]

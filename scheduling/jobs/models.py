@@ -1,0 +1,119 @@
+"""Jobs, the slices of GPUs they hold, and each job's audit trail of events."""
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from scheduling.choices import ActorKind, JobState, Topology
+from scheduling.inventory.models import Gpu
+
+
+class Job(models.Model):
+    team = models.ForeignKey("quotas.Team", on_delete=models.PROTECT, related_name="jobs")
+    submitter = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
+    name = models.CharField(max_length=200)
+    command = models.TextField()
+    env = models.JSONField(default=dict, blank=True)
+
+    # The request. Whole GPUs (gpus >= 1) or one slice of one GPU (gpus == 0 with memory and/or compute).
+    gpus = models.PositiveSmallIntegerField(default=0, help_text="Whole GPUs per node (0 for a slice).")
+    gpu_memory_mib = models.PositiveIntegerField(default=0, help_text="Slice: GPU memory on one GPU.")
+    compute_pct = models.PositiveSmallIntegerField(
+        default=0, validators=[MaxValueValidator(100)], help_text="Slice: compute share of one GPU."
+    )
+    gpu_models = models.JSONField(default=list, blank=True, help_text="Allowed GPU models; empty = any.")
+    min_gpu_memory_mib = models.PositiveIntegerField(default=0)
+    min_compute_capability = models.DecimalField(max_digits=3, decimal_places=1, default=Decimal("0"))
+    topology = models.CharField(max_length=10, choices=Topology.choices, default=Topology.NONE)
+    nodes = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1)], help_text="Gang size."
+    )
+    cpu_milli = models.PositiveIntegerField(default=1000, help_text="Per node.")
+    memory_mib = models.PositiveBigIntegerField(default=4096, help_text="Host memory per node.")
+    priority_class = models.ForeignKey("quotas.PriorityClass", on_delete=models.PROTECT, related_name="jobs")
+    preemptible = models.BooleanField(default=True)
+    max_runtime_s = models.PositiveIntegerField(null=True, blank=True)
+    requeue_on_node_loss = models.BooleanField(
+        default=True, help_text="Requeue (else fail) when its node is lost."
+    )
+
+    # Where it stands.
+    state = models.CharField(max_length=20, choices=JobState.choices, default=JobState.PENDING, db_index=True)
+    submitted_at = models.DateTimeField(auto_now_add=True, help_text="Kept across requeues: queue age.")
+    placed_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    borrowed = models.BooleanField(default=False, help_text="Runs beyond its team's guarantee: reclaimable.")
+    attempt = models.PositiveSmallIntegerField(default=0, help_text="Placements so far (requeues + 1).")
+    pending_reason_code = models.CharField(max_length=50, blank=True)
+    pending_reason = models.TextField(blank=True)
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    estimated_start_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-submitted_at", "-id"]
+        indexes = [models.Index(fields=["state", "submitted_at"], name="job_state_submitted")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(nodes=1) | Q(gpus__gte=1),
+                name="job_gang_needs_gpus",
+            ),
+            models.CheckConstraint(
+                condition=Q(gpus=0) | (Q(gpu_memory_mib=0) & Q(compute_pct=0)),
+                name="job_whole_or_slice",
+            ),
+            models.CheckConstraint(condition=Q(compute_pct__lte=100), name="job_compute_pct_at_most_100"),
+            models.CheckConstraint(condition=Q(nodes__gte=1), name="job_nodes_at_least_1"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.name}"
+
+    @property
+    def is_slice(self) -> bool:
+        return self.gpus == 0 and (self.gpu_memory_mib > 0 or self.compute_pct > 0)
+
+
+class Slice(models.Model):
+    """A part of one GPU held by a job: the whole card for whole-GPU jobs."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="slices")
+    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="slices")
+    memory_mib = models.PositiveIntegerField()
+    compute_pct = models.PositiveSmallIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "gpu"], name="slice_unique_job_gpu"),
+            models.CheckConstraint(
+                condition=Q(memory_mib__gt=0) | Q(compute_pct__gt=0), name="slice_not_empty"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job} on {self.gpu}: {self.memory_mib} MiB, {self.compute_pct}%"
+
+
+class JobEvent(models.Model):
+    """Append-only audit of a job: every state change, with who caused it and why."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    from_state = models.CharField(max_length=20, choices=JobState.choices, blank=True)
+    to_state = models.CharField(max_length=20, choices=JobState.choices, blank=True)
+    actor_kind = models.CharField(max_length=20, choices=ActorKind.choices)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    code = models.CharField(max_length=50, blank=True)
+    message = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.job}: {self.from_state or '-'} -> {self.to_state or '-'} ({self.code})"
