@@ -29,21 +29,15 @@ def gpu_model_rows() -> list[GpuModelRow]:
     return [GpuModelRow(i, name, memory_mib, Decimal(str(cc))) for i, name, memory_mib, cc in rows]
 
 
-def _healthy_gpu_counts(*, allowed_models: set[int], topology: str, gpus: int) -> tuple[int, int]:
-    """For GPUs of allowed models, in one query: the most healthy ones one node (or, for NUMA, one NUMA node)
-    holds, and how many nodes hold at least `gpus` of them."""
-    if not allowed_models:
-        return 0, 0
-    best = "best_numa" if topology == Topology.NUMA else "healthy"
+def _healthy_gpu_counts(*, allowed_models: set[int], gpus: int) -> tuple[int, int]:
+    """For GPUs of allowed models, in one query: the most healthy ones one node holds, and how many nodes hold
+    at least `gpus` of them (healthy or not)."""
     marks = ", ".join(["%s"] * len(allowed_models))
     rows = fetch_rows(
         f"""
-        SELECT COALESCE(MAX({best}), 0), COUNT(CASE WHEN total >= %s THEN 1 END) FROM (
-            SELECT node_id, SUM(n_all) AS total, SUM(n_ok) AS healthy, MAX(n_ok) AS best_numa FROM (
-                SELECT node_id, numa_node, COUNT(*) AS n_all,
-                       COUNT(CASE WHEN health <> %s THEN 1 END) AS n_ok
-                FROM {Gpu._meta.db_table} WHERE model_id IN ({marks}) GROUP BY node_id, numa_node
-            ) per_numa GROUP BY node_id
+        SELECT COALESCE(MAX(healthy), 0), COUNT(CASE WHEN total >= %s THEN 1 END) FROM (
+            SELECT node_id, COUNT(*) AS total, COUNT(CASE WHEN health <> %s THEN 1 END) AS healthy
+            FROM {Gpu._meta.db_table} WHERE model_id IN ({marks}) GROUP BY node_id
         ) per_node""",
         [gpus, GpuHealth.FAILED, *sorted(allowed_models)],
     )
@@ -89,9 +83,7 @@ def whole_gpu_capacity(*, allowed_models: set[int], topology: str, gpus: int) ->
     first only those holding enough healthy cards; all of them only to name the most when none will do."""
     if not allowed_models:
         return 0, 0
-    most, nodes_with_enough = _healthy_gpu_counts(
-        allowed_models=allowed_models, topology=Topology.NONE, gpus=gpus
-    )
+    most, nodes_with_enough = _healthy_gpu_counts(allowed_models=allowed_models, gpus=gpus)
     if topology == Topology.NONE:
         return most, nodes_with_enough
     request = eng.Request(gpus=gpus, topology=eng.TopologyNeed(topology))
