@@ -10,7 +10,7 @@ PORT ?= 8000
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/tessera
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: install demo serve test lint format bench clean
+.PHONY: install demo serve test lint format bench clean vendor
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Tessera needs Python 3.11 or newer"'
@@ -38,5 +38,15 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# The portal's browser libraries, pinned in package.json / package-lock.json, copied with their licences into
+# frontend/static/vendor/ (committed: `make demo` and the tests need no Node).
+VENDOR := frontend/static/vendor
+vendor:
+	npm ci --no-audit --no-fund
+	mkdir -p $(VENDOR)/htmx $(VENDOR)/uplot
+	cp node_modules/htmx.org/dist/htmx.min.js node_modules/htmx.org/LICENSE $(VENDOR)/htmx/
+	cp node_modules/uplot/dist/uPlot.iife.min.js node_modules/uplot/dist/uPlot.min.css node_modules/uplot/LICENSE $(VENDOR)/uplot/
+	node -e 'const l=require("./package-lock.json").packages; console.log(JSON.stringify({htmx: l["node_modules/htmx.org"].version, uplot: l["node_modules/uplot"].version}))' > $(VENDOR)/VERSIONS.json
+
 clean:
-	rm -rf $(VENV) var staticfiles .pytest_cache .ruff_cache
+	rm -rf $(VENV) var staticfiles .pytest_cache .ruff_cache node_modules test-artifacts
