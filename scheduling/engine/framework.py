@@ -11,9 +11,29 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
 from scheduling.engine.types import Assignment, Gpu, Job, Node, Snapshot, Status, _empty
+
+# Parameters every profile understands (docs/engine.md explains each); a profile overrides what it needs.
+DEFAULT_PARAMS = MappingProxyType(
+    {
+        "timeslice_oversubscription": 4.0,  # time-sliced cards hand out up to 4 cards' worth of compute shares
+        "age_boost_interval_s": 3600.0,  # one queue-priority level per hour waited ...
+        "age_boost_max": 10,  # ... at most ten levels
+        "fairshare_half_life_s": 7 * 24 * 3600.0,
+        "reservations_max": 2,  # the first blocked jobs that get a reservation
+        "reservation_min_priority": 0,
+        "reserve_unknown_start": True,  # reserve even when no running job's end is known (start unknown)
+        "reservation_candidates": 32,  # nodes examined for such a reservation (those with the most room)
+        "estimate_starts": True,  # project an estimated start for every pending job from declared runtimes
+        "min_runtime_s": 300.0,  # younger jobs are never evicted
+        "preempt_max_attempts": 16,  # evicting jobs considered per cycle (each may scan every node)
+        "reclaim_max_attempts": 16,
+        "explain": True,  # compute reason sentences for pending jobs
+    }
+)
 
 
 @dataclass(slots=True)
