@@ -10,6 +10,7 @@ import heapq
 import math
 import random
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -727,8 +728,6 @@ class Simulator:
         self._run_cycle()
 
     def _run_cycle(self) -> None:
-        import time
-
         snap = self.snapshot()
         self._dirty = False
         self._last_cycle_at = self.now
