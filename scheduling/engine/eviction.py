@@ -150,7 +150,9 @@ def _could_fit(s: Session, job: Job, pos: int, victims: list[Holding]) -> bool:
     return False
 
 
-def _victims_on(s: Session, job: Job, pos: int, eligible: list[Holding]) -> tuple[tuple, list[Holding]] | None:
+def _victims_on(
+    s: Session, job: Job, pos: int, eligible: list[Holding]
+) -> tuple[tuple, list[Holding]] | None:
     """The cheapest victim set on one node that lets the job fit there: greedy, then drop the unneeded."""
     if not _could_fit(s, job, pos, eligible):
         return None

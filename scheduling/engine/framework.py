@@ -116,7 +116,9 @@ class ModelAdmitHook(Protocol):
 class ModelBorrowedHook(Protocol):
     """True when a placement is beyond a per-model guarantee on a model it lands on (reclaimable)."""
 
-    def borrowed_assignments(self, ctx: CycleContext, job: Job, assignments: tuple[Assignment, ...]) -> bool: ...
+    def borrowed_assignments(
+        self, ctx: CycleContext, job: Job, assignments: tuple[Assignment, ...]
+    ) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)

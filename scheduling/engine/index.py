@@ -120,7 +120,7 @@ class NodeIndex:
         self.timeslice_factor = timeslice_factor
         self.shape_ids: dict[tuple, int] = {}
         self.rows: dict[int, tuple] = {}  # shape id -> its summary
-        self.pool_rows: dict[int, tuple] = {}  # shape id -> what it adds to the start projection (projection.py)
+        self.pool_rows: dict[int, tuple] = {}  # shape id -> what it adds to the start projection
         self.model_bits: dict[str, int] = {}
         self.memos: dict[Request, RequestMemo] = {}
         self.verdicts: dict[tuple[Request, int], tuple[bool, float]] = {}

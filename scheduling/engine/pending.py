@@ -42,7 +42,6 @@ _NO_ESTIMATE = frozenset(
 )
 
 
-
 def explain_pending(s: Session) -> list[Pending]:
     """Every job left pending, in queue order, with its status, queue position and estimated start."""
     placed = {p.job_id for p in s.placements}
@@ -116,6 +115,7 @@ def explain_pending(s: Session) -> list[Pending]:
         rows.append((job, status, position))
     return _with_estimates(s, rows, explain)
 
+
 def _with_model_note(s: Session, job: Job, view: Job, status: Status) -> Status:
     """The pending reason of a job that per-model limits keep off some GPU models. When it would fit now on
     a model it may not use, the limit is what holds it back: `model-quota-limit`, naming the limit, then what
@@ -126,10 +126,9 @@ def _with_model_note(s: Session, job: Job, view: Job, status: Status) -> Status:
     if status.code in (NO_FIT, INSUFFICIENT_HOST) or status.code in _WAITING_FOR_ROOM:
         whole, _ = feasible(s, job)
         if int(whole.sum()) >= max(1, job.request.nodes):
-            return Status(
-                MODEL_QUOTA_LIMIT, f"{note}; on the GPU models it may still use: {status.reason}"
-            )
+            return Status(MODEL_QUOTA_LIMIT, f"{note}; on the GPU models it may still use: {status.reason}")
     return Status(status.code, f"{status.reason}; {note}")
+
 
 def _with_estimates(s: Session, rows: list[tuple[Job, Status, int]], explain: bool) -> list[Pending]:
     """The pending list, each job with its estimated start: its reservation's where it has one, else a
@@ -164,6 +163,7 @@ def _with_estimates(s: Session, rows: list[tuple[Job, Status, int]], explain: bo
         out.append(Pending(job.id, status, position, eta))
     return out
 
+
 def _filtered_reason(s: Session, job: Job, ok: np.ndarray) -> Status | None:
     """When the profile has filters of its own and one refused a node that had room, say which and why."""
     extra = s.plugins.filters
@@ -179,6 +179,7 @@ def _filtered_reason(s: Session, job: Job, ok: np.ndarray) -> Status | None:
                 return Status(FILTERED, f"{f.NAME} refused {nodes[pos].name}: {status.reason}")
     return None
 
+
 def _reserved_reason(s: Session, job: Job) -> Status | None:
     """If the job would fit but for a reservation, say whose and until when."""
     if not s.holds or job.id not in s.blocked:
@@ -187,6 +188,7 @@ def _reserved_reason(s: Session, job: Job) -> Status | None:
     if key not in s.reason_cache:
         s.reason_cache[key] = _reserved_reason_for(s, job)
     return s.reason_cache[key]
+
 
 def _reserved_reason_for(s: Session, job: Job) -> Status | None:
     for pos in s.index.ranked(s.holds):

@@ -124,7 +124,9 @@ def choose(s: Session, job: Job) -> list[tuple[int, Node]] | None:
     return [(p, node) for _, _, p, node in ranked[:want]]
 
 
-def plan(s: Session, job: Job, chosen: list[tuple[int, Node]]) -> list[tuple[int, tuple[Assignment, ...]]] | None:
+def plan(
+    s: Session, job: Job, chosen: list[tuple[int, Node]]
+) -> list[tuple[int, tuple[Assignment, ...]]] | None:
     """The cards the job takes on each chosen node: whole cards by the profile's card chooser (or the
     lowest-index free ones), a slice on the best-scoring card that holds it (ties to the lowest index)."""
     req = job.request

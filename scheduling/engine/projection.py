@@ -70,9 +70,7 @@ def _event_time(e: tuple[float, int]) -> float:
     return e[0]
 
 
-def _gives_back(
-    s: Session, assignments: tuple[Assignment, ...]
-) -> tuple[tuple[tuple[str, bool], int], ...]:
+def _gives_back(s: Session, assignments: tuple[Assignment, ...]) -> tuple[tuple[tuple[str, bool], int], ...]:
     """What a job's cards give back to the projection's pools when it ends: idle cards, shared compute."""
     out: dict[tuple[str, bool], int] = {}
     for a in assignments:

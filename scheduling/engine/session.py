@@ -133,9 +133,13 @@ class Session:
         # per-model limit that kept it off some model (named in its pending reason).
         self.restricted: frozenset[str] = frozenset()
         if self.plugins.restrictors:
-            self.restricted = frozenset().union(*(p.restricted_teams(self.ctx) for p in self.plugins.restrictors))
+            self.restricted = frozenset().union(
+                *(p.restricted_teams(self.ctx) for p in self.plugins.restrictors)
+            )
         self.model_notes: dict[str, Status] = {}
-        self.views: dict[str, Job | Status] = {}  # pending job -> how the pending reasons explained and project it
+        self.views: dict[
+            str, Job | Status
+        ] = {}  # pending job -> how the pending reasons explained and project it
 
     def param(self, name: str) -> Any:
         return self.profile.params.get(name, DEFAULT_PARAMS.get(name))

@@ -44,7 +44,9 @@ class PluginSet:
     # The whole-card choice of the first GPU-score plugin that makes it (None: the engine's default).
     choose_cards: Callable[..., Any] | None = None
     # Per admit plugin with an exact-charge hook, in profile order: (admit_charge or None, borrowed or None).
-    charge_checks: list[tuple[Callable[..., Any] | None, Callable[..., Any] | None]] = field(default_factory=list)
+    charge_checks: list[tuple[Callable[..., Any] | None, Callable[..., Any] | None]] = field(
+        default_factory=list
+    )
     # Admit plugins with per-GPU-model hooks (see framework.ModelRestrictionHook).
     restrictors: list[Any] = field(default_factory=list)
     model_checks: list[Any] = field(default_factory=list)

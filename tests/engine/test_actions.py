@@ -26,7 +26,9 @@ def test_the_known_actions_are_the_registry_s() -> None:
 def test_an_unknown_action_is_refused_naming_the_known_ones() -> None:
     register_profile(Profile(name="test-unknown-action", actions=("admit", "allocate", "evict-everything")))
     try:
-        with pytest.raises(KeyError, match=r"unknown actions: evict-everything; known: admit, allocate, backfill"):
+        with pytest.raises(
+            KeyError, match=r"unknown actions: evict-everything; known: admit, allocate, backfill"
+        ):
             get_profile("test-unknown-action")
     finally:
         PROFILES.pop("test-unknown-action")

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from scheduling.engine import run_cycle
 from scheduling.engine.hooks import PluginError, check_plugin_class
 from scheduling.engine.plugins import REGISTRY, register
+from scheduling.engine.plugins.fits import Fits
+from tests.engine.builders import job, node, profile, snapshot
 
 
 def _admit_plugin(**methods):
@@ -23,7 +26,9 @@ def test_every_builtin_plugin_passes_the_registration_checks() -> None:
 
 def test_a_misspelt_hook_on_an_admit_plugin_is_refused_at_registration() -> None:
     cls = _admit_plugin(admit_charg=lambda self, ctx, job, charge: None)
-    with pytest.raises(PluginError, match=r"admit_charg\(\) is not a hook of the engine; did you mean admit_charge"):
+    with pytest.raises(
+        PluginError, match=r"admit_charg\(\) is not a hook of the engine; did you mean admit_charge"
+    ):
         register(cls)
     assert "test-admit" not in REGISTRY
 
@@ -67,3 +72,39 @@ def test_a_class_implementing_no_extension_point_is_refused() -> None:
     cls = type("TestNothing", (), {"NAME": "test-nothing", "CACHEABLE": True})
     with pytest.raises(PluginError, match="implements no extension point"):
         check_plugin_class(cls)
+
+
+class _CountingBatchScore:
+    """A non-cacheable node score that scores every query's nodes in one call."""
+
+    NAME = "test-counting-batch"
+    CACHEABLE = False
+    calls: list[str] = []
+
+    def score_node(self, ctx, job, node):
+        self.calls.append("one")
+        return 0.0
+
+    def score_nodes(self, ctx, job, nodes):
+        self.calls.append("many")
+        return [1.0 if n.name == "b" else 0.0 for n in nodes]
+
+
+def test_a_batch_node_scorer_is_called_once_per_query_instead_of_per_node() -> None:
+    register(_CountingBatchScore)
+    _CountingBatchScore.calls.clear()
+    p = profile(fields={"node_scores": (("test-counting-batch", 1.0),), "actions": ("allocate",)})
+    decisions = run_cycle(snapshot([node("a", gpus=1), node("b", gpus=1)], pending=[job("j", gpus=1)]), p)
+    assert {a.node for a in decisions.placements[0].assignments} == {"b"}
+    assert _CountingBatchScore.calls == ["many"]
+
+
+def test_the_fits_filter_is_left_to_the_node_index(monkeypatch) -> None:
+    def never(self, ctx, job, node):
+        raise AssertionError("the node index applies the fit rule itself")
+
+    monkeypatch.setattr(Fits, "filter", never)
+    p = profile(fields={"filters": ("fits",)})
+    decisions = run_cycle(snapshot([node("a", gpus=1)], pending=[job("j", gpus=1), job("k", gpus=2)]), p)
+    assert [pl.job_id for pl in decisions.placements] == ["j"]
+    assert decisions.pending[0].status.code == "insufficient-gpus"
