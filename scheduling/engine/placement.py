@@ -200,7 +200,7 @@ def _without_models(
             if gpu is not None:
                 used.add(gpu.model)
     req = view.request
-    remaining = tuple(m for m in (req.gpu_models or tuple(s.index.model_bits)) if m not in used)
+    remaining = tuple(m for m in (req.gpu_models or s.index.snapshot_models()) if m not in used)
     if not remaining or not used:
         return None
     return replace(view, request=replace(req, gpu_models=remaining))
