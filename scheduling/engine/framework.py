@@ -1,6 +1,7 @@
 """Extension points and profiles, in the shape of kube-scheduler's framework.
 
 A plugin is one class in one module under `plugins/`, with a `NAME`; `plugins.REGISTRY` maps names to classes.
+Each hook it may implement is a `Protocol` here; `hooks.py` checks plugin classes against them.
 A `Profile` names which plugins run at each extension point, with weights for scores.
 Scores are plain numbers, higher is better; a profile's score for a candidate is the weighted sum.
 """
@@ -8,11 +9,31 @@ Scores are plain numbers, higher is better; a profile's score for a candidate is
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from types import MappingProxyType
+from typing import Any, Protocol, runtime_checkable
 
-from scheduling.engine.types import Gpu, Job, Node, Snapshot, Status, _empty
+from scheduling.engine.types import Assignment, Gpu, Job, Node, Snapshot, Status, _empty
+
+# Parameters every profile understands (docs/engine.md explains each); a profile overrides what it needs.
+DEFAULT_PARAMS = MappingProxyType(
+    {
+        "timeslice_oversubscription": 4.0,  # time-sliced cards hand out up to 4 cards' worth of compute shares
+        "age_boost_interval_s": 3600.0,  # one queue-priority level per hour waited ...
+        "age_boost_max": 10,  # ... at most ten levels
+        "fairshare_half_life_s": 7 * 24 * 3600.0,
+        "reservations_max": 2,  # the first blocked jobs that get a reservation
+        "reservation_min_priority": 0,
+        "reserve_unknown_start": True,  # reserve even when no running job's end is known (start unknown)
+        "reservation_candidates": 32,  # nodes examined for such a reservation (those with the most room)
+        "estimate_starts": True,  # project an estimated start for every pending job from declared runtimes
+        "min_runtime_s": 300.0,  # younger jobs are never evicted
+        "preempt_max_attempts": 16,  # evicting jobs considered per cycle (each may scan every node)
+        "reclaim_max_attempts": 16,
+        "explain": True,  # compute reason sentences for pending jobs
+    }
+)
 
 
 @dataclass(slots=True)
@@ -28,27 +49,76 @@ class CycleContext:
         return self.profile.params.get(name, default)
 
 
+# -- extension points ------------------------------------------------------------------------------------------
+# Every hook the engine calls is a method of one of these protocols. `hooks.check_plugin_class` holds a plugin
+# class to them when it is registered (a public method that is no hook, or a hook with the wrong arguments, is
+# refused) and `hooks.check_extension_point` when a profile names it (it must implement that point's protocol).
+# The engine sorts a profile's plugins by the protocols they implement once, when the profile is loaded.
+
+
+@runtime_checkable
 class QueueOrderPlugin(Protocol):
+    """Queue order (`queue_order`): jobs are sorted by the concatenated keys of the profile's plugins."""
+
     NAME: str
 
     def sort_key(self, ctx: CycleContext, job: Job) -> tuple: ...
 
 
+@runtime_checkable
 class AdmitPlugin(Protocol):
-    """Refuses a job before allocation (`admit`). Optional hooks, looked up with getattr:
-
-    - `admit_charge(ctx, job, (memory_mib, compute_milli)) -> Status | None` and
-      `borrowed(ctx, job, charge) -> bool`: the exact charge of a placement, all models together;
-    - `restricted_teams(ctx) -> frozenset[str]`, `restrict_models(ctx, job) -> ModelRestriction | None`,
-      `admit_assignments(ctx, job, assignments) -> Status | None` and
-      `borrowed_assignments(ctx, job, assignments) -> bool`: per-GPU-model rules. `restricted_teams` is asked
-      once per cycle, before anything is placed, and the other three only for jobs of the teams it names (of any
-      plugin defining both it and `restrict_models`); such a job is placed only on the models `restrict_models`
-      allows (see docs/engine.md, "Quotas")."""
+    """Refuses a job before allocation (`admit`). An admit plugin may implement the optional hooks below as well:
+    `AdmitChargeHook` and `BorrowedHook` (the exact charge of a placement, all models together), and
+    `ModelRestrictionHook`, `ModelAdmitHook` and `ModelBorrowedHook` (per-GPU-model rules; see docs/engine.md,
+    "Quotas")."""
 
     NAME: str
 
     def admit(self, ctx: CycleContext, job: Job) -> Status | None: ...
+
+
+@runtime_checkable
+class AdmitChargeHook(Protocol):
+    """The exact charge of a placement, `(memory_mib, compute_milli)` all models together: None to admit it."""
+
+    def admit_charge(self, ctx: CycleContext, job: Job, charge: tuple[int, int]) -> Status | None: ...
+
+
+@runtime_checkable
+class BorrowedHook(Protocol):
+    """True when a placement at this exact charge is beyond the team's guarantee (reclaimable)."""
+
+    def borrowed(self, ctx: CycleContext, job: Job, charge: tuple[int, int]) -> bool: ...
+
+
+@runtime_checkable
+class ModelRestrictionHook(Protocol):
+    """Per-GPU-model rules. `restricted_teams` is asked once per cycle, before anything is placed; the engine asks
+    `restrict_models` (and the plugins' `ModelAdmitHook` / `ModelBorrowedHook`) only for jobs of the teams it
+    names, and places such a job only on the models `restrict_models` allows. A plugin implements both or
+    neither."""
+
+    def restricted_teams(self, ctx: CycleContext) -> frozenset[str]: ...
+
+    def restrict_models(self, ctx: CycleContext, job: Job) -> ModelRestriction | None: ...
+
+
+@runtime_checkable
+class ModelAdmitHook(Protocol):
+    """The exact check of a placement model by model: None to admit it."""
+
+    def admit_assignments(
+        self, ctx: CycleContext, job: Job, assignments: tuple[Assignment, ...]
+    ) -> Status | None: ...
+
+
+@runtime_checkable
+class ModelBorrowedHook(Protocol):
+    """True when a placement is beyond a per-model guarantee on a model it lands on (reclaimable)."""
+
+    def borrowed_assignments(
+        self, ctx: CycleContext, job: Job, assignments: tuple[Assignment, ...]
+    ) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,32 +132,53 @@ class ModelRestriction:
     status: Status
 
 
+@runtime_checkable
 class FilterPlugin(Protocol):
     """None when the node can host the job (ignoring other jobs' reservations), else why not.
 
     Filters and node scores are cached per (request, node shape) across cycles unless the class sets
-    `CACHEABLE = False` (see docs/engine.md, "Adding a plugin")."""
+    `CACHEABLE = False` (see docs/engine.md, "Adding a plugin"). A filter that sets `NODE_FIT = True` says its
+    verdict is the engine's own node-fit rule (`resources.node_fits`), which the node index always applies:
+    the engine then does not call it a second time."""
 
     NAME: str
 
     def filter(self, ctx: CycleContext, job: Job, node: Node) -> Status | None: ...
 
 
+@runtime_checkable
 class NodeScorePlugin(Protocol):
-    """Higher is better. A non-cacheable plugin may also define `score_nodes(ctx, job, nodes) -> Sequence[float]`
-    to score many nodes in one call; the engine then uses it instead of one `score_node` call per node."""
+    """Higher is better."""
 
     NAME: str
 
     def score_node(self, ctx: CycleContext, job: Job, node: Node) -> float: ...
 
 
+@runtime_checkable
+class BatchNodeScorer(Protocol):
+    """A non-cacheable node score may score many nodes in one call; the engine then uses it instead of one
+    `score_node` call per node."""
+
+    def score_nodes(self, ctx: CycleContext, job: Job, nodes: Sequence[Node]) -> Sequence[float]: ...
+
+
+@runtime_checkable
 class GpuScorePlugin(Protocol):
     """Ranks the GPUs of the chosen node for a slice request (the highest-scoring feasible GPU wins)."""
 
     NAME: str
 
     def score_gpu(self, ctx: CycleContext, job: Job, node: Node, gpu: Gpu) -> float: ...
+
+
+@runtime_checkable
+class CardChooser(Protocol):
+    """Chooses the whole cards a whole-GPU job takes on its node (card positions in `node.gpus`, or None when
+    the node cannot host it). The first GPU-score plugin of a profile implementing it replaces the engine's
+    default (the lowest-index free cards that meet the request's topology)."""
+
+    def choose_cards(self, ctx: CycleContext, job: Job, node: Node) -> tuple[int, ...] | None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,7 +120,7 @@ class NodeIndex:
         self.timeslice_factor = timeslice_factor
         self.shape_ids: dict[tuple, int] = {}
         self.rows: dict[int, tuple] = {}  # shape id -> its summary
-        self.pool_rows: dict[int, tuple] = {}  # shape id -> what it adds to the start projection (cycle.py)
+        self.pool_rows: dict[int, tuple] = {}  # shape id -> what it adds to the start projection
         self.model_bits: dict[str, int] = {}
         self.memos: dict[Request, RequestMemo] = {}
         self.verdicts: dict[tuple[Request, int], tuple[bool, float]] = {}
@@ -324,6 +324,17 @@ class NodeIndex:
             snap_nodes[order[pos]] = nodes[pos]
         for slot in sorted(dirty | {order[pos] for pos in changed}):
             self.set(slot, snap_nodes[slot])
+
+    def snapshot_models(self) -> tuple[str, ...]:
+        """The GPU models of the current snapshot's usable cards, in snapshot order. `model_bits` also holds the
+        models of nodes earlier snapshots had, so an answer that depends on which models exist reads this."""
+        seen: dict[str, None] = {}
+        for slot in self.order:
+            node = self.snap_nodes[slot]
+            for g in node.gpus if node is not None else ():
+                if g.health is not Health.FAILED:
+                    seen.setdefault(g.model)
+        return tuple(seen)
 
     def ranked(self, slots: Sequence[int]) -> list[int]:
         """The slots in snapshot order."""

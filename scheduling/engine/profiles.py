@@ -5,29 +5,10 @@ Plugin modules may add profiles of their own by defining `PROFILES`; `get_profil
 
 from __future__ import annotations
 
-from types import MappingProxyType
-
-from scheduling.engine.framework import Profile
+from scheduling.engine.actions import ACTIONS
+from scheduling.engine.framework import DEFAULT_PARAMS, Profile
+from scheduling.engine.hooks import check_extension_point
 from scheduling.engine.plugins import EXTRA_PROFILES, REGISTRY
-
-# Parameters every profile understands (docs/engine.md explains each); a profile overrides what it needs.
-DEFAULT_PARAMS = MappingProxyType(
-    {
-        "timeslice_oversubscription": 4.0,  # time-sliced cards hand out up to 4 cards' worth of compute shares
-        "age_boost_interval_s": 3600.0,  # one queue-priority level per hour waited ...
-        "age_boost_max": 10,  # ... at most ten levels
-        "fairshare_half_life_s": 7 * 24 * 3600.0,
-        "reservations_max": 2,  # the first blocked jobs that get a reservation
-        "reservation_min_priority": 0,
-        "reserve_unknown_start": True,  # reserve even when no running job's end is known (start unknown)
-        "reservation_candidates": 32,  # nodes examined for such a reservation (those with the most room)
-        "estimate_starts": True,  # project an estimated start for every pending job from declared runtimes
-        "min_runtime_s": 300.0,  # younger jobs are never evicted
-        "preempt_max_attempts": 16,  # evicting jobs considered per cycle (each may scan every node)
-        "reclaim_max_attempts": 16,
-        "explain": True,  # compute reason sentences for pending jobs
-    }
-)
 
 TESSERA_PROD = Profile(
     name="tessera-prod",
@@ -76,14 +57,32 @@ def get_profile(name: str) -> Profile:
 
 
 def check_profile(profile: Profile) -> None:
+    """Refuse a profile naming an unknown plugin or action, a plugin under an extension point it does not
+    implement (a name under `filters` whose class has no `filter`), or an action twice."""
     names = [*profile.queue_order, *profile.admit, *profile.filters]
     names += [n for n, _ in profile.node_scores] + [n for n, _ in profile.gpu_scores]
     unknown = sorted({n for n in names if n not in REGISTRY})
     if unknown:
         raise KeyError(f"profile {profile.name!r} names unknown plugins: {', '.join(unknown)}")
+    points = {
+        "queue_order": profile.queue_order,
+        "admit": profile.admit,
+        "filters": profile.filters,
+        "node_scores": tuple(n for n, _ in profile.node_scores),
+        "gpu_scores": tuple(n for n, _ in profile.gpu_scores),
+    }
+    for field, plugins in points.items():
+        for name in plugins:
+            check_extension_point(profile.name, field, name, REGISTRY[name])
     bad = sorted(set(profile.actions) - KNOWN_ACTIONS)
     if bad:
-        raise KeyError(f"profile {profile.name!r} names unknown actions: {', '.join(bad)}")
+        raise KeyError(
+            f"profile {profile.name!r} names unknown actions: {', '.join(bad)}; known: {', '.join(ACTIONS)}"
+        )
+    twice = sorted({a for a in profile.actions if profile.actions.count(a) > 1})
+    if twice:
+        raise KeyError(f"profile {profile.name!r} names actions more than once: {', '.join(twice)}")
 
 
-KNOWN_ACTIONS = frozenset({"admit", "allocate", "backfill", "reclaim", "preempt"})
+# The action names a profile may list (the action registry's).
+KNOWN_ACTIONS = frozenset(ACTIONS)

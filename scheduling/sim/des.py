@@ -10,11 +10,13 @@ import heapq
 import math
 import random
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
+from scheduling.engine import run_cycle
 from scheduling.engine.types import (
     WHOLE_GPU_MILLI,
     Assignment,
@@ -244,9 +246,7 @@ class Simulator:
         scheduler: Scheduler | None = None,
     ) -> None:
         if scheduler is None:
-            from scheduling.engine import run_cycle  # the production cycle; imported late so tests can stub
-
-            scheduler = run_cycle
+            scheduler = run_cycle  # the production cycle (tests pass a double)
         self.scheduler = scheduler
         self.profile = profile
         self.config = config or SimConfig()
@@ -728,8 +728,6 @@ class Simulator:
         self._run_cycle()
 
     def _run_cycle(self) -> None:
-        import time
-
         snap = self.snapshot()
         self._dirty = False
         self._last_cycle_at = self.now

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from scheduling.engine.profiles import get_profile
 from scheduling.engine.types import WHOLE_GPU_MILLI, Node, Quota
 from scheduling.sim.des import JobSpec, SimConfig, SimResult, default_usage_milli, simulate
 from scheduling.sim.openb import TracePod, load_nodes, load_pods
@@ -128,8 +129,6 @@ def run_dynamic(
     compression: float = 1.0,
 ) -> list[DynamicRun]:
     """Replay one pod list under each named engine profile."""
-    from scheduling.engine.profiles import get_profile
-
     if teams < 1:
         raise ValueError("teams must be at least 1")
     nodes = tuple(build_node(n) for n in load_nodes(nodes_csv))

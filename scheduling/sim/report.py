@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from scheduling.sim.des import SimResult
+from scheduling.sim.metrics import job_rows, series_rows
+from scheduling.sim.runs import run_scenario
 
 # One colour per policy, in order, readable in print and by colour-blind readers (Okabe-Ito).
 COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
@@ -194,8 +196,6 @@ def write_run_report(
     out_dir: Path, name: str, results: Mapping[str, SimResult], summary: Mapping, *, plots: bool = True
 ) -> list[Path]:
     """The JSON summary, per-policy CSVs (jobs, time series) and the three dynamic plots under out_dir/name/."""
-    from scheduling.sim.metrics import job_rows, series_rows
-
     base = out_dir / name
     files = [write_json(base / "summary.json", summary)]
     for policy, r in results.items():
@@ -214,8 +214,6 @@ def write_run_report(
 
 def docs_images(out_dir: Path = DOCS_IMG, static_json: Sequence[Path] = ()) -> list[Path]:
     """The images docs/simulator.md links: the seed case's plots, and the static curves when given their JSON."""
-    from scheduling.sim.cli_dynamic import run_scenario
-
     scenario, results, _ = run_scenario("seed-case", progress=False)
     files = [
         plot_utilization(

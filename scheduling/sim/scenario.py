@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from scheduling.engine.framework import Profile
+from scheduling.engine.profiles import get_profile
 from scheduling.engine.types import Gpu, Node, Quota, Request, Sharing, TopologyNeed
 from scheduling.sim.des import JobSpec, NodeFailure, SimConfig
 from scheduling.sim.synthetic import (
@@ -734,9 +736,6 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
 
 def build_profile(spec: Any) -> Any:
     """An engine profile from a policy's `profile`: a registered name, or {base: NAME, field: value...}."""
-    from scheduling.engine.framework import Profile
-    from scheduling.engine.profiles import get_profile
-
     if isinstance(spec, str):
         return get_profile(spec)
     spec = dict(spec)

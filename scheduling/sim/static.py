@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from scheduling.engine import run_cycle as production_cycle
 from scheduling.engine.fragmentation import (
     TaskClass,
     Workload,
@@ -204,8 +205,6 @@ def run_static_seed(
 ) -> SeedResult:
     """One run of the protocol: inflate and shuffle with `seed`, fix a random node order, one attempt per pod."""
     if run_cycle is None:
-        from scheduling.engine import run_cycle as production_cycle
-
         run_cycle = production_cycle
     started = time.perf_counter()
     rng = random.Random(seed)

@@ -757,6 +757,25 @@ def test_a_node_whose_numa_layout_changes_is_looked_at_again() -> None:
     assert run_cycle(regrouped, p).placements
 
 
+def test_a_warm_engine_that_saw_other_gpu_models_refuses_a_model_limited_slice_as_a_cold_one_does() -> None:
+    """Charged exactly (a MIG instance rounds the slice up to 40 GiB) the slice would take its team past its
+    A100 limit, and the cluster has no other model: it waits with `model-quota-limit`. An engine that placed
+    work on L4 cards in an earlier cycle must answer the same (it used to look again on the L4 it remembered)."""
+    nodes = [node("a", gpus=2, sharing=["exclusive", "mig"], mig_profiles_gib=(10, 20, 40))]
+    held = running(job("held", team="b", gpus=1), {"a": [0]}, nodes=nodes)
+    snap = snapshot(
+        nodes,
+        pending=[job("s", team="b", compute_pct=30)],
+        running_jobs=[held],
+        quotas=[quota("b", per_model=[model_quota("A100", limit_gib=100)])],
+    )
+    cold = run_cycle(snap, profile())
+    assert cold.pending[0].status.code == "model-quota-limit"
+    warm = profile()
+    run_cycle(snapshot([node("l4", gpus=1, model="L4")], pending=[job("x", gpus=1)]), warm)
+    assert run_cycle(snap, warm) == cold
+
+
 class _RefuseNodeB:
     """A profile filter for the test below: node b is off limits."""
 

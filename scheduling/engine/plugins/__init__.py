@@ -1,6 +1,7 @@
 """The plugin registry: every module in this package that defines `NAME` and one plugin class is found here.
 
-Adding a plugin is adding a module (see docs/engine.md); nothing else needs editing. `REGISTRY` maps NAME -> class.
+Adding a plugin is adding a module (see docs/engine.md); nothing else needs editing. `REGISTRY` maps NAME -> class;
+a class is checked against the hook protocols when it is registered.
 A module may also define `PROFILES` (a tuple of `Profile`) to register named profiles with `profiles.get_profile`.
 """
 
@@ -11,12 +12,18 @@ import inspect
 import pkgutil
 from typing import Any
 
+from scheduling.engine.hooks import check_plugin_class
+
 REGISTRY: dict[str, type] = {}
 EXTRA_PROFILES: list[Any] = []
 
 
 def register(cls: type, *, name: str | None = None) -> type:
-    """Register a plugin class under its NAME (also usable as a decorator for plugins living elsewhere)."""
+    """Register a plugin class under its NAME (also usable as a decorator for plugins living elsewhere).
+
+    The class is checked against the engine's hook protocols first (`hooks.check_plugin_class`): a public method
+    that is no hook, a hook with the wrong arguments or a `CACHEABLE` that is not a bool fail here."""
+    check_plugin_class(cls)
     key = name or cls.NAME
     existing = REGISTRY.get(key)
     if existing is not None and existing is not cls:

@@ -11,10 +11,13 @@ NAME = "fits"
 
 
 class Fits:
-    """Always applied by the engine (it cannot place what does not fit); listing it in a profile is harmless."""
+    """The engine's own node-fit rule as a filter. The node index applies that rule to every query natively (it
+    cannot place what does not fit), so `NODE_FIT` tells the engine not to call this filter a second time;
+    listing it in a profile is harmless, and it is what a reason sentence or a test calls to ask one node."""
 
     NAME = NAME
     CACHEABLE = True  # depends only on the request and the node's shape
+    NODE_FIT = True
 
     def filter(self, ctx: CycleContext, job: Job, node: Node) -> Status | None:
         factor = ctx.param("timeslice_oversubscription", DEFAULT_TIMESLICE_FACTOR)

@@ -4,6 +4,8 @@ Node level, whole-card jobs: an NVLink job scores n / size of the island it land
 jobs score the share of the node's largest free island that survives them (1.0 = untouched). Slices score 1.0
 where a card already shared can take them (no idle card is broken) and 0.5 otherwise.
 GPU level (slices): a shared card scores 1.0; an idle card scores lower the larger its free island is.
+Cards (whole-GPU jobs, `CardChooser`): in a profile listing it among its GPU scores, a whole-GPU job takes the
+tightest NVLink island that holds it, so large islands stay whole for large jobs.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ class Topology:
                     return 1.0
             return 0.5
         return 1.0
+
+    def choose_cards(self, ctx: CycleContext, job: Job, node: Node) -> tuple[int, ...] | None:
+        return choose_whole(job.request, node, topology_aware=True)
 
     def score_gpu(self, ctx: CycleContext, job: Job, node: Node, gpu: Gpu) -> float:
         if not gpu_is_free(gpu):

@@ -1,0 +1,252 @@
+"""Evicting for blocked jobs (what reclaim and preempt share): per node the cheapest set of victims that lets the
+job fit, the best node(s), and the evictions with the job's placement staged in a `Statement`.
+
+Which running jobs a blocked job may evict is the action's `VictimRule`; everything else is the same for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+
+from scheduling.engine.accounting import model_usage_add, usage_add
+from scheduling.engine.placement import effective, feasible, node_ok, try_place
+from scheduling.engine.resources import (
+    charge_of,
+    compute_cap_milli,
+    gpu_is_free,
+    gpu_matches,
+    job_host_on,
+    release_many,
+    release_on_node,
+)
+from scheduling.engine.session import Holding, Session, overlay
+from scheduling.engine.statement import Statement
+from scheduling.engine.types import WHOLE_GPU_MILLI, Assignment, Job, Node, Sharing, Status
+
+# From a node's evictable holdings (preemptible, past the minimum runtime, lowest priority first): those the
+# blocked job may evict.
+Victims = Callable[[list[Holding]], list[Holding]]
+
+
+class VictimRule(Protocol):
+    """Which running jobs a blocked job may evict, for one evicting action."""
+
+    CODE: str  # the evictions' code ("preempted", "reclaimed")
+    MAX_ATTEMPTS_PARAM: str  # the profile param capping how many blocked jobs try per cycle
+
+    def victims(self, s: Session, job: Job) -> Victims | None:
+        """The job's pick from a node's evictable holdings (None: it may evict nothing this cycle)."""
+        ...
+
+    def scope(self, job: Job) -> str:
+        """What, besides the request and priority, makes a failed try worth repeating for another job."""
+        ...
+
+
+def evict_for_blocked(s: Session, rule: VictimRule) -> None:
+    """Each blocked job, in queue order, tries a plain placement again when this cycle's evictions freed room,
+    then eviction under the rule; at most the rule's attempts per cycle, and a request that failed is not tried
+    again at the same priority (and scope)."""
+    budget = int(s.param(rule.MAX_ATTEMPTS_PARAM) or 0)
+    failed: set[tuple] = set()
+    for job in s.queue:
+        if budget <= 0:
+            break
+        if job.id not in s.blocked:
+            continue
+        # The job's own reservation must not stand in its way; it is put back if the job stays pending.
+        lifted = s.suspend_reservation(job.id) if s.holds else []
+        if s.evictions and try_place(s, job):
+            s.drop_reservation(job.id)
+            continue  # room freed by this cycle's evictions for an earlier job
+        view = effective(s, job)
+        if isinstance(view, Status):
+            # Its team's per-model limits leave it no model (this cycle's evictions may have changed that
+            # only for the better, and then the plain placement above took it).
+            s.status[job.id] = view
+            s.blocked.discard(job.id)
+            if lifted:
+                s.restore_holds(lifted)
+            continue
+        victims = rule.victims(s, job)
+        key = (view.request, job.priority, rule.scope(job))
+        if victims is not None and key not in failed:
+            budget -= 1
+            if _evict_for(s, job, view, victims, rule.CODE):
+                continue
+            failed.add(key)
+        if lifted:
+            s.restore_holds(lifted)
+
+
+def running_by_pos(s: Session) -> dict[int, list[Holding]]:
+    """Node position -> what each running job holds there (built once, only when eviction is considered)."""
+    if s.evictable_by_pos is None:
+        by_pos = s.holdings_by_pos()
+        # Only what may ever be evicted: preemptible and past the minimum runtime; lowest priority first.
+        now = s.snap.now
+        min_runtime_s = float(s.param("min_runtime_s") or 0.0)
+
+        def evictable(v: Holding) -> bool:
+            started = v.job.start_time
+            return v.job.preemptible and (started is None or now - started >= min_runtime_s)
+
+        s.evictable_by_pos = {}
+        for pos, held in by_pos.items():
+            victims = sorted((v for v in held if evictable(v)), key=lambda v: (v.job.priority, v.job.id))
+            if victims:
+                s.evictable_by_pos[pos] = victims
+    return s.evictable_by_pos
+
+
+def _work_lost(s: Session, v: Job) -> float:
+    """GPU-seconds of progress an eviction throws away (running time x cards held)."""
+    ran = s.snap.now - v.start_time if v.start_time is not None else 0.0
+    _, comp = charge_of(v.assignments)
+    return max(0.0, ran) * max(comp, 1) / WHOLE_GPU_MILLI
+
+
+def _release_all(s: Session, pos: int, base: Node, victims: list[Holding]) -> Node:
+    node = release_many(base, [(tuple(v.assignments), v.cpu_milli, v.memory_mib) for v in victims])
+    return overlay(node, s.holds.get(pos, []))
+
+
+def _could_fit(s: Session, job: Job, pos: int, victims: list[Holding]) -> bool:
+    """A cheap necessary condition for the job fitting on the node once all these victims are gone."""
+    req = job.request
+    node = s.index.nodes[pos]
+    cpu = node.free_cpu_milli + sum(v.cpu_milli for v in victims)
+    mem = node.free_memory_mib + sum(v.memory_mib for v in victims)
+    if cpu < req.cpu_milli or mem < req.memory_mib:
+        return False
+    if not req.uses_gpu:
+        return True
+    freed: dict[int, list[int]] = {}
+    for v in victims:
+        for a in v.assignments:
+            row = freed.setdefault(a.gpu_index, [0, 0, 0])
+            row[0] += 1
+            row[1] += a.memory_mib
+            row[2] += a.compute_milli
+    if req.gpus:
+        count = 0
+        for g in node.gpus:
+            if gpu_matches(req, g):
+                row = freed.get(g.index)
+                if gpu_is_free(g) or (row is not None and row[0] >= g.holders):
+                    count += 1
+        return count >= req.gpus
+    for g in node.gpus:
+        if g.sharing is Sharing.EXCLUSIVE or not gpu_matches(req, g):
+            continue
+        row = freed.get(g.index, (0, 0, 0))
+        free_mem = g.memory_mib - g.allocated_memory_mib + row[1]
+        free_comp = compute_cap_milli(g, s.factor) - g.allocated_compute_milli + row[2]
+        if free_mem >= req.gpu_memory_mib and free_comp >= req.gpu_compute_milli:
+            return True
+    return False
+
+
+def _victims_on(
+    s: Session, job: Job, pos: int, eligible: list[Holding]
+) -> tuple[tuple, list[Holding]] | None:
+    """The cheapest victim set on one node that lets the job fit there: greedy, then drop the unneeded."""
+    if not _could_fit(s, job, pos, eligible):
+        return None
+    base = s.real_node(pos)
+    if not node_ok(s, job, _release_all(s, pos, base, eligible)):
+        return None
+    order = sorted(eligible, key=lambda v: (v.job.priority, _work_lost(s, v.job), v.job.id))
+    chosen: list[Holding] = []
+    node = base
+    for v in order:
+        chosen.append(v)
+        node = release_on_node(node, tuple(v.assignments), v.cpu_milli, v.memory_mib)
+        if node_ok(s, job, overlay(node, s.holds.get(pos, []))):
+            break
+    for v in list(reversed(chosen)) if len(chosen) > 1 else ():
+        trial = [c for c in chosen if c is not v]
+        if node_ok(s, job, _release_all(s, pos, base, trial)):
+            chosen = trial
+    if not chosen:
+        return (-1, 0.0, 0), []
+    cost = (
+        max(v.job.priority for v in chosen),
+        sum(_work_lost(s, v.job) for v in chosen),
+        len(chosen),
+    )
+    return cost, chosen
+
+
+def _evict_for(s: Session, job: Job, view: Job, rule: Victims, code: str) -> bool:
+    """Evict for `job`, judging where it fits as `view` (the job with the GPU models it may use now)."""
+    req = view.request
+    static = s.index.static(req)
+    candidates: list[tuple[tuple, int, list[Holding]]] = []
+    for pos, held in sorted(running_by_pos(s).items()):
+        if not static[pos]:
+            continue
+        eligible = rule(held)
+        if not eligible:
+            continue
+        found = _victims_on(s, view, pos, eligible)
+        if found is not None:
+            candidates.append((found[0], pos, found[1]))
+    if req.nodes > 1:
+        ok, _ = feasible(s, view)
+        candidates += [((-1, 0.0, 0), int(p), []) for p in np.flatnonzero(ok).tolist()]
+    if len({pos for _, pos, _ in candidates}) < req.nodes or not candidates:
+        return False
+    rank = s.index.rank
+    candidates.sort(key=lambda c: (c[0], int(rank[c[1]])))
+    picked: list[tuple[int, list[Holding]]] = []
+    seen_pos: set[int] = set()
+    for _, pos, victims in candidates:
+        if pos not in seen_pos:
+            seen_pos.add(pos)
+            picked.append((pos, victims))
+        if len(picked) == req.nodes:
+            break
+    victims_by_id: dict[str, Job] = {}
+    for _, victims in picked:
+        for v in victims:
+            victims_by_id.setdefault(v.job.id, v.job)
+    if not any(victims_by_id.values()) and req.nodes <= 1:
+        return False
+    stmt = Statement(s)
+    for v in sorted(victims_by_id.values(), key=lambda v: v.id):
+        _evict(s, v, code, stmt)
+    chosen = [(pos, s.index.nodes[pos]) for pos, _ in picked]
+    if all(node_ok(s, view, node) for _, node in chosen) and try_place(s, job, chosen=chosen, stmt=stmt):
+        stmt.commit(job)
+        s.drop_reservation(job.id)
+        return True
+    stmt.rollback()
+    return False
+
+
+def _evict(s: Session, victim: Job, code: str, stmt: Statement) -> None:
+    """Give back everything a running job (a whole gang) holds, staged in the statement."""
+    by_node: dict[str, list[Assignment]] = {}
+    for a in victim.assignments:
+        by_node.setdefault(a.node, []).append(a)
+    for name in victim.cpu_assignments:
+        by_node.setdefault(name, [])
+    for name in sorted(by_node):
+        pos = s.pos_of(name)
+        if pos is None:
+            continue
+        stmt.touch(pos)
+        cpu, mem = job_host_on(victim, name)
+        s.give_back(pos, tuple(by_node[name]), cpu, mem)
+    mem, comp = charge_of(victim.assignments)
+    usage_add(s.ctx, victim.team, -mem, -comp)
+    stmt.usage.append((victim.team, -mem, -comp))
+    if victim.team in s.restricted:
+        model_usage_add(s.ctx, victim.team, victim.assignments, -1)
+        stmt.model_usage.append((victim.team, victim.assignments, -1))
+    s.evicted.add(victim.id)
+    stmt.evicted.append((victim, code))

@@ -1,0 +1,155 @@
+"""Reservations for blocked jobs: hold the cards a job gets when enough running jobs end, and estimate when.
+
+Allocate reserves at a blocked job's turn when the profile backfills (docs/engine.md, "Reservations"); the holds
+are what later jobs see as taken, unless they end before the reservation's start (backfill).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from scheduling.engine.placement import feasible, node_ok, plan
+from scheduling.engine.resources import job_host_on, release_on_node
+from scheduling.engine.session import Session, overlay
+from scheduling.engine.types import Assignment, Job, Node, Reservation
+
+NEG_INF = float("-inf")
+INF = float("inf")
+
+
+def reserve(s: Session, job: Job) -> None:
+    """Hold the cards the job will get when enough running jobs end, and estimate when that is.
+
+    When the running jobs' declared max runtimes never free enough room, the job still holds its best
+    candidate cards (`closest_candidates`): with the time the jobs it may preempt there pass the minimum
+    runtime as its estimated start, or with no estimated start when it waits for jobs with no known end.
+    Cards held with no start count as needed soon: no lower job may take them as they free up, so big jobs
+    do not starve behind a stream of small ones."""
+    req = job.request
+    if not req.uses_gpu:
+        return
+    scratch: dict[int, Node] = {}
+
+    def view(pos: int) -> Node:
+        real = scratch.get(pos) or s.real_node(pos)
+        return overlay(real, s.holds.get(pos, []))
+
+    ok, _ = feasible(s, job)
+    fitting: set[int] = set(np.flatnonzero(ok).tolist())
+    static = s.index.static(req)
+    start = None
+    for end, _, assignments, running in s.end_events():
+        touched: dict[int, list[Assignment]] = {}
+        for a in assignments:
+            pos = s.pos_of(a.node)
+            if pos is not None and static[pos]:
+                touched.setdefault(pos, []).append(a)
+        for pos, assigns in touched.items():
+            cpu, mem = job_host_on(running, s.index.names[pos])
+            scratch[pos] = release_on_node(scratch.get(pos) or s.real_node(pos), tuple(assigns), cpu, mem)
+            if node_ok(s, job, view(pos)):
+                fitting.add(pos)
+        if len(fitting) >= req.nodes:
+            start = end
+            break
+    if start is not None:
+        chosen = [(p, view(p)) for p in s.index.ranked(fitting)[: req.nodes]]
+    else:
+        if not s.param("reserve_unknown_start"):
+            return
+        found = closest_candidates(s, job, static, fitting)
+        if found is None:
+            return
+        start, chosen = found
+    planned = plan(s, job, chosen)
+    if planned is None:
+        return
+    assignments = tuple(a for _, assigns in planned for a in assigns)
+    s.reservations.append(Reservation(job.id, assignments, start))
+    if start is not None:
+        s.est_start[job.id] = start
+    # An unknown start binds like an imminent one: no lower job's max runtime provably ends before it.
+    s.hold(job, NEG_INF if start is None else start, planned)
+
+
+def closest_candidates(
+    s: Session, job: Job, static: np.ndarray, fitting: set[int]
+) -> tuple[float | None, list[tuple[int, Node]]] | None:
+    """Where the job gets in soonest when the declared ends alone never make room: per node, the running
+    jobs are released in the order they are expected to go (by their declared end, or, for jobs this one
+    may preempt, when they pass the minimum runtime; the rest, with no known end, oldest first) until the
+    job fits; the node whose last needed release comes first wins (then fewest releases, then snapshot
+    order). Returns that time (None when a job with no known end must go) and the nodes with the views to
+    plan on. Only the `reservation_candidates` nodes with the most free room now are examined, which keeps
+    this cheap on a large cluster; the room a reservation holds stays free, so the same node stays the
+    closest from cycle to cycle."""
+    req = job.request
+    limit = max(int(s.param("reservation_candidates") or 0), 2 * req.nodes)
+    idx = s.index
+    cand = static.copy()
+    if fitting:
+        cand[list(fitting)] = False
+    positions = np.flatnonzero(cand)
+    if not len(positions):
+        return None
+    if req.gpus:
+        room = idx.n_idle[positions]
+    elif req.is_slice:
+        room = idx.slice_comp[positions]
+    else:
+        room = idx.free_cpu[positions]
+    # Most room first; ties to snapshot order.
+    order = np.lexsort((idx.rank[positions], -room))
+    examined = [int(p) for p in positions[order[:limit]]]
+    by_pos = s.holdings_by_pos()
+    placed_here = s.placed_on(examined)
+    now = s.snap.now
+    can_preempt = s.preempts
+    min_runtime_s = float(s.param("min_runtime_s") or 0.0)
+
+    def gone_by(v: Job, start_time: float | None) -> float:
+        started = start_time if start_time is not None else now
+        end = started + v.max_runtime_s if v.max_runtime_s is not None else INF
+        if can_preempt and v.preemptible and v.priority < job.priority:
+            # Evictable once past the minimum runtime (a job with no start time counts as old enough).
+            end = min(end, started + min_runtime_s if start_time is not None else now)
+        return max(now, end)
+
+    ranked: list[tuple[tuple, int, Node]] = []
+    for pos in examined:
+        base = s.real_node(pos)
+        holds = s.holds.get(pos, [])
+        waits = [
+            (
+                gone_by(h.job, h.job.start_time),
+                h.job.start_time if h.job.start_time is not None else now,
+                h.job.id,
+                h,
+            )
+            for h in by_pos.get(pos, ())
+            if h.job.id not in s.evicted
+        ]
+        # A job placed earlier in this cycle is waited for only if its end is known (or it may be preempted).
+        waits += [
+            w
+            for w in ((gone_by(h.job, now), now, h.job.id, h) for h in placed_here.get(pos, ()))
+            if w[0] < INF
+        ]
+        waits.sort(key=lambda w: w[:3])
+        node = overlay(base, holds)
+        if node_ok(s, job, node):
+            ranked.append(((now, 0, int(idx.rank[pos])), pos, node))
+            continue
+        for n, (t, _, _, h) in enumerate(waits, start=1):
+            base = release_on_node(base, tuple(h.assignments), h.cpu_milli, h.memory_mib)
+            node = overlay(base, holds)
+            if node_ok(s, job, node):
+                ranked.append(((t, n, int(idx.rank[pos])), pos, node))
+                break
+    ranked.sort(key=lambda t: t[0])
+    nodes = [(pos, s.index.nodes[pos]) for pos in fitting]
+    nodes += [(pos, node) for _, pos, node in ranked]
+    if len(nodes) < req.nodes:
+        return None
+    start = max((key[0] for key, _, _ in ranked[: req.nodes - len(fitting)]), default=now)
+    return (None if start == INF else start), nodes[: req.nodes]

@@ -1,0 +1,49 @@
+"""A `Statement`: changes staged for one evicting job (its victims' evictions and its own placement) that commit
+or roll back whole, as Volcano's statement does."""
+
+from __future__ import annotations
+
+from scheduling.engine.accounting import model_usage_add, usage_add
+from scheduling.engine.session import Session
+from scheduling.engine.types import Assignment, Eviction, Job, Node, Placement
+
+
+class Statement:
+    """Staged changes (evictions and the evicting job's placement) that commit or roll back whole."""
+
+    def __init__(self, session: Session):
+        self.session = session
+        self.saved: dict[int, tuple[Node, Node | None]] = {}
+        self.usage: list[tuple[str, int, int]] = []
+        self.model_usage: list[tuple[str, tuple[Assignment, ...], int]] = []
+        self.evicted: list[tuple[Job, str]] = []
+        self.placement: Placement | None = None
+
+    def touch(self, pos: int) -> None:
+        """Save a node position before the first change, so a rollback can put it back."""
+        if pos not in self.saved:
+            s = self.session
+            self.saved[pos] = (s.index.nodes[pos], s.real.get(pos))
+
+    def rollback(self) -> None:
+        s = self.session
+        for pos, (view, real) in self.saved.items():
+            if real is None:
+                s.real.pop(pos, None)
+            else:
+                s.real[pos] = real
+            s.index.set(pos, view, consumed_only=False)
+        for team, mem, comp in self.usage:
+            usage_add(s.ctx, team, -mem, -comp)
+        for team, assignments, sign in self.model_usage:
+            model_usage_add(s.ctx, team, assignments, -sign)
+        for job, _ in self.evicted:
+            s.evicted.discard(job.id)
+
+    def commit(self, preemptor: Job) -> None:
+        s = self.session
+        for job, code in self.evicted:
+            s.evictions.append(Eviction(job.id, preemptor.id, code, job.grace_s))
+        if self.placement is not None:
+            s.placements.append(self.placement)
+            s.placed_jobs.append(preemptor)
