@@ -70,9 +70,21 @@ def _event_time(e: tuple[float, int]) -> float:
     return e[0]
 
 
-def _gives_back(s: Session, assignments: tuple[Assignment, ...]) -> tuple[tuple[tuple[str, bool], int], ...]:
+# A kind of card: its model name, memory MiB and compute capability. One model name may come in two memory sizes
+# (an H100 of 40 and one of 80 GiB): each size is a pool of its own, so the answer does not depend on which the
+# engine met first.
+CardKind = tuple[str, int, tuple[int, int]]
+
+
+def _kind(g) -> CardKind:
+    return (g.model, g.memory_mib, g.compute_capability)
+
+
+def _gives_back(
+    s: Session, assignments: tuple[Assignment, ...]
+) -> tuple[tuple[tuple[CardKind, bool], int], ...]:
     """What a job's cards give back to the projection's pools when it ends: idle cards, shared compute."""
-    out: dict[tuple[str, bool], int] = {}
+    out: dict[tuple[CardKind, bool], int] = {}
     for a in assignments:
         pos = s.pos_of(a.node)
         if pos is None:
@@ -81,25 +93,27 @@ def _gives_back(s: Session, assignments: tuple[Assignment, ...]) -> tuple[tuple[
         if g is None or g.health is Health.FAILED:
             continue
         is_shared = g.sharing is not Sharing.EXCLUSIVE
+        kind = _kind(g)
         if a.compute_milli >= WHOLE_GPU_MILLI and a.memory_mib >= g.memory_mib:
-            out[(g.model, False)] = out.get((g.model, False), 0) + 1
+            out[(kind, False)] = out.get((kind, False), 0) + 1
             if is_shared:
-                out[(g.model, True)] = out.get((g.model, True), 0) + WHOLE_GPU_MILLI
+                out[(kind, True)] = out.get((kind, True), 0) + WHOLE_GPU_MILLI
         elif is_shared:
-            out[(g.model, True)] = out.get((g.model, True), 0) + a.compute_milli
+            out[(kind, True)] = out.get((kind, True), 0) + a.compute_milli
     return tuple(out.items())
 
 
 def _pool_row(node: Node, factor: float) -> tuple:
-    """What a node adds to the projection's pools, per GPU model: (model, card memory MiB, compute capability,
+    """What a node adds to the projection's pools, per kind of card: (kind, card memory MiB, compute capability,
     has shared cards, idle cards, free compute milli on shared cards)."""
-    per: dict[str, list] = {}
+    per: dict[CardKind, list] = {}
     for g in node.gpus:
         if g.health is Health.FAILED:
             continue
-        row = per.get(g.model)
+        kind = _kind(g)
+        row = per.get(kind)
         if row is None:
-            row = per[g.model] = [g.model, g.memory_mib, g.compute_capability, False, 0, 0]
+            row = per[kind] = [kind, g.memory_mib, g.compute_capability, False, 0, 0]
         if g.sharing is not Sharing.EXCLUSIVE:
             row[3] = True
             if g.allocated_memory_mib < g.memory_mib:
@@ -116,11 +130,13 @@ class StartProjection:
     declare none). It ignores which node the capacity is on, so it is a lower bound for jobs that need many
     cards on one node. A job gets None when the capacity it needs is never known to come free."""
 
-    def __init__(self, s: Session, pools: dict[tuple[str, bool], _Pool], models: dict[str, tuple]):
+    def __init__(self, s: Session, pools: dict[tuple[CardKind, bool], _Pool], models: dict[CardKind, tuple]):
         self.session = s
         self.pools = pools
-        self.models = models  # model -> (card memory MiB, compute capability, has shared cards)
-        self._by_request: dict[tuple, list[tuple[tuple[str, bool], int]]] = {}
+        # kind -> (card memory MiB, compute capability, has shared cards), in a fixed order: ties between kinds
+        # go the same way whatever order the cycle met the nodes in.
+        self.models = dict(sorted(models.items()))
+        self._by_request: dict[tuple, list[tuple[tuple[CardKind, bool], int]]] = {}
 
     @classmethod
     def build(cls, s: Session) -> StartProjection | None:
@@ -137,9 +153,9 @@ class StartProjection:
             if job.max_runtime_s is not None and job.id in by_id:
                 ends.append((now + job.max_runtime_s, job, by_id[job.id].assignments))
         index = s.index
-        models: dict[str, tuple] = {}
-        idle: dict[str, int] = {}
-        shared: dict[str, int] = {}
+        models: dict[CardKind, tuple] = {}
+        idle: dict[CardKind, int] = {}
+        shared: dict[CardKind, int] = {}
         factor = s.factor
 
         def add(row: tuple, times: int) -> None:
@@ -170,11 +186,11 @@ class StartProjection:
                         first_pos.setdefault(int(index.shape[pos]), pos)
                 row = rows[sid] = _pool_row(index.nodes[first_pos[sid]], factor)
             add(row, count)
-        pools: dict[tuple[str, bool], _Pool] = {}
+        pools: dict[tuple[CardKind, bool], _Pool] = {}
         for model in models:
             pools[(model, False)] = _Pool(idle.get(model, 0), now)
             pools[(model, True)] = _Pool(shared.get(model, 0), now)
-        releases: dict[tuple[str, bool], list[tuple[float, int]]] = {}
+        releases: dict[tuple[CardKind, bool], list[tuple[float, int]]] = {}
         # What a running job gives back, per pool, is kept between cycles: its cards do not change.
         memo = s.state.releases
         seen: dict[str, tuple] = {}
@@ -195,7 +211,7 @@ class StartProjection:
             pool.future = sum(amount for _, amount in events)
         return cls(s, pools, models)
 
-    def _options(self, req: Request) -> list[tuple[tuple[str, bool], int]]:
+    def _options(self, req: Request) -> list[tuple[tuple[CardKind, bool], int]]:
         """The pools a request may draw on, with what it needs from each (cards, or compute milli)."""
         # Keyed by the fields that matter here: hashing a whole Request costs more than the work it saves.
         key = (
@@ -214,8 +230,8 @@ class StartProjection:
             if shared and not req.is_slice:
                 pass  # CPU-only: no GPU capacity to wait for
             else:
-                for model, (memory_mib, cc, has_shared) in self.models.items():
-                    if req.gpu_models and model not in req.gpu_models:
+                for kind, (memory_mib, cc, has_shared) in self.models.items():
+                    if req.gpu_models and kind[0] not in req.gpu_models:
                         continue
                     if memory_mib < max(req.min_gpu_memory_mib, req.gpu_memory_mib if shared else 0):
                         continue
@@ -227,14 +243,14 @@ class StartProjection:
                         need = max(req.gpu_compute_milli, share, 1)
                     else:
                         need = req.gpus * req.nodes
-                    options.append(((model, shared), need))
+                    options.append(((kind, shared), need))
             self._by_request[key] = options
         return options
 
     def start(self, job: Job) -> float | None:
         """The job's projected start (None when unknowable); it then holds that capacity in the projection."""
         now = self.session.snap.now
-        best: tuple[float, tuple[str, bool], int, int] | None = None
+        best: tuple[float, tuple[CardKind, bool], int, int] | None = None
         pools = self.pools
         for key, need in self._options(job.request):
             found = pools[key].earliest(need, now)
