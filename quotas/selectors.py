@@ -43,3 +43,11 @@ def team_slugs_for_user(*, user: AbstractBaseUser, limit: int) -> list[str]:
 
 def idempotency_record_for(*, user: AbstractBaseUser, key: str) -> IdempotencyRecord | None:
     return IdempotencyRecord.objects.filter(user=user, key=key).first()
+
+
+def team_slugs_visible_to(*, user: AbstractBaseUser, all_teams: bool = False) -> list[str]:
+    """Slugs of the teams a user may pick (to submit to, to filter by): their own; staff, every team. With
+    `all_teams`, every team (the queue names every team, anonymous or not)."""
+    if user.is_staff or all_teams:
+        return list(Team.objects.order_by("slug").values_list("slug", flat=True))
+    return sorted(Membership.objects.filter(user=user).values_list("team__slug", flat=True))

@@ -212,7 +212,9 @@ class TokenLoginView(APIView):
         incoming = TokenLoginSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         user = authenticate(
-            request,
+            # Django's own request, so the sign-in protection (django-axes) counts and locks out this caller
+            # exactly as it does on the portal's form.
+            request._request,
             username=incoming.validated_data["username"],
             password=incoming.validated_data["password"],
         )

@@ -333,10 +333,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
             groups.CLUSTER, {"type": "gpu.metrics", "node": self.node_name, "at": at, "gpus": gpus}
         )
         per_job: dict[tuple[int, int], list[dict]] = {}
+        shared: set[int] = set()
         for g in gpus:
-            for job_id, team_id in self.job_gpus.get(str(g.get("uuid")), []):
+            holders = self.job_gpus.get(str(g.get("uuid")), [])
+            for job_id, team_id in holders:
                 per_job.setdefault((job_id, team_id), []).append(g)
+                if len(holders) > 1:
+                    shared.add(job_id)
         for (job_id, team_id), job_gpus in per_job.items():
+            await live_metrics.job_usage_note(job_id=job_id, gpus=job_gpus, whole_cards=job_id not in shared)
             msg = {
                 "type": "job.metrics",
                 "job_id": job_id,

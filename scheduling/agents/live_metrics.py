@@ -102,3 +102,82 @@ def live_metrics_for_nodes(*, node_names: Iterable[str]) -> dict[str, dict[int, 
             if isinstance(g.get("index"), int):
                 per_gpu[g["index"]] = {**g, "sampled_at": sample.get("sampled_at")}
     return out
+
+
+# --- Per job: utilisation now, since when it has been idle, and its peak GPU memory ----------------------------
+# A job is idle while every card it holds is under IDLE_UTIL_PCT; the portal warns after IDLE_WARN_AFTER_S. Kept
+# JOB_USAGE_TTL_S after the last sample, so a finished job's page can still say what it used at its peak.
+IDLE_UTIL_PCT = 5.0
+IDLE_WARN_AFTER_S = 600.0
+JOB_USAGE_TTL_S = 7 * 24 * 3600
+
+
+def job_usage_key(job_id: int) -> str:
+    return f"tessera:job-usage:{job_id}"
+
+
+_local_usage: dict[int, tuple[float, dict[str, Any]]] = {}
+
+
+def _usage_load(job_ids: list[int]) -> dict[int, dict[str, Any]]:
+    r = redis_client()
+    if r is None:
+        now = time.monotonic()
+        return {j: kept[1] for j in job_ids if (kept := _local_usage.get(j)) and kept[0] > now}
+    found = r.mget([job_usage_key(j) for j in job_ids]) if job_ids else []
+    return {j: json.loads(raw) for j, raw in zip(job_ids, found, strict=True) if raw}
+
+
+def _usage_note(job_id: int, at: float, gpus: list[dict[str, Any]], whole_cards: bool) -> None:
+    utils = [g["util_pct"] for g in gpus if g.get("util_pct") is not None]
+    if not utils:
+        return
+    util = sum(utils) / len(utils)
+    usage = _usage_load([job_id]).get(job_id) or {"low_since": None, "peak_memory_mib": None}
+    if max(utils) < IDLE_UTIL_PCT:
+        usage["low_since"] = usage.get("low_since") or at
+    else:
+        usage["low_since"] = None
+    if whole_cards:
+        used = [g["memory_used_mib"] for g in gpus if g.get("memory_used_mib") is not None]
+        if used:
+            usage["peak_memory_mib"] = max(max(used), usage.get("peak_memory_mib") or 0)
+    usage.update({"util_pct": round(util, 1), "at": at})
+    r = redis_client()
+    if r is None:
+        _local_usage[job_id] = (time.monotonic() + JOB_USAGE_TTL_S, usage)
+    else:
+        r.set(job_usage_key(job_id), json.dumps(usage), ex=JOB_USAGE_TTL_S)
+
+
+async def job_usage_note(*, job_id: int, gpus: list[dict[str, Any]], whole_cards: bool) -> None:
+    """Fold one sample of the cards a job holds into its usage record. `whole_cards`: the job is the only holder
+    of those cards, so their memory in use is its own (on a shared card NVML cannot tell whose it is)."""
+    try:
+        await sync_to_async(_usage_note, thread_sensitive=False)(job_id, time.time(), gpus, whole_cards)
+    except Exception as exc:
+        log.warning("usage of job %s not kept: %s", job_id, exc)
+
+
+def job_usage(*, job_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+    """job id -> {"util_pct": mean utilisation of its cards now, "idle_s": seconds every card has been under
+    IDLE_UTIL_PCT (0 when busy), "idle_warning": idle for IDLE_WARN_AFTER_S or more, "peak_memory_mib": its
+    peak on whole cards (None on shared cards), "fresh": sampled within LIVE_METRICS_TTL_S}."""
+    try:
+        found = _usage_load(list(job_ids))
+    except Exception as exc:
+        log.warning("job usage unavailable: %s", exc)
+        return {}
+    now = time.time()
+    out = {}
+    for job_id, usage in found.items():
+        low_since = usage.get("low_since")
+        idle_s = max(0.0, now - low_since) if low_since else 0.0
+        out[job_id] = {
+            "util_pct": usage.get("util_pct"),
+            "idle_s": idle_s,
+            "idle_warning": idle_s >= IDLE_WARN_AFTER_S,
+            "peak_memory_mib": usage.get("peak_memory_mib"),
+            "fresh": now - float(usage.get("at") or 0) <= LIVE_METRICS_TTL_S,
+        }
+    return out

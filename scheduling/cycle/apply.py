@@ -191,7 +191,14 @@ def _write_pending(decisions: eng.Decisions, *, placed: set[int], conflicts: dic
         )
         changed.append(job)
         if reason_changed:
-            events.job_changed(job_id=job.pk, team_id=job.team_id, state=job.state, code=code, message=reason)
+            events.job_changed(
+                job_id=job.pk,
+                team_id=job.team_id,
+                submitter_id=job.submitter_id,
+                state=job.state,
+                code=code,
+                message=reason,
+            )
     Job.objects.bulk_update(
         changed,
         ["pending_reason_code", "pending_reason", "queue_position", "estimated_start_at"],

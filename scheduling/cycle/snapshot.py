@@ -90,7 +90,8 @@ def engine_quotas() -> dict[str, eng.Quota]:
     return out
 
 
-def _engine_job(job: Job, slices: list[Slice] | None = None) -> eng.Job:
+def engine_job(job: Job, slices: list[Slice] | None = None) -> eng.Job:
+    """A job row (its team and priority class loaded) as the engine sees it; `slices` what it holds now."""
     assignments: tuple[eng.Assignment, ...] = ()
     cpu: dict[str, tuple[int, int]] = {}
     if slices:
@@ -130,7 +131,7 @@ def _read_snapshot(now_s: float) -> eng.Snapshot:
     host_used: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     running = []
     for job in active:
-        ej = _engine_job(job, slices_by_job.get(job.pk, []))
+        ej = engine_job(job, slices_by_job.get(job.pk, []))
         running.append(ej)
         for node_name, (cpu_milli, mem_mib) in ej.cpu_assignments.items():
             host_used[node_name][0] += cpu_milli
@@ -156,7 +157,7 @@ def _read_snapshot(now_s: float) -> eng.Snapshot:
         for n in Node.objects.order_by("name")
     )
     pending = tuple(
-        _engine_job(job)
+        engine_job(job)
         for job in Job.objects.filter(state=JobState.PENDING)
         .select_related("team", "priority_class")
         .order_by("submitted_at", "id")

@@ -128,3 +128,24 @@ def _engine_nodes(*, allowed_models: set[int], at_least: int = 1) -> list[eng.No
         engine_node(n, gpus=gpus[n.pk], nvlink=links[n.pk])
         for n in Node.objects.filter(pk__in=node_ids).order_by("name")
     ]
+
+
+def node_state_counts() -> dict[str, int]:
+    return dict(Node.objects.values_list("state").annotate(n=Count("id")).order_by())
+
+
+def capacity_by_model() -> list[dict]:
+    """Per GPU model: cards, cards on ready nodes, and cards wholly free there."""
+    ready = Q(node__state__in=[NodeState.READY, NodeState.DRAINING]) & ~Q(health=GpuHealth.FAILED)
+    rows = (
+        Gpu.objects.values("model__name")
+        .annotate(
+            gpus=Count("id"),
+            ready_gpus=Count("id", filter=ready),
+            free_gpus=Count("id", filter=ready & Q(allocated_memory_mib=0, allocated_compute_pct=0)),
+            memory_mib=Sum("memory_mib"),
+            allocated_memory_mib=Sum("allocated_memory_mib"),
+        )
+        .order_by("model__name")
+    )
+    return [{**r, "model": r.pop("model__name")} for r in rows]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import F, QuerySet
+from django.db.models import F, Prefetch, Q, QuerySet
+from django.utils import timezone
 
 from quotas.selectors import team_ids_administered_by, team_ids_for_user
 from scheduling.choices import JobState
-from scheduling.jobs.models import Job
+from scheduling.jobs.models import Job, JobEvent, Slice
 
 
 def jobs_visible_to(*, user: AbstractBaseUser) -> QuerySet[Job]:
@@ -43,3 +46,187 @@ def job_team_id(*, job_id: int) -> int | None:
 
 def job_in_teams(*, job_id: int, team_ids: set[int]) -> bool:
     return Job.objects.filter(pk=job_id, team_id__in=team_ids).exists()
+
+
+def job_request_fields(job: Job) -> dict[str, Any]:
+    """What a job asks for, as the API and the pages show it."""
+    return {
+        "gpus": job.gpus,
+        "gpu_memory_mib": job.gpu_memory_mib,
+        "compute_pct": job.compute_pct,
+        "gpu_models": job.gpu_models,
+        "min_gpu_memory_mib": job.min_gpu_memory_mib,
+        "min_compute_capability": f"{job.min_compute_capability:.1f}",
+        "topology": job.topology,
+        "nodes": job.nodes,
+        "cpu_milli": job.cpu_milli,
+        "memory_mib": job.memory_mib,
+        "max_runtime_s": job.max_runtime_s,
+    }
+
+
+def _request_gpu_equivalents(job: Job) -> float | None:
+    if job.gpus:
+        return float(job.gpus * job.nodes)
+    if job.compute_pct and not job.gpu_memory_mib:
+        return job.compute_pct / 100
+    return None  # a memory slice's share depends on the card it lands on
+
+
+def _queue_positions(jobs: list[Job]) -> dict[int, int]:
+    """Each job's place in the whole queue, whatever filter picked it.
+
+    The scheduling cycle writes `queue_position`; a job it has not seen yet (just submitted, or no cycle has
+    run) ranks after every positioned job, in submit order, as `queue` orders them: the count of
+    positioned pending jobs plus its rank among the unpositioned ones.
+    """
+    positions = {job.pk: job.queue_position for job in jobs if job.queue_position is not None}
+    unpositioned = [job for job in jobs if job.queue_position is None]
+    if not unpositioned:
+        return positions
+    pending = Job.objects.filter(state=JobState.PENDING)
+    positioned = pending.filter(queue_position__isnull=False).count()
+    latest = max(job.submitted_at for job in unpositioned)
+    ahead = (
+        pending.filter(queue_position__isnull=True, submitted_at__lte=latest)
+        .order_by("submitted_at", "id")
+        .values_list("id", flat=True)
+    )
+    rank = {job_id: positioned + i for i, job_id in enumerate(ahead, start=1)}
+    for job in unpositioned:
+        # A job that left the queue between the two reads keeps a place after the others.
+        positions[job.pk] = rank.get(job.pk, positioned + len(rank) + 1)
+    return positions
+
+
+def queue_entries(*, user: AbstractBaseUser, jobs: list[Job]) -> list[dict[str, Any]]:
+    """Queue rows as this user may see them: in full for their teams' jobs (staff: all), others anonymous (no
+    id, name, user or reason text). The API's queue and the portal's queue page both show exactly these."""
+    positions = _queue_positions(jobs)
+    mine_ids = None if user.is_staff else team_ids_for_user(user=user)
+    now = timezone.now()
+    entries = []
+    for job in jobs:
+        mine = mine_ids is None or job.team_id in mine_ids
+        entries.append(
+            {
+                "position": positions[job.pk],
+                "mine": mine,
+                "id": job.pk if mine else None,
+                "name": job.name if mine else None,
+                "user": job.submitter.username if mine else None,
+                "team": job.team.slug,
+                "priority": job.priority_class.name,
+                "priority_value": job.priority_class.value,
+                "request": job_request_fields(job),
+                "gpu_equivalents": _request_gpu_equivalents(job),
+                "submitted_at": job.submitted_at,
+                "wait_s": int((now - job.submitted_at).total_seconds()),
+                "pending_reason_code": job.pending_reason_code,
+                "pending_reason": job.pending_reason if mine else None,
+                "estimated_start_at": job.estimated_start_at,
+            }
+        )
+    return entries
+
+
+JOB_SCOPES = ("mine", "teams", "all")
+
+
+def jobs_for_user(
+    *, user: AbstractBaseUser, scope: str = "mine", state: str = "", team: str = "", search: str = ""
+) -> QuerySet[Job]:
+    """The jobs list as the portal shows it: the user's own, their teams' or (staff only) everyone's, newest
+    first, filtered by state, team slug and a name fragment. Never more than `jobs_visible_to`."""
+    jobs = jobs_visible_to(user=user)  # staff: everyone's; others: their teams'
+    if scope not in ("teams", "all"):
+        jobs = jobs.filter(submitter=user)
+    if state:
+        jobs = jobs.filter(state=state)
+    if team:
+        jobs = jobs.filter(team__slug=team)
+    if search:
+        jobs = jobs.filter(name__icontains=search)
+    return jobs.order_by("-submitted_at", "-id")
+
+
+def job_for_user(*, user: AbstractBaseUser, job_id: int) -> Job | None:
+    """One job with what it holds, if this user may see it (None otherwise: a 404, never a 403)."""
+    return (
+        jobs_visible_to(user=user)
+        .prefetch_related(
+            Prefetch(
+                "slices", queryset=Slice.objects.select_related("gpu__node", "gpu__model").order_by("gpu_id")
+            )
+        )
+        .filter(pk=job_id)
+        .first()
+    )
+
+
+def job_events(*, job: Job) -> list[JobEvent]:
+    return list(job.events.select_related("actor").order_by("at", "id"))
+
+
+def queue_for_user(*, user: AbstractBaseUser, team: str = "", model: str = "") -> QuerySet[Job]:
+    """The queue as the portal filters it: one team, or the jobs that may run on one GPU model."""
+    jobs = queue()
+    if team:
+        jobs = jobs.filter(team__slug=team)
+    if model:
+        jobs = jobs.filter(Q(gpu_models=[]) | Q(gpu_models__icontains=f'"{model}"'))
+    return jobs
+
+
+# Pending reason codes -> what the wait is for, in the job page's "time to start" bar.
+_WAIT_KIND = {
+    "quota-limit": "quota",
+    "model-quota-limit": "quota",
+    "reserved": "reserved",
+    "waiting-for-reservation": "reserved",
+}
+PHASE_LABELS = {
+    "quota": "waiting for quota",
+    "capacity": "waiting for capacity",
+    "reserved": "reserved, waiting for its cards",
+    "starting": "starting",
+    "running": "running",
+    "grace": "preemption grace",
+    "lost": "node lost",
+    "queued": "waiting in the queue",
+}
+
+
+def job_phases(*, job: Job, events: list[JobEvent]) -> list[dict[str, Any]]:
+    """The job's life as consecutive phases [{kind, label, start, end, seconds}], from its events: each wait
+    (labelled by the reason it waits for now, when it still waits), start-up, running, preemption grace. A job
+    that waits or runs still has an open last phase ending now."""
+    phases: list[dict[str, Any]] = []
+    now = timezone.now()
+
+    def kind_for(state: str) -> str | None:
+        if state == JobState.PENDING:
+            return _WAIT_KIND.get(job.pending_reason_code, "capacity")
+        return {
+            JobState.PLACED: "starting",
+            JobState.STARTING: "starting",
+            JobState.RUNNING: "running",
+            JobState.PREEMPTED: "grace",
+            JobState.LOST: "lost",
+        }.get(state)
+
+    for event in events:
+        if not event.to_state:
+            continue
+        if phases and phases[-1]["end"] is None:
+            phases[-1]["end"] = event.at
+        kind = kind_for(event.to_state)
+        if kind is not None:
+            phases.append({"kind": kind, "label": PHASE_LABELS[kind], "start": event.at, "end": None})
+    for phase in phases:
+        if phase["end"] is not None and phase["kind"] in ("quota", "capacity", "reserved"):
+            # A wait that is over: what it waited for is not recorded, only the current reason is.
+            phase["kind"], phase["label"] = "queued", PHASE_LABELS["queued"]
+        end = phase["end"] or now
+        phase["seconds"] = max(0.0, (end - phase["start"]).total_seconds())
+    return phases

@@ -243,7 +243,9 @@ def job_submit(*, submitter: AbstractBaseUser, team: Team, spec: JobSpec) -> Job
         message=f"Submitted by {submitter} to {team.slug}.",
     )
     _insert_job_and_event(job=job, event=event)
-    events.job_changed(job_id=job.id, team_id=team.id, state=job.state, code="submitted")
+    events.job_changed(
+        job_id=job.id, team_id=team.id, submitter_id=submitter.pk, state=job.state, code="submitted"
+    )
     cycle_request_after_commit()
     return job
 
@@ -311,7 +313,14 @@ def job_transition(
         cycle_request_after_commit()
     elif to_state == JobState.PENDING:
         cycle_request_after_commit()
-    events.job_changed(job_id=job.pk, team_id=job.team_id, state=to_state, code=code, message=message)
+    events.job_changed(
+        job_id=job.pk,
+        team_id=job.team_id,
+        submitter_id=job.submitter_id,
+        state=to_state,
+        code=code,
+        message=message,
+    )
     return job
 
 

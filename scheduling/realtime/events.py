@@ -95,8 +95,23 @@ def publish_after_commit(group: str, message: dict[str, Any]) -> None:
     transaction.on_commit(lambda: _send(group, message))
 
 
-def job_changed(*, job_id: int, team_id: int, state: str, code: str = "", message: str = "") -> None:
-    payload = {"type": "job.changed", "job_id": job_id, "team_id": team_id, "state": state, "code": code}
+def job_changed(
+    *,
+    job_id: int,
+    team_id: int,
+    state: str,
+    code: str = "",
+    message: str = "",
+    submitter_id: int | None = None,
+) -> None:
+    payload = {
+        "type": "job.changed",
+        "job_id": job_id,
+        "team_id": team_id,
+        "submitter_id": submitter_id,
+        "state": state,
+        "code": code,
+    }
     messages = [
         (groups.job(job_id), {**payload, "message": message}),
         (groups.team(team_id), {**payload, "message": message}),

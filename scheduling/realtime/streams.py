@@ -207,7 +207,7 @@ class JobStream(_StreamConsumer):
 
 
 def _job_event(event: dict[str, Any]) -> dict[str, Any]:
-    keys = ("job_id", "team_id", "state", "code", "message")
+    keys = ("job_id", "team_id", "submitter_id", "state", "code", "message")
     return {"type": "job.changed", **{k: event.get(k) for k in keys}}
 
 

@@ -13,7 +13,7 @@ from rest_framework import serializers
 
 from scheduling.choices import JobState
 from scheduling.jobs.models import Job, JobEvent
-from scheduling.jobs.selectors import can_cancel_job
+from scheduling.jobs.selectors import can_cancel_job, job_request_fields
 from scheduling.jobs.services import JobSpec
 from scheduling.jobs.spec import spec_to_mapping
 
@@ -30,22 +30,6 @@ class JobRequestSerializer(serializers.Serializer):
     cpu_milli = serializers.IntegerField()
     memory_mib = serializers.IntegerField()
     max_runtime_s = serializers.IntegerField(allow_null=True)
-
-
-def job_request(job: Job) -> dict[str, Any]:
-    return {
-        "gpus": job.gpus,
-        "gpu_memory_mib": job.gpu_memory_mib,
-        "compute_pct": job.compute_pct,
-        "gpu_models": job.gpu_models,
-        "min_gpu_memory_mib": job.min_gpu_memory_mib,
-        "min_compute_capability": f"{job.min_compute_capability:.1f}",
-        "topology": job.topology,
-        "nodes": job.nodes,
-        "cpu_milli": job.cpu_milli,
-        "memory_mib": job.memory_mib,
-        "max_runtime_s": job.max_runtime_s,
-    }
 
 
 class JobSerializer(serializers.Serializer):
@@ -79,7 +63,7 @@ class JobSerializer(serializers.Serializer):
 
     @extend_schema_field(JobRequestSerializer)
     def get_request(self, job: Job) -> dict[str, Any]:
-        return job_request(job)  # already in its JSON form (see JobRequestSerializer)
+        return job_request_fields(job)  # already in its JSON form (see JobRequestSerializer)
 
 
 _DATETIME = serializers.DateTimeField()
@@ -101,7 +85,7 @@ def job_payload(job: Job) -> dict[str, Any]:
         "user": job.submitter.username,
         "state": job.state,
         "command": job.command,
-        "request": job_request(job),
+        "request": job_request_fields(job),
         "priority": job.priority_class.name,
         "priority_value": job.priority_class.value,
         "preemptible": job.preemptible,

@@ -26,16 +26,15 @@ from rest_framework.views import APIView
 
 from portal.api_support import ApiError, CsvRenderer, SubmitRateThrottle
 from quotas.models import Team
-from quotas.selectors import idempotency_record_for, team_by_slug, team_ids_for_user, team_slugs_for_user
+from quotas.selectors import idempotency_record_for, team_by_slug, team_slugs_for_user
 from quotas.services import idempotency_record_create
 from scheduling.agents import joblogs
-from scheduling.choices import JobState
 from scheduling.errors import ServiceError
 from scheduling.jobs.api import serializers as s
 from scheduling.jobs.api.filtersets import EARLIEST, LATEST, JobFilterSet, QueueFilterSet
 from scheduling.jobs.chargeback import GROUPS, MAX_WINDOW, usage_rows
 from scheduling.jobs.models import Job, Slice
-from scheduling.jobs.selectors import can_cancel_job, jobs_visible_to, queue
+from scheduling.jobs.selectors import can_cancel_job, jobs_visible_to, queue, queue_entries
 from scheduling.jobs.services import job_cancel, job_submit
 from scheduling.jobs.spec import SpecError, spec_check_card_limits, spec_from_mapping, spec_from_text
 from scheduling.jobs.states import TERMINAL_STATES
@@ -56,11 +55,6 @@ class YamlParser(BaseParser):
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
         return {"__yaml__": stream.read()}
-
-
-def _visible_team_ids(user: Any) -> set[int] | None:
-    """None means all (staff)."""
-    return None if user.is_staff else team_ids_for_user(user=user)
 
 
 def _resolve_team(*, user: Any, slug: str | None) -> Team:
@@ -269,40 +263,6 @@ def _int_param(request: Request, name: str, *, low: int, high: int, default: int
     return value
 
 
-def _request_gpu_equivalents(job: Job) -> float | None:
-    if job.gpus:
-        return float(job.gpus * job.nodes)
-    if job.compute_pct and not job.gpu_memory_mib:
-        return job.compute_pct / 100
-    return None  # a memory slice's share depends on the card it lands on
-
-
-def _queue_positions(jobs: list[Job]) -> dict[int, int]:
-    """Each job's place in the whole queue, whatever filter picked it.
-
-    The scheduling cycle writes `queue_position`; a job it has not seen yet (just submitted, or no cycle has
-    run) ranks after every positioned job, in submit order, as jobs.selectors.queue orders them: the count of
-    positioned pending jobs plus its rank among the unpositioned ones.
-    """
-    positions = {job.pk: job.queue_position for job in jobs if job.queue_position is not None}
-    unpositioned = [job for job in jobs if job.queue_position is None]
-    if not unpositioned:
-        return positions
-    pending = Job.objects.filter(state=JobState.PENDING)
-    positioned = pending.filter(queue_position__isnull=False).count()
-    latest = max(job.submitted_at for job in unpositioned)
-    ahead = (
-        pending.filter(queue_position__isnull=True, submitted_at__lte=latest)
-        .order_by("submitted_at", "id")
-        .values_list("id", flat=True)
-    )
-    rank = {job_id: positioned + i for i, job_id in enumerate(ahead, start=1)}
-    for job in unpositioned:
-        # A job that left the queue between the two reads keeps a place after the others.
-        positions[job.pk] = rank.get(job.pk, positioned + len(rank) + 1)
-    return positions
-
-
 class QueueView(generics.GenericAPIView):
     """Pending jobs in the engine's order. Other teams' entries are anonymous: no id, name, user or reason text."""
 
@@ -315,31 +275,7 @@ class QueueView(generics.GenericAPIView):
     @extend_schema(responses={200: s.QueueEntrySerializer(many=True)})
     def get(self, request: Request) -> Response:
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
-        positions = _queue_positions(page)
-        mine_ids = _visible_team_ids(request.user)
-        now = timezone.now()
-        entries = []
-        for job in page:
-            mine = mine_ids is None or job.team_id in mine_ids
-            entries.append(
-                {
-                    "position": positions[job.pk],
-                    "mine": mine,
-                    "id": job.pk if mine else None,
-                    "name": job.name if mine else None,
-                    "user": job.submitter.username if mine else None,
-                    "team": job.team.slug,
-                    "priority": job.priority_class.name,
-                    "priority_value": job.priority_class.value,
-                    "request": s.job_request(job),
-                    "gpu_equivalents": _request_gpu_equivalents(job),
-                    "submitted_at": job.submitted_at,
-                    "wait_s": int((now - job.submitted_at).total_seconds()),
-                    "pending_reason_code": job.pending_reason_code,
-                    "pending_reason": job.pending_reason if mine else None,
-                    "estimated_start_at": job.estimated_start_at,
-                }
-            )
+        entries = queue_entries(user=request.user, jobs=page)
         return self.get_paginated_response(s.QueueEntrySerializer(entries, many=True).data)
 
 

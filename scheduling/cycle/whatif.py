@@ -1,0 +1,180 @@
+"""What-if: when would a job start if it were submitted now? The engine's own answer on the current snapshot,
+placing nothing.
+
+The hypothetical job joins the real queue (its team, priority class and the submit time of now) and the
+configured profile runs one cycle over it; its placement, or its pending reason and estimated start, is the
+answer. When it would wait, a few nearby requests are asked the same way and the first that starts sooner is
+named. The snapshot is read at most every SNAPSHOT_TTL_S per process: a what-if is advice, not a decision.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.utils import timezone
+
+from quotas.models import PriorityClass, Team
+from quotas.selectors import priority_class_default_for_team
+from scheduling.cycle.snapshot import cycle_profile, engine_job, snapshot_from_db
+from scheduling.engine import run_cycle
+from scheduling.engine import types as eng
+from scheduling.errors import ServiceError
+from scheduling.jobs.models import Job
+from scheduling.jobs.services import JobSpec, job_spec_validate
+
+SNAPSHOT_TTL_S = 5.0
+WHATIF_JOB_ID = "what-if"
+MAX_ALTERNATIVES = 3
+
+_cache_lock = threading.Lock()
+_cached: tuple[float, eng.Snapshot] | None = None
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """The answer: `verdict` is "now", "later", "waits" (no start can be estimated) or "never"."""
+
+    verdict: str
+    text: str
+    eta_s: float | None = None
+    reason_code: str = ""
+    alternative: str = ""
+
+
+def _snapshot() -> eng.Snapshot:
+    global _cached
+    with _cache_lock:
+        now = time.monotonic()
+        if _cached is None or now - _cached[0] > SNAPSHOT_TTL_S:
+            _cached = (now, snapshot_from_db())
+        return _cached[1]
+
+
+def _priority_class(*, team: Team, spec: JobSpec) -> PriorityClass:
+    if spec.priority:
+        found = PriorityClass.objects.filter(name=spec.priority).first()
+        if found is None:
+            raise ServiceError(f"Unknown priority {spec.priority!r}.", field="priority")
+        return found
+    found = priority_class_default_for_team(team=team)
+    if found is None:
+        raise ServiceError("No priority class exists; an admin must create one.", field="priority")
+    return found
+
+
+def _hypothetical(*, team: Team, user: AbstractBaseUser, spec: JobSpec, index: int = 0) -> eng.Job:
+    pc = _priority_class(team=team, spec=spec)
+    row = Job(
+        team=team,
+        submitter=user,
+        name=spec.name or "what-if",
+        command=spec.command or "true",
+        gpus=spec.gpus,
+        gpu_memory_mib=spec.gpu_memory_mib,
+        compute_pct=spec.compute_pct,
+        gpu_models=list(spec.gpu_models),
+        min_gpu_memory_mib=spec.min_gpu_memory_mib,
+        min_compute_capability=spec.min_compute_capability,
+        topology=spec.topology,
+        nodes=spec.nodes,
+        cpu_milli=spec.cpu_milli,
+        memory_mib=spec.memory_mib,
+        priority_class=pc,
+        preemptible=pc.preemptible if spec.preemptible is None else spec.preemptible,
+        max_runtime_s=spec.max_runtime_s,
+        submitted_at=timezone.now(),
+    )
+    return replace(engine_job(row), id=f"{WHATIF_JOB_ID}-{index}")
+
+
+def _ask(
+    snapshot: eng.Snapshot, jobs: list[eng.Job]
+) -> list[tuple[eng.Placement | None, eng.Pending | None]]:
+    """One cycle with the hypothetical jobs at the back of the real queue (they were submitted now), and what
+    it decided for each. They come after every real job of their priority, so the real queue's answers are
+    those of the next production cycle; among themselves, the first is answered as if alone, and a later one
+    only after the earlier ones, which matters only when an earlier one starts (and then the later ones are
+    not needed)."""
+    trial = replace(snapshot, now=time.time(), pending=(*snapshot.pending, *jobs))
+    decisions = run_cycle(trial, cycle_profile())
+    placed = {p.job_id: p for p in decisions.placements}
+    pending = {p.job_id: p for p in decisions.pending}
+    return [(placed.get(j.id), pending.get(j.id)) for j in jobs]
+
+
+def _variants(spec: JobSpec) -> list[tuple[str, JobSpec]]:
+    """Nearby requests, most like the original first."""
+    out: list[tuple[str, JobSpec]] = []
+    if spec.gpus > 1:
+        half = spec.gpus // 2
+        out.append((f"{half} GPU{'s' if half > 1 else ''} instead of {spec.gpus}", replace(spec, gpus=half)))
+    if spec.gpu_memory_mib >= 2048:
+        half = spec.gpu_memory_mib // 2
+        out.append((f"a {half // 1024} GiB slice", replace(spec, gpu_memory_mib=half)))
+    if spec.gpu_models:
+        out.append(("any GPU model", replace(spec, gpu_models=())))
+    if spec.topology != "none":
+        out.append(("no topology constraint", replace(spec, topology="none")))
+    return out[:MAX_ALTERNATIVES]
+
+
+def _words(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _answer(placed: eng.Placement | None, pending: eng.Pending | None, now: float) -> WhatIf:
+    if placed is not None:
+        nodes = sorted({a.node for a in placed.assignments} | set(placed.cpu))
+        where = f" on {', '.join(nodes)}" if nodes else ""
+        borrowed = " (on borrowed capacity: it may be reclaimed)" if placed.borrowed else ""
+        return WhatIf("now", f"Starts now{where}{borrowed}.", eta_s=0.0)
+    if pending is None:
+        return WhatIf("waits", "The scheduler gave no answer for it.")
+    reason = pending.status.reason
+    if pending.estimated_start is not None:
+        eta = max(0.0, pending.estimated_start - now)
+        return WhatIf(
+            "later", f"Starts in about {_words(eta)}: {reason}.", eta_s=eta, reason_code=pending.status.code
+        )
+    return WhatIf(
+        "waits", f"Waits, with no start it can estimate: {reason}.", reason_code=pending.status.code
+    )
+
+
+def job_whatif(*, user: AbstractBaseUser, team: Team, spec: JobSpec) -> WhatIf:
+    """When this job would start if submitted now, and a nearby request that starts sooner (one engine cycle
+    answers both)."""
+    try:
+        job_spec_validate(spec=spec)
+    except ServiceError as exc:
+        return WhatIf("never", f"Can never run here: {exc.message}", reason_code="never")
+    variants = []
+    for label, variant in _variants(spec):
+        try:
+            job_spec_validate(spec=variant)
+        except ServiceError:
+            continue
+        variants.append((label, variant))
+    asked = [spec, *(variant for _, variant in variants)]
+    now = time.time()
+    jobs = [_hypothetical(team=team, user=user, spec=one, index=i) for i, one in enumerate(asked)]
+    answers = [_answer(placed, pending, now) for placed, pending in _ask(_snapshot(), jobs)]
+    answer = answers[0]
+    if answer.verdict == "now":
+        return answer
+    for (label, _), other in zip(variants, answers[1:], strict=True):
+        sooner = other.verdict == "now" or (
+            other.eta_s is not None and (answer.eta_s is None or other.eta_s < answer.eta_s)
+        )
+        if sooner:
+            when = "starts now" if other.verdict == "now" else f"starts in about {_words(other.eta_s or 0)}"
+            return replace(answer, alternative=f"{label[0].upper()}{label[1:]} {when}.")
+    return answer
