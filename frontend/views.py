@@ -1,31 +1,89 @@
-"""Portal pages. Views only read through selectors; anonymous visitors see the cluster, not the jobs."""
+"""Portal pages that are not about one job: the cluster summary, the queue, sign-in, health and the favicon.
 
+Views are thin: they read through the same selectors as the API (so a page never shows a user more than the API
+does) and render a template; a page's parts that change are partials it re-requests on a stream event.
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.templatetags.static import static
+from django.views.decorators.cache import cache_control
 
+from quotas.selectors import team_slugs_visible_to
 from scheduling.inventory import selectors as inventory_selectors
 from scheduling.jobs import selectors as job_selectors
 
+QUEUE_PAGE_SIZE = 50
+
 
 def overview(request: HttpRequest) -> HttpResponse:
-    nodes = list(inventory_selectors.cluster_nodes())
+    """Signed in: the jobs list is home. Signed out: the cluster in numbers and a way to sign in."""
+    if request.user.is_authenticated and request.GET.get("cluster") is None:
+        return redirect("frontend:jobs")
     totals = inventory_selectors.gpu_capacity_totals()
     context = {
-        "nodes": nodes,
         "totals": totals,
+        "nodes": inventory_selectors.node_state_counts(),
+        "models": inventory_selectors.capacity_by_model(),
+        "pending": job_selectors.queue().count(),
         "allocated_pct": round(100 * totals["allocated_memory_mib"] / totals["memory_mib"])
         if totals["memory_mib"]
         else 0,
-        "queue": list(job_selectors.queue()[:50]) if request.user.is_authenticated else [],
-        "my_jobs": list(job_selectors.jobs_visible_to(user=request.user)[:50])
-        if request.user.is_authenticated
-        else [],
     }
     return render(request, "frontend/overview.html", context)
+
+
+class SignInView(auth_views.LoginView):
+    template_name = "frontend/login.html"
+    redirect_authenticated_user = True
+
+
+class SignOutView(auth_views.LogoutView):
+    next_page = "/"
+
+
+class PasswordChangeView(auth_views.PasswordChangeView):
+    template_name = "frontend/password_change.html"
+    success_url = "/password/done/"
+
+
+class PasswordChangeDoneView(auth_views.PasswordChangeDoneView):
+    template_name = "frontend/password_change_done.html"
+
+
+@login_required
+def queue(request: HttpRequest) -> HttpResponse:
+    """The whole queue in the scheduler's order; other teams' entries anonymous exactly as /api/v1/queue/."""
+    team = request.GET.get("team", "")
+    model = request.GET.get("model", "")
+    page = Paginator(job_selectors.queue_for_user(user=request.user, team=team, model=model), QUEUE_PAGE_SIZE)
+    page = page.get_page(request.GET.get("page"))
+    context = {
+        "entries": job_selectors.queue_entries(user=request.user, jobs=list(page.object_list)),
+        "page": page,
+        "team": team,
+        "model": model,
+        "teams": team_slugs_visible_to(user=request.user, all_teams=True),
+        "models": [m.name for m in inventory_selectors.gpu_model_rows()],
+    }
+    template = (
+        "frontend/queue/_rows.html" if request.GET.get("part") == "rows" else "frontend/queue/list.html"
+    )
+    return render(request, template, context)
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return JsonResponse({"status": "ok"})
+
+
+@cache_control(max_age=86400)
+def favicon(request: HttpRequest) -> HttpResponse:
+    return redirect(static("frontend/favicon.svg"))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from portal.client import DEFAULT_URL, ApiError, Client, ExitCode, config_load, config_save
+from portal.submit_flags import SUBMIT_FLAGS
 
 # -- output helpers ----------------------------------------------------------------------------------------
 
@@ -177,25 +178,6 @@ def whoami(argv: Sequence[str]) -> int:
         return ExitCode.OK
 
     return _run(handle, args)
-
-
-SUBMIT_FLAGS = (
-    # (flags, spec field, help)
-    (("--name", "-J"), "name", "job name (default: the command's first word)"),
-    (("--team", "-A"), "team", "team slug, e.g. ai-lab/training (default: your only team)"),
-    (("--gpus", "-G"), "gpus", "whole GPUs per node"),
-    (("--gpu-memory",), "gpu_memory", "a slice of one GPU: memory, e.g. 10GiB"),
-    (("--compute-pct",), "compute_pct", "a slice of one GPU: compute share, 1-100"),
-    (("--gpu-model", "-C"), "gpu_models", "allowed GPU model (repeat for several)"),
-    (("--min-gpu-memory",), "min_gpu_memory", "only GPUs with at least this much memory, e.g. 40GiB"),
-    (("--min-compute-capability",), "min_compute_capability", "e.g. 8.0"),
-    (("--topology",), "topology", "none, numa or nvlink"),
-    (("--nodes", "-N"), "nodes", "gang size (whole-GPU jobs)"),
-    (("--cpus", "-c"), "cpu", "CPU per node: cores (4) or millicores (500m)"),
-    (("--mem",), "memory", "host memory per node, e.g. 64GiB"),
-    (("--priority", "-p"), "priority", "priority class, e.g. training"),
-    (("--time", "-t"), "max_runtime", "run-time limit, e.g. 2h, 30m, 1h30m"),
-)
 
 
 def _read_spec_file(path: str) -> tuple[dict[str, Any], list[str]]:

@@ -36,6 +36,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
+    "axes",
     "portal",
     "quotas",
     "scheduling",
@@ -51,6 +52,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a locked-out sign-in into the lockout answer.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -60,7 +63,8 @@ ASGI_APPLICATION = "portal.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        # The project's own overrides of third-party templates (the API docs pages).
+        "DIRS": [BASE_DIR / "portal" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -138,8 +142,24 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
-LOGIN_URL = "/admin/login/"
-LOGIN_REDIRECT_URL = "/"
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/jobs/"
+LOGOUT_REDIRECT_URL = "/"
+AUTHENTICATION_BACKENDS = [
+    # Refuses a locked-out username from an address before the password is even checked (django-axes).
+    "frontend.auth.SignInProtectionBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Brute-force protection of every password form (the portal's sign-in, the admin's, the API's token login):
+# after AXES_FAILURE_LIMIT wrong passwords for one username from one address, that pair is refused for
+# AXES_COOLOFF_MINUTES; a right password resets the count.
+AXES_ENABLED = env.bool("AXES_ENABLED", default=True)
+AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = env.float("AXES_COOLOFF_MINUTES", default=15.0) / 60
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "frontend.auth.lockout_response"
+AXES_VERBOSE = False
 
 REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -197,4 +217,6 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    # django-axes logs every sign-in at INFO; lockouts (WARNING) are what an operator needs.
+    "loggers": {"axes": {"level": "WARNING"}},
 }

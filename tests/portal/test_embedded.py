@@ -152,7 +152,7 @@ def test_the_demo_serves_the_portal_and_the_admin_with_no_services(embedded_serv
     base, logins, _, _ = embedded_server
     assert "admin  / tessera-admin" in logins
     home = requests.get(f"{base}/", timeout=30)
-    assert home.status_code == 200 and "a100-01" in home.text
+    assert home.status_code == 200 and "A100-80GB" in home.text and "/login/" in home.text
     session = requests.Session()
     login_page = session.get(f"{base}/admin/login/", timeout=30)
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', login_page.text).group(1)

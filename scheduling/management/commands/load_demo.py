@@ -11,6 +11,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         load_demo(token_dir=settings.VAR_DIR / "agent-tokens")
-        self.stdout.write(self.style.SUCCESS("Demo data loaded. Logins:"))
+        self.stdout.write(
+            self.style.SUCCESS("Demo data loaded. Sign in at /login/ (staff also reach /admin/):")
+        )
         for username, password, what in demo_logins():
             self.stdout.write(f"  {username:<6} / {password:<14} {what}")

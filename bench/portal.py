@@ -1,0 +1,446 @@
+"""Benchmark the browser portal at cluster size: 1,000 nodes x 8 GPUs and 10,000 pending jobs in PostgreSQL.
+Prints JSON.
+
+- `jobs_page_p95_ms`, `queue_page_p95_ms`, `job_page_p95_ms`: server time of /jobs/, /queue/ and one job's page
+  (Django's full request path, in process, through the same views and selectors the portal serves);
+- `whatif_p95_ms`: the submit form's live answer (POST /jobs/new/preview/), one engine cycle on the cached
+  snapshot with the hypothetical job in the queue; `whatif_cold_ms` adds reading the snapshot;
+- `push_to_dom_p95_ms`: daphne with Redis channels and Chromium with `--pages` job pages open on one job; a state
+  change is committed and each page's DOM is watched until it shows it: commit to DOM, every page, p95.
+
+    .venv/bin/python -m bench.portal --nodes 1000 --pending 10000 --pages 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from decimal import Decimal
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("TESSERA_CHROMIUM", "/usr/bin/chromium")
+
+
+def percentile(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = (len(ordered) - 1) * pct / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def summary_ms(seconds: list[float]) -> dict[str, float]:
+    ms = [s * 1000 for s in seconds]
+    return {
+        "p50": round(percentile(ms, 50), 1),
+        "p95": round(percentile(ms, 95), 1),
+        "max": round(max(ms), 1),
+        "mean": round(statistics.fmean(ms), 1),
+        "n": len(ms),
+    }
+
+
+def build_cluster(*, nodes: int, gpus_per_node: int, pending: int, running: int) -> dict:
+    """A fresh cluster in the benchmark database: nodes of A100s and H100s (NVLinked in fours), two teams with
+    quotas, alice and bob, `running` whole-GPU jobs holding cards and `pending` jobs in the queue."""
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.db import connection
+    from django.utils import timezone
+
+    from quotas.models import Quota
+    from quotas.services import membership_set, priority_classes_ensure_defaults, team_create
+    from scheduling.choices import ActorKind, JobState, LinkKind
+    from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node
+    from scheduling.jobs.models import Job, JobEvent, Slice
+
+    call_command("flush", interactive=False, verbosity=0)
+    classes = {pc.name: pc for pc in priority_classes_ensure_defaults()}
+    a100 = GpuModel.objects.create(name="A100-80GB", memory_mib=81920, compute_capability=Decimal("8.0"))
+    h100 = GpuModel.objects.create(name="H100-80GB", memory_mib=81559, compute_capability=Decimal("9.0"))
+    Node.objects.bulk_create(
+        Node(
+            name=f"node-{i:04d}", cpu_milli=128_000, memory_mib=1024 * 1024, last_heartbeat_at=timezone.now()
+        )
+        for i in range(nodes)
+    )
+    by_name = {n.name: n for n in Node.objects.all()}
+    gpus = []
+    for i in range(nodes):
+        model = h100 if i % 4 == 0 else a100
+        for g in range(gpus_per_node):
+            gpus.append(
+                Gpu(
+                    node=by_name[f"node-{i:04d}"],
+                    index=g,
+                    uuid=f"GPU-{i:04d}-{g}",
+                    model=model,
+                    memory_mib=model.memory_mib,
+                    numa_node=g // 4,
+                )
+            )
+    Gpu.objects.bulk_create(gpus, batch_size=2000)
+    gpu_rows = list(Gpu.objects.order_by("node__name", "index"))
+    links = []
+    for k in range(0, len(gpu_rows), 4):
+        group = gpu_rows[k : k + 4]
+        links += [
+            GpuLink(gpu_a=a, gpu_b=b, kind=LinkKind.NVLINK, nvlink_count=12)
+            for x, a in enumerate(group)
+            for b in group[x + 1 :]
+        ]
+    GpuLink.objects.bulk_create(links, batch_size=5000)
+    org = team_create(slug="lab", display_name="Lab")
+    teams = [team_create(slug=f"lab/{name}", parent=org) for name in ("training", "vision", "speech", "nlp")]
+    for t in teams:
+        Quota.objects.create(
+            team=t,
+            guaranteed_gpus=Decimal(nodes * gpus_per_node // 5),
+            guaranteed_gpu_memory_mib=nodes * gpus_per_node * 81920 // 5,
+            default_priority_class=classes["training"],
+        )
+    users = get_user_model()
+    alice = users.objects.create_user(username="alice", password="alice-pw")
+    bob = users.objects.create_user(username="bob", password="bob-pw")
+    membership_set(user=alice, team=teams[0])
+    membership_set(user=bob, team=teams[1])
+    rng = random.Random(7)
+    now = timezone.now()
+    jobs = []
+    for i in range(running + pending):
+        is_running = i < running
+        slice_job = not is_running and rng.random() < 0.5
+        jobs.append(
+            Job(
+                team=teams[i % len(teams)],
+                submitter=alice if i % len(teams) == 0 else bob,
+                name=f"job-{i}",
+                command="python train.py",
+                gpus=0 if slice_job else (1 if is_running else rng.choice([1, 2, 4, 8])),
+                gpu_memory_mib=rng.choice([10240, 20480, 40960]) if slice_job else 0,
+                compute_pct=rng.choice([25, 50]) if slice_job else 0,
+                priority_class=classes["training"],
+                preemptible=True,
+                max_runtime_s=rng.choice([3600, 7200, 14400]),
+                state=JobState.RUNNING if is_running else JobState.PENDING,
+                started_at=now if is_running else None,
+                placed_at=now if is_running else None,
+                attempt=1 if is_running else 0,
+                queue_position=None if is_running else i - running + 1,
+                pending_reason_code="" if is_running else "insufficient-gpus",
+                pending_reason="" if is_running else "no node has enough free GPUs now",
+            )
+        )
+    Job.objects.bulk_create(jobs, batch_size=2000)
+    job_rows = list(Job.objects.order_by("id"))
+    running_rows = [j for j in job_rows if j.state == JobState.RUNNING]
+    Slice.objects.bulk_create(
+        (
+            Slice(job=j, gpu=gpu_rows[k], memory_mib=gpu_rows[k].memory_mib, compute_pct=100)
+            for k, j in enumerate(running_rows)
+        ),
+        batch_size=2000,
+    )
+    with connection.cursor() as cursor:
+        ids = [gpu_rows[k].pk for k in range(len(running_rows))]
+        cursor.execute(
+            f"UPDATE {Gpu._meta.db_table} SET allocated_memory_mib = memory_mib, allocated_compute_pct = 100 "
+            "WHERE id = ANY(%s)",
+            [ids],
+        )
+    events = []
+    for j in job_rows:
+        events.append(
+            JobEvent(
+                job=j,
+                to_state=JobState.PENDING,
+                actor_kind=ActorKind.USER,
+                code="submitted",
+                message="Submitted.",
+            )
+        )
+        if j.state == JobState.RUNNING:
+            events.append(
+                JobEvent(
+                    job=j,
+                    from_state="pending",
+                    to_state="placed",
+                    actor_kind=ActorKind.SCHEDULER,
+                    code="placed",
+                )
+            )
+            events.append(
+                JobEvent(
+                    job=j, from_state="placed", to_state="running", actor_kind=ActorKind.AGENT, code="started"
+                )
+            )
+    JobEvent.objects.bulk_create(events, batch_size=5000)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    return {
+        "alice": alice,
+        "job": next(j for j in running_rows if j.submitter_id == alice.pk),
+        "team": teams[0],
+    }
+
+
+def time_requests(client, method: str, path: str, n: int, data: dict | None = None) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        response = client.post(path, data) if method == "POST" else client.get(path)
+        out.append(time.perf_counter() - t0)
+        if response.status_code != 200:
+            raise RuntimeError(f"{method} {path}: {response.status_code}")
+    return out
+
+
+WHATIF_FORM = {
+    "name": "what-if",
+    "team": "lab/training",
+    "kind": "whole",
+    "gpus": "2",
+    "topology": "nvlink",
+    "nodes": "1",
+    "command_form": "argv",
+    "command": "python train.py",
+}
+
+
+def server_times(people: dict, requests: int) -> dict:
+    from django.test import Client
+
+    from scheduling.cycle import whatif
+
+    client = Client()
+    client.force_login(people["alice"])
+    job = people["job"]
+    time_requests(client, "GET", "/jobs/", 2)  # warm connections and caches
+    out = {
+        "jobs_page": summary_ms(time_requests(client, "GET", "/jobs/?scope=teams", requests)),
+        "queue_page": summary_ms(time_requests(client, "GET", "/queue/", requests)),
+        "job_page": summary_ms(time_requests(client, "GET", f"/jobs/{job.pk}/", requests)),
+        "job_live_partial": summary_ms(time_requests(client, "GET", f"/jobs/{job.pk}/?part=live", requests)),
+    }
+    whatif._cached = None
+    out["whatif_cold"] = summary_ms(time_requests(client, "POST", "/jobs/new/preview/", 1, WHATIF_FORM))
+    whatif.SNAPSHOT_TTL_S = 3600.0  # steady state: the snapshot is cached, each answer is one engine cycle
+    out["whatif"] = summary_ms(
+        time_requests(client, "POST", "/jobs/new/preview/", max(10, requests // 3), WHATIF_FORM)
+    )
+    return out
+
+
+def push_to_dom(*, env: dict, people: dict, pages: int, changes: int) -> dict:
+    """Commit-to-DOM latency on `pages` job pages open on one job, over `changes` state changes."""
+    from django.db import transaction
+    from playwright.sync_api import sync_playwright
+
+    from scheduling.choices import ActorKind, JobState
+    from scheduling.jobs.models import Job
+    from scheduling.jobs.services import job_transition
+
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "daphne"),
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "portal.asgi:application",
+        ],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    latencies: list[float] = []
+    try:
+        wait_http(port)
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+        with sync_playwright() as p:
+            browser = p.chromium.launch(
+                executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"]
+            )
+            context = browser.new_context(base_url=f"http://127.0.0.1:{port}")
+            login = context.new_page()
+            login.goto("/login/")
+            login.fill("#id_username", "alice")
+            login.fill("#id_password", "alice-pw")
+            login.click("button[type=submit]")
+            login.wait_for_url("**/jobs/")
+            job = people["job"]
+            opened = []
+            for _ in range(pages):
+                page = context.new_page()
+                page.goto(f"/jobs/{job.pk}/")
+                page.wait_for_function(
+                    "document.getElementById('live') && document.getElementById('live').textContent === 'live'"
+                )
+                page.evaluate(
+                    """() => { window.__seen = {}; const watch = () => {
+                         const s = document.getElementById('job-state'); if (s) window.__seen[s.textContent] = Date.now(); };
+                       new MutationObserver(watch).observe(document.body, {subtree: true, childList: true, characterData: true}); }"""
+                )
+                opened.append(page)
+            states = [JobState.PREEMPTED, JobState.PENDING, JobState.PLACED, JobState.RUNNING]
+            row = Job.objects.get(pk=job.pk)
+            for n in range(changes):
+                to = states[n % len(states)]
+                with transaction.atomic():
+                    row = Job.objects.select_for_update().get(pk=job.pk)
+                    job_transition(
+                        job=row, to_state=to, actor_kind=ActorKind.ADMIN, code="bench", message="bench"
+                    )
+                committed_ms = time.time() * 1000
+                label = row.get_state_display()
+                deadline = time.time() + 30
+                pending_pages = list(opened)
+                while pending_pages and time.time() < deadline:
+                    still = []
+                    for page in pending_pages:
+                        seen = page.evaluate(f"window.__seen[{json.dumps(label)}] || 0")
+                        if seen:
+                            latencies.append(max(0.0, seen - committed_ms) / 1000)
+                            page.evaluate("window.__seen = {}")
+                        else:
+                            still.append(page)
+                    pending_pages = still
+                    time.sleep(0.05)
+                latencies.extend([30.0] * len(pending_pages))  # never shown within 30 s: counted as 30 s
+                time.sleep(1.0)
+            browser.close()
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+    return summary_ms(latencies)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(port: int) -> None:
+    import http.client
+
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/healthz")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError("the portal did not start")
+
+
+def ensure_database(url: str) -> None:
+    from urllib.parse import urlparse
+
+    import psycopg
+
+    parsed = urlparse(url)
+    name = parsed.path.lstrip("/")
+    with psycopg.connect(parsed._replace(path="/postgres").geturl(), autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get(
+            "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/tessera_bench_portal"
+        ),
+    )
+    parser.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"))
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--pending", type=int, default=10_000)
+    parser.add_argument(
+        "--free-gpus",
+        type=int,
+        default=100,
+        help="GPUs left free; the rest run 1-GPU jobs (a queue of 10,000 waits on a full cluster)",
+    )
+    parser.add_argument("--requests", type=int, default=60, help="timed requests per page")
+    parser.add_argument("--pages", type=int, default=100, help="browser pages for push_to_dom (0: skip)")
+    parser.add_argument("--changes", type=int, default=8, help="state changes pushed to the pages")
+    args = parser.parse_args(argv)
+    env = {
+        **os.environ,
+        "DATABASE_URL": args.database_url,
+        "REDIS_URL": args.redis_url,
+        "DJANGO_SETTINGS_MODULE": "portal.settings",
+        "DATABASE_CONN_MAX_AGE": "600",
+        "LOG_LEVEL": "WARNING",
+        "DEBUG": "false",
+        "AXES_ENABLED": "false",
+    }
+    os.environ.update(env)
+    ensure_database(args.database_url)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    t0 = time.perf_counter()
+    running = max(0, args.nodes * args.gpus_per_node - args.free_gpus)
+    people = build_cluster(
+        nodes=args.nodes, gpus_per_node=args.gpus_per_node, pending=args.pending, running=running
+    )
+    built_s = time.perf_counter() - t0
+    times = server_times(people, args.requests)
+    push = push_to_dom(env=env, people=people, pages=args.pages, changes=args.changes) if args.pages else None
+    result = {
+        "benchmark": "portal",
+        "cluster": {
+            "nodes": args.nodes,
+            "gpus": args.nodes * args.gpus_per_node,
+            "pending": args.pending,
+            "running": running,
+            "built_s": round(built_s, 1),
+        },
+        "machine": {"cpus": os.cpu_count(), "loadavg_1m": round(os.getloadavg()[0], 2)},
+        "jobs_page_p95_ms": times["jobs_page"]["p95"],
+        "queue_page_p95_ms": times["queue_page"]["p95"],
+        "job_page_p95_ms": times["job_page"]["p95"],
+        "whatif_p95_ms": times["whatif"]["p95"],
+        "whatif_cold_ms": times["whatif_cold"]["max"],
+        "push_to_dom_p95_ms": push["p95"] if push else None,
+        "detail": {**times, "push_to_dom": push, "pages": args.pages, "changes": args.changes},
+        "targets": {
+            "jobs_page_p95_ms": 150,
+            "queue_page_p95_ms": 150,
+            "job_page_p95_ms": 100,
+            "push_to_dom_p95_ms": 1000,
+            "whatif_p95_ms": 300,
+        },
+    }
+    json.dump(result, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""The submit form: fields as a researcher thinks of them, turned into the same spec mapping the API takes.
+
+The form checks only what is its own (a whole-or-slice choice, KEY=VALUE lines, argv quoting); everything else
+is the spec parser's and the submit service's, whose errors name the field they belong to.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from django import forms
+
+KINDS = (("whole", "Whole GPUs"), ("slice", "A slice of one GPU (memory and/or compute share)"))
+COMMAND_FORMS = (
+    ("argv", "Program and arguments (quoted as in a shell, no pipes)"),
+    ("shell", "A shell line (run by /bin/sh -c: pipes, &&, $VARS)"),
+)
+TOPOLOGIES = (
+    ("none", "Anywhere on the node"),
+    ("numa", "One NUMA node"),
+    ("nvlink", "All NVLink-connected"),
+)
+
+
+class JobForm(forms.Form):
+    name = forms.CharField(max_length=200, help_text="What you will recognise it by.")
+    team = forms.ChoiceField()
+    kind = forms.ChoiceField(choices=KINDS, initial="whole", widget=forms.RadioSelect, label="GPUs")
+    gpus = forms.CharField(required=False, initial="1", label="GPUs per node")
+    gpu_memory = forms.CharField(required=False, label="GPU memory", help_text="e.g. 10GiB")
+    compute_pct = forms.CharField(required=False, label="Compute share (%)", help_text="1-100 of one card")
+    gpu_models = forms.MultipleChoiceField(
+        required=False,
+        label="GPU models",
+        help_text="None chosen: any model",
+        widget=forms.CheckboxSelectMultiple,
+    )
+    min_gpu_memory = forms.CharField(required=False, label="Minimum card memory", help_text="e.g. 40GiB")
+    topology = forms.ChoiceField(choices=TOPOLOGIES, initial="none")
+    nodes = forms.CharField(initial="1", label="Nodes (gang)", help_text="More than 1: whole GPUs on each")
+    priority = forms.ChoiceField(required=False, label="Priority class")
+    max_runtime = forms.CharField(required=False, label="Runtime limit", help_text="e.g. 2h, 30m, 1h30m")
+    cpu = forms.CharField(required=False, label="CPU per node", help_text="cores (4) or millicores (500m)")
+    memory = forms.CharField(required=False, label="Host memory per node", help_text="e.g. 64GiB")
+    command_form = forms.ChoiceField(
+        choices=COMMAND_FORMS, initial="argv", widget=forms.RadioSelect, label="Command is"
+    )
+    command = forms.CharField(widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false"}))
+    env = forms.CharField(
+        required=False,
+        label="Environment",
+        help_text="One NAME=value a line",
+        widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false"}),
+    )
+
+    def __init__(self, *args: Any, teams: list[str], models: list[str], priorities: list[str], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.fields["team"].choices = [(t, t) for t in teams]
+        self.fields["gpu_models"].choices = [(m, m) for m in models]
+        self.fields["priority"].choices = [("", "The team's default"), *((p, p) for p in priorities)]
+
+    def clean_env(self) -> dict[str, str]:
+        env: dict[str, str] = {}
+        for n, line in enumerate(self.cleaned_data.get("env", "").splitlines(), start=1):
+            if not line.strip():
+                continue
+            name, sep, value = line.partition("=")
+            if not sep:
+                raise forms.ValidationError(f"Line {n} is not NAME=value: {line.strip()[:40]!r}.")
+            env[name.strip()] = value
+        return env
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("command_form") == "argv" and data.get("command"):
+            try:
+                words = shlex.split(data["command"])
+            except ValueError as exc:
+                self.add_error("command", f"The quoting does not close ({exc}); or choose a shell line.")
+            else:
+                data["command_words"] = words
+        return data
+
+    def spec_mapping(self) -> dict[str, Any]:
+        """The spec as the API takes it (call after is_valid())."""
+        d = self.cleaned_data
+        spec: dict[str, Any] = {
+            "name": d["name"],
+            "team": d["team"],
+            "command": d.get("command_words") if d.get("command_form") == "argv" else d["command"],
+            "env": d.get("env") or {},
+            "topology": d.get("topology") or "none",
+            "nodes": d.get("nodes") or "1",
+        }
+        if d.get("kind") == "slice":
+            spec["gpu_memory"] = d.get("gpu_memory") or None
+            spec["compute_pct"] = d.get("compute_pct") or None
+        else:
+            spec["gpus"] = d.get("gpus") or None
+        for field in ("min_gpu_memory", "priority", "max_runtime", "cpu", "memory"):
+            if d.get(field):
+                spec[field] = d[field]
+        if d.get("gpu_models"):
+            spec["gpu_models"] = list(d["gpu_models"])
+        return {k: v for k, v in spec.items() if v is not None}
+
+    def add_spec_error(self, field: str | None, message: str) -> None:
+        """Show a spec or service refusal next to the field it names (the form's top when it names none)."""
+        target = field if field in self.fields else None
+        self.add_error(target, message)
+
+
+def initial_from_job(job: Any) -> dict[str, Any]:
+    """Form values that submit the same job again ("copy & edit")."""
+    initial: dict[str, Any] = {
+        "name": job.name,
+        "team": job.team.slug,
+        "kind": "whole" if job.gpus else "slice",
+        "gpus": str(job.gpus or 1),
+        "gpu_memory": f"{job.gpu_memory_mib}MiB" if job.gpu_memory_mib else "",
+        "compute_pct": str(job.compute_pct) if job.compute_pct else "",
+        "gpu_models": list(job.gpu_models or ()),
+        "min_gpu_memory": f"{job.min_gpu_memory_mib}MiB" if job.min_gpu_memory_mib else "",
+        "topology": job.topology,
+        "nodes": str(job.nodes),
+        "priority": job.priority_class.name,
+        "cpu": f"{job.cpu_milli}m",
+        "memory": f"{job.memory_mib}MiB",
+        "command_form": "shell",
+        "command": job.command,
+        "env": "\n".join(f"{k}={v}" for k, v in (job.env or {}).items()),
+    }
+    if job.max_runtime_s:
+        initial["max_runtime"] = f"{job.max_runtime_s}s"
+    return initial

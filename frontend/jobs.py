@@ -1,0 +1,259 @@
+"""Job pages: the jobs list (/jobs/), one job (/jobs/<id>/), cancel, log download, and the submit form
+(/jobs/new/) with its live what-if.
+
+Every read goes through scheduling's selectors with the signed-in user, every write through its services: a
+job another team's member asks for is a 404, as in the API.
+"""
+
+from __future__ import annotations
+
+import yaml
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_POST
+
+from frontend.forms import JobForm, initial_from_job
+from portal.submit_flags import submit_command_line
+from quotas.models import PriorityClass
+from quotas.selectors import team_by_slug, team_slugs_visible_to
+from scheduling.agents import joblogs
+from scheduling.agents.live_metrics import IDLE_WARN_AFTER_S, job_usage
+from scheduling.choices import JobState
+from scheduling.cycle.whatif import job_whatif
+from scheduling.errors import ServiceError
+from scheduling.inventory.selectors import gpu_model_rows
+from scheduling.jobs import selectors as job_selectors
+from scheduling.jobs.chargeback import usage_rows
+from scheduling.jobs.services import job_cancel, job_submit
+from scheduling.jobs.spec import spec_check_card_limits, spec_from_mapping, spec_to_mapping
+from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES, IllegalTransition
+
+JOBS_PAGE_SIZE = 50
+
+
+def _scopes(user) -> list[tuple[str, str]]:
+    scopes = [("mine", "Mine"), ("teams", "My teams")]
+    if user.is_staff:
+        scopes.append(("all", "All"))
+    return scopes
+
+
+@login_required
+def jobs(request: HttpRequest) -> HttpResponse:
+    scopes = _scopes(request.user)
+    scope = request.GET.get("scope", "mine")
+    if scope not in dict(scopes):
+        scope = "mine"
+    state, team, search = (request.GET.get(k, "").strip() for k in ("state", "team", "q"))
+    rows = job_selectors.jobs_for_user(user=request.user, scope=scope, state=state, team=team, search=search)
+    page = Paginator(rows, JOBS_PAGE_SIZE).get_page(request.GET.get("page"))
+    page_jobs = list(page.object_list)
+    active = [j.pk for j in page_jobs if j.state in ACTIVE_STATES]
+    context = {
+        "page": page,
+        "jobs": page_jobs,
+        "usage": job_usage(job_ids=active),
+        "positions": {
+            e["id"]: e
+            for e in job_selectors.queue_entries(
+                user=request.user, jobs=[j for j in page_jobs if j.state == JobState.PENDING]
+            )
+        },
+        "scopes": scopes,
+        "scope": scope,
+        "state": state,
+        "team": team,
+        "q": search,
+        "states": JobState.choices,
+        "teams": team_slugs_visible_to(user=request.user),
+        "idle_warn_min": int(IDLE_WARN_AFTER_S // 60),
+    }
+    template = "frontend/jobs/_rows.html" if request.GET.get("part") == "rows" else "frontend/jobs/list.html"
+    return render(request, template, context)
+
+
+def _job_or_404(request: HttpRequest, job_id: int):
+    job = job_selectors.job_for_user(user=request.user, job_id=job_id)
+    if job is None:
+        raise Http404("No such job, or not yours to see.")
+    return job
+
+
+def _right_size(job, peak_mib: int | None) -> dict | None:
+    """For a finished job on whole cards or a slice: its peak memory against what it held, and the slice that
+    would have done (the peak plus 1 GiB, rounded up to 8 GiB)."""
+    if peak_mib is None:
+        return None
+    slices = list(job.slices.all())
+    held = max((s.memory_mib for s in slices), default=job.gpu_memory_mib or None)
+    if not held:
+        return None
+    suggest = -(-(peak_mib + 1024) // 8192) * 8192
+    return {"peak_mib": peak_mib, "held_mib": held, "suggest_mib": suggest if suggest < held else None}
+
+
+@login_required
+def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = _job_or_404(request, job_id)
+    events = job_selectors.job_events(job=job)
+    usage = job_usage(job_ids=[job.pk]).get(job.pk)
+    context = {
+        "job": job,
+        "events": events,
+        "phases": job_selectors.job_phases(job=job, events=events),
+        "slices": list(job.slices.all()),
+        "usage": usage,
+        "queue_entry": next(iter(job_selectors.queue_entries(user=request.user, jobs=[job])), None)
+        if job.state == JobState.PENDING
+        else None,
+        "can_cancel": job_selectors.can_cancel_job(user=request.user, job=job)
+        and job.state not in TERMINAL_STATES,
+        "finished": job.state in TERMINAL_STATES,
+        "right_size": _right_size(job, (usage or {}).get("peak_memory_mib"))
+        if job.state in TERMINAL_STATES
+        else None,
+        "gpu_hours": _gpu_hours(request, job),
+        "streams": joblogs.STREAMS,
+        "exit_code": _exit_code(events),
+    }
+    template = (
+        "frontend/jobs/_live.html" if request.GET.get("part") == "live" else "frontend/jobs/detail.html"
+    )
+    return render(request, template, context)
+
+
+def _exit_code(events) -> int | None:
+    for event in reversed(events):
+        code = (event.data or {}).get("exit_code")
+        if isinstance(code, int):
+            return code
+    return None
+
+
+def _gpu_hours(request: HttpRequest, job) -> float:
+    """Whole-GPU-equivalent hours the job has held, as /api/v1/usage/ counts them."""
+    mine = job_selectors.jobs_visible_to(user=request.user).filter(pk=job.pk)
+    rows = usage_rows(jobs=mine, since=job.submitted_at, until=timezone.now(), group_by=("team",))
+    return sum(r["gpu_hours"] for r in rows)
+
+
+@login_required
+@require_POST
+def jobs_cancel(request: HttpRequest) -> HttpResponse:
+    """Cancel one or several jobs: each only if this user may cancel it (their own; a team admin's team's)."""
+    ids = [int(i) for i in request.POST.getlist("job") if i.isdigit()]
+    done, refused = [], []
+    for job_id in ids:
+        job = job_selectors.job_for_user(user=request.user, job_id=job_id)
+        if job is None or not job_selectors.can_cancel_job(user=request.user, job=job):
+            refused.append(f"{job_id} (not yours to cancel)")
+            continue
+        try:
+            job_cancel(job=job, actor=request.user)
+            done.append(str(job_id))
+        except IllegalTransition:
+            refused.append(f"{job_id} (already {job.state})")
+    if done:
+        messages.success(request, f"Cancelled job{'s' if len(done) > 1 else ''} {', '.join(done)}.")
+    if refused:
+        messages.error(request, f"Not cancelled: {', '.join(refused)}.")
+    back = request.POST.get("next") or "/jobs/"
+    if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):
+        back = "/jobs/"
+    return redirect(back)
+
+
+@login_required
+def job_log_download(request: HttpRequest, job_id: int, stream: str) -> FileResponse:
+    job = _job_or_404(request, job_id)
+    if stream not in joblogs.STREAMS:
+        raise Http404("No such stream.")
+    path = joblogs.log_path(job_id=job.pk, stream=stream)
+    if not path.exists():
+        raise Http404("This job has written nothing there yet.")
+    return FileResponse(open(path, "rb"), as_attachment=True, filename=f"job-{job.pk}-{stream}.log")
+
+
+# --- Submit -------------------------------------------------------------------------------------------------
+
+
+def _form(request: HttpRequest, data=None, initial=None) -> JobForm:
+    return JobForm(
+        data,
+        initial=initial,
+        teams=team_slugs_visible_to(user=request.user),
+        models=[m.name for m in gpu_model_rows()],
+        priorities=list(PriorityClass.objects.order_by("value").values_list("name", flat=True)),
+    )
+
+
+def _parsed(request: HttpRequest, form: JobForm):
+    """The form's spec through the API's parser and team check; refusals land next to their field."""
+    if not form.is_valid():
+        return None, None
+    try:
+        parsed = spec_from_mapping(form.spec_mapping())
+    except ServiceError as exc:
+        form.add_spec_error(exc.field, exc.message)
+        return None, None
+    team = team_by_slug(slug=parsed.team or "")
+    if team is None or parsed.team not in team_slugs_visible_to(user=request.user):
+        form.add_spec_error("team", f"You are not a member of team {parsed.team}.")
+        return None, None
+    return parsed, team
+
+
+@login_required
+def job_new(request: HttpRequest) -> HttpResponse:
+    if request.method == "POST":
+        form = _form(request, request.POST)
+        parsed, team = _parsed(request, form)
+        if parsed is not None:
+            try:
+                job = job_submit(submitter=request.user, team=team, spec=parsed.spec)
+            except ServiceError as exc:
+                if exc.field == "gpu_memory":
+                    try:
+                        spec_check_card_limits(parsed.spec)
+                    except ServiceError as limited:
+                        exc = limited
+                form.add_spec_error(exc.field, exc.message)
+            else:
+                messages.success(request, f"Submitted job {job.pk}: {job.name}.")
+                return redirect("frontend:job", job_id=job.pk)
+        return render(request, "frontend/jobs/new.html", {"form": form}, status=400)
+    initial = None
+    copy = request.GET.get("from")
+    if copy and copy.isdigit():
+        source = _job_or_404(request, int(copy))
+        initial = initial_from_job(source)
+        initial["name"] = f"{source.name} (copy)"[:200]
+    else:
+        teams = team_slugs_visible_to(user=request.user)
+        initial = {"team": teams[0] if teams else "", "command_form": "argv", "kind": "whole", "gpus": "1"}
+    return render(request, "frontend/jobs/new.html", {"form": _form(request, initial=initial)})
+
+
+@login_required
+@require_POST
+def job_new_preview(request: HttpRequest) -> HttpResponse:
+    """As the user edits the form: the spec as YAML and as a `tessera submit` line, and the engine's answer to
+    "when would it start?" on the current snapshot. Nothing is stored, nothing is placed."""
+    form = _form(request, request.POST)
+    parsed, team = _parsed(request, form)
+    context: dict = {"form": form}
+    if parsed is not None:
+        mapping = spec_to_mapping(parsed.spec, team=parsed.team)
+        context["yaml"] = _yaml(mapping)
+        context["cli"] = submit_command_line(mapping)
+        context["whatif"] = job_whatif(user=request.user, team=team, spec=parsed.spec)
+    return render(request, "frontend/jobs/_preview.html", context)
+
+
+def _yaml(mapping: dict) -> str:
+    return yaml.safe_dump(mapping, sort_keys=False, allow_unicode=True, width=100)

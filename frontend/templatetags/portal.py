@@ -1,0 +1,131 @@
+"""Template filters for the portal: requests in words, sizes, durations and times the browser localises."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from django import template
+from django.utils import timezone
+from django.utils.html import format_html
+
+from scheduling.jobs.models import Job
+from scheduling.jobs.selectors import job_request_fields
+from scheduling.jobs.states import TERMINAL_STATES
+
+register = template.Library()
+
+
+def _an(word: str) -> str:
+    return f"an {word}" if word[:1].upper() in "AEIOU" or word[:2].upper() in ("H1", "L4") else f"a {word}"
+
+
+@register.filter
+def gib(mib: int | None) -> str:
+    """MiB as people say it: 10240 -> "10 GiB", 512 -> "512 MiB"."""
+    if mib is None:
+        return ""
+    if mib >= 1024:
+        value = mib / 1024
+        return f"{value:.0f} GiB" if value == int(value) or value >= 100 else f"{value:.1f} GiB"
+    return f"{mib} MiB"
+
+
+def _request_in_words(r: dict) -> str:
+    models = list(r.get("gpu_models") or ())
+    kind = " or ".join(models) if models else "GPU"
+    if r.get("gpus"):
+        words = f"{r['gpus']} x {kind}"
+        if (r.get("nodes") or 1) > 1:
+            words = f"{r['nodes']} nodes x {words}"
+        return words + {"nvlink": " (NVLink)", "numa": " (one NUMA node)"}.get(r.get("topology") or "", "")
+    parts = []
+    if r.get("gpu_memory_mib"):
+        parts.append(gib(r["gpu_memory_mib"]))
+    if r.get("compute_pct"):
+        parts.append(f"{r['compute_pct']}%")
+    return f"{' + '.join(parts)} of {_an(kind)}"
+
+
+@register.filter
+def request_words(job: Job) -> str:
+    """What a job asks for, in words: "2 x H100-80GB", "2 nodes x 8 x A100-80GB (NVLink)",
+    "10 GiB + 25% of an A100-80GB"."""
+    return _request_in_words(job_request_fields(job))
+
+
+@register.filter
+def request_fields_words(fields: dict) -> str:
+    """The same, from a request as the queue and the API give it (`job_request_fields`)."""
+    return _request_in_words(fields)
+
+
+@register.filter
+def duration(seconds: float | int | None) -> str:
+    """A span as people say it: 45 s, 12 min, 3 h 5 min, 2 d 4 h."""
+    if seconds is None:
+        return ""
+    s = max(0, int(seconds))
+    if s < 90:
+        return f"{s} s"
+    if s < 3600:
+        return f"{round(s / 60)} min"
+    if s < 86400:
+        h, m = divmod(round(s / 60), 60)
+        return f"{h} h {m} min" if m else f"{h} h"
+    d, h = divmod(round(s / 3600), 24)
+    return f"{d} d {h} h" if h else f"{d} d"
+
+
+@register.filter
+def since(moment: datetime | None) -> str:
+    """Time from `moment` until now, as `duration` says it."""
+    if moment is None:
+        return ""
+    return duration((timezone.now() - moment).total_seconds())
+
+
+@register.simple_tag
+def moment(value: datetime | None, style: str = "relative") -> str:
+    """A <time> the page's script shows in the browser's timezone (relative or absolute), the absolute time on
+    hover; without script it reads in UTC."""
+    if value is None:
+        return "–"
+    utc = value.astimezone(UTC)
+    return format_html(
+        '<time datetime="{}" data-style="{}" title="{}">{}</time>',
+        utc.isoformat(),
+        style,
+        f"{utc:%Y-%m-%d %H:%M:%S} UTC",
+        f"{utc:%Y-%m-%d %H:%M} UTC",
+    )
+
+
+@register.filter
+def get_item(mapping, key):
+    """`mapping[key]` in a template, None when absent."""
+    return mapping.get(key) if hasattr(mapping, "get") else None
+
+
+@register.filter
+def terminal(job: Job) -> bool:
+    return job.state in TERMINAL_STATES
+
+
+@register.simple_tag(takes_context=True)
+def query(context, **changes) -> str:
+    """This page's query string with `changes` applied (None removes a key); never the partial's `part`."""
+    params = context["request"].GET.copy()
+    params.pop("part", None)
+    for key, value in changes.items():
+        params.pop(key, None)
+        if value not in (None, ""):
+            params[key] = value
+    return "?" + params.urlencode() if params else "?"
+
+
+@register.filter
+def span_to(start: datetime | None, end: datetime | None) -> float | None:
+    """Seconds from `start` to `end`."""
+    if start is None or end is None:
+        return None
+    return (end - start).total_seconds()

@@ -1,0 +1,143 @@
+"""A researcher's day in the browser, live: sign in, submit from the form, watch, read logs, cancel; what other
+teams see; refusals next to their field; the what-if; a dropped socket."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from scheduling.jobs.models import Job
+from tests.pipeline.harness import submit, wait_for, wait_state
+
+pytestmark = pytest.mark.slow
+
+# Slices go to the nodes' MPS L4s (23034 MiB); whole GPUs to their A100s.
+COUNT_TO = "for i in 1 2 3 4 5 6; do echo line $i; sleep 1; done; echo done >&2"
+
+
+def _expect_text(page, selector: str, pattern: str, timeout_s: float = 30) -> None:
+    page.wait_for_function(
+        "([sel, pat]) => { const el = document.querySelector(sel); return el && new RegExp(pat).test(el.textContent); }",
+        arg=[selector, pattern],
+        timeout=timeout_s * 1000 * 3,
+    )
+
+
+def test_alice_submits_a_slice_from_the_form_and_watches_it_run_and_finish_with_its_logs_live(browse):
+    page = browse("alice")
+    page.goto("/jobs/new/")
+    page.fill("#id_name", "count-to-six")
+    page.check("input[name=kind][value=slice]")
+    page.fill("#id_gpu_memory", "4GiB")
+    page.fill("#id_compute_pct", "25")
+    page.check("input[name=command_form][value=shell]")
+    page.fill("#id_command", COUNT_TO)
+    _expect_text(page, "#whatif", "Starts now")
+    browse.shots(page, "form")
+    page.click("#job-form button[type=submit]")
+    page.wait_for_url(re.compile(r".*/jobs/\d+/$"))
+    page.evaluate("window.__noReload = true")
+    _expect_text(page, "#live", "live")
+    _expect_text(page, "#job-state", "Running")
+    _expect_text(page, "#log-text", "line 2")  # while it still runs: the logs arrive live
+    assert "Running" in page.inner_text("#job-state")
+    browse.shots(page, "running")
+    _expect_text(page, "#job-state", "Succeeded", timeout_s=40)
+    _expect_text(page, "#log-text", "line 6")
+    page.click("#tab-stderr")
+    _expect_text(page, "#log-text", "done")
+    assert page.evaluate("window.__noReload") is True, "the page reloaded"
+    assert "Exit code" in page.inner_text("#job-live") and "GPU-hours" in page.inner_text("#job-live")
+    browse.shots(page, "succeeded")
+    assert page.errors == []
+
+
+def test_alice_cancels_a_job_of_hers_from_the_list(browse):
+    long = submit(browse.cluster, name="long-one", command="sleep 300", gpus=1)
+    page = browse("alice")
+    _expect_text(page, f"tr[data-job='{long.pk}']", "Running|Placed|Starting")
+    page.check(f"input[name=job][value='{long.pk}']")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#cancel-selected")
+    _expect_text(page, ".messages", f"Cancelled job {long.pk}")
+    _expect_text(page, f"tr[data-job='{long.pk}']", "Cancelled")
+    browse.shots(page, "cancelled")
+    long.refresh_from_db()
+    assert long.state == "cancelled"
+
+
+def test_bob_gets_404_on_alices_job_and_sees_her_queue_entry_anonymised_as_the_api_shows_it(browse):
+    # Both A100 pairs busy, so alice's next A100 job waits.
+    blocker = submit(browse.cluster, name="blocker", command="sleep 300", gpus=2, nodes=2)
+    wait_state(blocker, "running")
+    waiting = submit(browse.cluster, name="alice-secret-run", command="sleep 1", gpus=1)
+    wait_for(
+        "a pending reason",
+        lambda: waiting.__class__.objects.get(pk=waiting.pk).pending_reason_code not in ("", "queued"),
+        timeout_s=20,
+    )
+    page = browse("bob")
+    response = page.goto(f"/jobs/{waiting.pk}/")
+    assert response.status == 404
+    page.goto("/queue/")
+    rows = page.inner_text("#queue-rows")
+    assert "pipe-lab" in rows and "another team's job" in rows
+    assert "alice-secret-run" not in rows and "alice" not in rows
+    api = page.request.get("/api/v1/queue/").json()["results"]
+    theirs = [e for e in api if e["team"] == "pipe-lab"]
+    assert theirs and all(
+        e["id"] is None and e["name"] is None and e["pending_reason"] is None for e in theirs
+    )
+    browse.shots(page, "queue-as-bob")
+    mine = browse("alice")
+    mine.goto("/queue/")
+    assert "alice-secret-run" in mine.inner_text("#queue-rows")
+
+
+def test_a_bad_value_is_shown_next_to_its_field_and_nothing_is_stored(browse):
+    before = Job.objects.count()
+    page = browse("alice")
+    page.goto("/jobs/new/")
+    page.fill("#id_name", "bad-memory")
+    page.check("input[name=kind][value=slice]")
+    page.fill("#id_gpu_memory", "lots")
+    page.fill("#id_command", "python train.py")
+    page.click("#job-form button[type=submit]")
+    error = page.locator("#field-gpu_memory .field-error")
+    assert "gpu_memory" in error.inner_text() or "memory" in error.inner_text().lower()
+    assert page.locator("#id_gpu_memory").input_value() == "lots"  # what the user typed is kept
+    browse.shots(page, "refused")
+    assert Job.objects.count() == before
+
+
+def test_the_what_if_answer_changes_when_the_request_changes(browse):
+    page = browse("alice")
+    page.goto("/jobs/new/")
+    page.fill("#id_name", "what-if")
+    page.fill("#id_command", "python train.py")
+    page.fill("#id_gpus", "1")
+    _expect_text(page, "#whatif", "Starts now")
+    page.fill("#id_gpus", "4")
+    _expect_text(page, "#whatif", "Can never run here: 4 GPUs on one node can never be had")
+    browse.shots(page, "never")
+    page.fill("#id_gpus", "2")
+    _expect_text(page, "#whatif", "Starts now")
+    assert "tessera submit" in page.inner_text("#preview-cli") and "gpus: 2" in page.inner_text(
+        "#preview-yaml"
+    )
+
+
+def test_when_the_server_drops_the_socket_the_page_says_reconnecting_then_catches_up(browse):
+    cluster = browse.cluster
+    page = browse("alice")
+    _expect_text(page, "#live", "live")
+    cluster.procs["web"].kill9()
+    _expect_text(page, "#live", "reconnecting")
+    browse.shots(page, "reconnecting")
+    job = submit(cluster, name="while-you-were-away", command="sleep 300", gpus=1)
+    cluster.start_web()
+    _expect_text(page, "#live", "live", timeout_s=40)
+    _expect_text(page, "#job-rows", "while-you-were-away")
+    browse.shots(page, "caught-up")
+    assert job.pk

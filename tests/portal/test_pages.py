@@ -1,0 +1,175 @@
+"""The portal's pages through Django's test client: who sees what, sign-in and its protection, the submit form's
+refusals, and API docs that fetch nothing from outside. The live behaviour is in tests/browser."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.test import Client
+
+from scheduling.jobs import services
+from scheduling.jobs.models import Job
+
+pytestmark = pytest.mark.django_db
+
+
+def _signed_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _submit(user, team, **spec):
+    spec = {"name": "job", "command": "python run.py", "gpus": 1, **spec}
+    return services.job_submit(submitter=user, team=team, spec=services.JobSpec(**spec))
+
+
+def test_signed_out_home_shows_the_cluster_and_a_sign_in_link_and_no_jobs(alice, teams, node):
+    _submit(alice, teams["training"], name="alice-private-name")
+    page = Client().get("/").content.decode()
+    assert "GPUs" in page and "/login/" in page
+    assert "alice-private-name" not in page
+
+
+def test_pages_of_jobs_ask_for_sign_in_with_next(db):
+    response = Client().get("/jobs/")
+    assert response.status_code == 302 and response["Location"] == "/login/?next=/jobs/"
+
+
+def test_signing_in_on_the_portal_form_lands_on_my_jobs_and_honours_next(alice, teams, node):
+    job = _submit(alice, teams["training"])
+    client = Client()
+    response = client.post(
+        "/login/?next=/queue/", {"username": "alice", "password": "alice-pw", "next": "/queue/"}
+    )
+    assert response.status_code == 302 and response["Location"] == "/queue/"
+    assert client.get("/").status_code == 302  # signed in, home is the jobs list
+    assert f"/jobs/{job.pk}/" in client.get("/jobs/").content.decode()
+    assert client.post("/logout/").status_code == 302
+    assert client.get("/jobs/").status_code == 302
+
+
+def test_a_member_signs_in_on_the_portal_though_not_staff(alice):
+    response = Client().post("/login/", {"username": "alice", "password": "alice-pw"})
+    assert response.status_code == 302 and response["Location"] == "/jobs/"
+
+
+def test_repeated_wrong_passwords_lock_the_sign_in_form_with_429(alice, settings):
+    client = Client()
+    for _ in range(settings.AXES_FAILURE_LIMIT - 1):
+        assert client.post("/login/", {"username": "alice", "password": "wrong"}).status_code == 200
+    assert client.post("/login/", {"username": "alice", "password": "wrong"}).status_code == 429
+    locked = client.post("/login/", {"username": "alice", "password": "alice-pw"})  # even the right one
+    assert locked.status_code == 429
+    assert "Too many failed sign-ins" in locked.content.decode()
+
+
+def test_the_api_token_login_gets_the_same_lockout_as_json(alice, settings):
+    client = Client()
+    for _ in range(settings.AXES_FAILURE_LIMIT):
+        client.post(
+            "/api/v1/auth/token/", {"username": "alice", "password": "wrong"}, content_type="application/json"
+        )
+    locked = client.post(
+        "/api/v1/auth/token/", {"username": "alice", "password": "alice-pw"}, content_type="application/json"
+    )
+    assert locked.status_code == 429
+    assert locked.json()["error"]["code"] == "locked_out"
+
+
+def test_another_teams_job_page_is_404_and_its_queue_entry_anonymous(alice, bob, teams, node):
+    job = _submit(alice, teams["training"], name="alice-secret")
+    as_bob = _signed_in(bob)
+    assert as_bob.get(f"/jobs/{job.pk}/").status_code == 404
+    assert as_bob.get(f"/jobs/new/?from={job.pk}").status_code == 404
+    assert as_bob.get(f"/jobs/{job.pk}/logs/stdout/").status_code == 404
+    queue = as_bob.get("/queue/").content.decode()
+    assert "ai-lab/training" in queue and "another team's job" in queue
+    assert "alice-secret" not in queue and f"/jobs/{job.pk}/" not in queue
+    api = as_bob.get("/api/v1/queue/").json()["results"]
+    assert [(e["team"], e["id"], e["name"]) for e in api] == [("ai-lab/training", None, None)]
+
+
+def test_bob_cannot_cancel_alices_job_from_the_portal(alice, bob, teams, node):
+    job = _submit(alice, teams["training"])
+    response = _signed_in(bob).post("/jobs/cancel/", {"job": [job.pk]})
+    assert response.status_code == 302
+    job.refresh_from_db()
+    assert job.state == "pending"
+
+
+def test_alice_cancels_two_of_her_jobs_at_once(alice, teams, node):
+    jobs = [_submit(alice, teams["training"], name=f"j{i}") for i in range(2)]
+    _signed_in(alice).post("/jobs/cancel/", {"job": [j.pk for j in jobs]})
+    assert sorted(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("state", flat=True)) == [
+        "cancelled",
+        "cancelled",
+    ]
+
+
+FORM = {
+    "name": "from-the-form",
+    "team": "ai-lab/training",
+    "kind": "slice",
+    "gpu_memory": "10GiB",
+    "compute_pct": "25",
+    "topology": "none",
+    "nodes": "1",
+    "command_form": "argv",
+    "command": "python train.py --lr 3e-4",
+    "env": "SEED=1\nMODE=fast",
+}
+
+
+def test_the_form_submits_through_the_same_parser_and_service_as_the_api(alice, teams, node):
+    response = _signed_in(alice).post("/jobs/new/", FORM)
+    job = Job.objects.get(name="from-the-form")
+    assert response.status_code == 302 and response["Location"] == f"/jobs/{job.pk}/"
+    assert (job.gpu_memory_mib, job.compute_pct, job.gpus) == (10240, 25, 0)
+    assert job.command == "python train.py --lr 3e-4" and job.env == {"SEED": "1", "MODE": "fast"}
+
+
+@pytest.mark.parametrize(
+    "change, field, message",
+    [
+        ({"gpu_memory": "lots"}, "gpu_memory", "gpu_memory"),
+        ({"gpu_memory": "900GiB"}, "gpu_memory", "largest allowed GPU has"),
+        ({"kind": "whole", "gpus": "16"}, "gpus", "the most on any node is 8"),
+        ({"env": "not a pair"}, "env", "NAME=value"),
+        ({"command": "python 'unclosed"}, "command", "quoting does not close"),
+        ({"team": "ai-lab/inference"}, "team", "not one of the available choices"),
+    ],
+)
+def test_a_refused_value_is_shown_next_to_its_field_and_nothing_is_stored(
+    alice, teams, node, change, field, message
+):
+    response = _signed_in(alice).post("/jobs/new/", {**FORM, **change})
+    page = response.content.decode()
+    assert response.status_code == 400
+    error = re.search(rf'id="error-{field}">([^<]*)<', page)
+    assert error and message in error.group(1).replace("&#x27;", "'"), page[:2000]
+    assert not Job.objects.exists()
+
+
+def test_copy_and_edit_fills_the_form_from_an_earlier_job(alice, teams, node):
+    job = _submit(alice, teams["training"], name="orig", gpus=2, topology="nvlink", max_runtime_s=7200)
+    page = _signed_in(alice).get(f"/jobs/new/?from={job.pk}").content.decode()
+    assert 'value="orig (copy)"' in page and 'value="2"' in page and 'value="7200s"' in page
+    assert '<option value="nvlink" selected>' in page
+
+
+def test_the_preview_answers_with_the_engines_projection_and_stores_nothing(alice, teams, node):
+    client = _signed_in(alice)
+    now = client.post("/jobs/new/preview/", {**FORM, "kind": "whole", "gpus": "1"}).content.decode()
+    assert "Starts now on a100-01" in now and "tessera submit" in now
+    never = client.post("/jobs/new/preview/", {**FORM, "kind": "whole", "gpus": "9"}).content.decode()
+    assert "Can never run here: 9 GPUs on one node can never be had: the most on any node is 8" in never
+    assert not Job.objects.exists()
+
+
+def test_the_api_docs_pages_fetch_nothing_from_outside(alice):
+    client = _signed_in(alice)
+    for path in ("/api/docs/", "/api/redoc/"):
+        page = client.get(path).content.decode()
+        assert re.findall(r'(?:src|href)="(https?:)?//', page) == [], path
