@@ -79,32 +79,52 @@ def whole_gpu_capacity(*, allowed_models: set[int], topology: str, gpus: int) ->
     any one node could ever give it at once (every card idle), and how many nodes hold at least `gpus` of them.
 
     Without a topology need it is a count, in one aggregate query. With one, the engine decides
-    (`engine.capacity.most_whole_gpus`: exact NVLink cliques, NUMA groups) on the nodes as the cycle sees them:
-    first only those holding enough healthy cards; all of them only to name the most when none will do."""
+    (`engine.capacity.most_whole_gpus`: exact NVLink cliques, NUMA groups) on the nodes as the cycle sees them;
+    the answer is kept per process until the inventory changes (its fingerprint, one aggregate query), so a
+    submit to a 1,000-node cluster does not convert it every time."""
     if not allowed_models:
         return 0, 0
     most, nodes_with_enough = _healthy_gpu_counts(allowed_models=allowed_models, gpus=gpus)
     if topology == Topology.NONE:
         return most, nodes_with_enough
-    request = eng.Request(gpus=gpus, topology=eng.TopologyNeed(topology))
-    best = max(
-        (
-            most_whole_gpus(request, node)
-            for node in _engine_nodes(allowed_models=allowed_models, at_least=gpus)
-        ),
-        default=0,
-    )
-    if best < gpus:  # refused: name the most any node gives
+    key = (_inventory_fingerprint(), frozenset(allowed_models), topology)
+    best = _most_by_topology.get(key)
+    if best is None:
+        request = eng.Request(gpus=1, topology=eng.TopologyNeed(topology))
         best = max(
             (most_whole_gpus(request, node) for node in _engine_nodes(allowed_models=allowed_models)),
             default=0,
         )
+        if len(_most_by_topology) >= _MOST_BY_TOPOLOGY_SLOTS:
+            _most_by_topology.clear()
+        _most_by_topology[key] = best
     return best, nodes_with_enough
+
+
+# (inventory fingerprint, allowed GPU model ids, topology) -> the most whole GPUs one node gives.
+_most_by_topology: dict[tuple, int] = {}
+_MOST_BY_TOPOLOGY_SLOTS = 256
+
+
+def _inventory_fingerprint() -> tuple:
+    """What the answers above depend on, summed up in one query: which GPUs exist where (node, NUMA node, model),
+    which have failed, and the NVLink links. Any change to these changes it."""
+    gpu, link = Gpu._meta.db_table, GpuLink._meta.db_table
+    rows = fetch_rows(
+        f"""
+        SELECT (SELECT COUNT(*) FROM {gpu}),
+               (SELECT COALESCE(SUM(id * 7919 + node_id * 104729 + numa_node * 31 + model_id), 0) FROM {gpu}),
+               (SELECT COALESCE(SUM(id), 0) FROM {gpu} WHERE health = %s),
+               (SELECT COUNT(*) FROM {link} WHERE kind = %s),
+               (SELECT COALESCE(SUM(gpu_a_id * 7919 + gpu_b_id), 0) FROM {link} WHERE kind = %s)""",
+        [GpuHealth.FAILED, LinkKind.NVLINK, LinkKind.NVLINK],
+    )
+    return tuple(int(v) for v in rows[0])
 
 
 def _engine_nodes(*, allowed_models: set[int], at_least: int = 1) -> list[eng.Node]:
     """Nodes as the engine sees them, with only their GPUs of the allowed models (healthy or not), limited to
-    nodes with at least `at_least` healthy ones."""
+    nodes with at least `at_least` healthy ones of them."""
     usable = Gpu.objects.filter(model_id__in=allowed_models).exclude(health=GpuHealth.FAILED)
     node_ids = list(
         usable.values("node_id")

@@ -81,6 +81,18 @@
     setTimeout(function () { t.remove(); }, 8000);
   }
 
+  // A job's new state shows at once in its badges (the label is the server's, from data-state-labels); the
+  // parts around it are re-requested as usual.
+  let labels = {};
+  try { labels = JSON.parse(body.dataset.stateLabels || "{}"); } catch (e) { labels = {}; }
+  function showState(jobId, state) {
+    if (!labels[state]) return;
+    document.querySelectorAll("[data-job-state='" + jobId + "']").forEach(function (el) {
+      el.textContent = labels[state];
+      el.className = el.className.replace(/state-\S+/, "state-" + state);
+    });
+  }
+
   // --- the socket --------------------------------------------------------------------------------------
   let socket = null, backoff = 500, pollTimer = null, failures = 0, everOpen = false;
   function setStatus(text, state) {
@@ -100,6 +112,7 @@
     if (msg.type === "job.metrics") { onMetrics(msg); return; }
     if (msg.type === "gpu.metrics") return;
     if (msg.type === "logs.appended") { document.dispatchEvent(new CustomEvent("tessera:logs")); return; }
+    if (msg.type === "job.changed") showState(msg.job_id, msg.state);
     if (msg.type === "job.changed" && me !== null && msg.submitter_id === me && TOAST_STATES[msg.state]) {
       toast("Job " + msg.job_id + " " + TOAST_STATES[msg.state] + (msg.message ? ": " + msg.message : ""), "state-" + msg.state);
     }
