@@ -47,6 +47,9 @@ class JobForm(forms.Form):
         choices=COMMAND_FORMS, initial="argv", widget=forms.RadioSelect, label="Command is"
     )
     command = forms.CharField(widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false"}))
+    workdir = forms.CharField(
+        required=False, label="Working directory", help_text="Absolute path on the node; empty: the agent's"
+    )
     env = forms.CharField(
         required=False,
         label="Environment",
@@ -98,7 +101,7 @@ class JobForm(forms.Form):
             spec["compute_pct"] = d.get("compute_pct") or None
         else:
             spec["gpus"] = d.get("gpus") or None
-        for field in ("min_gpu_memory", "priority", "max_runtime", "cpu", "memory"):
+        for field in ("min_gpu_memory", "priority", "max_runtime", "cpu", "memory", "workdir"):
             if d.get(field):
                 spec[field] = d[field]
         if d.get("gpu_models"):
@@ -130,6 +133,7 @@ def initial_from_job(job: Any) -> dict[str, Any]:
         "command_form": "shell",
         "command": job.command,
         "env": "\n".join(f"{k}={v}" for k, v in (job.env or {}).items()),
+        "workdir": job.workdir,
     }
     if job.max_runtime_s:
         initial["max_runtime"] = f"{job.max_runtime_s}s"

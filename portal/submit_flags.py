@@ -23,6 +23,7 @@ SUBMIT_FLAGS = (
     (("--mem",), "memory", "host memory per node, e.g. 64GiB"),
     (("--priority", "-p"), "priority", "priority class, e.g. training"),
     (("--time", "-t"), "max_runtime", "run-time limit, e.g. 2h, 30m, 1h30m"),
+    (("--chdir", "-D"), "workdir", "absolute directory the job starts in on its node"),
 )
 
 _FLAG_OF = {field: flags[0] for flags, field, _ in SUBMIT_FLAGS}

@@ -56,6 +56,7 @@ def _job_entry(job: Job, slices: list[Slice]) -> dict[str, Any]:
         "attempt": job.attempt,
         "name": job.name,
         "command": job.command,
+        "cwd": job.workdir or None,
         "env": env,
         "gpus": gpus,
         "max_runtime_s": job.max_runtime_s,

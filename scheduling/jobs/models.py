@@ -39,6 +39,11 @@ class Job(models.Model):
     requeue_on_node_loss = models.BooleanField(
         default=True, help_text="Requeue (else fail) when its node is lost."
     )
+    workdir = models.CharField(
+        max_length=4096,
+        blank=True,
+        help_text="Absolute directory it starts in on the node; empty: the agent's.",
+    )
 
     # Where it stands.
     state = models.CharField(max_length=20, choices=JobState.choices, default=JobState.PENDING, db_index=True)

@@ -58,6 +58,7 @@ class JobSpec:
     preemptible: bool | None = None
     max_runtime_s: int | None = None
     requeue_on_node_loss: bool = True
+    workdir: str = ""
 
 
 def _refuse(message: str, field_name: str) -> None:
@@ -231,6 +232,7 @@ def job_submit(*, submitter: AbstractBaseUser, team: Team, spec: JobSpec) -> Job
         preemptible=preemptible,
         max_runtime_s=spec.max_runtime_s,
         requeue_on_node_loss=spec.requeue_on_node_loss,
+        workdir=spec.workdir,
         pending_reason_code="queued",
         pending_reason="Waiting for the next scheduling cycle.",
     )

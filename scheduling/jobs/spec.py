@@ -29,6 +29,7 @@ MAX_HOST_MEMORY_MIB = 64 * 1024 * 1024
 MAX_CPU_MILLI = 4096 * 1000
 MAX_RUNTIME_S = 365 * 24 * 3600
 MAX_SPEC_BYTES = 256 * 1024
+MAX_WORKDIR_CHARS = 4096
 MAX_GPU_MODELS = 32
 MAX_SPEC_INT = 2**63 - 1  # the database's bigint
 
@@ -52,6 +53,7 @@ SPEC_FIELDS = (
     "preemptible",
     "max_runtime",
     "requeue_on_node_loss",
+    "workdir",
 )
 ALIASES = {
     "gpu_memory_mib": "gpu_memory",
@@ -60,6 +62,7 @@ ALIASES = {
     "cpu_milli": "cpu",
     "max_runtime_s": "max_runtime",
     "gpu_model": "gpu_models",
+    "cwd": "workdir",
 }
 
 _BYTES_PER_UNIT = {
@@ -248,6 +251,16 @@ def _command(value: Any) -> str:
     return _str("command", value, high=MAX_COMMAND_CHARS)
 
 
+def _workdir(value: Any) -> str:
+    """An absolute path on the node (the job starts there; it is not created for it)."""
+    path = _str("workdir", value, high=MAX_WORKDIR_CHARS).strip()
+    if not path.startswith("/"):
+        raise SpecError(
+            f"workdir must be an absolute path on the node, e.g. /data/run1 (got {path!r}).", field="workdir"
+        )
+    return path
+
+
 def _env(value: Any) -> dict[str, str]:
     if value is None:
         return {}
@@ -394,6 +407,8 @@ def spec_from_mapping(data: Any) -> ParsedSpec:
         kwargs["max_runtime_s"] = parse_duration_s(fields["max_runtime"])
     if fields.get("requeue_on_node_loss") is not None:
         kwargs["requeue_on_node_loss"] = _bool("requeue_on_node_loss", fields["requeue_on_node_loss"])
+    if fields.get("workdir") not in (None, ""):
+        kwargs["workdir"] = _workdir(fields["workdir"])
     if not kwargs.get("gpus") and not kwargs.get("gpu_memory_mib") and not kwargs.get("compute_pct"):
         raise SpecError(
             "Ask for GPUs: set gpus (whole cards) or gpu_memory and/or compute_pct (a slice of one card).",
@@ -466,6 +481,8 @@ def spec_to_mapping(spec: JobSpec, *, team: str | None = None) -> dict[str, Any]
         out["max_runtime"] = format_duration(spec.max_runtime_s)
     if not spec.requeue_on_node_loss:
         out["requeue_on_node_loss"] = False
+    if spec.workdir:
+        out["workdir"] = spec.workdir
     return out
 
 

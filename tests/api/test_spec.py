@@ -186,3 +186,13 @@ def test_it_refuses_huge_integers_and_negative_zero_naming_the_field(extra, fiel
         spec_from_mapping({"name": "a", "command": "b", "gpus": 1, **extra})
     assert caught.value.field == field
     assert len(str(caught.value)) < 300
+
+
+def test_a_working_directory_must_be_an_absolute_path():
+    from scheduling.jobs.spec import spec_to_mapping
+
+    spec = spec_from_mapping({"name": "a", "command": "b", "gpus": 1, "cwd": "/data/run1"}).spec
+    assert spec.workdir == "/data/run1" and spec_to_mapping(spec)["workdir"] == "/data/run1"
+    with pytest.raises(SpecError, match="workdir must be an absolute path") as refused:
+        spec_from_mapping({"name": "a", "command": "b", "gpus": 1, "workdir": "data/run1"})
+    assert refused.value.field == "workdir"

@@ -266,3 +266,11 @@ def test_fair_share_charges_a_memory_only_slice_its_memory_share_in_python_and_s
     assert in_python["ai-lab/inference"] == pytest.approx(250 * 3600, rel=0.01)
     for team, value in in_python.items():
         assert in_sql[team] == pytest.approx(value, rel=1e-9)
+
+
+def test_a_jobs_working_directory_reaches_its_nodes_desired_state(node, alice, teams):
+    job = submit(alice, teams["training"], gpus=1, workdir="/data/run1")
+    runner.cycle_run_once()
+    state, _ = desired_state_for_node(node=node)
+    (entry,) = [e for e in state.jobs if e["job_id"] == str(job.pk)]
+    assert entry["cwd"] == "/data/run1"

@@ -119,6 +119,7 @@ FORM = {
     "command_form": "argv",
     "command": "python train.py --lr 3e-4",
     "env": "SEED=1\nMODE=fast",
+    "workdir": "/data/runs/lr",
 }
 
 
@@ -128,6 +129,7 @@ def test_the_form_submits_through_the_same_parser_and_service_as_the_api(alice, 
     assert response.status_code == 302 and response["Location"] == f"/jobs/{job.pk}/"
     assert (job.gpu_memory_mib, job.compute_pct, job.gpus) == (10240, 25, 0)
     assert job.command == "python train.py --lr 3e-4" and job.env == {"SEED": "1", "MODE": "fast"}
+    assert job.workdir == "/data/runs/lr"
 
 
 @pytest.mark.parametrize(

@@ -115,6 +115,7 @@ class JobSliceSerializer(serializers.Serializer):
 class JobDetailSerializer(JobSerializer):
     env = serializers.DictField(child=serializers.CharField(), read_only=True)
     requeue_on_node_loss = serializers.BooleanField(read_only=True)
+    workdir = serializers.CharField(read_only=True)
     slices = JobSliceSerializer(many=True, read_only=True)
     spec = serializers.SerializerMethodField(help_text="The job as a spec, for 'copy & edit'.")
     can_cancel = serializers.SerializerMethodField()
@@ -139,6 +140,7 @@ class JobDetailSerializer(JobSerializer):
             preemptible=job.preemptible,
             max_runtime_s=job.max_runtime_s,
             requeue_on_node_loss=job.requeue_on_node_loss,
+            workdir=job.workdir,
         )
         return spec_to_mapping(spec, team=job.team.slug)
 
@@ -170,6 +172,9 @@ class JobSubmitSerializer(serializers.Serializer):
     preemptible = serializers.BooleanField(required=False)
     max_runtime = serializers.CharField(required=False, help_text="e.g. '2h', '30m', '90s', '1h30m'.")
     requeue_on_node_loss = serializers.BooleanField(required=False)
+    workdir = serializers.CharField(
+        required=False, help_text="Absolute directory the job starts in on its node (default: the agent's)."
+    )
 
 
 class JobEventSerializer(serializers.ModelSerializer):
