@@ -10,6 +10,7 @@ class PortalConfig(AppConfig):
     verbose_name = "Portal"
 
     def ready(self) -> None:
+        from portal import checks  # noqa: F401  (registers the deploy checks)
         from portal.celery import app
 
         app.autodiscover_tasks(force=True)
