@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from portal.client_address import client_address
 from scheduling.errors import ServiceError
 from scheduling.jobs.states import IllegalTransition
 
@@ -151,7 +152,15 @@ class BoundedPagination(PageNumberPagination):
         return size
 
 
-class SubmitRateThrottle(UserRateThrottle):
+class ClientAddressThrottleMixin:
+    """Throttles keyed by address use portal.client_address (trusted proxies only), never DRF's own reading of
+    X-Forwarded-For, which believes any client."""
+
+    def get_ident(self, request: Any) -> str:
+        return client_address(request)
+
+
+class SubmitRateThrottle(ClientAddressThrottleMixin, UserRateThrottle):
     """Per-user submit rate (settings REST_FRAMEWORK.DEFAULT_THROTTLE_RATES['submit']).
 
     A convenience against runaway scripts, not a security control: the counters are not atomic.

@@ -161,6 +161,10 @@ AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "frontend.auth.lockout_response"
 AXES_VERBOSE = False
+AXES_CLIENT_IP_CALLABLE = "portal.client_address.client_address"
+# Addresses (or networks) of the reverse proxies in front of the portal. Only their X-Forwarded-For is believed
+# (portal/client_address.py); empty: no proxy, REMOTE_ADDR is the client.
+TRUSTED_PROXIES = env.list("TRUSTED_PROXIES", default=[])
 
 REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal.api_support import ApiError
+from portal.api_support import ApiError, ClientAddressThrottleMixin
 from quotas.api.authentication import BearerTokenAuthentication
 from quotas.api.serializers import (
     ApiTokenCreatedSerializer,
@@ -179,7 +179,7 @@ class WhoamiView(APIView):
         return Response(WhoamiSerializer(data).data)
 
 
-class LoginRateThrottle(throttling.SimpleRateThrottle):
+class LoginRateThrottle(ClientAddressThrottleMixin, throttling.SimpleRateThrottle):
     """Password guesses per client address (REST_FRAMEWORK.DEFAULT_THROTTLE_RATES['login'], else 20/min)."""
 
     scope = "login"
