@@ -242,7 +242,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 # The token was rotated (or the node removed) since this connection opened: it speaks for no one.
                 await self.refuse(CLOSE_UNAUTHENTICATED)
                 return
-            outcome = await handler(payload)
+            if kind == "event":  # recorded once per message id, however often it arrives
+                outcome = await handler(payload, message_id=str(msg["id"]))
+            else:
+                outcome = await handler(payload)
         except (OperationalError, InterfaceError) as exc:
             # Not a refusal: the report may be fine and the database failing for now (a deadlock it broke, a
             # lost connection). The agent keeps it and sends it again, so a job's start or end is not dropped.
@@ -317,8 +320,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self._pull_logs()
         return outcome
 
-    async def on_event(self, payload: dict) -> agent_services.Outcome:
-        return await db(agent_services.node_event)(node_id=self.node_id, payload=payload)
+    async def on_event(self, payload: dict, message_id: str = "") -> agent_services.Outcome:
+        return await db(agent_services.node_event)(
+            node_id=self.node_id, payload=payload, message_id=message_id
+        )
 
     async def on_metrics(self, payload: dict) -> None:
         now = time.monotonic()

@@ -335,9 +335,11 @@ def _event_data(payload: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def node_event(*, node_id: int, payload: dict[str, Any]) -> Outcome:
+def node_event(*, node_id: int, payload: dict[str, Any], message_id: str = "") -> Outcome:
     """Agent events: prevented neighbour interference (memory watchdog), GPU health changes, MPS trouble.
-    An event about a job is refused unless the job's current attempt is placed on this node."""
+    An event about a job is refused unless the job's current attempt is placed on this node and still active;
+    the same message (its `message_id`, sent again after a reconnect or on several connections) is recorded
+    once: a repeat is a no-op."""
     kind = str(payload.get("kind") or "")[:_EVENT_TEXT_CHARS]
     data = _event_data(payload)
     with transaction.atomic():
@@ -347,11 +349,19 @@ def node_event(*, node_id: int, payload: dict[str, Any]) -> Outcome:
                 job_id, attempt = int(payload["job_id"]), int(payload["attempt"])
             except (KeyError, TypeError, ValueError):
                 return Outcome(False, "an interference event needs job_id and attempt")
-            job = Job.objects.filter(pk=job_id).first()
+            # Locked, so the same message arriving on two connections at once is looked up one after the other.
+            job = Job.objects.select_for_update().filter(pk=job_id).first()
             if job is None or attempt != job.attempt or not _placed_here(job, node):
                 return Outcome(
                     False, f"stale event: job {job_id} attempt {attempt} is not placed on {node.name}"
                 )
+            if job.state not in ACTIVE_STATES:
+                return Outcome(False, f"job {job_id} has ended ({job.state}): no more events about it")
+            if (
+                message_id
+                and JobEvent.objects.filter(job=job, code=kind, data__message_id=message_id).exists()
+            ):
+                return Outcome(True)  # already recorded: a repeat
             JobEvent.objects.create(
                 job=job,
                 from_state=job.state,
@@ -362,7 +372,7 @@ def node_event(*, node_id: int, payload: dict[str, Any]) -> Outcome:
                     f"Used {data.get('used_mib')} MiB on {node.name} against a {data.get('limit_mib')} MiB "
                     "slice: stopped before it could push its neighbours out of memory."
                 ),
-                data={**data, "node": node.name, "attempt": attempt},
+                data={**data, "node": node.name, "attempt": attempt, "message_id": message_id[:64]},
             )
             return Outcome(True, changed=True)
         if kind == "gpu_health":

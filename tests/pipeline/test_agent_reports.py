@@ -158,3 +158,32 @@ def test_a_heartbeat_moves_nothing_it_does_not_run_here(node, placed, a100):
     assert node_heartbeat(node_id=node.pk, running="not a list") == []
     placed.refresh_from_db()
     assert placed.state == JobState.PLACED
+
+
+def _interference(job) -> dict:
+    return {
+        "kind": "prevented_neighbour_interference",
+        "job_id": str(job.pk),
+        "attempt": job.attempt,
+        "gpu_uuid": "GPU-test-0",
+        "used_mib": 6144,
+        "limit_mib": 4096,
+    }
+
+
+def test_an_event_sent_again_with_the_same_message_id_is_recorded_once(node, running):
+    for _ in range(3):  # a reconnect, or the same message on several connections
+        assert node_event(node_id=node.pk, payload=_interference(running), message_id="m-17").ok
+    assert running.events.filter(code="prevented_neighbour_interference").count() == 1
+    assert node_event(node_id=node.pk, payload=_interference(running), message_id="m-18").ok
+    assert running.events.filter(code="prevented_neighbour_interference").count() == 2
+
+
+def test_an_event_about_a_job_that_has_ended_is_refused(node, running, alice):
+    from scheduling.jobs.services import job_cancel
+
+    job_cancel(job=running, actor=alice)
+    before = running.events.count()
+    outcome = node_event(node_id=node.pk, payload=_interference(running), message_id="m-19")
+    assert not outcome.ok
+    assert running.events.count() == before
