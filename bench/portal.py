@@ -409,6 +409,9 @@ def main(argv: list[str] | None = None) -> int:
         "LOG_LEVEL": "WARNING",
         "DEBUG": "false",
         "AXES_ENABLED": "false",
+        # One user with a hundred pages open: far above the per-user and per-session socket caps.
+        "TESSERA_MAX_SOCKETS_PER_USER": "10000",
+        "TESSERA_MAX_SOCKETS_PER_SESSION": "10000",
     }
     os.environ.update(env)
     ensure_database(args.database_url)

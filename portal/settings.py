@@ -190,6 +190,9 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_NAME_OVERRIDES": {"JobStateEnum": "scheduling.choices.JobState"},
 }
+# Browser websockets open at once (scheduling/realtime/sockets.py): per user, and per signed-in session.
+TESSERA_MAX_SOCKETS_PER_USER = env.int("TESSERA_MAX_SOCKETS_PER_USER", default=64)
+TESSERA_MAX_SOCKETS_PER_SESSION = env.int("TESSERA_MAX_SOCKETS_PER_SESSION", default=32)
 # Job logs shipped by agents (scheduling.joblogs).
 TESSERA_LOG_DIR = env.str("TESSERA_LOG_DIR", default=str(VAR_DIR / "logs"))
 

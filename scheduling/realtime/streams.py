@@ -8,24 +8,37 @@ Origins are refused) and AuthMiddlewareStack (the session cookie); agents have t
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
+from asgiref.sync import sync_to_async
 from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from channels.security.websocket import AllowedHostsOriginValidator
+from channels.security.websocket import AllowedHostsOriginValidator, WebsocketDenier
+from django.conf import settings
 from django.urls import path
 
 from quotas.models import Team
 from quotas.selectors import team_ids_for_user
 from scheduling.jobs.selectors import job_in_teams, job_team_id
-from scheduling.realtime import groups
+from scheduling.realtime import groups, sockets
+
+log = logging.getLogger(__name__)
 
 # Membership is re-read at most this often per socket: revoking access takes effect within it.
 AUTHZ_TTL_S = 5.0
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
+CLOSE_UNSUPPORTED = 1003  # a binary frame: streams speak JSON text
+CLOSE_INVALID = 1007  # text that is not JSON (or nests too deep to read)
+CLOSE_TOO_BIG = 1009
+CLOSE_TOO_MANY = 4429  # the user (or session) has as many sockets open as it may
+# What a browser sends is a ping: a small object. Anything larger is refused before it is parsed.
+MAX_FRAME_CHARS = 4096
 
 
 class _StreamConsumer(AsyncJsonWebsocketConsumer):
@@ -40,6 +53,18 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):
         self._team_ids_at = 0.0
         if self.user is None or not self.user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        session = self.scope.get("session")
+        self._socket_key = sockets.SocketKey(
+            user_id=self.user.pk,
+            session_key=getattr(session, "session_key", None) or "",
+            channel=self.channel_name,
+        )
+        refused = await sync_to_async(sockets.socket_open, thread_sensitive=False)(self._socket_key)
+        if refused:
+            self._socket_key = None
+            log.warning("stream %s: refused a socket of user %s: %s", self.stream_name, self.user.pk, refused)
+            await self.close(code=CLOSE_TOO_MANY)
             return
         groups = await self.groups_for_user()
         if groups is None:
@@ -67,6 +92,36 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         for group in getattr(self, "groups_joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
+        if getattr(self, "_socket_key", None) is not None:
+            await sync_to_async(sockets.socket_closed, thread_sensitive=False)(self._socket_key)
+            self._socket_key = None
+
+    async def receive(
+        self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
+    ) -> None:
+        """A frame from the browser: a small JSON text, else the socket is closed with the WebSocket code that
+        says why (and one log line), never a server error."""
+        if bytes_data is not None:
+            await self._refuse_frame(CLOSE_UNSUPPORTED, "a binary frame")
+            return
+        if text_data is None or len(text_data) > MAX_FRAME_CHARS:
+            await self._refuse_frame(CLOSE_TOO_BIG, f"a frame over {MAX_FRAME_CHARS} characters")
+            return
+        try:
+            content = json.loads(text_data)
+        except (ValueError, RecursionError):
+            await self._refuse_frame(CLOSE_INVALID, "a frame that is not JSON")
+            return
+        await self.receive_json(content)
+
+    async def _refuse_frame(self, code: int, what: str) -> None:
+        log.info(
+            "stream %s: closed a socket of user %s on %s",
+            self.stream_name,
+            getattr(self.user, "pk", None),
+            what,
+        )
+        await self.close(code=code)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         # Clients only ping; any other message is checked against the user's current access first.
@@ -215,8 +270,41 @@ def _metrics_event(event: dict[str, Any]) -> dict[str, Any]:
     return {"type": "job.metrics", **{k: event.get(k) for k in ("job_id", "node", "at", "gpus")}}
 
 
+class SameOriginValidator:
+    """Refuses a browser socket unless its Origin is this site exactly, scheme, host and port (or one of
+    CSRF_TRUSTED_ORIGINS): another page on the same host name, another port, or plain http for an https site
+    may not open one with the user's cookies."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> Any:
+        if scope["type"] == "websocket" and not origin_allowed(scope):
+            return await WebsocketDenier()(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+def _header(scope: dict, name: bytes) -> str:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return value.decode("latin-1")
+    return ""
+
+
+def origin_allowed(scope: dict) -> bool:
+    origin = _header(scope, b"origin").strip().rstrip("/")
+    host = _header(scope, b"host").strip()
+    if not origin or not host:
+        return False
+    if origin in {o.rstrip("/") for o in settings.CSRF_TRUSTED_ORIGINS}:
+        return True
+    secure = scope.get("scheme") == "wss" or bool(settings.SECURE_PROXY_SSL_HEADER)
+    parts = urlsplit(origin)
+    return (parts.scheme, parts.netloc.lower()) == ("https" if secure else "http", host.lower())
+
+
 def _browser(consumer: type[_StreamConsumer]) -> Any:
-    return AllowedHostsOriginValidator(AuthMiddlewareStack(consumer.as_asgi()))
+    return SameOriginValidator(AllowedHostsOriginValidator(AuthMiddlewareStack(consumer.as_asgi())))
 
 
 websocket_urlpatterns = [
