@@ -86,6 +86,18 @@ DATABASES = {
     ),
 }
 DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=0))
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # The embedded demo serves many requests, the scheduling loop and the agents' reports from threads of one
+    # process: write-ahead logging lets readers go on during a write, writers take the lock when their
+    # transaction begins (no upgrade that could fail) and wait for each other up to 20 s rather than failing
+    # with "database is locked".
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "timeout": 20,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=20000;",
+        }
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USING_POSTGRES = DATABASES["default"]["ENGINE"].endswith("postgresql")
 
