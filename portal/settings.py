@@ -188,6 +188,11 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "portal.api_support.BoundedPagination",
+    "DEFAULT_PARSER_CLASSES": [
+        "portal.parsers.SafeJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "EXCEPTION_HANDLER": "portal.api_support.exception_handler",
     "DEFAULT_THROTTLE_RATES": {"submit": env.str("TESSERA_API_SUBMIT_RATE", default="120/min")},
 }

@@ -6,7 +6,6 @@ job is `services.job_spec_validate`'s call.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import shlex
@@ -14,10 +13,8 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-import yaml
-
 from scheduling.choices import Topology
-from scheduling.errors import ServiceError
+from scheduling.jobs.documents import SpecError, check_shape, load_document
 from scheduling.jobs.services import MAX_GANG_NODES, MAX_GPUS_PER_JOB_NODE, JobSpec
 
 MAX_NAME_CHARS = 200
@@ -28,7 +25,6 @@ MAX_GPU_MEMORY_MIB = 16 * 1024 * 1024  # 16 TiB: far above any card, keeps integ
 MAX_HOST_MEMORY_MIB = 64 * 1024 * 1024
 MAX_CPU_MILLI = 4096 * 1000
 MAX_RUNTIME_S = 365 * 24 * 3600
-MAX_SPEC_BYTES = 256 * 1024
 MAX_WORKDIR_CHARS = 4096
 MAX_GPU_MODELS = 32
 MAX_SPEC_INT = 2**63 - 1  # the database's bigint
@@ -89,14 +85,6 @@ _SECONDS_PER_UNIT = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400
 _QUANTITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|min|m|sec|s)", re.IGNORECASE)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class SpecError(ServiceError):
-    """A spec refused before it reaches the services; `limit` is the bound it broke, when there is one."""
-
-    def __init__(self, message: str, *, field: str, limit: Any = None, code: str = "invalid"):
-        super().__init__(message, field=field, code=code)
-        self.limit = limit
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -236,6 +224,12 @@ def _str(field: str, value: Any, *, high: int) -> str:
     text = str(value)
     if "\x00" in text:
         raise SpecError(f"{field} must not contain NUL characters.", field=field)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (a "\ud800" escape): no text can be stored or run with it
+        raise SpecError(
+            f"{field} is not valid text (it holds a lone surrogate character).", field=field
+        ) from None
     if len(text) > high:
         raise SpecError(
             f"{field} must be at most {high} characters (got {len(text)}).", field=field, limit=high
@@ -336,6 +330,7 @@ def _refuse_odd_numbers(field: str, value: Any) -> None:
 
 def spec_from_mapping(data: Any) -> ParsedSpec:
     """Turn a decoded spec (a dict from YAML or JSON) into a JobSpec, refusing unknown keys and bad values."""
+    check_shape(data)
     if not isinstance(data, dict):
         raise SpecError("A job spec must be a mapping of fields (name, command, gpus, ...).", field="spec")
     fields: dict[str, Any] = {}
@@ -421,30 +416,8 @@ def spec_from_mapping(data: Any) -> ParsedSpec:
 
 
 def spec_from_text(text: str | bytes) -> ParsedSpec:
-    """Parse a YAML or JSON document (JSON is YAML) into a spec."""
-    if isinstance(text, bytes):
-        if len(text) > MAX_SPEC_BYTES:
-            raise SpecError(
-                f"A spec must be at most {MAX_SPEC_BYTES} bytes.", field="spec", limit=MAX_SPEC_BYTES
-            )
-        text = text.decode("utf-8", errors="replace")
-    if len(text) > MAX_SPEC_BYTES:
-        raise SpecError(f"A spec must be at most {MAX_SPEC_BYTES} bytes.", field="spec", limit=MAX_SPEC_BYTES)
-    try:
-        if text.lstrip().startswith("{"):
-            data = json.loads(text, parse_constant=_refuse_json_constant)
-        else:
-            data = yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise SpecError(f"The spec is not valid YAML or JSON: {exc}", field="spec") from None
-    except ValueError as exc:  # an integer of more than 4300 digits, or NaN / Infinity in JSON
-        raise SpecError(f"The spec holds a number that is out of range: {exc}", field="spec") from None
-    return spec_from_mapping(data)
-
-
-def _refuse_json_constant(name: str) -> Any:
-    """json.loads accepts NaN, Infinity and -Infinity, which are not JSON: refuse them."""
-    raise ValueError(f"{name} is not a number a spec may hold")
+    """Parse a YAML or JSON document (JSON is YAML) into a spec; `documents.load_document` bounds it first."""
+    return spec_from_mapping(load_document(text))
 
 
 def spec_to_mapping(spec: JobSpec, *, team: str | None = None) -> dict[str, Any]:

@@ -85,7 +85,13 @@ def test_a_ping_is_still_answered(alice, node):
 
 @pytest.mark.parametrize(
     "origin",
-    ["http://testserver:9999", "https://testserver", "http://evil.example", "null", "http://testserver.evil.example"],
+    [
+        "http://testserver:9999",
+        "https://testserver",
+        "http://evil.example",
+        "null",
+        "http://testserver.evil.example",
+    ],
 )
 def test_a_socket_from_another_origin_is_refused_scheme_host_and_port(alice, node, origin):
     headers = _headers(_session(alice), origin=origin)

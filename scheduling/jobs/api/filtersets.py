@@ -42,7 +42,12 @@ class JobFilterSet(django_filters.FilterSet):
     team = django_filters.CharFilter(field_name="team__slug", help_text="Team slug.")
     user = django_filters.CharFilter(field_name="submitter__username", help_text="Submitter's username.")
     priority = django_filters.CharFilter(field_name="priority_class__name", help_text="Priority class name.")
-    mine = django_filters.BooleanFilter(method="filter_mine", help_text="Only jobs you submitted.")
+    mine = django_filters.TypedChoiceFilter(
+        method="filter_mine",
+        choices=[(v, v) for v in ("true", "false", "1", "0")],
+        coerce=lambda v: v in ("true", "1"),
+        help_text="true: only jobs you submitted; false: only others'. Anything else is refused (400).",
+    )
     submitted_after = BoundedIsoDateTimeFilter(
         param="submitted_after", field_name="submitted_at", lookup_expr="gte"
     )

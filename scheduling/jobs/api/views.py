@@ -18,13 +18,14 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.parsers import BaseParser
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal.api_support import ApiError, CsvRenderer, SubmitRateThrottle
+from portal.parsers import SafeJSONParser
 from quotas.models import Team
 from quotas.selectors import idempotency_record_for, team_by_slug, team_slugs_for_user
 from quotas.services import idempotency_record_create
@@ -33,6 +34,7 @@ from scheduling.errors import ServiceError
 from scheduling.jobs.api import serializers as s
 from scheduling.jobs.api.filtersets import EARLIEST, LATEST, JobFilterSet, QueueFilterSet
 from scheduling.jobs.chargeback import GROUPS, MAX_WINDOW, usage_rows
+from scheduling.jobs.documents import MAX_DEPTH, MAX_SPEC_BYTES, MAX_VALUES
 from scheduling.jobs.models import Job, Slice
 from scheduling.jobs.selectors import can_cancel_job, jobs_visible_to, queue, queue_entries
 from scheduling.jobs.services import job_cancel, job_submit
@@ -48,13 +50,21 @@ USAGE_MEASURES = ("gpu_hours", "gpu_memory_gib_hours", "jobs")  # after the grou
 MAX_LOG_TAIL_LINES = 10_000
 
 
+class SpecJSONParser(SafeJSONParser):
+    """A job spec posted as JSON: the spec's own bounds (scheduling.jobs.documents) apply before it is decoded."""
+
+    max_depth = MAX_DEPTH
+    max_values = MAX_VALUES
+
+
 class YamlParser(BaseParser):
     """Job specs posted as YAML (`Content-Type: application/yaml`); parsed by scheduling.jobs.spec."""
 
     media_type = "application/yaml"
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        return {"__yaml__": stream.read()}
+        # One byte past the limit is enough for the spec reader to refuse it; the rest is never read.
+        return {"__yaml__": stream.read(MAX_SPEC_BYTES + 1) if stream is not None else b""}
 
 
 def _resolve_team(*, user: Any, slug: str | None) -> Team:
@@ -79,7 +89,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     """Submit jobs from a spec, list and filter them, see one in detail, cancel, read its events and logs."""
 
     filterset_class = JobFilterSet
-    parser_classes = [JSONParser, YamlParser]
+    parser_classes = [SpecJSONParser, YamlParser]
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation has no user
