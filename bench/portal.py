@@ -235,7 +235,7 @@ def server_times(people: dict, requests: int) -> dict:
         "job_page": summary_ms(time_requests(client, "GET", f"/jobs/{job.pk}/", requests)),
         "job_live_partial": summary_ms(time_requests(client, "GET", f"/jobs/{job.pk}/?part=live", requests)),
     }
-    whatif._cached = None
+    whatif._cached = None  # cold: the first answer reads the snapshot
     out["whatif_cold"] = summary_ms(time_requests(client, "POST", "/jobs/new/preview/", 1, WHATIF_FORM))
     whatif.SNAPSHOT_TTL_S = 3600.0  # steady state: the snapshot is cached, each answer is one engine cycle
     out["whatif"] = summary_ms(

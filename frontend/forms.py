@@ -11,6 +11,9 @@ from typing import Any
 
 from django import forms
 
+from scheduling.jobs.spec import format_duration, format_mib
+
+_SHELL_OPERATORS = frozenset({"|", "||", "&&", ";", ">", ">>", "<", "&", "2>", "2>&1"})
 KINDS = (("whole", "Whole GPUs"), ("slice", "A slice of one GPU (memory and/or compute share)"))
 COMMAND_FORMS = (
     ("argv", "Program and arguments (quoted as in a shell, no pipes)"),
@@ -82,6 +85,13 @@ class JobForm(forms.Form):
             except ValueError as exc:
                 self.add_error("command", f"The quoting does not close ({exc}); or choose a shell line.")
             else:
+                operators = sorted({w for w in words if w in _SHELL_OPERATORS})
+                if operators:
+                    self.add_error(
+                        "command",
+                        f"{' '.join(operators)} would reach the program as plain arguments: choose "
+                        '"A shell line" to run it through /bin/sh.',
+                    )
                 data["command_words"] = words
         return data
 
@@ -114,27 +124,37 @@ class JobForm(forms.Form):
         self.add_error(target, message)
 
 
+def _command_form(command: str) -> str:
+    """argv when the stored line reads back as plain words, else a shell line."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return "shell"
+    plain = shlex.join(words) == command and not any(w in _SHELL_OPERATORS for w in words)
+    return "argv" if plain else "shell"
+
+
 def initial_from_job(job: Any) -> dict[str, Any]:
-    """Form values that submit the same job again ("copy & edit")."""
+    """Form values that submit the same job again ("copy & edit"), in the units people write."""
     initial: dict[str, Any] = {
         "name": job.name,
         "team": job.team.slug,
         "kind": "whole" if job.gpus else "slice",
         "gpus": str(job.gpus or 1),
-        "gpu_memory": f"{job.gpu_memory_mib}MiB" if job.gpu_memory_mib else "",
+        "gpu_memory": format_mib(job.gpu_memory_mib) if job.gpu_memory_mib else "",
         "compute_pct": str(job.compute_pct) if job.compute_pct else "",
         "gpu_models": list(job.gpu_models or ()),
-        "min_gpu_memory": f"{job.min_gpu_memory_mib}MiB" if job.min_gpu_memory_mib else "",
+        "min_gpu_memory": format_mib(job.min_gpu_memory_mib) if job.min_gpu_memory_mib else "",
         "topology": job.topology,
         "nodes": str(job.nodes),
         "priority": job.priority_class.name,
-        "cpu": f"{job.cpu_milli}m",
-        "memory": f"{job.memory_mib}MiB",
-        "command_form": "shell",
+        "cpu": f"{job.cpu_milli}m" if job.cpu_milli % 1000 else str(job.cpu_milli // 1000),
+        "memory": format_mib(job.memory_mib),
+        "command_form": _command_form(job.command),
         "command": job.command,
         "env": "\n".join(f"{k}={v}" for k, v in (job.env or {}).items()),
         "workdir": job.workdir,
     }
     if job.max_runtime_s:
-        initial["max_runtime"] = f"{job.max_runtime_s}s"
+        initial["max_runtime"] = format_duration(job.max_runtime_s)
     return initial

@@ -187,7 +187,7 @@ def _form(request: HttpRequest, data=None, initial=None) -> JobForm:
         data,
         initial=initial,
         teams=team_slugs_visible_to(user=request.user),
-        models=[m.name for m in gpu_model_rows()],
+        models=[m.name for m in gpu_model_rows(installed_only=True)],
         priorities=list(PriorityClass.objects.order_by("value").values_list("name", flat=True)),
     )
 

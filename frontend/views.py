@@ -45,7 +45,13 @@ class SignInView(auth_views.LoginView):
 
 
 class SignOutView(auth_views.LogoutView):
+    """POST signs out (back to /); GET asks first, so a link or a prefetch cannot sign anyone out."""
+
     next_page = "/"
+    http_method_names = ["get", "post", "options"]
+
+    def get(self, request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        return render(request, "frontend/logout.html")
 
 
 class PasswordChangeView(auth_views.PasswordChangeView):
@@ -70,7 +76,7 @@ def queue(request: HttpRequest) -> HttpResponse:
         "team": team,
         "model": model,
         "teams": team_slugs_visible_to(user=request.user, all_teams=True),
-        "models": [m.name for m in inventory_selectors.gpu_model_rows()],
+        "models": [m.name for m in inventory_selectors.gpu_model_rows(installed_only=True)],
     }
     template = (
         "frontend/queue/_rows.html" if request.GET.get("part") == "rows" else "frontend/queue/list.html"

@@ -47,7 +47,9 @@ def idempotency_record_for(*, user: AbstractBaseUser, key: str) -> IdempotencyRe
 
 def team_slugs_visible_to(*, user: AbstractBaseUser, all_teams: bool = False) -> list[str]:
     """Slugs of the teams a user may pick (to submit to, to filter by): their own; staff, every team. With
-    `all_teams`, every team (the queue names every team, anonymous or not)."""
+    `all_teams`, every team that runs work (the queue names every team, anonymous or not)."""
     if user.is_staff or all_teams:
-        return list(Team.objects.order_by("slug").values_list("slug", flat=True))
+        # Teams that run work: the leaves of the tree (an org like ai-lab holds teams, not jobs).
+        teams = Team.objects.filter(children__isnull=True)
+        return list(teams.order_by("slug").values_list("slug", flat=True))
     return sorted(Membership.objects.filter(user=user).values_list("team__slug", flat=True))

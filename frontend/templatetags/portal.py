@@ -129,3 +129,17 @@ def span_to(start: datetime | None, end: datetime | None) -> float | None:
     if start is None or end is None:
         return None
     return (end - start).total_seconds()
+
+
+@register.simple_tag
+def elapsed(value: datetime | None) -> str:
+    """Time since `value` as a span ("12 min") that the page's script keeps counting."""
+    if value is None:
+        return ""
+    utc = value.astimezone(UTC)
+    return format_html(
+        '<time datetime="{}" data-style="elapsed" title="since {}">{}</time>',
+        utc.isoformat(),
+        f"{utc:%Y-%m-%d %H:%M:%S} UTC",
+        duration((timezone.now() - value).total_seconds()),
+    )

@@ -22,15 +22,19 @@ from scheduling.cycle.snapshot import cycle_profile, engine_job, snapshot_from_d
 from scheduling.engine import run_cycle
 from scheduling.engine import types as eng
 from scheduling.errors import ServiceError
-from scheduling.jobs.models import Job
+from scheduling.jobs.models import Job, JobEvent
 from scheduling.jobs.services import JobSpec, job_spec_validate
 
 SNAPSHOT_TTL_S = 5.0
+# A snapshot this cheap to read is read again as soon as any job changed (a submit, a start, an end); a dearer one
+# (a large cluster) is kept for SNAPSHOT_TTL_S all the same.
+CHEAP_SNAPSHOT_S = 0.5
 WHATIF_JOB_ID = "what-if"
 MAX_ALTERNATIVES = 3
 
 _cache_lock = threading.Lock()
-_cached: tuple[float, eng.Snapshot] | None = None
+# (read at, monotonic s; what it cost, s; the newest job event then; the snapshot)
+_cached: tuple[float, float, int, eng.Snapshot] | None = None
 
 
 @dataclass(frozen=True)
@@ -44,13 +48,24 @@ class WhatIf:
     alternative: str = ""
 
 
+def _newest_event_id() -> int:
+    return JobEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
+
+
 def _snapshot() -> eng.Snapshot:
     global _cached
     with _cache_lock:
         now = time.monotonic()
-        if _cached is None or now - _cached[0] > SNAPSHOT_TTL_S:
-            _cached = (now, snapshot_from_db())
-        return _cached[1]
+        newest = _newest_event_id()
+        if _cached is not None:
+            read_at, cost_s, seen, snapshot = _cached
+            fresh = newest == seen or cost_s > CHEAP_SNAPSHOT_S
+            if fresh and now - read_at <= SNAPSHOT_TTL_S:
+                return snapshot
+        started = time.monotonic()
+        snapshot = snapshot_from_db()
+        _cached = (now, time.monotonic() - started, newest, snapshot)
+        return snapshot
 
 
 def _priority_class(*, team: Team, spec: JobSpec) -> PriorityClass:

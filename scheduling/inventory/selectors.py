@@ -22,11 +22,42 @@ class GpuModelRow:
     name: str
     memory_mib: int
     compute_capability: Decimal
+    installed: bool = True  # the cluster has a healthy GPU of it
 
 
-def gpu_model_rows() -> list[GpuModelRow]:
-    rows = fetch_rows(f"SELECT id, name, memory_mib, compute_capability FROM {GpuModel._meta.db_table}", [])
-    return [GpuModelRow(i, name, memory_mib, Decimal(str(cc))) for i, name, memory_mib, cc in rows]
+@dataclass(frozen=True)
+class Catalogue:
+    """What a submit checks a request against, read in one query."""
+
+    models: list[GpuModelRow]
+    largest_node_cpu_milli: int | None  # None: no node yet
+    largest_node_memory_mib: int | None
+
+
+def catalogue() -> Catalogue:
+    """The GPU models (each saying whether the cluster has a healthy GPU of it) and the largest node."""
+    model, gpu, node = GpuModel._meta.db_table, Gpu._meta.db_table, Node._meta.db_table
+    rows = fetch_rows(
+        f"""SELECT m.id, m.name, m.memory_mib, m.compute_capability,
+                   EXISTS (SELECT 1 FROM {gpu} g WHERE g.model_id = m.id AND g.health <> %s),
+                   n.cpu, n.mem
+            FROM (SELECT MAX(cpu_milli) AS cpu, MAX(memory_mib) AS mem FROM {node}) n
+            LEFT JOIN {model} m ON TRUE ORDER BY m.name""",
+        [GpuHealth.FAILED],
+    )
+    models = [
+        GpuModelRow(i, name, mib, Decimal(str(cc)), bool(has))
+        for i, name, mib, cc, has, _, _ in rows
+        if i is not None
+    ]
+    cpu, mem = rows[0][5:7] if rows else (None, None)
+    return Catalogue(models, None if cpu is None else int(cpu), None if mem is None else int(mem))
+
+
+def gpu_model_rows(*, installed_only: bool = False) -> list[GpuModelRow]:
+    """The GPU models of the catalogue, each saying whether the cluster has a healthy GPU of it."""
+    found = catalogue().models
+    return [m for m in found if m.installed] if installed_only else found
 
 
 def _healthy_gpu_counts(*, allowed_models: set[int], gpus: int) -> tuple[int, int]:

@@ -65,6 +65,24 @@ def _refuse(message: str, field_name: str) -> None:
     raise ServiceError(message, field=field_name)
 
 
+def allowed_gpu_models(*, spec: JobSpec, models: list[inventory.GpuModelRow]) -> list[inventory.GpuModelRow]:
+    """The GPU models a spec may run on: those it names (any, if none), with enough memory and architecture."""
+    names = set(spec.gpu_models)
+    return [
+        m
+        for m in models
+        if (not names or m.name in names)
+        and m.memory_mib >= spec.min_gpu_memory_mib
+        and m.compute_capability >= spec.min_compute_capability
+    ]
+
+
+def largest_slice_mib(*, spec: JobSpec) -> int:
+    """The largest slice the spec could hold: the memory of the largest allowed card the cluster has."""
+    allowed = allowed_gpu_models(spec=spec, models=inventory.gpu_model_rows(installed_only=True))
+    return max((m.memory_mib for m in allowed), default=0)
+
+
 def job_spec_validate(*, spec: JobSpec) -> None:
     """Refuse a spec that can never run on this cluster, naming the field and the limit."""
     for name in ("gpus", "gpu_memory_mib", "compute_pct", "min_gpu_memory_mib", "cpu_milli", "memory_mib"):
@@ -90,24 +108,39 @@ def job_spec_validate(*, spec: JobSpec) -> None:
     if spec.max_runtime_s is not None and spec.max_runtime_s <= 0:
         _refuse(f"max_runtime must be positive (got {spec.max_runtime_s} s).", "max_runtime")
 
-    models = {m.name: m for m in inventory.gpu_model_rows()}
+    inventory_now = inventory.catalogue()
+    models = {m.name: m for m in inventory_now.models}
     unknown = [name for name in spec.gpu_models if name not in models]
     if unknown:
         known = ", ".join(sorted(models)) or "none registered"
         _refuse(f"Unknown GPU model {', '.join(unknown)}; known models: {known}.", "gpu_models")
-    allowed = [models[name] for name in spec.gpu_models] if spec.gpu_models else list(models.values())
-    allowed = [m for m in allowed if m.memory_mib >= spec.min_gpu_memory_mib]
-    allowed = [m for m in allowed if m.compute_capability >= spec.min_compute_capability]
+    allowed = allowed_gpu_models(spec=spec, models=list(models.values()))
     if not allowed:
         _refuse(
             "No GPU model meets gpu_models, min_gpu_memory and min_compute_capability together.", "gpu_models"
         )
     if spec.gpu_memory_mib:
-        largest = max(m.memory_mib for m in allowed)
+        # Only cards the cluster has: a model in the catalogue with no GPU here holds no slice.
+        largest = max((m.memory_mib for m in allowed if m.installed), default=0)
         if spec.gpu_memory_mib > largest:
             _refuse(
                 f"gpu_memory {spec.gpu_memory_mib} MiB is more than the largest allowed GPU has ({largest} MiB).",
                 "gpu_memory",
+            )
+    if inventory_now.largest_node_cpu_milli is not None:
+        cpu_milli = inventory_now.largest_node_cpu_milli
+        memory_mib = inventory_now.largest_node_memory_mib or 0
+        if spec.cpu_milli > cpu_milli:
+            _refuse(
+                f"cpu {spec.cpu_milli // 1000} cores per node can never be had: the largest node has "
+                f"{cpu_milli // 1000}.",
+                "cpu",
+            )
+        if spec.memory_mib > memory_mib:
+            _refuse(
+                f"memory {spec.memory_mib // 1024} GiB per node can never be had: the largest node has "
+                f"{memory_mib // 1024} GiB.",
+                "memory",
             )
     if spec.gpus:
         per_node, nodes_with_enough = inventory.whole_gpu_capacity(

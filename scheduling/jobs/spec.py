@@ -15,7 +15,7 @@ from typing import Any
 
 from scheduling.choices import Topology
 from scheduling.jobs.documents import SpecError, check_shape, load_document
-from scheduling.jobs.services import MAX_GANG_NODES, MAX_GPUS_PER_JOB_NODE, JobSpec
+from scheduling.jobs.services import MAX_GANG_NODES, MAX_GPUS_PER_JOB_NODE, JobSpec, largest_slice_mib
 
 MAX_NAME_CHARS = 200
 MAX_COMMAND_CHARS = 64 * 1024
@@ -475,23 +475,13 @@ def format_duration(seconds: int) -> str:
 def spec_check_card_limits(spec: JobSpec) -> None:
     """Refuse a slice larger than the largest card the spec allows, naming that card's size as the limit.
 
-    services.job_spec_validate refuses it too; this check only adds the limit to the error.
-    """
+    services.job_spec_validate refuses it too (the same rule, `largest_slice_mib`); this only adds the limit."""
     if not spec.gpu_memory_mib:
         return
-    from scheduling.inventory.models import GpuModel  # local: parsing itself needs no database
-
-    sizes = GpuModel.objects.values_list("name", "memory_mib", "compute_capability")
-    allowed = [
-        mib
-        for name, mib, capability in sizes
-        if (not spec.gpu_models or name in spec.gpu_models)
-        and mib >= spec.min_gpu_memory_mib
-        and capability >= spec.min_compute_capability
-    ]
-    if allowed and spec.gpu_memory_mib > max(allowed):
+    largest = largest_slice_mib(spec=spec)
+    if largest and spec.gpu_memory_mib > largest:
         raise SpecError(
-            f"gpu_memory {spec.gpu_memory_mib} MiB is more than the largest allowed GPU has ({max(allowed)} MiB).",
+            f"gpu_memory {spec.gpu_memory_mib} MiB is more than the largest allowed GPU has ({largest} MiB).",
             field="gpu_memory",
-            limit=f"{max(allowed)}MiB",
+            limit=f"{largest}MiB",
         )

@@ -232,7 +232,8 @@ class JobStream(_StreamConsumer):
         self.team_id = await database_sync_to_async(self._job_team_id)()
         if self.team_id is None or not await self._may_see():
             return None
-        return [groups.job(self.job_id)]
+        # The anonymous queue movement too: a pending job's reason and estimated start move with the queue.
+        return [groups.job(self.job_id), groups.CLUSTER]
 
     def _job_team_id(self) -> int | None:
         return job_team_id(job_id=self.job_id)
@@ -259,6 +260,19 @@ class JobStream(_StreamConsumer):
             await self.send_json(
                 {"type": "logs.appended", "stream": event.get("stream"), "size": event.get("size")}
             )
+
+    async def queue_changed(self, event: dict[str, Any]) -> None:
+        if await self._may_see():
+            await self.send_json({"type": "queue.changed", "state": event.get("state")})
+
+    async def node_changed(self, event: dict[str, Any]) -> None:
+        return  # the cluster group's other messages are not this stream's
+
+    async def gpu_metrics(self, event: dict[str, Any]) -> None:
+        return
+
+    async def gpu_health(self, event: dict[str, Any]) -> None:
+        return
 
 
 def _job_event(event: dict[str, Any]) -> dict[str, Any]:

@@ -157,7 +157,7 @@ def test_a_refused_value_is_shown_next_to_its_field_and_nothing_is_stored(
 def test_copy_and_edit_fills_the_form_from_an_earlier_job(alice, teams, node):
     job = _submit(alice, teams["training"], name="orig", gpus=2, topology="nvlink", max_runtime_s=7200)
     page = _signed_in(alice).get(f"/jobs/new/?from={job.pk}").content.decode()
-    assert 'value="orig (copy)"' in page and 'value="2"' in page and 'value="7200s"' in page
+    assert 'value="orig (copy)"' in page and 'value="2"' in page and 'value="2h"' in page
     assert '<option value="nvlink" selected>' in page
 
 
@@ -175,3 +175,19 @@ def test_the_api_docs_pages_fetch_nothing_from_outside(alice):
     for path in ("/api/docs/", "/api/redoc/"):
         page = client.get(path).content.decode()
         assert re.findall(r'(?:src|href)="(https?:)?//', page) == [], path
+
+
+def test_a_pipe_in_program_and_arguments_is_refused_with_the_way_out(alice, teams, node):
+    response = _signed_in(alice).post("/jobs/new/", {**FORM, "command": "python train.py | tee out.log"})
+    assert response.status_code == 400
+    assert "choose" in re.search(r'id="error-command">([^<]*)<', response.content.decode()).group(1)
+    assert not Job.objects.exists()
+
+
+def test_signing_out_by_a_link_asks_first(alice):
+    client = _signed_in(alice)
+    page = client.get("/logout/")
+    assert page.status_code == 200 and "Sign out?" in page.content.decode()
+    assert client.get("/jobs/").status_code == 200  # still signed in
+    assert client.post("/logout/").status_code == 302
+    assert client.get("/jobs/").status_code == 302

@@ -65,3 +65,33 @@ def test_a_never_preempted_class_takes_jobs_that_ask_not_to_be_or_say_nothing(al
     quiet = _submit(alice, teams["training"], gpus=1, priority="critical")
     explicit = _submit(alice, teams["training"], gpus=1, priority="critical", preemptible=False)
     assert (quiet.preemptible, explicit.preemptible) == (False, False)
+
+
+@pytest.mark.django_db
+def test_a_slice_bigger_than_any_installed_card_is_refused_though_a_bigger_model_is_in_the_catalogue(
+    alice, teams, node
+):
+    from decimal import Decimal
+
+    from scheduling.errors import ServiceError
+    from scheduling.inventory.models import GpuModel
+
+    GpuModel.objects.create(name="H200-141GB", memory_mib=143_771, compute_capability=Decimal("9.0"))
+    with pytest.raises(ServiceError, match="largest allowed GPU has \\(81920 MiB\\)"):
+        _submit(alice, teams["training"], gpu_memory_mib=100 * 1024, compute_pct=10)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "spec, field, words",
+    [
+        ({"memory_mib": 9999 * 1024}, "memory", "the largest node has 1024 GiB"),
+        ({"cpu_milli": 500_000}, "cpu", "the largest node has 128"),
+    ],
+)
+def test_host_resources_no_node_has_are_refused_at_submit(alice, teams, node, spec, field, words):
+    from scheduling.errors import ServiceError
+
+    with pytest.raises(ServiceError, match=words) as refused:
+        _submit(alice, teams["training"], gpus=1, **spec)
+    assert refused.value.field == field

@@ -24,11 +24,20 @@
     if (a < 86400) return rtf.format(Math.round(s / 3600), "hour");
     return rtf.format(Math.round(s / 86400), "day");
   }
+  function span(seconds) { // as the server says it (frontend/templatetags/portal.py: duration)
+    const s = Math.max(0, Math.round(seconds));
+    if (s < 90) return s + " s";
+    if (s < 3600) return Math.round(s / 60) + " min";
+    if (s < 86400) { const m = Math.round(s / 60), h = Math.floor(m / 60); return m % 60 ? h + " h " + (m % 60) + " min" : h + " h"; }
+    const h = Math.round(s / 3600), d = Math.floor(h / 24);
+    return h % 24 ? d + " d " + (h % 24) + " h" : d + " d";
+  }
   function localiseTimes(root) {
     (root || document).querySelectorAll("time[datetime]").forEach(function (el) {
       const d = new Date(el.getAttribute("datetime"));
       if (isNaN(d)) return;
-      el.textContent = el.dataset.style === "absolute" ? d.toLocaleString() : relative(d);
+      el.textContent = el.dataset.style === "absolute" ? d.toLocaleString()
+        : el.dataset.style === "elapsed" ? span((Date.now() - d.getTime()) / 1000) : relative(d);
       el.title = d.toLocaleString() + " (" + (el.dataset.utc || el.getAttribute("title") || "") + ")";
       el.dataset.utc = el.dataset.utc || el.getAttribute("title") || "";
     });
@@ -189,7 +198,7 @@
       return {
         title: title, width: width, height: 180,
         scales: { y: { range: [0, max] } },
-        axes: [{}, { values: function (u, v) { return v.map(function (x) { return x + unit; }); } }],
+        axes: [{}, { size: 64, values: function (u, v) { return v.map(function (x) { return (Math.round(x * 10) / 10) + unit; }); } }],
         series: [{}].concat(keys.map(function (k, i) { return { label: k, stroke: COLOURS[i % COLOURS.length], width: 2 }; })),
       };
     }
@@ -266,6 +275,8 @@
       }
     });
     const jobForm = document.getElementById("job-form");
+    const invalid = document.querySelector(".field.invalid input, .field.invalid textarea, .field.invalid select");
+    if (invalid) invalid.focus(); // after a refused submit, the first field to fix
     if (jobForm) {
       const apply = function () {
         const kind = (jobForm.querySelector("input[name=kind]:checked") || {}).value || "whole";
@@ -279,7 +290,7 @@
 
   document.addEventListener("DOMContentLoaded", function () {
     localiseTimes();
-    setInterval(function () { localiseTimes(); }, 30000);
+    setInterval(function () { localiseTimes(); }, 5000);
     setupForms();
     setupLogs();
     connect();
