@@ -11,6 +11,7 @@ from rest_framework import exceptions
 from rest_framework.parsers import JSONParser
 
 from scheduling.errors import ServiceError
+from scheduling.jobs.documents import json_object_once
 
 MAX_JSON_BODY_BYTES = 1024 * 1024
 MAX_JSON_DEPTH = 32
@@ -43,7 +44,7 @@ class SafeJSONParser(JSONParser):
         if outside_strings.count(",") + outside_strings.count(":") >= self.max_values:
             raise exceptions.ParseError(f"A JSON body may hold at most {self.max_values} values.")
         try:
-            data = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
+            data = json.loads(text, object_pairs_hook=json_object_once)
         except RecursionError:
             raise exceptions.ParseError(f"JSON nested deeper than {self.max_depth} levels.") from None
         except ValueError as exc:  # JSONDecodeError, a duplicate key, an integer of more than 4300 digits
@@ -81,12 +82,3 @@ class SafeJSONParser(JSONParser):
                         for item in value
                         if surrogates or isinstance(item, dict | list)
                     )
-
-
-def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen: set[str] = set()
-        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise ValueError(f"{twice!r} is given twice in one object")
-    return out

@@ -21,9 +21,10 @@ from quotas.selectors import priority_class_default_for_team
 from scheduling.cycle.snapshot import cycle_profile, engine_job, snapshot_from_db
 from scheduling.engine import run_cycle
 from scheduling.engine import types as eng
+from scheduling.engine.reasons import duration_words
 from scheduling.errors import ServiceError
-from scheduling.jobs.models import Job, JobEvent
-from scheduling.jobs.services import JobSpec, job_spec_validate
+from scheduling.jobs.models import JobEvent
+from scheduling.jobs.services import JobSpec, job_from_spec, job_spec_validate
 
 SNAPSHOT_TTL_S = 5.0
 # A snapshot this cheap to read is read again as soon as any job changed (a submit, a start, an end); a dearer one
@@ -81,27 +82,10 @@ def _priority_class(*, team: Team, spec: JobSpec) -> PriorityClass:
 
 
 def _hypothetical(*, team: Team, user: AbstractBaseUser, spec: JobSpec, index: int = 0) -> eng.Job:
-    pc = _priority_class(team=team, spec=spec)
-    row = Job(
-        team=team,
-        submitter=user,
-        name=spec.name or "what-if",
-        command=spec.command or "true",
-        gpus=spec.gpus,
-        gpu_memory_mib=spec.gpu_memory_mib,
-        compute_pct=spec.compute_pct,
-        gpu_models=list(spec.gpu_models),
-        min_gpu_memory_mib=spec.min_gpu_memory_mib,
-        min_compute_capability=spec.min_compute_capability,
-        topology=spec.topology,
-        nodes=spec.nodes,
-        cpu_milli=spec.cpu_milli,
-        memory_mib=spec.memory_mib,
-        priority_class=pc,
-        preemptible=pc.preemptible if spec.preemptible is None else spec.preemptible,
-        max_runtime_s=spec.max_runtime_s,
-        submitted_at=timezone.now(),
+    row = job_from_spec(
+        submitter=user, team=team, spec=spec, priority_class=_priority_class(team=team, spec=spec)
     )
+    row.submitted_at = timezone.now()
     return replace(engine_job(row), id=f"{WHATIF_JOB_ID}-{index}")
 
 
@@ -136,15 +120,6 @@ def _variants(spec: JobSpec) -> list[tuple[str, JobSpec]]:
     return out[:MAX_ALTERNATIVES]
 
 
-def _words(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def _answer(placed: eng.Placement | None, pending: eng.Pending | None, now: float) -> WhatIf:
     if placed is not None:
         nodes = sorted({a.node for a in placed.assignments} | set(placed.cpu))
@@ -157,7 +132,10 @@ def _answer(placed: eng.Placement | None, pending: eng.Pending | None, now: floa
     if pending.estimated_start is not None:
         eta = max(0.0, pending.estimated_start - now)
         return WhatIf(
-            "later", f"Starts in about {_words(eta)}: {reason}.", eta_s=eta, reason_code=pending.status.code
+            "later",
+            f"Starts in about {duration_words(eta)}: {reason}.",
+            eta_s=eta,
+            reason_code=pending.status.code,
         )
     return WhatIf(
         "waits", f"Waits, with no start it can estimate: {reason}.", reason_code=pending.status.code
@@ -190,6 +168,10 @@ def job_whatif(*, user: AbstractBaseUser, team: Team, spec: JobSpec) -> WhatIf:
             other.eta_s is not None and (answer.eta_s is None or other.eta_s < answer.eta_s)
         )
         if sooner:
-            when = "starts now" if other.verdict == "now" else f"starts in about {_words(other.eta_s or 0)}"
+            when = (
+                "starts now"
+                if other.verdict == "now"
+                else f"starts in about {duration_words(other.eta_s or 0)}"
+            )
             return replace(answer, alternative=f"{label[0].upper()}{label[1:]} {when}.")
     return answer

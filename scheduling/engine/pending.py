@@ -25,6 +25,7 @@ from scheduling.engine.reasons import (
     QUOTA_LIMIT,
     RESERVED,
     WAITING_FOR_RESERVATION,
+    duration_words,
     explain_cluster,
 )
 from scheduling.engine.resources import node_fits
@@ -69,7 +70,7 @@ def explain_pending(s: Session) -> list[Pending]:
             held = holders[job.id]
             where = ", ".join(sorted({a.node for a in held.assignments}))
             if held.estimated_start is not None:
-                when = f"it should start in about {_duration(held.estimated_start - s.snap.now)}"
+                when = f"it should start in about {duration_words(held.estimated_start - s.snap.now)}"
                 status = Status(
                     WAITING_FOR_RESERVATION,
                     f"capacity is reserved for it on {where}; {when}, when the jobs running there end or can be "
@@ -151,7 +152,7 @@ def _with_estimates(s: Session, rows: list[tuple[Job, Status, int]], explain: bo
             if held is not None:
                 eta = held
         if eta is not None and explain and status.code != WAITING_FOR_RESERVATION:
-            text = _duration(eta - now)
+            text = duration_words(eta - now)
             key = (id(status), text)
             shared = with_eta.get(key)
             if shared is None:
@@ -205,16 +206,7 @@ def _reserved_reason_for(s: Session, job: Job) -> Status | None:
             return Status(
                 RESERVED,
                 f"the free capacity that fits it on {name} is reserved for job {first.job_id}, "
-                f"which should start in about {_duration(first.start - s.snap.now)}; it could run there "
+                f"which should start in about {duration_words(first.start - s.snap.now)}; it could run there "
                 "now if its max runtime ended before then",
             )
     return None
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"

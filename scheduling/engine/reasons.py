@@ -251,3 +251,13 @@ def _explain_slice(
         f"needs a {describe_slice(req)} slice of one GPU; the largest free slice is {gib(max(0, mem))} / "
         f"{max(0, comp) / 10:g}% compute on {names[p]}{extra}",
     )
+
+
+def duration_words(seconds: float) -> str:
+    """A span as reasons say it: "45 s", "12 min", "2.5 h"."""
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

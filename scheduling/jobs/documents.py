@@ -96,12 +96,20 @@ class _StrictLoader(_Loader):
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _StrictLoader.construct_mapping)
 
 
-def _json_pairs(pairs: list[tuple[str, Any]]) -> dict:
+class KeyTwice(ValueError):
+    """A JSON object gives one key twice (Python's json keeps the last silently)."""
+
+    def __init__(self, key: str):
+        super().__init__(f"{key!r} is given twice in one object")
+        self.key = key
+
+
+def json_object_once(pairs: list[tuple[str, Any]]) -> dict:
+    """`object_pairs_hook` for json.loads that refuses a key given twice (the API's parser uses it too)."""
     out = dict(pairs)
     if len(out) != len(pairs):
         seen: set[str] = set()
-        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise DocumentError(f"The spec gives {twice!r} twice.")
+        raise KeyTwice(next(key for key, _ in pairs if key in seen or seen.add(key)))
     return out
 
 
@@ -135,12 +143,14 @@ def load_document(raw: str | bytes) -> Any:
             # Separators outside strings bound the values: too many, and nothing is built.
             if _JSON_STRING.sub("", text).count(",") >= MAX_VALUES:
                 raise DocumentError(f"The spec holds more than {MAX_VALUES} values.", limit=MAX_VALUES)
-            data = json.loads(text, object_pairs_hook=_json_pairs, parse_constant=_refuse_json_constant)
+            data = json.loads(text, object_pairs_hook=json_object_once, parse_constant=_refuse_json_constant)
         else:
             _check_yaml_events(text)
             data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a safe loader with a stricter mapping
     except RecursionError:
         raise DocumentError(f"The spec nests deeper than {MAX_DEPTH} levels.", limit=MAX_DEPTH) from None
+    except KeyTwice as exc:
+        raise DocumentError(f"The spec gives {exc.key!r} twice.") from None
     except json.JSONDecodeError as exc:
         raise DocumentError(f"The spec is not valid YAML or JSON: {exc}") from None
     except yaml.YAMLError as exc:

@@ -221,6 +221,34 @@ def _insert_job_and_event(*, job: Job, event: JobEvent) -> None:
         obj._state.adding, obj._state.db = False, connection.alias
 
 
+def job_from_spec(
+    *, submitter: AbstractBaseUser, team: Team, spec: JobSpec, priority_class: PriorityClass
+) -> Job:
+    """The job row a spec makes (not saved): submit stores it, the what-if asks the engine about it."""
+    return Job(
+        team=team,
+        submitter=submitter,
+        name=spec.name,
+        command=spec.command,
+        env=dict(spec.env),
+        gpus=spec.gpus,
+        gpu_memory_mib=spec.gpu_memory_mib,
+        compute_pct=spec.compute_pct,
+        gpu_models=list(spec.gpu_models),
+        min_gpu_memory_mib=spec.min_gpu_memory_mib,
+        min_compute_capability=spec.min_compute_capability,
+        topology=spec.topology,
+        nodes=spec.nodes,
+        cpu_milli=spec.cpu_milli,
+        memory_mib=spec.memory_mib,
+        priority_class=priority_class,
+        preemptible=priority_class.preemptible if spec.preemptible is None else spec.preemptible,
+        max_runtime_s=spec.max_runtime_s,
+        requeue_on_node_loss=spec.requeue_on_node_loss,
+        workdir=spec.workdir,
+    )
+
+
 @transaction.atomic
 def job_submit(*, submitter: AbstractBaseUser, team: Team, spec: JobSpec) -> Job:
     """Accept a job into the queue. A job within the cluster but over quota is accepted and waits."""
@@ -244,31 +272,8 @@ def job_submit(*, submitter: AbstractBaseUser, team: Team, spec: JobSpec) -> Job
             "priority.",
             field="preemptible",
         )
-    preemptible = priority_class.preemptible if spec.preemptible is None else spec.preemptible
-    job = Job(
-        team=team,
-        submitter=submitter,
-        name=spec.name,
-        command=spec.command,
-        env=dict(spec.env),
-        gpus=spec.gpus,
-        gpu_memory_mib=spec.gpu_memory_mib,
-        compute_pct=spec.compute_pct,
-        gpu_models=list(spec.gpu_models),
-        min_gpu_memory_mib=spec.min_gpu_memory_mib,
-        min_compute_capability=spec.min_compute_capability,
-        topology=spec.topology,
-        nodes=spec.nodes,
-        cpu_milli=spec.cpu_milli,
-        memory_mib=spec.memory_mib,
-        priority_class=priority_class,
-        preemptible=preemptible,
-        max_runtime_s=spec.max_runtime_s,
-        requeue_on_node_loss=spec.requeue_on_node_loss,
-        workdir=spec.workdir,
-        pending_reason_code="queued",
-        pending_reason="Waiting for the next scheduling cycle.",
-    )
+    job = job_from_spec(submitter=submitter, team=team, spec=spec, priority_class=priority_class)
+    job.pending_reason_code, job.pending_reason = "queued", "Waiting for the next scheduling cycle."
     event = JobEvent(
         from_state="",
         to_state=JobState.PENDING,
