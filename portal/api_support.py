@@ -133,6 +133,16 @@ class BoundedPagination(PageNumberPagination):
     page_size_query_param = "page_size"
     max_page_size = MAX_PAGE_SIZE
 
+    def get_schema_operation_parameters(self, view: Any) -> list[dict]:
+        """What the schema says of `page` and `page_size`: the bounds the API enforces."""
+        parameters = super().get_schema_operation_parameters(view)
+        for p in parameters:
+            if p["name"] == self.page_query_param:
+                p["schema"] = {"type": "integer", "minimum": 1}
+            elif p["name"] == self.page_size_query_param:
+                p["schema"] = {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_SIZE}
+        return parameters
+
     def get_page_size(self, request: Any) -> int:
         raw = request.query_params.get(self.page_size_query_param)
         if raw is None:

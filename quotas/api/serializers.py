@@ -76,8 +76,17 @@ class ApiTokenSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "prefix", "created_at", "last_used_at", "revoked_at"]
 
 
+class TextField(serializers.CharField):
+    """Text, and only text: DRF's CharField would take 0 or true and store "0" or "True"."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class ApiTokenCreateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=100)
+    name = TextField(max_length=100)
 
 
 class ApiTokenCreatedSerializer(ApiTokenSerializer):

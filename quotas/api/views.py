@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import django_filters
 from django.contrib.auth import authenticate
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, serializers, status, throttling, viewsets
@@ -66,11 +67,22 @@ def team_summary(
     }
 
 
+class TeamFilterSet(django_filters.FilterSet):
+    """By slug, or by parent team id (an id with no team matches nothing; it is not an error)."""
+
+    slug = django_filters.CharFilter()
+    parent = django_filters.NumberFilter(field_name="parent_id")
+
+    class Meta:
+        model = Team
+        fields = ["slug", "parent"]
+
+
 class TeamViewSet(viewsets.ReadOnlyModelViewSet):
     """The caller's teams (staff: all) with quota, what they hold now, what they borrow and their fair share."""
 
     serializer_class = TeamSerializer
-    filterset_fields = ["slug", "parent"]
+    filterset_class = TeamFilterSet
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation has no user

@@ -42,10 +42,9 @@ class JobFilterSet(django_filters.FilterSet):
     team = django_filters.CharFilter(field_name="team__slug", help_text="Team slug.")
     user = django_filters.CharFilter(field_name="submitter__username", help_text="Submitter's username.")
     priority = django_filters.CharFilter(field_name="priority_class__name", help_text="Priority class name.")
-    mine = django_filters.TypedChoiceFilter(
+    mine = django_filters.ChoiceFilter(
         method="filter_mine",
-        choices=[(v, v) for v in ("true", "false", "1", "0")],
-        coerce=lambda v: v in ("true", "1"),
+        choices=[(v, v) for v in ("true", "false")],
         help_text="true: only jobs you submitted; false: only others'. Anything else is refused (400).",
     )
     submitted_after = BoundedIsoDateTimeFilter(
@@ -59,11 +58,11 @@ class JobFilterSet(django_filters.FilterSet):
         model = Job
         fields = ["state", "team", "user", "priority", "mine"]
 
-    def filter_mine(self, queryset: QuerySet[Job], name: str, value: bool) -> QuerySet[Job]:
-        if value is None:
+    def filter_mine(self, queryset: QuerySet[Job], name: str, value: str) -> QuerySet[Job]:
+        if not value:
             return queryset
         user = self.request.user if self.request else None
-        if value:
+        if value == "true":
             return queryset.filter(submitter=user)
         return queryset.exclude(submitter=user)
 

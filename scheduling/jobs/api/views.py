@@ -120,7 +120,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         parameters=[
             OpenApiParameter(
                 "Idempotency-Key",
-                str,
+                {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY_CHARS},
                 OpenApiParameter.HEADER,
                 description="Retries with the same key get the first response; another body gets 409.",
             )
@@ -219,12 +219,18 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         parameters=[
             OpenApiParameter("stream", str, enum=list(joblogs.STREAMS), description="Default stdout."),
             OpenApiParameter(
-                "tail", int, description=f"Last N lines (default 100, at most {MAX_LOG_TAIL_LINES})."
+                "tail",
+                {"type": "integer", "minimum": 0, "maximum": MAX_LOG_TAIL_LINES},
+                description=f"Last N lines (default 100, at most {MAX_LOG_TAIL_LINES}).",
             ),
-            OpenApiParameter("offset", int, description="Read from this byte offset instead of tailing."),
+            OpenApiParameter(
+                "offset",
+                {"type": "integer", "minimum": 0, "maximum": 2**62},
+                description="Read from this byte offset instead of tailing.",
+            ),
             OpenApiParameter(
                 "limit_bytes",
-                int,
+                {"type": "integer", "minimum": 1, "maximum": joblogs.MAX_READ_BYTES},
                 description=f"With offset: at most this many bytes ({joblogs.MAX_READ_BYTES}).",
             ),
         ],
@@ -347,6 +353,9 @@ class UsageView(APIView):
         },
     )
     def get(self, request: Request) -> Response:
+        chosen = request.query_params.get("format")
+        if chosen is not None and chosen not in ("json", "csv"):
+            raise ApiError(f"format must be json or csv (got {chosen!r}).", field="format")
         now = timezone.now()
         until = _moment(request.query_params.get("until"), name="until") or now
         since = _moment(request.query_params.get("since"), name="since") or until - timedelta(days=30)
