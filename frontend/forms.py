@@ -11,7 +11,8 @@ from typing import Any
 
 from django import forms
 
-from scheduling.jobs.spec import format_duration, format_mib
+from scheduling.jobs.services import job_spec_of
+from scheduling.jobs.spec import spec_to_mapping
 
 _SHELL_OPERATORS = frozenset({"|", "||", "&&", ";", ">", ">>", "<", "&", "2>", "2>&1"})
 KINDS = (("whole", "Whole GPUs"), ("slice", "A slice of one GPU (memory and/or compute share)"))
@@ -135,26 +136,25 @@ def _command_form(command: str) -> str:
 
 
 def initial_from_job(job: Any) -> dict[str, Any]:
-    """Form values that submit the same job again ("copy & edit"), in the units people write."""
-    initial: dict[str, Any] = {
-        "name": job.name,
-        "team": job.team.slug,
+    """Form values that submit the same job again ("copy & edit"), in the units the spec is written in."""
+    spec = spec_to_mapping(job_spec_of(job), team=job.team.slug)
+    return {
+        "name": spec["name"],
+        "team": spec["team"],
         "kind": "whole" if job.gpus else "slice",
-        "gpus": str(job.gpus or 1),
-        "gpu_memory": format_mib(job.gpu_memory_mib) if job.gpu_memory_mib else "",
-        "compute_pct": str(job.compute_pct) if job.compute_pct else "",
-        "gpu_models": list(job.gpu_models or ()),
-        "min_gpu_memory": format_mib(job.min_gpu_memory_mib) if job.min_gpu_memory_mib else "",
-        "topology": job.topology,
-        "nodes": str(job.nodes),
-        "priority": job.priority_class.name,
-        "cpu": f"{job.cpu_milli}m" if job.cpu_milli % 1000 else str(job.cpu_milli // 1000),
-        "memory": format_mib(job.memory_mib),
+        "gpus": str(spec.get("gpus", 1)),
+        "gpu_memory": spec.get("gpu_memory", ""),
+        "compute_pct": str(spec.get("compute_pct", "")),
+        "gpu_models": spec.get("gpu_models", []),
+        "min_gpu_memory": spec.get("min_gpu_memory", ""),
+        "topology": spec.get("topology", "none"),
+        "nodes": str(spec.get("nodes", 1)),
+        "priority": spec.get("priority", ""),
+        "cpu": spec["cpu"],
+        "memory": spec["memory"],
+        "max_runtime": spec.get("max_runtime", ""),
         "command_form": _command_form(job.command),
-        "command": job.command,
-        "env": "\n".join(f"{k}={v}" for k, v in (job.env or {}).items()),
-        "workdir": job.workdir,
+        "command": spec["command"],
+        "env": "\n".join(f"{k}={v}" for k, v in spec.get("env", {}).items()),
+        "workdir": spec.get("workdir", ""),
     }
-    if job.max_runtime_s:
-        initial["max_runtime"] = format_duration(job.max_runtime_s)
-    return initial

@@ -117,7 +117,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "right_size": _right_size(job, (usage or {}).get("peak_memory_mib"))
         if job.state in TERMINAL_STATES
         else None,
-        "gpu_hours": _gpu_hours(request, job),
+        "gpu_hours": _gpu_hours(request, job) if job.state in TERMINAL_STATES else None,
         "streams": joblogs.STREAMS,
         "exit_code": _exit_code(events),
     }

@@ -84,20 +84,24 @@ def since(moment: datetime | None) -> str:
     return duration((timezone.now() - moment).total_seconds())
 
 
+def _time(value: datetime, style: str, hover: str, text: str) -> str:
+    utc = value.astimezone(UTC)
+    return format_html(
+        '<time datetime="{}" data-style="{}" title="{}">{}</time>',
+        utc.isoformat(),
+        style,
+        f"{hover}{utc:%Y-%m-%d %H:%M:%S} UTC",
+        text,
+    )
+
+
 @register.simple_tag
 def moment(value: datetime | None, style: str = "relative") -> str:
     """A <time> the page's script shows in the browser's timezone (relative or absolute), the absolute time on
     hover; without script it reads in UTC."""
     if value is None:
         return "–"
-    utc = value.astimezone(UTC)
-    return format_html(
-        '<time datetime="{}" data-style="{}" title="{}">{}</time>',
-        utc.isoformat(),
-        style,
-        f"{utc:%Y-%m-%d %H:%M:%S} UTC",
-        f"{utc:%Y-%m-%d %H:%M} UTC",
-    )
+    return _time(value, style, "", f"{value.astimezone(UTC):%Y-%m-%d %H:%M} UTC")
 
 
 @register.filter
@@ -136,10 +140,4 @@ def elapsed(value: datetime | None) -> str:
     """Time since `value` as a span ("12 min") that the page's script keeps counting."""
     if value is None:
         return ""
-    utc = value.astimezone(UTC)
-    return format_html(
-        '<time datetime="{}" data-style="elapsed" title="since {}">{}</time>',
-        utc.isoformat(),
-        f"{utc:%Y-%m-%d %H:%M:%S} UTC",
-        duration((timezone.now() - value).total_seconds()),
-    )
+    return _time(value, "elapsed", "since ", duration((timezone.now() - value).total_seconds()))

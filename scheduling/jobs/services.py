@@ -249,6 +249,30 @@ def job_from_spec(
     )
 
 
+def job_spec_of(job: Job) -> JobSpec:
+    """The spec that submits this job again (its priority class by name): job_from_spec's inverse."""
+    return JobSpec(
+        name=job.name,
+        command=job.command,
+        env=dict(job.env or {}),
+        gpus=job.gpus,
+        gpu_memory_mib=job.gpu_memory_mib,
+        compute_pct=job.compute_pct,
+        gpu_models=tuple(job.gpu_models or ()),
+        min_gpu_memory_mib=job.min_gpu_memory_mib,
+        min_compute_capability=job.min_compute_capability,
+        topology=job.topology,
+        nodes=job.nodes,
+        cpu_milli=job.cpu_milli,
+        memory_mib=job.memory_mib,
+        priority=job.priority_class.name,
+        preemptible=job.preemptible,
+        max_runtime_s=job.max_runtime_s,
+        requeue_on_node_loss=job.requeue_on_node_loss,
+        workdir=job.workdir,
+    )
+
+
 @transaction.atomic
 def job_submit(*, submitter: AbstractBaseUser, team: Team, spec: JobSpec) -> Job:
     """Accept a job into the queue. A job within the cluster but over quota is accepted and waits."""

@@ -8,7 +8,6 @@ Playwright is missing; `.ci/run` installs both.
 from __future__ import annotations
 
 import os
-import shutil
 from decimal import Decimal
 from pathlib import Path
 
@@ -41,8 +40,6 @@ def _more_people(cluster) -> dict:
 def portal(django_db_setup, django_db_blocker, tmp_path_factory):
     if not Path(CHROMIUM).exists():
         pytest.skip(f"browser tests need Chromium at {CHROMIUM} (apt-get install chromium)")
-    if shutil.which("redis-server") is None and not os.environ.get("REDIS_URL"):
-        pytest.skip("browser tests need Redis")
     with running_cluster(django_db_blocker, tmp_path_factory.mktemp("portal"), extra_seed=_more_people) as c:
         c.url = f"http://127.0.0.1:{c.port}"
         yield c

@@ -211,7 +211,7 @@
       charts = {
         keys: keys.join("|"),
         util: new uPlot(opts("Utilisation", "%", 100), util, document.getElementById("chart-util")),
-        mem: new uPlot(opts("Memory used", " GiB", memMax), mem, document.getElementById("chart-mem")),
+        mem: new uPlot(opts("Memory in use on the card", " GiB", memMax), mem, document.getElementById("chart-mem")),
       };
     } else {
       charts.util.setData(util);

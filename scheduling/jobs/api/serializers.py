@@ -14,7 +14,7 @@ from rest_framework import serializers
 from scheduling.choices import JobState
 from scheduling.jobs.models import Job, JobEvent
 from scheduling.jobs.selectors import can_cancel_job, job_request_fields
-from scheduling.jobs.services import JobSpec
+from scheduling.jobs.services import job_spec_of
 from scheduling.jobs.spec import spec_to_mapping
 
 
@@ -122,26 +122,7 @@ class JobDetailSerializer(JobSerializer):
 
     @extend_schema_field(OpenApiTypes.OBJECT)
     def get_spec(self, job: Job) -> dict[str, Any]:
-        spec = JobSpec(
-            name=job.name,
-            command=job.command,
-            env=job.env,
-            gpus=job.gpus,
-            gpu_memory_mib=job.gpu_memory_mib,
-            compute_pct=job.compute_pct,
-            gpu_models=tuple(job.gpu_models),
-            min_gpu_memory_mib=job.min_gpu_memory_mib,
-            min_compute_capability=job.min_compute_capability,
-            topology=job.topology,
-            nodes=job.nodes,
-            cpu_milli=job.cpu_milli,
-            memory_mib=job.memory_mib,
-            priority=job.priority_class.name,
-            preemptible=job.preemptible,
-            max_runtime_s=job.max_runtime_s,
-            requeue_on_node_loss=job.requeue_on_node_loss,
-            workdir=job.workdir,
-        )
+        spec = job_spec_of(job)
         return spec_to_mapping(spec, team=job.team.slug)
 
     def get_can_cancel(self, job: Job) -> bool:
