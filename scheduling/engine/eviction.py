@@ -52,11 +52,20 @@ def evict_for_blocked(s: Session, rule: VictimRule) -> None:
     again at the same priority (and scope)."""
     budget = int(s.param(rule.MAX_ATTEMPTS_PARAM) or 0)
     failed: set[tuple] = set()
+    # Whom a job may evict follows from its request, priority and scope and from what this pass changed (each
+    # success places a job and evicts others): a "nobody" holds for the same key until the next success.
+    nobody: dict[tuple, int] = {}
+    blocked, held_at, restricted, scope = s.blocked, s.held_at, s.restricted, rule.scope
     for job in s.queue:
         if budget <= 0:
             break
-        if job.id not in s.blocked:
+        if job.id not in blocked:
             continue
+        if not s.evictions and job.id not in held_at and job.team not in restricted:
+            # The common case, asked first: nothing to retry, and the job is its own view (below).
+            key = (job.request, job.priority, scope(job))
+            if key in failed or nobody.get(key) == len(s.placements):
+                continue
         # The job's own reservation must not stand in its way; it is put back if the job stays pending.
         lifted = s.suspend_reservation(job.id) if s.holds else []
         if s.evictions and try_place(s, job):
@@ -71,9 +80,13 @@ def evict_for_blocked(s: Session, rule: VictimRule) -> None:
             if lifted:
                 s.restore_holds(lifted)
             continue
-        victims = rule.victims(s, job)
         key = (view.request, job.priority, rule.scope(job))
-        if victims is not None and key not in failed:
+        victims = None
+        if key not in failed and nobody.get(key) != len(s.placements):
+            victims = rule.victims(s, job)
+            if victims is None:
+                nobody[key] = len(s.placements)
+        if victims is not None:
             budget -= 1
             if _evict_for(s, job, view, victims, rule.CODE):
                 continue
@@ -85,10 +98,15 @@ def evict_for_blocked(s: Session, rule: VictimRule) -> None:
 def running_by_pos(s: Session) -> dict[int, list[Holding]]:
     """Node position -> what each running job holds there (built once, only when eviction is considered)."""
     if s.evictable_by_pos is None:
-        by_pos = s.holdings_by_pos()
         # Only what may ever be evicted: preemptible and past the minimum runtime; lowest priority first.
         now = s.snap.now
         min_runtime_s = float(s.param("min_runtime_s") or 0.0)
+        kept = s.running_memo()
+        known = kept.get(("evictable", min_runtime_s))
+        if known is not None:
+            s.evictable_by_pos = known
+            return known
+        by_pos = s.holdings_by_pos()
 
         def evictable(v: Holding) -> bool:
             started = v.job.start_time
@@ -99,6 +117,7 @@ def running_by_pos(s: Session) -> dict[int, list[Holding]]:
             victims = sorted((v for v in held if evictable(v)), key=lambda v: (v.job.priority, v.job.id))
             if victims:
                 s.evictable_by_pos[pos] = victims
+        kept[("evictable", min_runtime_s)] = s.evictable_by_pos
     return s.evictable_by_pos
 
 

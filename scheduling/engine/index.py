@@ -156,6 +156,7 @@ class NodeIndex:
             setattr(self, name, np.full(0, fill, dtype=dtype))
         self.clock = 1
         self.base_clock = 1
+        self.release_clock = 1  # the clock of the latest change that may have freed capacity anywhere
         self.log: list[int] = []  # log[k]: the slot whose change moved the clock to base_clock + k + 1
         self.memos.clear()
         self._in_order = None
@@ -287,6 +288,7 @@ class NodeIndex:
         self.ver[pos] = self.clock
         if released:
             self.rel_ver[pos] = self.clock
+            self.release_clock = self.clock
 
     def sync(self, nodes: tuple[Node, ...], dirty: set[int]) -> None:
         """Catch up with a new snapshot. With the same node list as last time only positions whose node object

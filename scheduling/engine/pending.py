@@ -52,9 +52,15 @@ def explain_pending(s: Session) -> list[Pending]:
     holders = {r.job_id: r for r in s.reservations}
     rows: list[tuple[Job, Status, int]] = []
     position = 0
+    # Asked about a few jobs: reasons as far as the last of them (the estimates of those before it count).
+    focus, left = s.snap.focus, len(s.snap.focus)
     for job in s.queue:
+        if focus and not left:
+            break
         if job.id in placed:
+            left -= job.id in focus
             continue
+        left -= job.id in focus
         position += 1
         status = s.status.get(job.id)
         note = ""
@@ -137,8 +143,13 @@ def _with_estimates(s: Session, rows: list[tuple[Job, Status, int]], explain: bo
     projection = StartProjection.build(s) if rows and s.param("estimate_starts") else None
     est_start = s.est_start
     if projection is None and not est_start:
-        return [Pending(job.id, status, position, None) for job, status, position in rows]
+        return [
+            Pending(job.id, status, position, None)
+            for job, status, position in rows
+            if not s.snap.focus or job.id in s.snap.focus
+        ]
     now = s.snap.now
+    focus = s.snap.focus
     # Jobs with the same reason and the same rounded estimate share one Status (fewer objects per cycle).
     with_eta: dict[tuple[int, str], Status] = {}
     out = []
@@ -151,6 +162,8 @@ def _with_estimates(s: Session, rows: list[tuple[Job, Status, int]], explain: bo
             held = est_start.get(job.id)
             if held is not None:
                 eta = held
+        if focus and job.id not in focus:
+            continue  # it took its projected capacity; its answer is not asked for
         if eta is not None and explain and status.code != WAITING_FOR_RESERVATION:
             text = duration_words(eta - now)
             key = (id(status), text)

@@ -94,7 +94,23 @@ def backfill_views(s: Session, job: Job) -> dict[int, tuple[float, Node]]:
 
 
 def choose(s: Session, job: Job) -> list[tuple[int, Node]] | None:
-    """The nodes (best score first, ties to snapshot order) the job would take, with the view to plan on."""
+    """The nodes (best score first, ties to snapshot order) the job would take, with the view to plan on.
+
+    Where no node could take a request, none can until something frees capacity: the next job with the same
+    request (and max runtime, which decides what backfill it may do) is answered at once. Only verdicts that
+    follow from the request alone are remembered (no filter or score that looks at the job itself)."""
+    plugins = s.plugins
+    remember = not (plugins.live_filters or plugins.live_scores)
+    key = (job.request, job.max_runtime_s)
+    if remember and s.no_room.get(key) == s.index.release_clock:
+        return None
+    chosen = _choose(s, job)
+    if chosen is None and remember:
+        s.no_room[key] = s.index.release_clock
+    return chosen
+
+
+def _choose(s: Session, job: Job) -> list[tuple[int, Node]] | None:
     extra = backfill_views(s, job)
     index = s.index
     nodes = index.nodes

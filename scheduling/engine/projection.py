@@ -62,12 +62,10 @@ class _Pool:
         self.next, self.time = upto, at
         self.free -= need
         if until is not None:
-            insort(self.events, (until, need), lo=self.next, key=_event_time)
+            # Compared as whole tuples (no key function: this runs once per queued job). Events at one instant
+            # are taken together, so their order among themselves does not matter.
+            insort(self.events, (until, need), lo=self.next)
             self.future += need
-
-
-def _event_time(e: tuple[float, int]) -> float:
-    return e[0]
 
 
 # A kind of card: its model name, memory MiB and compute capability. One model name may come in two memory sizes
@@ -123,6 +121,30 @@ def _pool_row(node: Node, factor: float) -> tuple:
     return tuple(tuple(r) for r in per.values())
 
 
+def _releases(
+    s: Session, ends: list[tuple[float, Job, tuple[Assignment, ...]]], *, running: bool
+) -> dict[tuple[CardKind, bool], list[tuple[float, int]]]:
+    """What these jobs give back to each pool at their ends, soonest first. What a running job gives back is
+    kept between cycles (its cards do not change); given the running jobs, the kept answers become theirs."""
+    releases: dict[tuple[CardKind, bool], list[tuple[float, int]]] = {}
+    memo = s.state.releases
+    seen: dict[str, tuple] = {}
+    for end, job, assignments in ends:
+        known = memo.get(job.id)
+        if known is not None and known[0] is assignments:
+            gives = known[1]
+        else:
+            gives = _gives_back(s, assignments)
+        seen[job.id] = (assignments, gives)
+        for key, amount in gives:
+            releases.setdefault(key, []).append((end, amount))
+    if running:
+        s.state.releases = seen
+    for events in releases.values():
+        events.sort()
+    return releases
+
+
 class StartProjection:
     """A cheap estimate of when each pending job starts: per GPU model, the cluster's idle cards and free shared
     compute now, plus what the running jobs give back at their declared ends (`start_time + max_runtime_s`);
@@ -136,22 +158,38 @@ class StartProjection:
         # kind -> (card memory MiB, compute capability, has shared cards), in a fixed order: ties between kinds
         # go the same way whatever order the cycle met the nodes in.
         self.models = dict(sorted(models.items()))
-        self._by_request: dict[tuple, list[tuple[tuple[CardKind, bool], int]]] = {}
+        self._by_request: dict[Request, list[tuple[tuple[CardKind, bool], int]]] = {}
 
     @classmethod
     def build(cls, s: Session) -> StartProjection | None:
-        snap, now = s.snap, s.snap.now
-        ends: list[tuple[float, Job, tuple[Assignment, ...]]] = []
-        for job in snap.running:
-            if job.max_runtime_s is not None and job.id not in s.evicted:
-                start = job.start_time if job.start_time is not None else now
-                ends.append((max(now, start + job.max_runtime_s), job, job.assignments))
-        if not ends:
+        now = s.snap.now
+        # The running jobs' releases per pool follow from the running jobs alone: kept for cycles on the same
+        # snapshot (what-ifs) while nothing is evicted. This cycle's placements are added to a copy.
+        kept = s.running_memo()
+        running = kept.get("projection.releases") if not s.evicted else None
+        if running is None:
+            ends: list[tuple[float, Job, tuple[Assignment, ...]]] = []
+            for job in s.snap.running:
+                if job.max_runtime_s is not None and job.id not in s.evicted:
+                    start = job.start_time if job.start_time is not None else now
+                    ends.append((max(now, start + job.max_runtime_s), job, job.assignments))
+            running = (bool(ends), _releases(s, ends, running=True))
+            if not s.evicted:
+                kept["projection.releases"] = running
+        any_end, running_releases = running
+        if not any_end:
             return None  # nothing is known to end: no estimate can be made
+        releases = {key: list(events) for key, events in running_releases.items()}
         by_id = {p.job_id: p for p in s.placements}
-        for job in s.placed_jobs:
-            if job.max_runtime_s is not None and job.id in by_id:
-                ends.append((now + job.max_runtime_s, job, by_id[job.id].assignments))
+        placed = [
+            (now + job.max_runtime_s, job, by_id[job.id].assignments)
+            for job in s.placed_jobs
+            if job.max_runtime_s is not None and job.id in by_id
+        ]
+        for key, events in _releases(s, placed, running=False).items():
+            merged = releases.setdefault(key, [])
+            merged.extend(events)
+            merged.sort()
         index = s.index
         models: dict[CardKind, tuple] = {}
         idle: dict[CardKind, int] = {}
@@ -190,22 +228,7 @@ class StartProjection:
         for model in models:
             pools[(model, False)] = _Pool(idle.get(model, 0), now)
             pools[(model, True)] = _Pool(shared.get(model, 0), now)
-        releases: dict[tuple[CardKind, bool], list[tuple[float, int]]] = {}
-        # What a running job gives back, per pool, is kept between cycles: its cards do not change.
-        memo = s.state.releases
-        seen: dict[str, tuple] = {}
-        for end, job, assignments in ends:
-            known = memo.get(job.id)
-            if known is not None and known[0] is assignments:
-                gives = known[1]
-            else:
-                gives = _gives_back(s, assignments)
-            seen[job.id] = (assignments, gives)
-            for key, amount in gives:
-                releases.setdefault(key, []).append((end, amount))
-        s.state.releases = seen
         for key, events in releases.items():
-            events.sort(key=_event_time)
             pool = pools[key]
             pool.events = events
             pool.future = sum(amount for _, amount in events)
@@ -213,16 +236,7 @@ class StartProjection:
 
     def _options(self, req: Request) -> list[tuple[tuple[CardKind, bool], int]]:
         """The pools a request may draw on, with what it needs from each (cards, or compute milli)."""
-        # Keyed by the fields that matter here: hashing a whole Request costs more than the work it saves.
-        key = (
-            req.gpus,
-            req.nodes,
-            req.gpu_memory_mib,
-            req.gpu_compute_milli,
-            req.gpu_models,
-            req.min_gpu_memory_mib,
-            req.min_compute_capability,
-        )
+        key = req  # a Request keeps its hash
         options = self._by_request.get(key)
         if options is None:
             options = []

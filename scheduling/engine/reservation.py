@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from scheduling.engine.placement import feasible, node_ok, plan
-from scheduling.engine.resources import job_host_on, release_on_node
+from scheduling.engine.resources import release_many, release_on_node
 from scheduling.engine.session import Session, overlay
 from scheduling.engine.types import Assignment, Job, Node, Reservation
 
@@ -37,16 +37,26 @@ def reserve(s: Session, job: Job) -> None:
     ok, _ = feasible(s, job)
     fitting: set[int] = set(np.flatnonzero(ok).tolist())
     static = s.index.static(req)
+    # A node fits whole cards only once it has that many idle: its idle cards now plus the cards released so
+    # far bound that from above, so until they reach the request its releases are only noted (most of a long
+    # walk is releases on nodes that cannot fit yet, and building each node after each release is the cost).
+    idle_now, need_whole = s.index.n_idle, req.gpus
+    freed: dict[int, set[int]] = {}
+    deferred: dict[int, list[tuple[tuple[Assignment, ...], int, int]]] = {}
     start = None
     for end, _, assignments, running in s.end_events():
-        touched: dict[int, list[Assignment]] = {}
-        for a in assignments:
-            pos = s.pos_of(a.node)
-            if pos is not None and static[pos]:
-                touched.setdefault(pos, []).append(a)
-        for pos, assigns in touched.items():
-            cpu, mem = job_host_on(running, s.index.names[pos])
-            scratch[pos] = release_on_node(scratch.get(pos) or s.real_node(pos), tuple(assigns), cpu, mem)
+        for pos, assigns, cpu, mem in s.releases_of(running, assignments):
+            if not static[pos]:
+                continue
+            later = deferred.setdefault(pos, [])
+            later.append((assigns, cpu, mem))
+            if need_whole:
+                cards = freed.setdefault(pos, set())
+                cards.update(a.gpu_index for a in assigns)
+                if int(idle_now[pos]) + len(cards) < need_whole:
+                    continue
+            scratch[pos] = release_many(scratch.get(pos) or s.real_node(pos), later)
+            later.clear()
             if node_ok(s, job, view(pos)):
                 fitting.add(pos)
         if len(fitting) >= req.nodes:

@@ -89,6 +89,10 @@ def overlay(real: Node, holds: list[Held]) -> Node:
     )
 
 
+def _soonest(event: tuple) -> tuple[float, str]:
+    return (event[0], event[1])
+
+
 def card(node: Node, gpu_index: int) -> Any:
     """The node's card with this index (None when it has none)."""
     gpus = node.gpus
@@ -118,6 +122,7 @@ class Session:
         self.preempts = False
         self.real: dict[int, Node] = {}  # positions under a reservation: the node without the overlay
         self.holds: dict[int, list[Held]] = {}
+        self.held_at: dict[str, set[int]] = {}  # job id -> the positions its reservation holds
         self.placements: list[Placement] = []
         self.placed_jobs: list[Job] = []
         self.evictions: list[Eviction] = []
@@ -128,7 +133,10 @@ class Session:
         self.evicted: set[str] = set()
         self.evictable_by_pos: dict[int, list[Holding]] | None = None  # built by eviction, once
         self._all_by_pos: dict[int, list[Holding]] | None = None
+        self._end_events: tuple[tuple[frozenset[str], int], list] | None = None
         self.reason_cache: dict[tuple, Status | None] = {}
+        # (request, max runtime) -> the index's release clock when no node could take it (`placement.choose`)
+        self.no_room: dict[tuple, int] = {}
         # Teams with per-GPU-model quota rows (asked once, before anything is placed), and per job the latest
         # per-model limit that kept it off some model (named in its pending reason).
         self.restricted: frozenset[str] = frozenset()
@@ -204,12 +212,15 @@ class Session:
             if pos not in self.real:
                 self.real[pos] = self.index.nodes[pos]
             self.holds.setdefault(pos, []).append(Held(job.id, start, assigns, req.cpu_milli, req.memory_mib))
+            self.held_at.setdefault(job.id, set()).add(pos)
             self.index.set(pos, overlay(self.real[pos], self.holds[pos]), consumed_only=True)
 
     def suspend_reservation(self, job_id: str) -> list[tuple[int, Held]]:
         """Lift a job's own holds while it tries to get in another way (its holds must not block it)."""
+        if job_id not in self.held_at:
+            return []
         lifted: list[tuple[int, Held]] = []
-        for pos in sorted(self.holds):
+        for pos in sorted(self.held_at.pop(job_id)):
             mine = [h for h in self.holds[pos] if h.job_id == job_id]
             if not mine:
                 continue
@@ -229,6 +240,7 @@ class Session:
             if pos not in self.real:
                 self.real[pos] = self.index.nodes[pos]
             self.holds.setdefault(pos, []).append(h)
+            self.held_at.setdefault(h.job_id, set()).add(pos)
             self.index.set(pos, overlay(self.real[pos], self.holds[pos]), consumed_only=True)
 
     def drop_reservation(self, job_id: str) -> None:
@@ -240,21 +252,63 @@ class Session:
         self.suspend_reservation(job_id)
 
     # -- what runs where -------------------------------------------------------------------------------------
+    def running_memo(self) -> dict[Any, Any]:
+        """Parts that follow from the snapshot's nodes, running jobs and time alone, kept across cycles while
+        those stay the same objects (what-ifs asked on one snapshot). What is kept here is never changed."""
+        snap, memo = self.snap, self.state.running_memo
+        if memo is None or memo[0] is not snap.nodes or memo[1] is not snap.running or memo[2] != snap.now:
+            memo = self.state.running_memo = (snap.nodes, snap.running, snap.now, {})
+        return memo[3]
+
     def end_events(self) -> list[tuple[float, str, tuple[Assignment, ...], Job]]:
-        """Running jobs (and this cycle's placements) with a known end, soonest first."""
+        """Running jobs (and this cycle's placements) with a known end, soonest first. Shared until an eviction
+        or a placement changes it: do not change it."""
+        key = (frozenset(self.evicted), len(self.placements))  # placements are only ever added
+        if self._end_events is not None and self._end_events[0] == key:
+            return self._end_events[1]
         now = self.snap.now
-        events = []
-        for job in self.snap.running:
-            if job.max_runtime_s is None or job.id in self.evicted:
-                continue
-            start = job.start_time if job.start_time is not None else now
-            events.append((max(now, start + job.max_runtime_s), job.id, job.assignments, job))
-        by_id = {p.job_id: p for p in self.placements}
-        for job in self.placed_jobs:
-            if job.max_runtime_s is not None and job.id in by_id:
-                events.append((now + job.max_runtime_s, job.id, by_id[job.id].assignments, job))
-        events.sort(key=lambda e: (e[0], e[1]))
+        kept = self.running_memo()
+        events = kept.get(("ends", key[0]))
+        if events is None:
+            events = []
+            for job in self.snap.running:
+                if job.max_runtime_s is None or job.id in self.evicted:
+                    continue
+                start = job.start_time if job.start_time is not None else now
+                events.append((max(now, start + job.max_runtime_s), job.id, job.assignments, job))
+            events.sort(key=_soonest)
+            if not key[0]:
+                kept[("ends", key[0])] = events
+        if self.placements:
+            by_id = {p.job_id: p for p in self.placements}
+            placed = [
+                (now + job.max_runtime_s, job.id, by_id[job.id].assignments, job)
+                for job in self.placed_jobs
+                if job.max_runtime_s is not None and job.id in by_id
+            ]
+            if placed:
+                events = sorted([*events, *placed], key=_soonest)
+        self._end_events = (key, events)
         return events
+
+    def releases_of(
+        self, job: Job, assignments: tuple[Assignment, ...]
+    ) -> tuple[tuple[int, tuple[Assignment, ...], int, int], ...]:
+        """What a job gives back when it ends: (node position, its cards there, host cpu_milli, host
+        memory_mib) per node of this snapshot."""
+        releases = self.running_memo().setdefault("releases", {})
+        known = releases.get(job.id)
+        if known is not None and known[0] is assignments:
+            return known[1]
+        per: dict[int, list[Assignment]] = {}
+        for a in assignments:
+            pos = self.pos_of(a.node)
+            if pos is not None:
+                per.setdefault(pos, []).append(a)
+        names = self.index.names
+        out = tuple((pos, tuple(mine), *job_host_on(job, names[pos])) for pos, mine in per.items())
+        releases[job.id] = (assignments, out)
+        return out
 
     def placed_on(self, positions: list[int]) -> dict[int, list[Holding]]:
         """What this cycle's placements hold on these node positions (their jobs start now)."""
@@ -278,6 +332,10 @@ class Session:
     def holdings_by_pos(self) -> dict[int, list[Holding]]:
         """Node position -> what each running job (evictable or not) holds there; built once per cycle."""
         if self._all_by_pos is None:
+            kept = self.running_memo().get("by_pos")
+            if kept is not None:
+                self._all_by_pos = kept
+                return kept
             by_pos: dict[int, dict[str, Holding]] = {}
             names = self.index.names
             for job in self.snap.running:
@@ -296,4 +354,5 @@ class Session:
                         cpu, mem = job_host_on(job, name)
                         by_pos[pos][job.id] = Holding(job, [], cpu, mem)
             self._all_by_pos = {pos: list(held.values()) for pos, held in by_pos.items()}
+            self.running_memo()["by_pos"] = self._all_by_pos
         return self._all_by_pos

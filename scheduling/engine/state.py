@@ -107,3 +107,6 @@ class EngineState:
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Running job id -> (its assignments, what they give back to the start projection's pools).
     releases: dict[str, tuple] = field(default_factory=dict)
+    # What follows from the running jobs alone (where each holds what, when each ends), kept while cycles run
+    # on the same nodes, running jobs and time (what-ifs on one snapshot): (nodes, running, now, the parts).
+    running_memo: tuple[Any, Any, float, dict[Any, Any]] | None = None

@@ -116,6 +116,32 @@ class Request:
     topology: TopologyNeed = TopologyNeed.NONE
     cpu_milli: int = 0  # per node
     memory_mib: int = 0  # host memory per node
+    # Requests key many per-cycle caches: the hash is computed once (and again after unpickling, as string
+    # hashes differ between processes).
+    _hash: int = field(init=False, repr=False, compare=False, hash=False, default=0)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(self._values()))
+
+    def _values(self) -> tuple:
+        return (
+            self.gpus,
+            self.nodes,
+            self.gpu_memory_mib,
+            self.gpu_compute_milli,
+            self.gpu_models,
+            self.min_gpu_memory_mib,
+            self.min_compute_capability,
+            self.topology,
+            self.cpu_milli,
+            self.memory_mib,
+        )
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple:
+        return (Request, self._values())
 
     @property
     def is_slice(self) -> bool:
@@ -204,6 +230,10 @@ class Snapshot:
     # The typical workload (request, popularity) learned from the queue and recent history; FGD-style scorers use it.
     workload: tuple[tuple[Request, float], ...] = ()
     seed: int = 0
+    # The pending jobs whose answers are wanted (a what-if asks about a few): when given, the decisions' pending
+    # list holds only these, and reasons are worked out only as far down the queue as the last of them.
+    # Placements, evictions and reservations are decided as always.
+    focus: frozenset[str] = frozenset()
 
     def with_nodes(self, nodes: tuple[Node, ...]) -> Snapshot:
         return replace(self, nodes=nodes)

@@ -353,3 +353,48 @@ def test_caches_kept_between_cycles_never_change_a_decision(nodes, stream, dedup
                     current[i] = allocate_on_node(
                         n, tuple(a for a in p.assignments if a.node == n.name), cpu, mem
                     )
+
+
+@SETTINGS
+@given(worlds(), st.data())
+def test_a_focus_gets_the_answers_the_whole_cycle_gives(snap: Snapshot, data) -> None:
+    """A what-if asks about a few pending jobs: the cycle decides everything as it always does, and the pending
+    list holds those jobs' entries exactly as the unfocused cycle gives them."""
+    ids = [j.id for j in snap.pending]
+    asked = frozenset(data.draw(st.lists(st.sampled_from(ids), max_size=3))) if ids else frozenset()
+    whole = run_cycle(snap, PROFILE)
+    focused = run_cycle(replace(snap, focus=asked), PROFILE)
+    assert focused.placements == whole.placements
+    assert focused.evictions == whole.evictions
+    assert focused.reservations == whole.reservations
+    expected = tuple(p for p in whole.pending if p.job_id in asked) if asked else whole.pending
+    assert focused.pending == expected
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(worlds(), st.data())
+def test_cycles_on_one_snapshot_with_other_queues_decide_as_a_cold_engine(snap: Snapshot, data) -> None:
+    """What-ifs run many cycles on one snapshot's nodes and running jobs with other queues; what the engine keeps
+    from the running jobs between them (where each holds what, when each ends) never changes a decision."""
+    warm = profile(timeslice_oversubscription=FACTOR, min_runtime_s=MIN_RUNTIME_S)
+    run_cycle(snap, warm)
+    for number in range(3):
+        kept = data.draw(st.lists(st.sampled_from(snap.pending), unique_by=lambda j: j.id)) if snap.pending else []
+        trial = replace(snap, pending=tuple(kept))
+        cold = profile(timeslice_oversubscription=FACTOR, min_runtime_s=MIN_RUNTIME_S)
+        assert run_cycle(trial, warm) == run_cycle(trial, replace(cold, name=f"cold-{number}"))
+
+
+def test_a_cycle_leaves_the_collector_as_it_found_it() -> None:
+    import gc
+
+    snap = snapshot(nodes=[node("n1", gpus=2)], pending=[job("a", gpus=1)])
+    assert gc.isenabled()
+    run_cycle(snap, PROFILE)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        run_cycle(snap, PROFILE)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
