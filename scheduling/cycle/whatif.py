@@ -4,7 +4,8 @@ placing nothing.
 The hypothetical job joins the real queue (its team, priority class and the submit time of now) and the
 configured profile runs one cycle over it; its placement, or its pending reason and estimated start, is the
 answer. When it would wait, a few nearby requests are asked the same way and the first that starts sooner is
-named. The snapshot is read at most every SNAPSHOT_TTL_S per process: a what-if is advice, not a decision.
+named. The snapshot is read at most every SNAPSHOT_TTL_S per process, and on a large cluster in the
+background: a what-if is advice, not a decision.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from dataclasses import dataclass, replace
 
 from django.contrib.auth.models import AbstractBaseUser
+from django.db import connection
 from django.utils import timezone
 
 from quotas.models import PriorityClass, Team
@@ -27,15 +29,67 @@ from scheduling.jobs.models import JobEvent
 from scheduling.jobs.services import JobSpec, job_from_spec, job_spec_validate
 
 SNAPSHOT_TTL_S = 5.0
-# A snapshot this cheap to read is read again as soon as any job changed (a submit, a start, an end); a dearer one
-# (a large cluster) is kept for SNAPSHOT_TTL_S all the same.
+# A snapshot this cheap to read is read again, on the request, as soon as any job changed (a submit, a start, an
+# end). A dearer one (a large cluster: seconds) is never read on a request once one is held: when it is older
+# than SNAPSHOT_TTL_S a background thread reads the next while answers come from the one held.
 CHEAP_SNAPSHOT_S = 0.5
 WHATIF_JOB_ID = "what-if"
 MAX_ALTERNATIVES = 3
 
 _cache_lock = threading.Lock()
-# (read at, monotonic s; what it cost, s; the newest job event then; the snapshot)
-_cached: tuple[float, float, int, eng.Snapshot] | None = None
+
+
+@dataclass
+class _Held:
+    read_at: float  # monotonic s
+    cost_s: float
+    newest_event: int  # the newest job event when it was read
+    snapshot: eng.Snapshot
+
+
+_cached: _Held | None = None
+_refreshing = False
+
+
+def _newest_event_id() -> int:
+    return JobEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
+
+
+def _read() -> _Held:
+    newest = _newest_event_id()
+    started = time.monotonic()
+    snapshot = snapshot_from_db()
+    return _Held(started, time.monotonic() - started, newest, snapshot)
+
+
+def _refresh_in_background() -> None:
+    global _cached, _refreshing
+    try:
+        held = _read()
+        with _cache_lock:
+            _cached = held
+    finally:
+        _refreshing = False
+        connection.close()  # this thread's own connection
+
+
+def _snapshot() -> eng.Snapshot:
+    global _cached, _refreshing
+    with _cache_lock:
+        held = _cached
+        if held is not None:
+            age_s = time.monotonic() - held.read_at
+            if held.cost_s > CHEAP_SNAPSHOT_S:
+                if age_s > SNAPSHOT_TTL_S and not _refreshing:
+                    _refreshing = True
+                    threading.Thread(
+                        target=_refresh_in_background, name="whatif-snapshot", daemon=True
+                    ).start()
+                return held.snapshot
+            if age_s <= SNAPSHOT_TTL_S and _newest_event_id() == held.newest_event:
+                return held.snapshot
+        _cached = _read()
+        return _cached.snapshot
 
 
 @dataclass(frozen=True)
@@ -47,26 +101,6 @@ class WhatIf:
     eta_s: float | None = None
     reason_code: str = ""
     alternative: str = ""
-
-
-def _newest_event_id() -> int:
-    return JobEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
-
-
-def _snapshot() -> eng.Snapshot:
-    global _cached
-    with _cache_lock:
-        now = time.monotonic()
-        newest = _newest_event_id()
-        if _cached is not None:
-            read_at, cost_s, seen, snapshot = _cached
-            fresh = newest == seen or cost_s > CHEAP_SNAPSHOT_S
-            if fresh and now - read_at <= SNAPSHOT_TTL_S:
-                return snapshot
-        started = time.monotonic()
-        snapshot = snapshot_from_db()
-        _cached = (now, time.monotonic() - started, newest, snapshot)
-        return snapshot
 
 
 def _priority_class(*, team: Team, spec: JobSpec) -> PriorityClass:
@@ -81,10 +115,10 @@ def _priority_class(*, team: Team, spec: JobSpec) -> PriorityClass:
     return found
 
 
-def _hypothetical(*, team: Team, user: AbstractBaseUser, spec: JobSpec, index: int = 0) -> eng.Job:
-    row = job_from_spec(
-        submitter=user, team=team, spec=spec, priority_class=_priority_class(team=team, spec=spec)
-    )
+def _hypothetical(
+    *, team: Team, user: AbstractBaseUser, spec: JobSpec, priority_class: PriorityClass, index: int = 0
+) -> eng.Job:
+    row = job_from_spec(submitter=user, team=team, spec=spec, priority_class=priority_class)
     row.submitted_at = timezone.now()
     return replace(engine_job(row), id=f"{WHATIF_JOB_ID}-{index}")
 
@@ -96,8 +130,9 @@ def _ask(
     it decided for each. They come after every real job of their priority, so the real queue's answers are
     those of the next production cycle; among themselves, the first is answered as if alone, and a later one
     only after the earlier ones, which matters only when an earlier one starts (and then the later ones are
-    not needed)."""
-    trial = replace(snapshot, now=time.time(), pending=(*snapshot.pending, *jobs))
+    not needed). The cycle runs at the snapshot's time, so what the engine keeps from the running jobs between
+    cycles on one snapshot is reused, and it works out reasons only for the asked jobs (`focus`)."""
+    trial = replace(snapshot, pending=(*snapshot.pending, *jobs), focus=frozenset(job.id for job in jobs))
     decisions = run_cycle(trial, cycle_profile())
     placed = {p.job_id: p for p in decisions.placements}
     pending = {p.job_id: p for p in decisions.pending}
@@ -105,7 +140,8 @@ def _ask(
 
 
 def _variants(spec: JobSpec) -> list[tuple[str, JobSpec]]:
-    """Nearby requests, most like the original first."""
+    """Nearby requests, most like the original first. Each asks for less than the spec (fewer GPUs, a smaller
+    slice, any model, no topology), so a spec that passed validation makes variants that pass it too."""
     out: list[tuple[str, JobSpec]] = []
     if spec.gpus > 1:
         half = spec.gpus // 2
@@ -149,17 +185,15 @@ def job_whatif(*, user: AbstractBaseUser, team: Team, spec: JobSpec) -> WhatIf:
         job_spec_validate(spec=spec)
     except ServiceError as exc:
         return WhatIf("never", f"Can never run here: {exc.message}", reason_code="never")
-    variants = []
-    for label, variant in _variants(spec):
-        try:
-            job_spec_validate(spec=variant)
-        except ServiceError:
-            continue
-        variants.append((label, variant))
+    variants = _variants(spec)
     asked = [spec, *(variant for _, variant in variants)]
-    now = time.time()
-    jobs = [_hypothetical(team=team, user=user, spec=one, index=i) for i, one in enumerate(asked)]
-    answers = [_answer(placed, pending, now) for placed, pending in _ask(_snapshot(), jobs)]
+    snapshot = _snapshot()
+    priority_class = _priority_class(team=team, spec=spec)
+    jobs = [
+        _hypothetical(team=team, user=user, spec=one, priority_class=priority_class, index=i)
+        for i, one in enumerate(asked)
+    ]
+    answers = [_answer(placed, pending, snapshot.now) for placed, pending in _ask(snapshot, jobs)]
     answer = answers[0]
     if answer.verdict == "now":
         return answer

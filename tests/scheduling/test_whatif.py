@@ -1,0 +1,84 @@
+"""The submit form's what-if: the engine's answer on the current snapshot for a job not submitted, placing and
+storing nothing; on a large cluster the snapshot is read again in the background, never on the request."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from scheduling.cycle import whatif
+from scheduling.cycle.runner import cycle_run_once
+from scheduling.jobs import services
+from scheduling.jobs.models import Job
+
+
+@pytest.fixture(autouse=True)
+def _fresh_snapshot(monkeypatch):
+    monkeypatch.setattr(whatif, "_cached", None)
+
+
+def _spec(**fields) -> services.JobSpec:
+    fields.setdefault("name", "what-if")
+    fields.setdefault("command", "python train.py")
+    return services.JobSpec(**fields)
+
+
+@pytest.mark.django_db
+def test_a_job_that_fits_starts_now_and_nothing_is_stored(alice, teams, node):
+    answer = whatif.job_whatif(user=alice, team=teams["training"], spec=_spec(gpus=2, topology="nvlink"))
+    assert answer.verdict == "now"
+    assert "a100-01" in answer.text
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_job_that_can_never_run_says_why(alice, teams, node):
+    answer = whatif.job_whatif(user=alice, team=teams["training"], spec=_spec(gpus=9))
+    assert answer.verdict == "never"
+    assert answer.text == "Can never run here: 9 GPUs on one node can never be had: the most on any node is 8."
+
+
+@pytest.mark.django_db
+def test_on_a_full_node_the_answer_is_when_the_running_jobs_max_runtimes_end(alice, bob, teams, node):
+    for i in range(8):
+        services.job_submit(
+            submitter=alice, team=teams["training"], spec=_spec(name=f"hold-{i}", gpus=1, max_runtime_s=3600)
+        )
+    cycle_run_once()
+    assert Job.objects.filter(state="placed").count() == 8
+    answer = whatif.job_whatif(user=bob, team=teams["inference"], spec=_spec(gpus=1))
+    assert answer.verdict == "later", answer
+    assert 3000 <= (answer.eta_s or 0) <= 3700, answer
+    assert answer.text.startswith("Starts in about 60 min: capacity is reserved for it on a100-01"), answer
+    assert answer.alternative == ""  # nothing smaller exists
+    assert Job.objects.count() == 8
+
+
+@pytest.mark.django_db
+def test_a_request_over_the_team_limit_waits_and_names_the_nearer_one_that_starts_now(bob, teams, node):
+    # inference may hold 128 GiB: two 80 GiB cards are over its limit, one is not
+    answer = whatif.job_whatif(user=bob, team=teams["inference"], spec=_spec(gpus=2, topology="nvlink"))
+    assert answer.verdict == "waits", answer
+    assert answer.reason_code == "quota-limit"
+    assert answer.alternative == "1 GPU instead of 2 starts now."
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dear_snapshot_is_read_again_in_the_background(alice, teams, node, a100, monkeypatch):
+    from scheduling.inventory.models import Gpu, Node
+
+    monkeypatch.setattr(whatif, "CHEAP_SNAPSHOT_S", -1.0)  # every read counts as dear, as on a large cluster
+    first = whatif._snapshot()
+    assert [n.name for n in first.nodes] == ["a100-01"]
+    added = Node.objects.create(name="a100-02", cpu_milli=64_000, memory_mib=512 * 1024)
+    Gpu.objects.create(node=added, index=0, uuid="GPU-added-0", model=a100, memory_mib=81920)
+    assert whatif._snapshot() is first  # within the TTL: the one held
+    whatif._cached.read_at -= whatif.SNAPSHOT_TTL_S + 1
+    started = time.monotonic()
+    assert whatif._snapshot() is first  # stale: still answered from it, with no wait
+    assert time.monotonic() - started < 0.5
+    refresher = next(t for t in threading.enumerate() if t.name == "whatif-snapshot")
+    refresher.join(timeout=30)
+    assert sorted(n.name for n in whatif._snapshot().nodes) == ["a100-01", "a100-02"]
