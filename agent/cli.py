@@ -43,13 +43,14 @@ def cmd_run(config: AgentConfig) -> int:
         node_name=config.node_name,
         backend=_backend(config),
         executor=Executor(
-            config.work_dir, mps=MpsController(config.work_dir, control_path=config.mps_control)
+            config.work_dir,
+            mps=MpsController(config.work_dir, control_path=config.mps_control),
+            fence_after_s=config.fence_after_s,
         ),
         sample_interval_s=config.sample_s,
         heartbeat_s=config.heartbeat_s,
         watchdog_tolerance_mib=config.watchdog_tolerance_mib,
         watchdog_grace_s=config.watchdog_grace_s,
-        fence_after_s=config.fence_after_s,
     )
     if config.backend == "nvml" and os.environ.get("TESSERA_FAKE_NVML"):
         logging.getLogger("tessera.agent").warning(

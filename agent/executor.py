@@ -1,9 +1,14 @@
-"""Runs jobs as process groups with their GPU environment; stops, times out, logs, and re-adopts them.
+"""Runs jobs, each under its own supervisor (agent/supervisor.py), with their GPU environment; stops, logs, and
+re-adopts them.
 
-Each placement (job id + attempt) gets a directory under <work_dir>/jobs/ holding its spec, its launch record
-(pid, pgid, start time, command line), the exit record the launcher writes, the agent's outcome, and the job's
-stdout/stderr. That directory is the agent's persisted state: a restarted agent re-adopts a placement whose
-process is still the one it launched (same pid, start time and command line) and never launches it twice.
+Each placement (job id + attempt) gets a directory under <work_dir>/jobs/ holding its spec, what its supervisor
+runs (run.json), the supervisor's launch record (pid, start time, command line), the job's own pid and group
+(job.json), the stop request the agent writes (stop.json), the exit record the supervisor writes (exit.json), the
+agent's outcome, and the job's stdout/stderr. That directory is the agent's persisted state: a restarted agent
+re-adopts a placement whose supervisor is still the one it launched (same pid, start time and command line) and
+never launches it twice. The supervisor outlives the agent: it enforces the grace, the max runtime and the fence
+(it stops the job once the agent's lease, renewed while the portal hears from the agent, is older than the
+placement's fence) whether or not an agent is running.
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ from agent.backends.base import JobUsageHint
 from agent.jobspec import JobSpec, safe_name
 from agent.mps import MpsController
 
-LAUNCHER = Path(__file__).resolve().parent / "launcher.py"
+SUPERVISOR = Path(__file__).resolve().parent / "supervisor.py"
+LEASE_FILE = "lease.json"
+# The agent stops a stop's supervisor itself only if, this long past the grace, the job has still not ended.
+SUPERVISOR_SLACK_S = 30.0
 # Variables of the agent that a job must never inherit.
 _SECRET_PREFIXES = ("TESSERA_AGENT_TOKEN",)
 _AGENT_SET = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_")
@@ -50,6 +58,8 @@ class JobHandle:
     stop_reason: str | None = None  # not_desired | max_runtime | memory_slice_exceeded
     stop_deadline: float | None = None  # monotonic
     kill_sent: bool = False
+    job_pid: int | None = None  # the job's first process (pgid == job_pid), from job.json
+    grace_given_s: float | None = None  # from the stop to the job's end, as its supervisor measured it
     outcome: str | None = None  # exited | stopped | killed | launch_failed | lost
     exit_code: int | None = None
     finished_at: float | None = None
@@ -90,6 +100,24 @@ def _write_json(path: Path, payload: dict) -> None:
     os.replace(tmp, path)
 
 
+def _check_launchable(run: dict) -> None:
+    """What would make the supervisor's start fail, refused here so the agent reports it at once."""
+    words = [*run["argv"], *run["env"].keys(), *run["env"].values(), run["cwd"]]
+    if any("\0" in w for w in words):
+        raise LaunchError("embedded null byte in the command, its environment or its working directory")
+    if not os.path.isdir(run["cwd"]):
+        raise LaunchError(f"the working directory {run['cwd']} does not exist on this node")
+
+
+def _write_private_json(path: Path, payload: dict) -> None:
+    """Readable by this user only (a job's environment is in it)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps(payload))
+    os.replace(tmp, path)
+
+
 def _read_json(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
@@ -106,6 +134,7 @@ class Executor:
         python: str = sys.executable,
         clock: Callable[[], float] = time.monotonic,
         base_env: dict[str, str] | None = None,
+        fence_after_s: float | None = None,
     ) -> None:
         self.work_dir = Path(work_dir)
         self.jobs_dir = self.work_dir / "jobs"
@@ -117,6 +146,11 @@ class Executor:
         self._jobs: dict[str, JobHandle] = {}
         self._transitions: list[Transition] = []
         self.launches = 0  # processes started by this instance (tests and reconcile count on it)
+        # The fence for placements that do not bring their own (None: supervisors never fence).
+        self.fence_after_s = fence_after_s
+        self.lease_path = self.work_dir / LEASE_FILE
+        if not self.lease_path.exists():
+            self.renew_lease()
         self._load()
 
     # -- queries --------------------------------------------------------------------------------------------
@@ -155,7 +189,8 @@ class Executor:
         return handle, True
 
     def start(self, spec: JobSpec) -> JobHandle:
-        """Launch a placement once. Calling it again for the same job id and attempt returns the same handle."""
+        """Launch a placement once, under its supervisor. Calling it again for the same job id and attempt returns
+        the same handle."""
         handle, new = self._record(spec)
         if not new:
             return handle
@@ -165,25 +200,39 @@ class Executor:
             command = (
                 list(spec.command) if isinstance(spec.command, tuple) else ["/bin/sh", "-c", spec.command]
             )
-            argv = [self.python, str(LAUNCHER), "--exit-file", str(d / "exit.json"), "--", *command]
-            cwd = spec.cwd or str(d)
-            with open(d / "stdout.log", "ab") as out, open(d / "stderr.log", "ab") as err:
+            fence = spec.fence_after_s if spec.fence_after_s is not None else self.fence_after_s
+            run = {
+                "argv": command,
+                "env": env,
+                "cwd": spec.cwd or str(d),
+                "stdout": str(d / "stdout.log"),
+                "stderr": str(d / "stderr.log"),
+                "grace_s": spec.grace_s,
+                "max_runtime_s": spec.max_runtime_s,
+                "fence_after_s": fence,
+                "lease": str(self.lease_path) if fence is not None else None,
+            }
+            _check_launchable(run)
+            _write_private_json(d / "run.json", run)
+            argv = [self.python, "-I", str(SUPERVISOR), str(d)]
+            with open(d / "supervisor.log", "ab") as log_file:
                 popen = subprocess.Popen(
                     argv,
                     stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    env=env,
-                    cwd=cwd,
-                    start_new_session=True,  # its own session and process group: pgid == pid
+                    stdout=log_file,
+                    stderr=log_file,
+                    # Only what finds it again after an agent crash (`_recover_launch`).
+                    env={"TESSERA_PLACEMENT": spec.key, "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                    cwd=str(d),
+                    start_new_session=True,  # its own session: the agent's end (or its terminal's) is not its
                     close_fds=True,
                 )
-        except (OSError, LaunchError, ValueError) as exc:  # ValueError: e.g. a NUL byte in the env
+        except (OSError, LaunchError, ValueError, TypeError) as exc:  # ValueError: e.g. a NUL byte in the env
             self._finish(handle, outcome="launch_failed", exit_code=None, detail=str(exc))
             return handle
         self.launches += 1
         handle.popen = popen
-        handle.pid = handle.pgid = popen.pid
+        handle.pid = popen.pid
         stat = procfs.read_stat(popen.pid)
         handle.start_ticks = stat.start_ticks if stat else None
         handle.started_at = time.time()
@@ -191,15 +240,32 @@ class Executor:
             d / "launch.json",
             {
                 "pid": handle.pid,
-                "pgid": handle.pgid,
                 "start_ticks": handle.start_ticks,
                 "cmdline": argv,
                 "started_at": handle.started_at,
                 "mps": handle.mps,
             },
         )
+        self._read_job_record(handle, wait_s=2.0)
         self._transitions.append(Transition("started", handle))
         return handle
+
+    def _read_job_record(self, handle: JobHandle, *, wait_s: float = 0.0) -> None:
+        """The job's own pid and group, once its supervisor has started it (job.json)."""
+        deadline = time.monotonic() + wait_s
+        while handle.job_pid is None:
+            record = _read_json(handle.dir / "job.json")
+            if record is not None and isinstance(record.get("pid"), int):
+                handle.job_pid = record["pid"]
+                handle.pgid = int(record.get("pgid") or record["pid"])
+                return
+            if time.monotonic() >= deadline or (handle.dir / "exit.json").exists():
+                return
+            time.sleep(0.01)
+
+    def renew_lease(self) -> None:
+        """The portal hears from this agent: the supervisors' fence starts counting again from now."""
+        _write_json(self.lease_path, {"renewed_mono": time.monotonic(), "renewed_at": time.time()})
 
     def reject(self, spec: JobSpec, reason: str) -> JobHandle:
         """Record a placement this node cannot run (as launch_failed) so it is reported once, never retried."""
@@ -236,7 +302,8 @@ class Executor:
 
     # -- stop -----------------------------------------------------------------------------------------------
     def stop(self, key: str, *, reason: str, grace_s: float | None = None) -> JobHandle | None:
-        """SIGTERM the job's process group now and SIGKILL it once grace_s has passed (see poll())."""
+        """Ask the job's supervisor to stop it: SIGTERM to the job's processes, the grace, then SIGKILL to what
+        is left. The placement ends once none of its processes is left (see poll())."""
         handle = self._jobs.get(key)
         if handle is None or handle.state != RUNNING:
             return handle
@@ -244,9 +311,20 @@ class Executor:
         handle.state = STOPPING
         handle.stop_reason = reason
         handle.stop_deadline = self.clock() + max(0.0, grace)
-        self._signal_group(handle, signal.SIGKILL if grace <= 0 else signal.SIGTERM)
         handle.kill_sent = grace <= 0
+        _write_json(
+            handle.dir / "stop.json", {"reason": reason, "grace_s": max(0.0, grace), "at": time.time()}
+        )
+        self._signal_supervisor(handle, signal.SIGUSR1)
         return handle
+
+    def _signal_supervisor(self, handle: JobHandle, sig: int) -> None:
+        if handle.pid is None or not procfs.is_same_process(handle.pid, handle.start_ticks):
+            return
+        try:
+            os.kill(handle.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def _signal_group(self, handle: JobHandle, sig: int) -> None:
         if handle.pgid is None:
@@ -258,27 +336,29 @@ class Executor:
 
     # -- progress ---------------------------------------------------------------------------------------------
     def poll(self) -> list[Transition]:
-        """Notice exits, escalate stops past their grace, enforce max runtimes. Returns new transitions."""
+        """Notice ended placements (their supervisors exit once nothing of the job is left). Returns new
+        transitions. Grace, max runtime and fence are the supervisors' to enforce."""
         before = len(self._transitions)
         now = self.clock()
         for handle in self.active():
+            if handle.job_pid is None:
+                self._read_job_record(handle)
             if self._exited(handle):
                 self._collect(handle)
-            elif handle.state == STOPPING and not handle.kill_sent and now >= (handle.stop_deadline or now):
-                self._signal_group(handle, signal.SIGKILL)
-                handle.kill_sent = True
             elif (
-                handle.state == RUNNING
-                and handle.spec.max_runtime_s is not None
-                and handle.started_at is not None
-                and time.time() - handle.started_at >= handle.spec.max_runtime_s
+                handle.state == STOPPING
+                and now >= (handle.stop_deadline or now) + SUPERVISOR_SLACK_S
+                and not handle.kill_sent
             ):
-                self.stop(handle.key, reason="max_runtime")
+                # The supervisor should have ended the job by now: end it here (its group, then the supervisor).
+                self._signal_group(handle, signal.SIGKILL)
+                self._signal_supervisor(handle, signal.SIGKILL)
+                handle.kill_sent = True
         return self._transitions[before:]
 
     def _exited(self, handle: JobHandle) -> bool:
         if handle.popen is not None:
-            # WNOWAIT keeps the zombie, so its pid (our pgid) cannot be reused before the group is cleaned.
+            # WNOWAIT keeps the zombie, so its pid cannot be reused before it is collected.
             try:
                 return os.waitid(os.P_PID, handle.popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
             except ChildProcessError:
@@ -286,34 +366,55 @@ class Executor:
         return handle.pid is None or not procfs.is_same_process(handle.pid, handle.start_ticks)
 
     def _collect(self, handle: JobHandle) -> None:
-        # The first process ended; anything it left behind in the group goes with it.
+        """The supervisor ended: the job with it, as its exit record says."""
         if handle.popen is not None:
-            self._signal_group(handle, signal.SIGKILL)
-            code = handle.popen.wait()
-        else:
-            if handle.pgid is not None and procfs.group_members(handle.pgid):
-                self._signal_group(handle, signal.SIGKILL)
-            code = None
+            handle.popen.wait()
         record = _read_json(handle.dir / "exit.json")
-        if record is not None:
-            exit_code = int(record["exit_code"])
-        elif code is not None:
-            exit_code = code
-        else:
-            exit_code = -signal.SIGKILL if handle.kill_sent else None
-        if handle.stop_reason is None:
-            outcome = "exited" if exit_code is not None else "lost"
-        else:
+        if record is None and handle.pgid is not None and procfs.group_members(handle.pgid):
+            # The supervisor itself was killed: nothing may outlive it unwatched.
+            self._signal_group(handle, signal.SIGKILL)
+        exit_code = record.get("exit_code") if record is not None else None
+        stop_reason = handle.stop_reason or (record.get("stop_reason") if record is not None else None)
+        if stop_reason == "leftover":
+            stop_reason = None  # it ended on its own; what it left behind was stopped
+        handle.stop_reason = stop_reason
+        if record is not None and record.get("killed_after_grace"):
+            handle.kill_sent = True
+        if record is None:
+            outcome, detail = "lost", "its supervisor ended without an exit record"
+        elif stop_reason is None:
+            outcome, detail = ("exited" if exit_code is not None else "lost"), record.get("error") or ""
+        elif stop_reason in ENFORCED_STOPS:
             # Enforcement ends a job against its will ("killed"); the portal's or agent's decisions "stop" it.
-            outcome = "killed" if handle.stop_reason in ENFORCED_STOPS else "stopped"
-        self._finish(handle, outcome=outcome, exit_code=exit_code, detail=handle.stop_reason or "")
+            outcome, detail = "killed", stop_reason
+        else:
+            outcome, detail = "stopped", record.get("stop_detail") or stop_reason
+        finished_at = record.get("finished_at") if record is not None else None
+        self._finish(
+            handle,
+            outcome=outcome,
+            exit_code=exit_code,
+            detail=detail,
+            finished_at=finished_at if isinstance(finished_at, int | float) else None,
+            grace_given_s=record.get("stopped_for_s") if record is not None else None,
+        )
 
-    def _finish(self, handle: JobHandle, *, outcome: str, exit_code: int | None, detail: str) -> None:
+    def _finish(
+        self,
+        handle: JobHandle,
+        *,
+        outcome: str,
+        exit_code: int | None,
+        detail: str,
+        finished_at: float | None = None,
+        grace_given_s: float | None = None,
+    ) -> None:
         handle.state = FINISHED
         handle.outcome = outcome
         handle.exit_code = exit_code
         handle.detail = detail
-        handle.finished_at = time.time()
+        handle.finished_at = finished_at if finished_at is not None else time.time()
+        handle.grace_given_s = grace_given_s
         handle.popen = None
         _write_json(handle.dir / "outcome.json", self._outcome_record(handle))
         self._transitions.append(Transition("finished", handle))
@@ -327,6 +428,7 @@ class Executor:
             "finished_at": handle.finished_at,
             "started_at": handle.started_at,
             "pid": handle.pid,
+            "grace_given_s": handle.grace_given_s,
             "reported": handle.reported,
         }
 
@@ -396,6 +498,7 @@ class Executor:
             handle.finished_at = outcome.get("finished_at")
             handle.started_at = outcome.get("started_at")
             handle.pid = outcome.get("pid")
+            handle.grace_given_s = outcome.get("grace_given_s")
             handle.reported = bool(outcome.get("reported"))
             self._jobs[spec.key] = handle
             return handle
@@ -408,11 +511,11 @@ class Executor:
                     return None
                 launch = {}
         handle.pid = launch.get("pid")
-        handle.pgid = launch.get("pgid", handle.pid)
         handle.start_ticks = launch.get("start_ticks")
         handle.started_at = launch.get("started_at")
         handle.mps = launch.get("mps")
         handle.adopted = True
+        self._read_job_record(handle)
         self._jobs[spec.key] = handle
         alive = handle.pid is not None and procfs.is_same_process(handle.pid, handle.start_ticks)
         if alive and launch.get("cmdline") not in (None, procfs.read_cmdline(handle.pid)):
@@ -424,15 +527,14 @@ class Executor:
         return handle
 
     def _recover_launch(self, spec: JobSpec, d: Path) -> dict | None:
-        """The launch record is missing: find the launcher by the placement marker in its environment."""
+        """The launch record is missing: find the supervisor by the placement marker in its environment."""
         for pid in procfs.find_by_env(f"TESSERA_PLACEMENT={spec.key}"):
             st = procfs.read_stat(pid)
             cmdline = procfs.read_cmdline(pid) or []
             # Ours, for this very directory: another agent's work dir could hold the same placement.
-            if st is not None and st.pid == st.pgrp and str(d / "exit.json") in cmdline:
+            if st is not None and st.pid == st.session and str(d) in cmdline:
                 launch = {
                     "pid": pid,
-                    "pgid": pid,
                     "start_ticks": st.start_ticks,
                     "cmdline": cmdline,
                     "started_at": time.time(),
@@ -481,14 +583,15 @@ class Executor:
     def usage_hints(self) -> list[JobUsageHint]:
         hints = []
         for h in self.active():
-            if h.pid is None:
+            pid = h.job_pid or h.pid
+            if pid is None:
                 continue
             util = h.spec.env.get("TESSERA_SIM_UTIL_PCT")
             mem = h.spec.env.get("TESSERA_SIM_MEMORY_MIB")
             shares = [g.compute_pct for g in h.spec.gpus if g.compute_pct is not None]
             hints.append(
                 JobUsageHint(
-                    pid=h.pid,
+                    pid=pid,
                     gpu_uuids=tuple(g.uuid for g in h.spec.gpus),
                     util_pct=float(util) if util is not None else float(min(shares) if shares else 100),
                     memory_mib={

@@ -43,6 +43,9 @@ class JobSpec:
     max_runtime_s: float | None = None
     grace_s: float = 30.0
     cwd: str | None = None
+    # Stop the job once the portal has not heard from this node for this long (None: the agent's default). The
+    # portal re-places the job elsewhere only after this plus the grace has passed.
+    fence_after_s: float | None = None
 
     @property
     def key(self) -> str:
@@ -61,6 +64,7 @@ class JobSpec:
         if attempt is None:
             raise ValueError("a job needs an attempt (placement epoch)")
         max_rt = data.get("max_runtime_s")
+        fence = data.get("fence_after_s")
         return cls(
             job_id=str(data["job_id"]),
             attempt=int(attempt),
@@ -70,6 +74,7 @@ class JobSpec:
             max_runtime_s=float(max_rt) if max_rt is not None else None,
             grace_s=float(data.get("grace_s", 30.0)),
             cwd=data.get("cwd"),
+            fence_after_s=float(fence) if fence is not None else None,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 PROTOCOL_VERSION = 1
 AGENT_MESSAGES = ("hello", "heartbeat", "metrics", "job_status", "event", "logs", "ack")
-PORTAL_MESSAGES = ("desired_state", "logs_request", "ack")
+PORTAL_MESSAGES = ("desired_state", "logs_request", "heartbeat_ack", "ack")
 # The sender keeps these until acked, and sends them again after a reconnect (receivers must be idempotent).
 RELIABLE = frozenset({"hello", "job_status", "event", "desired_state"})
 MAX_LOG_CHUNK_BYTES = 256 * 1024

@@ -118,7 +118,6 @@ class Agent:
         watchdog_tolerance_mib: int = 0,
         watchdog_grace_s: float = 5.0,
         log_tail_lines: int = 20,
-        fence_after_s: float | None = None,
         retention_s: float = 7 * 24 * 3600,
     ) -> None:
         self.node_name = node_name
@@ -129,12 +128,8 @@ class Agent:
         self.ack_timeout_s = ack_timeout_s
         self.retry_initial_s = retry_initial_s
         self.log_tail_lines = log_tail_lines
-        # Without a connection to the portal for this long, stop every job: the portal may have declared this
-        # node lost and placed its jobs elsewhere. Keep it below the portal's node-lost timeout. None: never.
-        self.fence_after_s = fence_after_s
         self.retention_s = retention_s
         self._last_contact = time.monotonic()
-        self._fenced = False
         self._last_prune = 0.0
         self.inventory = backend.inventory()
         self.reconciler = Reconciler(executor, known_gpu_uuids=self.inventory.device_uuids())
@@ -198,18 +193,9 @@ class Agent:
         for event in self.watchdog.check(sample):
             out.append(self._queue(protocol.message("event", event.to_dict())))
         self.executor.poll()
-        if self._channel is not None:
-            # An open connection is contact (websocket pings find a dead one within ping_interval+timeout).
-            self._last_contact = time.monotonic()
-        silent_s = time.monotonic() - self._last_contact
-        if self.fence_after_s is not None and silent_s > self.fence_after_s:
-            if not self._fenced:
-                log.warning("no word from the portal for %.0f s: stopping all jobs", silent_s)
-            self._fenced = True
-            for h in self.executor.active():
-                self.executor.stop(h.key, reason="portal_unreachable")
-        elif self.desired is not None:
-            self._fenced = False
+        # No fence here: each job's supervisor stops its job once the lease (renewed when the portal acknowledges
+        # a heartbeat) is older than the job's fence, whether this agent runs or not.
+        if self.desired is not None:
             self.last_result = self.reconciler.converge(self.desired)
         self.executor.poll()
         self._housekeeping()
@@ -260,7 +246,9 @@ class Agent:
 
     def _owners(self, sample: Sample) -> dict[int, str]:
         """GPU process pid -> placement, through the job's session (a job's workers are its children)."""
+        # A job's processes are in its group (pgid = its first process) and its supervisor's session.
         by_group = {h.pgid: h.key for h in self.executor.active() if h.pgid is not None}
+        by_group.update({h.pid: h.key for h in self.executor.active() if h.pid is not None})
         owners: dict[int, str] = {}
         for g in sample.gpus:
             for p in g.processes:
@@ -328,7 +316,8 @@ class Agent:
             {
                 "exit_code": h.exit_code,
                 "reason": h.stop_reason or (h.detail or None),
-                "finished_at": h.finished_at,
+                "finished_at": h.finished_at,  # when it really ended (its supervisor's record)
+                "grace_given_s": h.grace_given_s,
                 "log_tail": {
                     "stdout": self.executor.tail_log(h.key, "stdout", lines=self.log_tail_lines),
                     "stderr": self.executor.tail_log(h.key, "stderr", lines=self.log_tail_lines),
@@ -370,6 +359,8 @@ class Agent:
                 return []
             pending = self._outbox.pop(str(payload.get("ack_id")), None)
             if pending is not None:
+                if pending.msg["type"] == "hello" and payload.get("ok", True):
+                    self.executor.renew_lease()  # the portal recorded the hello as this node's heartbeat
                 if not payload.get("ok", True):
                     log.warning(
                         "portal refused %s %s: %s",
@@ -379,6 +370,10 @@ class Agent:
                     )
                 if pending.on_ack is not None:
                     pending.on_ack(payload)
+            return []
+        if kind == "heartbeat_ack":
+            # The portal has recorded this node's heartbeat: its jobs' fences count from now.
+            self.executor.renew_lease()
             return []
         if kind == "desired_state":
             ok, error = self.apply_desired(payload)

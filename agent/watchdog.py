@@ -47,7 +47,10 @@ class MemoryWatchdog:
         self.proc_root = proc_root
 
     def check(self, sample: Sample) -> list[InterferenceEvent]:
-        by_group = {h.pgid: h for h in self.executor.active() if h.state == RUNNING and h.pgid is not None}
+        running = [h for h in self.executor.active() if h.state == RUNNING]
+        # A job's processes: its group (pgid = its first process) and its supervisor's session.
+        by_group = {h.pgid: h for h in running if h.pgid is not None}
+        by_group.update({h.pid: h for h in running if h.pid is not None})
         if not by_group:
             return []
         events: list[InterferenceEvent] = []

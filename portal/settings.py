@@ -134,6 +134,12 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBIL
 TESSERA_SCHEDULER_PROFILE = env.str("TESSERA_SCHEDULER_PROFILE", default="default")
 TESSERA_CYCLE_INTERVAL_S = env.float("TESSERA_CYCLE_INTERVAL_S", default=5.0)
 TESSERA_NODE_LOST_AFTER_S = env.float("TESSERA_NODE_LOST_AFTER_S", default=50.0)
+# A job's supervisor stops it once its node's agent has not been heard by the portal for this long (the agent died,
+# or lost the portal, Redis does not count); the portal re-places a lost node's jobs only after this, the job's
+# preemption grace and TESSERA_FENCE_MARGIN_S have all passed since the node's last heartbeat, so a placement never
+# runs twice. Outages shorter than this stop nothing (Kubernetes waits 5 min before evicting a silent node's pods).
+TESSERA_AGENT_FENCE_AFTER_S = env.float("TESSERA_AGENT_FENCE_AFTER_S", default=600.0)
+TESSERA_FENCE_MARGIN_S = env.float("TESSERA_FENCE_MARGIN_S", default=30.0)
 # Threads (each with its own database connection) that handle the agents' reports in one portal process.
 TESSERA_AGENT_DB_THREADS = env.int("TESSERA_AGENT_DB_THREADS", default=4)
 TESSERA_FAIRSHARE_HALF_LIFE_S = env.float("TESSERA_FAIRSHARE_HALF_LIFE_S", default=7 * 24 * 3600.0)

@@ -167,7 +167,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.desired_lock = asyncio.Lock()  # one desired state computed and sent at a time, in version order
         self.heartbeat_latest: dict | None = None
         self.heartbeat_due = asyncio.Event()
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        self.grouped = await self._join_group()
         await self.accept()
         # The whole desired state follows the agent's hello (its first message), once the GPUs it names are
         # reconciled with the inventory: before that, a fresh node's GPU UUIDs may still be the registered ones.
@@ -176,12 +176,31 @@ class AgentConsumer(AsyncWebsocketConsumer):
             asyncio.ensure_future(self._heartbeats_forever()),
         ]
 
+    async def _join_group(self) -> bool:
+        """Join the node's group, through which changes are pushed at once. Without the channel layer (Redis
+        down) the agent is served all the same: its heartbeats go to the database, each is acknowledged, and
+        the desired state is recomputed on each, so an outage only slows pushes to one heartbeat."""
+        try:
+            await self.channel_layer.group_add(self.group, self.channel_name)
+            return True
+        except (
+            Exception
+        ) as exc:  # the layer's errors are the backend's own (redis, OS): none of them is fatal
+            log.warning(
+                "node %s: channel layer unavailable (%s); serving it without pushes", self.node_name, exc
+            )
+            return False
+
     async def disconnect(self, code: int) -> None:
         if self.node_id is None:
             return
         for task in getattr(self, "tasks", ()):
             task.cancel()
-        await self.channel_layer.group_discard(self.group, self.channel_name)
+        if getattr(self, "grouped", False):
+            try:
+                await self.channel_layer.group_discard(self.group, self.channel_name)
+            except Exception as exc:  # the group entry expires on its own
+                log.warning("node %s: could not leave its group: %s", self.node_name, exc)
         await db(agent_services.node_disconnected)(node_id=self.node_id)
 
     async def refuse(self, code: int) -> None:
@@ -292,6 +311,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
             # The token was rotated (or the node removed) since this connection opened: it speaks for no one.
             await self.refuse(CLOSE_UNAUTHENTICATED)
             return
+        # Recorded: the node's jobs' fences count from now (node_loss.py: the portal counts from this record).
+        await self.send_msg(protocol.message("heartbeat_ack", {"seq": payload.get("seq")}))
+        if not self.grouped:
+            self.grouped = await self._join_group()
         if not self.said_hello:
             return
         held = payload.get("desired_version")
@@ -330,6 +353,18 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if now - self.last_metrics_at < METRICS_PUBLISH_INTERVAL_S:
             return
         self.last_metrics_at = now
+        try:
+            await self._publish_metrics(payload)
+        except (
+            Exception
+        ) as exc:  # live utilisation lives in Redis: without it, browsers wait; the node does not
+            if not getattr(self, "metrics_failing", False):
+                log.warning("node %s: live metrics not published (%s)", self.node_name, exc)
+            self.metrics_failing = True
+        else:
+            self.metrics_failing = False
+
+    async def _publish_metrics(self, payload: dict) -> None:
         gpus = [live_metrics.gpu_sample(g) for g in payload.get("gpus") or [] if isinstance(g, dict)]
         at = payload.get("sampled_at")
         at = at if isinstance(at, (int, float)) and not isinstance(at, bool) else None

@@ -8,7 +8,9 @@ and changes nothing.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import transaction
@@ -222,8 +224,22 @@ def job_report(*, node_id: int, payload: dict[str, Any]) -> Outcome:
         return _apply_report(job, node, state, payload, data)
 
 
+def _reported_time(payload: dict[str, Any], key: str) -> datetime | None:
+    """A time the agent reports (unix seconds): when the job really started or ended."""
+    value = payload.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    try:
+        return datetime.fromtimestamp(float(value), tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
 def _apply_report(job: Job, node: Node, state: str, payload: dict[str, Any], data: dict) -> Outcome:
     reason = payload.get("reason") or ""
+    ended_at = _reported_time(payload, "finished_at")
+    if payload.get("grace_given_s") is not None:
+        data["grace_given_s"] = payload.get("grace_given_s")
     if state == "started":
         if job.state in (JobState.PLACED, JobState.STARTING):
             how = "Re-adopted" if payload.get("adopted") else "Started"
@@ -267,6 +283,7 @@ def _apply_report(job: Job, node: Node, state: str, payload: dict[str, Any], dat
             code="exited",
             message=f"Exited with code {code} on {node.name}.",
             data=data,
+            happened_at=ended_at,
         )
     elif state == "launch_failed" and reason.startswith("GPU(s) not on this node"):
         # The placement named GPUs the node does not have (an inventory that changed): not the job's fault.
@@ -291,6 +308,7 @@ def _apply_report(job: Job, node: Node, state: str, payload: dict[str, Any], dat
             message=_STOP_REASONS.get(reason)
             or f"{state.replace('_', ' ').capitalize()} on {node.name}: {reason}",
             data=data,
+            happened_at=ended_at,
         )
     else:  # "lost", or "stopped" although still wanted (the agent held an older desired state)
         job_lose_then_requeue(

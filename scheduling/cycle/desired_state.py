@@ -16,6 +16,7 @@ from django.db import transaction
 
 from scheduling import lock_objects
 from scheduling.choices import SharingMode
+from scheduling.cycle import node_loss
 from scheduling.cycle.models import NodeSync
 from scheduling.inventory.models import Node
 from scheduling.jobs.models import Job, Slice
@@ -61,6 +62,7 @@ def _job_entry(job: Job, slices: list[Slice]) -> dict[str, Any]:
         "gpus": gpus,
         "max_runtime_s": job.max_runtime_s,
         "grace_s": float(job.priority_class.preemption_grace_s),
+        "fence_after_s": node_loss.fence_after_s(),
     }
 
 

@@ -7,7 +7,7 @@ once. Requeues are bounded by TESSERA_MAX_REQUEUES; past it a job fails with a r
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -18,6 +18,7 @@ from django.utils import timezone
 from scheduling import lock_objects
 from scheduling.choices import ActorKind, JobState, NodeState
 from scheduling.coordination import redis_client
+from scheduling.cycle import node_loss
 from scheduling.cycle.requests import cycle_request
 from scheduling.inventory.models import Node
 from scheduling.jobs.models import Job, JobEvent, Slice
@@ -72,62 +73,102 @@ def _silent_nodes(now):
 
 
 def node_mark_lost(*, node_id: int, now=None) -> list[int]:
-    """Declare one node lost (if it is still silent) and requeue or fail its jobs. Returns the affected job ids."""
+    """Declare one node lost (if it is still silent): nothing more is placed on it. Its jobs stay where they are
+    until they have surely stopped (`lost_jobs_check`); it may come back before. Returns its active job ids."""
     now = now or timezone.now()
-    affected = []
     with transaction.atomic():
         node = _silent_nodes(now).filter(pk=node_id).select_for_update().first()
         if node is None:  # it spoke up meanwhile, or another watchdog got here first
             return []
         node.state = NodeState.LOST
         node.save(update_fields=["state"])
-        silent_for = (
-            f"{(now - node.last_heartbeat_at).total_seconds():.0f} s"
-            if node.last_heartbeat_at
-            else "ever since it was registered"
-        )
-        job_ids = set(
-            Slice.objects.filter(gpu__node=node, job__state__in=ACTIVE_STATES).values_list(
-                "job_id", flat=True
+        job_ids = sorted(
+            set(
+                Slice.objects.filter(gpu__node=node, job__state__in=ACTIVE_STATES).values_list(
+                    "job_id", flat=True
+                )
             )
         )
-        for job in lock_objects.jobs_for_update(ids=job_ids):
-            if job.state not in ACTIVE_STATES:
-                continue
-            data = {"node": node.name}
-            if job.requeue_on_node_loss:
-                job_lose_then_requeue(
-                    job=job,
-                    actor_kind=ActorKind.SYSTEM,
-                    code="node_lost",
-                    message=f"Node {node.name} sent no heartbeat for {silent_for}.",
-                    requeue_code="requeued_node_lost",
-                    requeue_message=f"Requeued after node {node.name} was lost.",
-                    data=data,
-                )
-            else:
-                job_transition(
-                    job=job,
-                    to_state=JobState.LOST,
-                    actor_kind=ActorKind.SYSTEM,
-                    code="node_lost",
-                    message=f"Node {node.name} sent no heartbeat for {silent_for}.",
-                    data=data,
-                )
-                job_transition(
-                    job=job,
-                    to_state=JobState.FAILED,
-                    actor_kind=ActorKind.SYSTEM,
-                    code="node_lost",
-                    message=f"Failed: node {node.name} was lost and the job asked not to be requeued.",
-                    data=data,
-                )
-            affected.append(job.pk)
         events.publish_after_commit(
             groups.CLUSTER, {"type": "node.changed", "node": node.name, "state": NodeState.LOST}
         )
-    log.warning("node %s lost; jobs %s requeued or failed", node.name, affected)
-    return affected
+    log.warning(
+        "node %s lost; its jobs %s are placed elsewhere only once they have surely stopped",
+        node.name,
+        job_ids,
+    )
+    return job_ids
+
+
+def _requeue_lost(*, job: Job, node: Node, silent_for: str) -> None:
+    data = {"node": node.name}
+    message = (
+        f"Node {node.name} has not been heard for {silent_for}: its supervisor has stopped the job "
+        f"(it stops a job {node_loss.fence_after_s():.0f} s after the portal last heard its node)."
+    )
+    if job.requeue_on_node_loss:
+        job_lose_then_requeue(
+            job=job,
+            actor_kind=ActorKind.SYSTEM,
+            code="node_lost",
+            message=message,
+            requeue_code="requeued_node_lost",
+            requeue_message=f"Requeued after node {node.name} was lost.",
+            data=data,
+        )
+        return
+    job_transition(
+        job=job,
+        to_state=JobState.LOST,
+        actor_kind=ActorKind.SYSTEM,
+        code="node_lost",
+        message=message,
+        data=data,
+    )
+    job_transition(
+        job=job,
+        to_state=JobState.FAILED,
+        actor_kind=ActorKind.SYSTEM,
+        code="node_lost",
+        message=f"Failed: node {node.name} was lost and the job asked not to be requeued.",
+        data=data,
+    )
+
+
+def lost_jobs_check(*, now=None) -> list[int]:
+    """Jobs on lost nodes that have surely stopped by now (`node_loss.surely_stopped_at`): back to the queue, or
+    failed when they asked not to be requeued. Not a moment before: a placement never runs in two places."""
+    now = now or timezone.now()
+    moved = []
+    for node in Node.objects.filter(state=NodeState.LOST):
+        last_heard = node.last_heartbeat_at or node.created_at
+        candidates = (
+            Job.objects.filter(slices__gpu__node=node, state__in=ACTIVE_STATES)
+            .select_related("priority_class")
+            .distinct()
+        )
+        due = [
+            job.pk
+            for job in candidates
+            if node_loss.surely_stopped_at(
+                last_heard_at=last_heard, grace_s=job.priority_class.preemption_grace_s
+            )
+            <= now
+        ]
+        if not due:
+            continue
+        with transaction.atomic():
+            locked = lock_objects.nodes_for_update(ids=[node.pk]).first()
+            if locked is None or locked.state != NodeState.LOST:
+                continue  # it came back meanwhile: its jobs run on
+            silent_for = f"{(now - last_heard).total_seconds():.0f} s"
+            for job in lock_objects.jobs_for_update(ids=due):
+                if job.state in ACTIVE_STATES:
+                    _requeue_lost(job=job, node=locked, silent_for=silent_for)
+                    moved.append(job.pk)
+    if moved:
+        log.warning("jobs %s of lost nodes have surely stopped: requeued or failed", moved)
+    return moved
 
 
 # When the watchdog last ran, and when it last resumed after a gap (Redis keys; a process fallback without Redis).
@@ -180,6 +221,19 @@ def nodes_check(*, now=None) -> dict[str, list[int]]:
     return out
 
 
+def _unheard_since(*, job: Job, now) -> datetime | None:
+    """The last heartbeat of the silent node the job was placed on (None: its nodes are all heard)."""
+    placed = last_placement(job)
+    names = (placed.data or {}).get("nodes", []) if placed is not None else []
+    silent_before = now - timedelta(seconds=settings.TESSERA_NODE_LOST_AFTER_S)
+    heard = [
+        n.last_heartbeat_at or n.created_at
+        for n in Node.objects.filter(name__in=names)
+        if n.state == NodeState.LOST or (n.last_heartbeat_at or n.created_at) < silent_before
+    ]
+    return min(heard) if heard else None
+
+
 def preemptions_check(*, now=None) -> list[int]:
     """Preempted jobs whose agent never confirmed the stop within grace + the node-lost timeout: requeue them."""
     now = now or timezone.now()
@@ -197,6 +251,12 @@ def preemptions_check(*, now=None) -> list[int]:
             job = lock_objects.jobs_for_update(ids=[job_id]).first()
             if job is None or job.state != JobState.PREEMPTED:
                 continue
+            unheard = _unheard_since(job=job, now=now)
+            if (
+                unheard is not None
+                and node_loss.surely_stopped_at(last_heard_at=unheard, grace_s=grace_s) > now
+            ):
+                continue  # its node is silent: the stop may not have reached it; wait for its fence
             job_requeue_or_fail(
                 job=job,
                 code="requeued",
@@ -208,12 +268,14 @@ def preemptions_check(*, now=None) -> list[int]:
 
 
 def watchdog_run() -> dict:
-    """One watchdog round: silent nodes lost, overdue preemptions finished; a cycle asked for if either did."""
+    """One watchdog round: silent nodes lost, their jobs requeued once surely stopped, overdue preemptions
+    finished; a cycle asked for if any of it happened."""
     lost = nodes_check()
+    requeued = lost_jobs_check()
     overdue = preemptions_check()
-    if lost or overdue:
+    if lost or requeued or overdue:
         cycle_request()
-    return {"lost": lost, "preemptions_requeued": overdue}
+    return {"lost": lost, "lost_jobs_requeued": requeued, "preemptions_requeued": overdue}
 
 
 def last_placement(job: Job) -> JobEvent | None:

@@ -8,6 +8,7 @@ for one card cannot both win; the CHECK constraints on Gpu are the last guard.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -323,11 +324,20 @@ def job_transition(
     code: str = "",
     message: str = "",
     data: dict[str, Any] | None = None,
+    happened_at: datetime | None = None,
 ) -> Job:
-    """Move a job along a legal transition and record it. Raises IllegalTransition otherwise."""
+    """Move a job along a legal transition and record it. Raises IllegalTransition otherwise. `happened_at`: when
+    it really happened, for a report that arrives late (a job that ended while its node could not reach the
+    portal); the job's start or end time is then that moment, never later than now nor before it was placed."""
     from_state = job.state
     check_transition(job_id=job.pk, from_state=from_state, to_state=to_state)
     now = timezone.now()
+    at = now
+    if happened_at is not None:
+        at = min(happened_at, now)
+        earliest = job.started_at if to_state in TERMINAL_STATES and job.started_at else job.placed_at
+        if earliest is not None:
+            at = max(at, earliest)
     job.state = to_state
     update = ["state"]
     if to_state == JobState.PLACED:
@@ -347,10 +357,10 @@ def job_transition(
             "estimated_start_at",
         ]
     elif to_state == JobState.RUNNING:
-        job.started_at = now
+        job.started_at = at
         update.append("started_at")
     elif to_state in TERMINAL_STATES:
-        job.finished_at = now
+        job.finished_at = at
         job.queue_position = None
         update += ["finished_at", "queue_position"]
     elif to_state == JobState.PENDING:

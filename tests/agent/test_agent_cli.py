@@ -225,10 +225,10 @@ def test_an_agent_killed_with_sigkill_and_restarted_adopts_its_job_and_never_run
         return sessions
 
     sessions = asyncio.run(scenario())
-    launchers = [
+    supervisors = [
         p
         for p in procfs.find_by_env("TESSERA_PLACEMENT=long:1")
-        if procfs.read_stat(p).pgrp == p and any(str(work_dir) in a for a in procfs.read_cmdline(p) or [])
+        if procfs.read_stat(p).session == p and any(str(work_dir) in a for a in procfs.read_cmdline(p) or [])
     ]
     try:
         hello2 = next(m for m in sessions[1] if m["type"] == "hello")["payload"]
@@ -241,7 +241,10 @@ def test_an_agent_killed_with_sigkill_and_restarted_adopts_its_job_and_never_run
             and not m["payload"]["adopted"]
         ]
         assert fresh_starts == []
-        assert len(launchers) == 1
+        assert len(supervisors) == 1
     finally:
-        for pid in launchers:
-            os.killpg(pid, signal.SIGKILL)
+        for pid in supervisors:  # the supervisor's session: it and the job it runs
+            for member in [int(e) for e in os.listdir("/proc") if e.isdigit()]:
+                st = procfs.read_stat(member)
+                if st is not None and st.session == pid:
+                    os.kill(member, signal.SIGKILL)

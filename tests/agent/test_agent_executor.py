@@ -1,4 +1,5 @@
-"""Executor: process groups, GPU environment, logs, exit codes, max runtime, SIGTERM-grace-SIGKILL, adoption."""
+"""Executor and supervisor: process groups, GPU environment, logs, exit codes, max runtime, SIGTERM-grace-SIGKILL,
+a grace that reaches a shell line's job, the end of the whole job, adoption, and the fence."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def test_a_job_runs_in_its_own_process_group_with_its_gpu_uuids(tmp_path):
     h = ex.start(
         spec("j1", py(PRINT_ENV + "; import os; print(os.getpgid(0), os.getsid(0))"), gpus=(GPU_A, GPU_B))
     )
-    assert h.pgid == h.pid and h.pgid != os.getpgid(0)
+    # The job's own group, under its supervisor's own session: signalled as a whole, apart from both.
+    assert h.pgid == h.job_pid and h.pgid not in (h.pid, os.getpgid(0))
     done = ex.wait(h.key, 10)
     assert done.state == FINISHED and done.outcome == "exited" and done.exit_code == 0
     out = ex.tail_log(h.key, "stdout", lines=5)
@@ -41,7 +43,7 @@ def test_a_job_runs_in_its_own_process_group_with_its_gpu_uuids(tmp_path):
     assert env["TESSERA_PLACEMENT"] == "j1:1"
     assert "TESSERA_AGENT_TOKEN" not in env  # the node token never reaches a job
     pgid, sid = (int(x) for x in out[1].split())
-    assert pgid == sid == h.pid  # the job's python runs under the launcher, in the job's session
+    assert (pgid, sid) == (h.job_pid, h.pid)  # the job's python: its own group, in its supervisor's session
 
 
 def test_logs_are_kept_and_readable_as_tail_and_in_full(tmp_path):

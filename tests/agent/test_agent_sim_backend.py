@@ -50,7 +50,7 @@ def test_readings_come_from_the_jobs_the_agent_runs(tmp_path):
     agent.apply_desired({"version": 1, "jobs": [job]})
     agent.tick()  # starts the job and tells the backend
     s = backend.sample()
-    pid = agent.executor.handle("load:1").pid
+    pid = agent.executor.handle("load:1").job_pid
     assert (s.gpus[0].util_pct, s.gpus[0].memory_used_mib) == (70, 12000)
     assert [(p.pid, p.used_mib) for p in s.gpus[0].processes] == [(pid, 12000)]
     assert s.gpus[1].util_pct == 0 and s.gpus[1].processes == []

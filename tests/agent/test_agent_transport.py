@@ -311,21 +311,32 @@ def test_the_agent_loop_runs_in_process_against_a_message_source(tmp_path):
     assert tail["payload"]["lines"] == ["in process"]
 
 
-def test_an_agent_cut_off_from_the_portal_stops_its_jobs_after_the_fence_timeout(tmp_path):
-    agent = _agent(tmp_path, fence_after_s=0.3)
+def test_a_job_whose_agent_hears_nothing_from_the_portal_is_stopped_at_its_fence(tmp_path):
+    """Heartbeat acks renew the lease; without them the job's supervisor stops it once its fence has passed,
+    the agent reports how it ended, and never starts it again."""
+    agent = Agent(
+        node_name="sim-1",
+        backend=SimBackend(SIM),
+        executor=Executor(tmp_path, fence_after_s=0.6),
+        sample_interval_s=0.1,
+        heartbeat_s=0.2,
+    )
     agent.apply_desired({"version": 1, "jobs": [_job(agent, "f", "import time; time.sleep(60)")]})
     agent.tick()
-    assert agent.executor.handle("f:1").state == "running"
-    agent._last_contact -= 1.0  # a second without any portal message
-    agent.tick()
-    done = agent.executor.wait("f:1", 10)
-    assert done.outcome == "stopped" and done.stop_reason == "portal_unreachable"
+    h = agent.executor.handle("f:1")
+    assert h.state == "running"
+    until = time.monotonic() + 1.5
+    while time.monotonic() < until:  # the portal acknowledges heartbeats: the job runs on
+        agent.handle_message(protocol.message("heartbeat_ack", {"seq": 1}))
+        agent.tick()
+        time.sleep(0.1)
+    assert h.state == "running"
+    done = agent.executor.wait("f:1", 10)  # silence from here on
+    assert done.outcome == "stopped" and done.stop_reason == "fenced"
     messages = agent.tick()
-    assert agent.executor.launches == 1  # fenced: not started again while the portal is silent
+    assert agent.executor.launches == 1  # fenced: not started again
     statuses = [m["payload"] for m in messages if m["type"] == "job_status"]
-    assert [(s["job_id"], s["state"], s["reason"]) for s in statuses] == [
-        ("f", "stopped", "portal_unreachable")
-    ]
+    assert [(s["job_id"], s["state"], s["reason"]) for s in statuses] == [("f", "stopped", "fenced")]
 
 
 def test_a_failing_tick_does_not_stop_the_loop(tmp_path):

@@ -51,7 +51,7 @@ def test_memory_of_all_a_jobs_processes_counts_against_its_slice(fake_nvml, tmp_
     uuid = backend.inventory().gpus[0].uuid
     ex = Executor(tmp_path)
     key, pid = _start(ex, "two-procs", uuid)
-    launcher = ex.handle(key).pid  # another process of the same job's session
+    launcher = ex.handle(key).pid  # another process of the same job's session (its supervisor)
     fake_nvml.control.set_time(0.0)
     fake_nvml.control.set_process_memory(0, pid, 3000)
     fake_nvml.control.set_process_memory(0, launcher, 1500)

@@ -379,7 +379,11 @@ def test_cycles_on_one_snapshot_with_other_queues_decide_as_a_cold_engine(snap: 
     warm = profile(timeslice_oversubscription=FACTOR, min_runtime_s=MIN_RUNTIME_S)
     run_cycle(snap, warm)
     for number in range(3):
-        kept = data.draw(st.lists(st.sampled_from(snap.pending), unique_by=lambda j: j.id)) if snap.pending else []
+        kept = (
+            data.draw(st.lists(st.sampled_from(snap.pending), unique_by=lambda j: j.id))
+            if snap.pending
+            else []
+        )
         trial = replace(snap, pending=tuple(kept))
         cold = profile(timeslice_oversubscription=FACTOR, min_runtime_s=MIN_RUNTIME_S)
         assert run_cycle(trial, warm) == run_cycle(trial, replace(cold, name=f"cold-{number}"))

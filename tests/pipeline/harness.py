@@ -32,11 +32,17 @@ BIN = Path(sys.executable).parent
 # heartbeat each second here, so a node is lost after ten missed heartbeats: short, yet not so short that a
 # busy, throttled 2-core CI machine loses nodes that are only slow.
 NODE_LOST_AFTER_S = 10.0
+# A job's supervisor stops it this long after the portal last acknowledged its node; its placement elsewhere waits
+# this plus the job's grace and the margin (production: 600 s and 30 s, docs/operations.md).
+FENCE_AFTER_S = 12.0
+FENCE_MARGIN_S = 2.0
 # Every wait_for gives up only after timeout_s x this: waits end as soon as their condition holds, so a slow
 # machine costs time, not a false failure. TESSERA_TEST_TIMEOUT_SCALE=1 keeps the bare figures.
 TIMEOUT_SCALE = float(os.environ.get("TESSERA_TEST_TIMEOUT_SCALE", "3"))
 ENV = {
     "TESSERA_NODE_LOST_AFTER_S": str(NODE_LOST_AFTER_S),
+    "TESSERA_AGENT_FENCE_AFTER_S": str(FENCE_AFTER_S),
+    "TESSERA_FENCE_MARGIN_S": str(FENCE_MARGIN_S),
     "TESSERA_WATCHDOG_INTERVAL_S": "0.5",
     "TESSERA_CYCLE_INTERVAL_S": "1",
     "TESSERA_CYCLE_LOCK_TTL_S": "3",
@@ -253,12 +259,15 @@ class Cluster:
             proc.stop()
 
     def kill_job_processes(self) -> None:
-        """Job processes outlive their agent by design; the tests' leftovers must not outlive the tests."""
+        """Jobs and their supervisors outlive their agent by design; the tests' leftovers must not outlive the
+        tests."""
         for launch in (self.root / "agents").glob("*/jobs/*/*/launch.json"):
             try:
                 record = json.loads(launch.read_text())
+                job = json.loads((launch.parent / "job.json").read_text())
                 if procfs.is_same_process(int(record["pid"]), record.get("start_ticks")):
-                    os.killpg(int(record["pgid"]), signal.SIGKILL)
+                    os.kill(int(record["pid"]), signal.SIGKILL)
+                os.killpg(int(job["pgid"]), signal.SIGKILL)
             except (OSError, ValueError, KeyError, TypeError):
                 pass
 
@@ -435,6 +444,8 @@ def running_cluster(django_db_blocker, root: Path, *, extra_seed: Callable[[Clus
     old_log_dir = getattr(settings, "TESSERA_LOG_DIR", None)
     settings.TESSERA_LOG_DIR = str(root / "portal-logs")
     settings.TESSERA_NODE_LOST_AFTER_S = NODE_LOST_AFTER_S
+    settings.TESSERA_AGENT_FENCE_AFTER_S = FENCE_AFTER_S
+    settings.TESSERA_FENCE_MARGIN_S = FENCE_MARGIN_S
     with django_db_blocker.unblock():
         c = Cluster(root)
         c.redis = c.start_redis()

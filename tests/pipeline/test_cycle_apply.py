@@ -12,7 +12,7 @@ from scheduling import coordination
 from scheduling.choices import JobState, NodeState
 from scheduling.cycle import apply, lease, runner, snapshot, watchdog
 from scheduling.cycle.desired_state import desired_state_for_node
-from scheduling.cycle.watchdog import nodes_check
+from scheduling.cycle.watchdog import lost_jobs_check, nodes_check
 from scheduling.engine import types as eng
 from scheduling.inventory.models import Gpu, Node
 from scheduling.jobs import usage
@@ -174,24 +174,54 @@ def test_a_watchdog_resuming_after_a_long_pause_gives_every_node_a_full_grace_pe
     assert nodes_check(now=now + timedelta(seconds=31)) == {"a100-01": [job.pk]}
 
 
-def test_a_silent_node_is_lost_only_after_the_timeout_and_its_jobs_are_requeued(
+def test_a_silent_node_is_lost_after_the_timeout_and_its_jobs_requeued_only_once_surely_stopped(
     node, alice, teams, settings, fresh_watch
 ):
+    settings.TESSERA_NODE_LOST_AFTER_S = 30
+    settings.TESSERA_AGENT_FENCE_AFTER_S = 600
+    settings.TESSERA_FENCE_MARGIN_S = 30
+    job = submit(alice, teams["training"], gpus=1)
+    runner.cycle_run_once()
+    grace_s = job.priority_class.preemption_grace_s
+    now = timezone.now()
+    _watched_since(now - timedelta(seconds=60), now)
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now - timedelta(seconds=29))
+    assert nodes_check(now=now) == {}
+    heard = now - timedelta(seconds=31)
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=heard)
+    assert nodes_check(now=now) == {"a100-01": [job.pk]}
+    node.refresh_from_db()
+    assert node.state == NodeState.LOST
+    # Lost: nothing more goes there, but its job may still run (its supervisor stops it at the fence).
+    surely_stopped = heard + timedelta(seconds=600 + grace_s + 30)
+    assert lost_jobs_check(now=surely_stopped - timedelta(seconds=1)) == []
+    job.refresh_from_db()
+    assert job.state == JobState.PLACED and Slice.objects.filter(job=job).exists()
+    assert lost_jobs_check(now=surely_stopped) == [job.pk]
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING and not Slice.objects.filter(job=job).exists()
+    assert list(job.events.values_list("to_state", flat=True))[-2:] == [JobState.LOST, JobState.PENDING]
+    assert Job.objects.get(pk=job.pk).submitted_at == job.submitted_at
+
+
+def test_a_lost_node_that_comes_back_before_its_fence_keeps_its_jobs(
+    node, alice, teams, settings, fresh_watch
+):
+    from scheduling.agents.reports import node_heartbeat
+
     settings.TESSERA_NODE_LOST_AFTER_S = 30
     job = submit(alice, teams["training"], gpus=1)
     runner.cycle_run_once()
     now = timezone.now()
     _watched_since(now - timedelta(seconds=60), now)
-    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now - timedelta(seconds=29))
-    assert nodes_check(now=now) == {}
-    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now - timedelta(seconds=31))
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now - timedelta(seconds=120))
     assert nodes_check(now=now) == {"a100-01": [job.pk]}
-    job.refresh_from_db()
+    node_heartbeat(node_id=node.pk)  # a network blip, a web outage: it speaks again
     node.refresh_from_db()
-    assert node.state == NodeState.LOST
-    assert job.state == JobState.PENDING and not Slice.objects.filter(job=job).exists()
-    assert list(job.events.values_list("to_state", flat=True))[-2:] == [JobState.LOST, JobState.PENDING]
-    assert Job.objects.get(pk=job.pk).submitted_at == job.submitted_at
+    assert node.state == NodeState.READY
+    assert lost_jobs_check(now=now + timedelta(days=1)) == []
+    job.refresh_from_db()
+    assert job.state == JobState.PLACED and job.attempt == 1
 
 
 def test_requeues_are_bounded(node, alice, teams, settings, fresh_watch):
@@ -204,6 +234,7 @@ def test_requeues_are_bounded(node, alice, teams, settings, fresh_watch):
         runner.cycle_run_once()
         Node.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now() - timedelta(seconds=60))
         nodes_check()
+        lost_jobs_check(now=timezone.now() + timedelta(days=1))
     job.refresh_from_db()
     assert job.state == JobState.FAILED and job.attempt == 2
     assert job.events.last().code == "too_many_requeues"

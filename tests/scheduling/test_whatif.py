@@ -37,7 +37,9 @@ def test_a_job_that_fits_starts_now_and_nothing_is_stored(alice, teams, node):
 def test_a_job_that_can_never_run_says_why(alice, teams, node):
     answer = whatif.job_whatif(user=alice, team=teams["training"], spec=_spec(gpus=9))
     assert answer.verdict == "never"
-    assert answer.text == "Can never run here: 9 GPUs on one node can never be had: the most on any node is 8."
+    assert (
+        answer.text == "Can never run here: 9 GPUs on one node can never be had: the most on any node is 8."
+    )
 
 
 @pytest.mark.django_db

@@ -1,0 +1,287 @@
+"""Per-job supervisor: the one process that starts, stops and fences a job, and outlives the agent.
+
+The agent starts `python supervisor.py JOB_DIR` in a session of its own for each placement. The supervisor reads
+JOB_DIR/run.json (the command, its environment, working directory and log files, the stop grace, the max runtime,
+and the fence: the agent's lease file and how long it may go unrenewed), starts the job in a process group of its
+own, and from then on answers to the job directory, not to the agent:
+
+- **stop**: the agent writes JOB_DIR/stop.json (reason, grace_s) and sends SIGUSR1. The job's group gets SIGTERM
+  and the whole grace; whatever is left of it then gets SIGKILL. SIGTERM, SIGINT or SIGHUP to the supervisor
+  itself (a host shutting down) stop the job the same way with run.json's grace.
+- **max runtime**: enforced here, so it holds while the agent is down.
+- **fence**: the agent renews its lease while the portal hears from it; once the lease is older than
+  `fence_after_s` (the agent died, or lost the portal), the job is stopped as above. The portal re-places a silent
+  node's jobs only after that deadline plus the grace has surely passed, so a placement never runs twice.
+- **end**: the job has ended only when its first process has exited and nothing of it is left: no process in its
+  group and no descendant (the supervisor is a child subreaper, so processes that left the group are still
+  found). Anything left after the first process exits is stopped with the grace. Then JOB_DIR/exit.json records
+  the exit code, the time the job really ended, and how it was stopped; an agent restarted meanwhile reads it.
+
+Standard library only, and run with `-I`: it must not depend on anything the agent's environment provides.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+POLL_S = 0.5
+PR_SET_CHILD_SUBREAPER = 36
+_WAKE = (signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_SELF_STOP = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _write_atomic(path: str, payload: dict) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(payload, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _read(path: str) -> dict | None:
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat after the command name: [state, ppid, pgrp, session, ...] (None: no such process)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read().decode(errors="replace")
+    except OSError:
+        return None
+    return raw[raw.rfind(")") + 2 :].split()
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes in the process group."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fields = _stat_fields(int(entry))
+        if fields is not None and fields[0] != "Z" and int(fields[2]) == pgid:
+            out.append(int(entry))
+    return out
+
+
+def _children() -> list[int]:
+    """This process's live children (descendants that left the job's group are re-parented here)."""
+    me, out = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(int(entry))
+            if fields is not None and fields[0] != "Z" and int(fields[1]) == me:
+                out.append(int(entry))
+    return out
+
+
+def _subreaper() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: processes that leave the group are not followed
+
+
+def _lease_age_s(path: str | None) -> float | None:
+    """Seconds since the agent last renewed its lease (monotonic clock, shared by the host's processes)."""
+    if not path:
+        return None
+    lease = _read(path)
+    if lease is None or not isinstance(lease.get("renewed_mono"), int | float):
+        try:
+            # No readable lease: count from the file's last change, else from now (a fresh agent dir).
+            return max(0.0, time.time() - os.stat(path).st_mtime)
+        except OSError:
+            return None
+    return max(0.0, time.monotonic() - float(lease["renewed_mono"]))
+
+
+class Supervisor:
+    def __init__(self, job_dir: str, run: dict) -> None:
+        self.dir = job_dir
+        self.run = run
+        self.grace_s = float(run.get("grace_s") or 0.0)
+        self.max_runtime_s = run.get("max_runtime_s")
+        self.fence_after_s = run.get("fence_after_s")
+        self.lease = run.get("lease")
+        self.job: subprocess.Popen | None = None
+        self.exit_code: int | None = None
+        self.stop_reason: str | None = None
+        self.stop_detail = ""
+        self.stop_grace_s: float | None = None
+        self.stopped_at: float | None = None  # monotonic
+        self.killed = False
+        self.started_mono = time.monotonic()
+
+    # -- start --------------------------------------------------------------------------------------------------
+    def start(self) -> bool:
+        run = self.run
+        env = {str(k): str(v) for k, v in (run.get("env") or {}).items()}
+        try:
+            with open(run["stdout"], "ab") as out, open(run["stderr"], "ab") as err:
+                self.job = subprocess.Popen(
+                    run["argv"],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    env=env,
+                    cwd=run.get("cwd") or self.dir,
+                    process_group=0,  # the job's own group: signalled as a whole, never the supervisor
+                    close_fds=True,
+                    preexec_fn=_child_setup,
+                )
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            message = f"tessera: cannot start {run['argv'][0]!r}: {exc}\n"
+            try:
+                with open(run["stderr"], "a") as err:
+                    err.write(message)
+            except OSError:
+                pass
+            self._finish(exit_code=127, error=str(exc))
+            return False
+        fields = _stat_fields(self.job.pid)
+        _write_atomic(
+            os.path.join(self.dir, "job.json"),
+            {"pid": self.job.pid, "pgid": self.job.pid, "start_ticks": int(fields[19]) if fields else None},
+        )
+        return True
+
+    # -- stop ---------------------------------------------------------------------------------------------------
+    def stop(self, reason: str, grace_s: float, detail: str = "") -> None:
+        if self.stop_reason is not None:
+            return
+        self.stop_reason, self.stop_detail = reason, detail
+        self.stop_grace_s = max(0.0, grace_s)
+        self.stopped_at = time.monotonic()
+        self._signal_all(signal.SIGKILL if self.stop_grace_s <= 0 else signal.SIGTERM)
+        self.killed = self.stop_grace_s <= 0
+
+    def _signal_all(self, sig: int) -> None:
+        """The job's group, and any descendant that left it."""
+        if self.job is not None:
+            try:
+                os.killpg(self.job.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pid in _children():
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _alive(self) -> bool:
+        return bool(self.job is not None and _group_members(self.job.pid)) or bool(_children())
+
+    # -- the loop -----------------------------------------------------------------------------------------------
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if self.job is not None and pid == self.job.pid:
+                self.exit_code = os.waitstatus_to_exitcode(status)
+                self.job.returncode = self.exit_code
+
+    def _check_requests(self) -> None:
+        request = _read(os.path.join(self.dir, "stop.json"))
+        if request is not None:
+            grace = request.get("grace_s")
+            self.stop(
+                str(request.get("reason") or "stop"),
+                float(grace) if isinstance(grace, int | float) else self.grace_s,
+            )
+            return
+        now = time.monotonic()
+        if self.max_runtime_s is not None and now - self.started_mono >= float(self.max_runtime_s):
+            self.stop("max_runtime", self.grace_s)
+            return
+        if self.fence_after_s is not None:
+            age = _lease_age_s(self.lease)
+            if age is not None and age > float(self.fence_after_s):
+                self.stop(
+                    "fenced",
+                    self.grace_s,
+                    f"no word from the agent or the portal for {age:.0f} s (the fence is {self.fence_after_s} s)",
+                )
+
+    def loop(self) -> None:
+        while True:
+            self._reap()
+            if self.exit_code is not None and not self._alive():
+                break
+            if self.stop_reason is None:
+                self._check_requests()
+            if self.stop_reason is None and self.exit_code is not None:
+                # The first process ended and left others behind: they go, with the grace.
+                self.stop(
+                    "leftover", self.grace_s, "processes left behind when the job's first process ended"
+                )
+            if (
+                self.stop_reason is not None
+                and not self.killed
+                and time.monotonic() - (self.stopped_at or 0.0) >= (self.stop_grace_s or 0.0)
+            ):
+                self._signal_all(signal.SIGKILL)
+                self.killed = True
+            got = signal.sigtimedwait(_WAKE, POLL_S)
+            if got is not None and got.si_signo in _SELF_STOP:
+                self.stop("supervisor_signalled", self.grace_s, f"the supervisor got signal {got.si_signo}")
+        self._finish(exit_code=self.exit_code)
+
+    def _finish(self, *, exit_code: int | None, error: str = "") -> None:
+        grace_used = time.monotonic() - self.stopped_at if self.stopped_at is not None else None
+        _write_atomic(
+            os.path.join(self.dir, "exit.json"),
+            {
+                "exit_code": exit_code,
+                "finished_at": time.time(),
+                "child_pid": self.job.pid if self.job is not None else None,
+                "stop_reason": self.stop_reason,
+                "stop_detail": self.stop_detail,
+                "grace_s": self.stop_grace_s,
+                "stopped_for_s": round(grace_used, 3) if grace_used is not None else None,
+                "killed_after_grace": self.killed and self.stop_reason is not None,
+                "error": error,
+            },
+        )
+
+
+def _child_setup() -> None:
+    """In the job's process, before exec: the signals the supervisor waits on are unblocked again."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: supervisor.py JOB_DIR", file=sys.stderr)
+        return 2
+    job_dir = argv[0]
+    run = _read(os.path.join(job_dir, "run.json"))
+    if run is None or not isinstance(run.get("argv"), list) or not run["argv"]:
+        print(f"supervisor: no valid run.json in {job_dir}", file=sys.stderr)
+        return 2
+    signal.pthread_sigmask(signal.SIG_BLOCK, _WAKE)
+    _subreaper()
+    supervisor = Supervisor(job_dir, run)
+    if supervisor.start():
+        supervisor.loop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,154 @@
+"""The per-job supervisor: the grace reaches the job whatever runs it, a job ends only when nothing of it is left,
+and a job whose agent is gone stops itself at its fence."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import sys
+import time
+
+from agent_test_helpers import py, wait_for
+
+from agent import procfs
+from agent.executor import FINISHED, RUNNING, Executor
+from agent.jobspec import GpuSlice, JobSpec
+
+GPU = GpuSlice(uuid="GPU-aaaa", index=0)
+
+# A job that checkpoints for `secs` on SIGTERM, then writes `done` in its directory and exits 0.
+CHECKPOINTING = """
+import os, signal, sys, time
+def on_term(signum, frame):
+    print('checkpointing', flush=True)
+    time.sleep({secs})
+    open('done', 'w').write('saved')
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+print('ready', flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def spec(job_id: str, command, **kw) -> JobSpec:
+    return JobSpec(job_id=job_id, attempt=kw.pop("attempt", 1), command=command, gpus=(GPU,), **kw)
+
+
+def _alive(pid: int) -> bool:
+    st = procfs.read_stat(pid)
+    return st is not None and st.state not in ("Z", "X")
+
+
+def test_a_shell_line_job_gets_the_whole_grace_not_the_shell(tmp_path):
+    """`/bin/sh -c` exits on SIGTERM at once; the job it started checkpoints for 2 s and is not cut short."""
+    ex = Executor(tmp_path)
+    line = f"{shlex.quote(sys.executable)} -c {shlex.quote(CHECKPOINTING.format(secs=2))}; echo after"
+    h = ex.start(spec("ckpt-shell", line, grace_s=30))
+    wait_for(lambda: "ready" in ex.tail_log(h.key, "stdout"))
+    t0 = time.monotonic()
+    ex.stop(h.key, reason="preempted")
+    time.sleep(1.0)
+    ex.poll()
+    assert h.state != FINISHED  # the shell has gone, the job's python is still checkpointing
+    done = ex.wait(h.key, 15)
+    assert time.monotonic() - t0 >= 2.0
+    assert done.outcome == "stopped" and not done.kill_sent
+    assert (h.dir / "done").read_text() == "saved"  # its checkpoint finished: it was never SIGKILLed
+    assert 2.0 <= done.grace_given_s < 30
+    assert procfs.group_members(h.pgid) == []
+
+
+def test_an_argv_job_gets_the_whole_grace_too(tmp_path):
+    ex = Executor(tmp_path)
+    h = ex.start(spec("ckpt-argv", py(CHECKPOINTING.format(secs=1.5)), grace_s=30))
+    wait_for(lambda: "ready" in ex.tail_log(h.key, "stdout"))
+    ex.stop(h.key, reason="preempted")
+    done = ex.wait(h.key, 15)
+    assert done.outcome == "stopped" and done.exit_code == 0 and (h.dir / "done").exists()
+    assert 1.5 <= done.grace_given_s < 30
+
+
+def test_processes_left_behind_are_stopped_before_the_job_counts_as_ended(tmp_path):
+    """The first process exits at once and leaves a background sleep, in its group and out of it (a new
+    session): the placement ends only once both are gone, and its exit code is the first process's."""
+    ex = Executor(tmp_path)
+    code = (
+        "import subprocess, sys\n"
+        "a = subprocess.Popen(['sleep', '60'])\n"
+        "b = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+        "print(a.pid, b.pid, flush=True)\n"
+        "sys.exit(4)\n"
+    )
+    h = ex.start(spec("leftover", py(code), grace_s=0.5))
+    pids = [int(p) for p in wait_for(lambda: ex.tail_log(h.key, "stdout"))[0].split()]
+    done = ex.wait(h.key, 15)
+    assert done.outcome == "exited" and done.exit_code == 4
+    assert not any(_alive(p) for p in pids)
+
+
+def test_a_job_whose_agent_is_gone_stops_itself_at_its_fence(tmp_path):
+    """The agent stops renewing its lease (it died, or lost the portal): the supervisor stops the job with its
+    grace once the fence has passed; a later agent finds how it ended."""
+    gone = Executor(tmp_path, fence_after_s=1.5)
+    h = gone.start(spec("fenced", py(CHECKPOINTING.format(secs=0.5)), grace_s=10))
+    wait_for(lambda: "ready" in gone.tail_log(h.key, "stdout"))
+    supervisor = h.pid
+    started = time.monotonic()
+    # No agent from here on: nobody polls `gone`, nobody renews its lease.
+    wait_for(lambda: (h.dir / "exit.json").exists(), timeout_s=15)
+    elapsed = time.monotonic() - started
+    record = json.loads((h.dir / "exit.json").read_text())
+    assert record["stop_reason"] == "fenced" and "no word from the agent" in record["stop_detail"]
+    assert 1.5 <= elapsed < 6
+    assert (h.dir / "done").exists()  # the grace reached it
+    wait_for(lambda: not _alive(supervisor))
+    later = Executor(tmp_path, fence_after_s=1.5)
+    found = later.handle(h.key)
+    assert found.state == FINISHED and found.outcome == "stopped"
+    assert "no word from the agent" in found.detail
+
+
+def test_a_renewed_lease_keeps_the_job_running(tmp_path):
+    ex = Executor(tmp_path, fence_after_s=1.0)
+    h = ex.start(spec("kept", py("import time; print('ready', flush=True); time.sleep(60)"), grace_s=1))
+    wait_for(lambda: "ready" in ex.tail_log(h.key, "stdout"))
+    until = time.monotonic() + 3.0
+    while time.monotonic() < until:
+        ex.renew_lease()
+        ex.poll()
+        time.sleep(0.2)
+    assert h.state == RUNNING and _alive(h.job_pid)
+    ex.stop(h.key, reason="not_desired", grace_s=0)
+    assert ex.wait(h.key, 10).outcome == "stopped"
+
+
+def test_the_supervisor_outlives_its_agent_and_a_new_agent_adopts_it(tmp_path):
+    """An agent started in a process of its own is killed with SIGKILL: its job runs on under its supervisor,
+    and the next agent adopts it (and never launches it again)."""
+    import subprocess
+
+    script = (
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(os.getcwd())!r})\n"
+        "from agent.executor import Executor\n"
+        "from agent.jobspec import JobSpec, GpuSlice\n"
+        f"ex = Executor({str(tmp_path)!r})\n"
+        "h = ex.start(JobSpec(job_id='orphan', attempt=1, gpus=(GpuSlice(uuid='GPU-aaaa', index=0),),\n"
+        "    command=(sys.executable, '-c', 'import time; print(\"ready\", flush=True); time.sleep(60)')))\n"
+        "print(h.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    agent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    supervisor = int(agent.stdout.readline())
+    agent.send_signal(signal.SIGKILL)
+    agent.wait()
+    later = Executor(tmp_path)
+    h = later.handle("orphan:1")
+    wait_for(lambda: later.tail_log(h.key, "stdout") == ["ready"])
+    assert h.adopted and h.state == RUNNING and h.pid == supervisor and _alive(h.job_pid)
+    later.stop(h.key, reason="not_desired", grace_s=1)
+    assert later.wait(h.key, 10).outcome == "stopped"
+    assert not _alive(supervisor)
