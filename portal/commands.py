@@ -105,6 +105,18 @@ def _shorten(text: str | None, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+SHELL_LINE, ARGV = "shell line", "argv"
+
+
+def command_line(words: list[str]) -> tuple[str, str]:
+    """The job's command line from the words after `--`, and which form they are. Several words are a program
+    and its arguments, quoted so the shell runs exactly them; a single word holding whitespace is a shell line
+    (what `tessera submit -- "python train.py"` means), kept as written."""
+    if len(words) == 1 and any(c.isspace() for c in words[0]):
+        return words[0], SHELL_LINE
+    return shlex.join(words), ARGV
+
+
 # -- commands ----------------------------------------------------------------------------------------------
 
 
@@ -211,7 +223,11 @@ def submit(argv: Sequence[str]) -> int:
         "--idempotency-key", help="retries with the same key submit once (default: a fresh key)"
     )
     parser.add_argument("--dry-run", action="store_true", help="print the spec that would be sent")
-    parser.epilog = "Give the command after --, e.g. tessera submit -G 1 -t 2h -- python train.py"
+    parser.epilog = (
+        "Give the command after --. Separate words run as a program and its arguments: "
+        "tessera submit -G 1 -t 2h -- python train.py --lr 3e-4. One quoted word holding spaces is a shell line, "
+        "run with /bin/sh -c (pipes, &&, $VARIABLES): tessera submit -G 1 -- 'python prep.py && python train.py'."
+    )
     argv = list(argv)
     command: list[str] = []
     if "--" in argv:
@@ -253,7 +269,12 @@ def submit(argv: Sequence[str]) -> int:
         if args.no_preempt:
             spec["preemptible"] = False
         if command:
-            spec["command"] = shlex.join(command)
+            spec["command"], form = command_line(command)
+            if form == SHELL_LINE and not args.json:
+                print(
+                    f"tessera submit: {command[0]!r} is one word with spaces: run as a shell line",
+                    file=sys.stderr,
+                )
         if "command" not in spec:
             print("tessera submit: give a spec file or a command after --", file=sys.stderr)
             return ExitCode.USAGE

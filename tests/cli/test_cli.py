@@ -121,6 +121,20 @@ def test_submit_with_sbatch_like_flags_and_a_command(logged_in):
     assert (job["request"]["gpus"], job["request"]["max_runtime_s"]) == (2, 7200)
 
 
+def test_one_quoted_word_is_a_shell_line_and_separate_words_a_program_and_its_arguments(logged_in):
+    quoted = logged_in("submit", "-G", "1", "--", "python train.py --lr 3e-4 && echo done")
+    assert quoted.returncode == 0, quoted.stderr
+    assert "run as a shell line" in quoted.stderr
+    shown = logged_in("ls", "--json")
+    line = next(j for j in json.loads(shown.stdout) if j["command"].startswith("python train.py"))
+    assert line["command"] == "python train.py --lr 3e-4 && echo done"  # not quoted as one program name
+    assert line["name"] == "python"
+    words = logged_in("submit", "-G", "1", "--json", "--", "echo", "a b", "$HOME")
+    assert (
+        json.loads(words.stdout)["command"] == "echo 'a b' '$HOME'"
+    )  # exactly these words, nothing expanded
+
+
 def test_a_script_with_tessera_lines_is_submitted_like_sbatch(logged_in):
     result = logged_in("submit", str(ROOT / "docs/examples/train.sh"), "--json")
     assert result.returncode == 0, result.stderr
