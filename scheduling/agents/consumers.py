@@ -18,7 +18,10 @@ from typing import Any
 
 from asgiref.sync import SyncToAsync
 from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.layers import get_channel_layer
+from channels.utils import await_many_dispatch
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
@@ -141,6 +144,33 @@ def _store_logs(node_id: int, token_hash: str, **chunk: Any) -> tuple[int, int] 
 class AgentConsumer(AsyncWebsocketConsumer):
     node_id: int | None = None
     node_name = ""
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        """As Channels' consumers run, except that the channel layer's failures (Redis down) never end the
+        connection: the agent's messages are served meanwhile, and pushes resume when the layer answers again."""
+        self.scope = scope
+        self.channel_layer = get_channel_layer(self.channel_layer_alias)
+        self.channel_name = await self.channel_layer.new_channel()
+        self.base_send = send
+        try:
+            await await_many_dispatch([receive, self._layer_receive], self.dispatch)
+        except StopConsumer:
+            pass
+
+    async def _layer_receive(self) -> dict:
+        delay_s = 0.5
+        while True:
+            try:
+                return await self.channel_layer.receive(self.channel_name)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the backend's own errors (redis, OS): wait, and try again
+                if delay_s == 0.5:
+                    log.warning(
+                        "node %s: channel layer unavailable (%s); pushes wait for it", self.node_name, exc
+                    )
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, 5.0)
 
     async def connect(self) -> None:
         node = await db(node_authenticate)(token=_bearer(self.scope))

@@ -1,0 +1,84 @@
+"""Outages of the portal's own services stop no job: agents are served without Redis, and a web outage shorter
+than the fence (production: 600 s) leaves every job running; a job that ended meanwhile keeps the time it ended."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from agent import procfs
+from scheduling.choices import JobState
+from scheduling.inventory.models import Node
+from scheduling.jobs.services import job_cancel
+from tests.pipeline.harness import FENCE_AFTER_S, NODE_LOST_AFTER_S, submit, wait_for, wait_state
+
+
+def _job_pid(pipe, job) -> int:
+    node = job.events.filter(to_state=JobState.PLACED).latest("at", "id").data["nodes"][0]
+    record = pipe.work_dir(node) / "jobs" / str(job.pk) / str(job.attempt) / "job.json"
+    return json.loads(
+        wait_for("the job's record", lambda: record.exists() and record.read_text(), timeout_s=10)
+    )["pid"]
+
+
+def _alive(pid: int) -> bool:
+    st = procfs.read_stat(pid)
+    return st is not None and st.state not in ("Z", "X")
+
+
+def test_redis_down_for_longer_than_the_fence_stops_no_job(pipe):
+    if pipe.redis is None:
+        pytest.skip(
+            "redis-server is not installed: the cluster shares the configured Redis, which we may not stop"
+        )
+    job = submit(pipe, gpus=1, command="sleep 600", name="through-a-redis-outage")
+    wait_state(job, JobState.RUNNING)
+    pid = _job_pid(pipe, job)
+    pipe.redis.kill9()
+    down_at = time.time()
+    outage_s = FENCE_AFTER_S + 5
+    try:
+        while time.time() - down_at < outage_s:
+            time.sleep(1.0)
+            assert _alive(pid), f"the job stopped {time.time() - down_at:.0f} s into a Redis outage"
+        # Heartbeats went to the database all along: no node was lost, nothing was requeued.
+        heard = [n.last_heartbeat_at.timestamp() for n in Node.objects.all()]
+        assert all(time.time() - h < NODE_LOST_AFTER_S for h in heard), heard
+        job.refresh_from_db()
+        assert job.state == JobState.RUNNING and job.attempt == 1
+    finally:
+        pipe.start_redis()
+        time.sleep(2.0)
+        for name in ("worker", "beat"):  # Celery may exit on losing its broker; production restarts it
+            if not pipe.procs[name].alive:
+                pipe.start_worker() if name == "worker" else pipe.start_beat()
+    print(f"redis down {outage_s:.0f} s (fence {FENCE_AFTER_S:.0f} s): jobs stopped 0")
+    job_cancel(job=job, actor=None)
+    wait_for("the cancelled job's process to end", lambda: not _alive(pid), timeout_s=30)
+
+
+def test_a_web_outage_stops_no_job_and_one_that_ended_meanwhile_keeps_its_end_time(pipe):
+    long = submit(pipe, gpus=1, command="sleep 600", name="through-a-web-outage")
+    short = submit(pipe, gpus=1, command="sleep 4", name="ends-during-the-outage")
+    wait_state(long, JobState.RUNNING)
+    wait_state(short, JobState.RUNNING)
+    pid = _job_pid(pipe, long)
+    pipe.procs["web"].kill9()
+    down_at = time.time()
+    # Silence for the agents is the outage plus their reconnect backoff: kept well inside the test's fence.
+    time.sleep(4.0)
+    assert _alive(pid)
+    pipe.start_web()
+    back_at = time.time()
+    wait_state(short, JobState.SUCCEEDED, timeout_s=30)
+    assert short.finished_at.timestamp() < back_at, "recorded when reported, not when it ended"
+    assert short.finished_at.timestamp() - short.started_at.timestamp() == pytest.approx(4.0, abs=1.5)
+    time.sleep(2.0)
+    long.refresh_from_db()
+    history = list(long.events.values_list("code", "message"))
+    assert long.state == JobState.RUNNING and long.attempt == 1 and _alive(pid), history
+    print(f"web down {back_at - down_at:.0f} s (fence {FENCE_AFTER_S:.0f} s): jobs stopped 0")
+    job_cancel(job=long, actor=None)
+    wait_for("the cancelled job's process to end", lambda: not _alive(pid), timeout_s=30)
