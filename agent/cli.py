@@ -50,6 +50,7 @@ def cmd_run(config: AgentConfig) -> int:
         watchdog_tolerance_mib=config.watchdog_tolerance_mib,
         watchdog_grace_s=config.watchdog_grace_s,
         fence_after_s=config.fence_after_s,
+        address=config.address,
     )
     if config.backend == "nvml" and os.environ.get("TESSERA_FAKE_NVML"):
         logging.getLogger("tessera.agent").warning(
