@@ -8,6 +8,7 @@ and changes nothing.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,10 @@ class Outcome:
     retry: bool = False
 
 
+# A host name or an IP address (v6 with a zone too): what goes into a hostfile line and MASTER_ADDR.
+_ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:%-]{0,252}")
+
+
 def _revive(node: Node) -> None:
     """A lost node that speaks again is ready again; its old jobs were already requeued."""
     if node.state == NodeState.LOST:
@@ -65,7 +70,8 @@ def _revive(node: Node) -> None:
 
 
 def node_hello(*, node_id: int, payload: dict[str, Any]) -> dict[str, Any]:
-    """Reconcile the inventory the agent sees with the database's; returns what differed."""
+    """Reconcile the inventory the agent sees with the database's, and take the address it reports (where its
+    peers reach it); returns what differed."""
     inventory = payload.get("inventory") or {}
     reported = {int(g["index"]): g for g in inventory.get("gpus") or [] if "index" in g}
     report: dict[str, Any] = {"uuid_updated": [], "missing": [], "unregistered": [], "memory_mismatch": []}
@@ -99,7 +105,16 @@ def node_hello(*, node_id: int, payload: dict[str, Any]) -> dict[str, Any]:
                 gpu.save(update_fields=fields)
         report["unregistered"] = sorted(reported)
         node.last_heartbeat_at = timezone.now()
-        node.save(update_fields=["last_heartbeat_at"])
+        fields = ["last_heartbeat_at"]
+        address = payload.get("address")
+        if isinstance(address, str) and address:
+            if _ADDRESS.fullmatch(address) and address != node.address:
+                node.address = address
+                fields.append("address")
+                report["address"] = address
+            elif not _ADDRESS.fullmatch(address):
+                report["address_refused"] = address[:100]
+        node.save(update_fields=fields)
         _revive(node)
         sync, _ = NodeSync.objects.get_or_create(node=node)
         sync.agent_version = str(payload.get("agent_version") or "")[:50]

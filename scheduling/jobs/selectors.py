@@ -1,7 +1,9 @@
-"""Reads for jobs: what a user may see, the queue in the scheduler's order, and who may cancel what."""
+"""Reads for jobs: what a user may see, the queue in the scheduler's order, who may cancel what, and gangs' members."""
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -10,7 +12,7 @@ from django.utils import timezone
 
 from quotas.selectors import team_ids_administered_by, team_ids_for_user
 from scheduling.choices import JobState
-from scheduling.jobs.models import Job, JobEvent, Slice
+from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
 
 
 def jobs_visible_to(*, user: AbstractBaseUser) -> QuerySet[Job]:
@@ -230,3 +232,13 @@ def job_phases(*, job: Job, events: list[JobEvent]) -> list[dict[str, Any]]:
         end = phase["end"] or now
         phase["seconds"] = max(0.0, (end - phase["start"]).total_seconds())
     return phases
+
+
+def gang_members_of(*, job_ids: Iterable[int]) -> dict[int, list[GangMember]]:
+    """The members of these multi-node jobs' current placements, by job id, in rank order."""
+    out: dict[int, list[GangMember]] = defaultdict(list)
+    members = GangMember.objects.filter(job_id__in=list(job_ids)).select_related("node", "job")
+    for member in members.order_by("job_id", "rank"):
+        if member.attempt == member.job.attempt:
+            out[member.job_id].append(member)
+    return dict(out)

@@ -1,4 +1,4 @@
-"""Writes for jobs: submit, transitions, slices, cancel and requeue.
+"""Writes for jobs: submit, transitions, slices, a gang's members, cancel and requeue.
 
 Every job state change goes through `job_transition`, which checks the state machine and appends a JobEvent.
 Slices change the GPU ledger with `allocated = allocated + x` guarded in the same UPDATE, so two writers racing
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection, transaction
 from django.db.models import F
@@ -22,8 +23,8 @@ from scheduling.choices import ActorKind, JobState, SharingMode, Topology
 from scheduling.cycle.requests import cycle_request_after_commit
 from scheduling.errors import ServiceError
 from scheduling.inventory import selectors as inventory
-from scheduling.inventory.models import Gpu
-from scheduling.jobs.models import Job, JobEvent, Slice
+from scheduling.inventory.models import Gpu, Node
+from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
 from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES, check_transition
 from scheduling.realtime import events
 
@@ -34,6 +35,10 @@ MAX_GANG_NODES = 256
 
 
 class SliceDoesNotFit(ServiceError):
+    pass
+
+
+class NoRendezvousPort(ServiceError):
     pass
 
 
@@ -374,6 +379,7 @@ def job_transition(
         for node_name in set(Slice.objects.filter(job=job).values_list("gpu__node__name", flat=True)):
             events.node_desired_state_changed(node_name=node_name)
         job_release_slices(job=job)
+        GangMember.objects.filter(job=job).delete()  # a gang's members go with its placement
         cycle_request_after_commit()
     elif to_state == JobState.PENDING:
         cycle_request_after_commit()
@@ -429,6 +435,35 @@ def job_release_slices(*, job: Job) -> int:
         sl.delete()
         released += 1
     return released
+
+
+def gang_members_place(*, job: Job, nodes: list[Node]) -> list[GangMember]:
+    """Record the members of a multi-node job's new placement: ranks in node-name order (the order the placement
+    event lists them), each node's address as of now, and on rank 0 a rendezvous port from
+    TESSERA_GANG_PORT_FIRST..LAST that no other live gang uses on that address. Raises NoRendezvousPort when all
+    are taken (the placement is refused and retried next cycle)."""
+    ordered = sorted(nodes, key=lambda n: n.name)
+    master = ordered[0].reachable_address
+    taken = set(GangMember.objects.filter(rank=0, address=master).values_list("port", flat=True))
+    first, last = settings.TESSERA_GANG_PORT_FIRST, settings.TESSERA_GANG_PORT_LAST
+    port = next((p for p in range(first, last + 1) if p not in taken), None)
+    if port is None:
+        raise NoRendezvousPort(
+            f"every rendezvous port {first}-{last} on {master} is held by a running gang", code="no_port"
+        )
+    return GangMember.objects.bulk_create(
+        [
+            GangMember(
+                job=job,
+                attempt=job.attempt,
+                node=node,
+                rank=rank,
+                address=node.reachable_address,
+                port=port if rank == 0 else None,
+            )
+            for rank, node in enumerate(ordered)
+        ]
+    )
 
 
 @transaction.atomic
