@@ -21,6 +21,7 @@ from scheduling.cycle.lease import epoch_claim
 from scheduling.engine import types as eng
 from scheduling.inventory.models import Gpu
 from scheduling.jobs.models import Job, Slice
+from scheduling.jobs.selectors import gangs_failing
 from scheduling.jobs.services import (
     NoRendezvousPort,
     SliceDoesNotFit,
@@ -109,10 +110,12 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
         )
         nodes = {n.name: n for n in lock_objects.nodes_for_update(names=placement_nodes | victim_nodes)}
         jobs = {j.pk: j for j in lock_objects.jobs_for_update(ids=eviction_ids + placement_ids)}
+        # A gang with a failed member is ending already (failed): evicting it would requeue a failed job.
+        ending = gangs_failing(job_ids=eviction_ids) if eviction_ids else set()
 
         for ev in decisions.evictions:
             job = jobs.get(int(ev.job_id))
-            if job is None or job.state not in ACTIVE_STATES:
+            if job is None or job.state not in ACTIVE_STATES or job.pk in ending:
                 continue
             on_nodes = _job_nodes(job.pk)
             verb = "Reclaimed for" if ev.code == "reclaimed" else "Preempted by"

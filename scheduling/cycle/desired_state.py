@@ -1,7 +1,8 @@
 """Each node's desired state, derived from the database: the placements (job, attempt, GPU slices) it should run.
 
 A member of a multi-node job also gets the gang (its rank, every member's address and slots, the rendezvous
-port), from which its agent sets MASTER_ADDR, WORLD_SIZE, ... and writes a hostfile.
+port), from which its agent sets MASTER_ADDR, WORLD_SIZE, ... and writes a hostfile. A gang with a failed member
+leaves every node's desired state, so the agents stop the other members with the job's grace.
 
 The version grows only when the content changes (a digest is kept in NodeSync), so agents can drop an older
 state that arrives late, and computing it twice is harmless. Agents receive the whole state, never a diff.
@@ -22,7 +23,7 @@ from scheduling.choices import SharingMode
 from scheduling.cycle.models import NodeSync
 from scheduling.inventory.models import Node
 from scheduling.jobs.models import GangMember, Job, Slice
-from scheduling.jobs.selectors import gang_members_of
+from scheduling.jobs.selectors import gang_members_of, gangs_failing
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.realtime import events
 
@@ -88,8 +89,11 @@ def desired_jobs(*, node: Node) -> tuple[dict[str, Any], ...]:
     jobs = list(Job.objects.filter(pk__in=by_job).select_related("priority_class").order_by("pk"))
     gangs = [job.pk for job in jobs if job.nodes > 1]
     members = gang_members_of(job_ids=gangs) if gangs else {}
+    failing = gangs_failing(job_ids=gangs) if gangs else set()
     entries = []
     for job in jobs:
+        if job.pk in failing:
+            continue  # its agents stop the members still running
         entry = _job_entry(job, by_job[job.pk])
         gang = _gang_entry(job, members[job.pk], node) if job.pk in members else None
         if gang is not None:

@@ -21,6 +21,7 @@ from scheduling.coordination import redis_client
 from scheduling.cycle.requests import cycle_request
 from scheduling.inventory.models import Node
 from scheduling.jobs.models import Job, JobEvent, Slice
+from scheduling.jobs.selectors import gang_first_failure
 from scheduling.jobs.services import job_transition
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.realtime import events, groups
@@ -95,7 +96,19 @@ def node_mark_lost(*, node_id: int, now=None) -> list[int]:
             if job.state not in ACTIVE_STATES:
                 continue
             data = {"node": node.name}
-            if job.requeue_on_node_loss:
+            failure = gang_first_failure(job=job) if job.nodes > 1 else None
+            if failure is not None:
+                # A gang already decided failed, waiting for its members to stop: failed, not requeued.
+                job_transition(
+                    job=job,
+                    to_state=JobState.FAILED,
+                    actor_kind=ActorKind.SYSTEM,
+                    code="gang_failed",
+                    message=f"Failed: {failure.describe()}. Node {node.name} was lost before its member "
+                    "stopped.",
+                    data={**data, "failed_node": failure.node.name, "failed_rank": failure.rank},
+                )
+            elif job.requeue_on_node_loss:
                 job_lose_then_requeue(
                     job=job,
                     actor_kind=ActorKind.SYSTEM,

@@ -1,4 +1,4 @@
-"""Reads for jobs: what a user may see, the queue in the scheduler's order, who may cancel what, and gangs' members."""
+"""Reads for jobs: what a user may see, the queue in the scheduler's order, who may cancel what, and gangs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from django.db.models import F, Prefetch, Q, QuerySet
 from django.utils import timezone
 
 from quotas.selectors import team_ids_administered_by, team_ids_for_user
-from scheduling.choices import JobState
+from scheduling.choices import GangMemberOutcome, JobState
 from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
 
 
@@ -242,3 +242,22 @@ def gang_members_of(*, job_ids: Iterable[int]) -> dict[int, list[GangMember]]:
         if member.attempt == member.job.attempt:
             out[member.job_id].append(member)
     return dict(out)
+
+
+def gang_first_failure(*, job: Job) -> GangMember | None:
+    """The member whose failure decided the gang's outcome (the first to fail), if one has failed."""
+    return (
+        GangMember.objects.filter(job=job, attempt=job.attempt, outcome=GangMemberOutcome.FAILED)
+        .select_related("node")
+        .order_by("ended_at", "rank")
+        .first()
+    )
+
+
+def gangs_failing(*, job_ids: Iterable[int]) -> set[int]:
+    """Which of these jobs are gangs with a failed member, whose other members are being stopped."""
+    return set(
+        GangMember.objects.filter(job_id__in=list(job_ids), outcome=GangMemberOutcome.FAILED)
+        .filter(attempt=F("job__attempt"))
+        .values_list("job_id", flat=True)
+    )

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from quotas.models import Membership, PriorityClass, Quota, Team
 from quotas.rows import fetch_rows, model_from_row
-from scheduling.choices import ActorKind, JobState, SharingMode, Topology
+from scheduling.choices import ActorKind, GangMemberOutcome, JobState, SharingMode, Topology
 from scheduling.cycle.requests import cycle_request_after_commit
 from scheduling.errors import ServiceError
 from scheduling.inventory import selectors as inventory
@@ -464,6 +464,44 @@ def gang_members_place(*, job: Job, nodes: list[Node]) -> list[GangMember]:
             for rank, node in enumerate(ordered)
         ]
     )
+
+
+def gang_member_started(*, job: Job, node: Node) -> bool:
+    """Its agent reported the member started (once); returns whether this was news."""
+    return bool(
+        GangMember.objects.filter(job=job, attempt=job.attempt, node=node, started_at__isnull=True).update(
+            started_at=timezone.now()
+        )
+    )
+
+
+def gang_member_end(
+    *, member: GangMember, outcome: str, reported_state: str, exit_code: int | None, reason: str = ""
+) -> GangMember:
+    """Record how one member ended. The caller holds the job's row lock, so reports about one gang apply one
+    after the other."""
+    member.outcome = outcome
+    member.reported_state = reported_state[:20]
+    member.exit_code = exit_code
+    member.reason = reason[:200]
+    member.ended_at = timezone.now()
+    member.save(update_fields=["outcome", "reported_state", "exit_code", "reason", "ended_at"])
+    return member
+
+
+def gang_members_unstarted_stop(*, job: Job) -> list[GangMember]:
+    """A member failed: members whose agents never reported them started will not be started now (their nodes'
+    desired states drop the job), so they have ended, stopped, without a report."""
+    unstarted = list(
+        GangMember.objects.filter(
+            job=job, attempt=job.attempt, outcome=GangMemberOutcome.RUNNING, started_at__isnull=True
+        ).select_related("node")
+    )
+    for member in unstarted:
+        gang_member_end(
+            member=member, outcome=GangMemberOutcome.STOPPED, reported_state="not_started", exit_code=None
+        )
+    return unstarted
 
 
 @transaction.atomic

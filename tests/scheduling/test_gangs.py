@@ -3,14 +3,18 @@ is sent; the gang's outcome from its members' reports (all succeed, or the first
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.db import IntegrityError, transaction
 from django.test import override_settings
+from django.utils import timezone
 
 from scheduling.agents.reports import job_report, node_hello
 from scheduling.choices import JobState
 from scheduling.cycle import apply, lease
 from scheduling.cycle.desired_state import desired_jobs
+from scheduling.cycle.watchdog import node_mark_lost
 from scheduling.engine import types as eng
 from scheduling.inventory.models import Gpu, Node
 from scheduling.jobs.models import GangMember, Job
@@ -105,6 +109,115 @@ def test_gangs_rendezvousing_on_one_host_get_their_own_ports_until_the_range_is_
         GangMember.objects.create(
             job=third, attempt=1, node=nodes["a"], rank=0, address="10.0.0.1", port=29600
         )
+
+
+def test_a_gang_succeeds_only_once_every_member_exited_0(nodes, running_gang):
+    job = running_gang
+    assert job_report(node_id=nodes["a"].pk, payload=report(job, "exited", exit_code=0)).changed
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    waiting = job.events.get(code="gang_member_exited")
+    assert waiting.message == "rank 0 on a100-01 exited with code 0; waiting for 1 more member(s)."
+    assert entry(nodes["b"], job) is not None  # the member still running is still wanted
+
+    assert job_report(node_id=nodes["b"].pk, payload=report(job, "exited", exit_code=0)).changed
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED and job.exit_code == 0
+    assert job.events.get(to_state=JobState.SUCCEEDED).message == (
+        "All 2 members exited with code 0 (a100-01, a100-02)."
+    )
+    assert not job.slices.exists() and not GangMember.objects.filter(job=job).exists()
+
+
+def test_a_failing_member_fails_the_gang_which_stops_the_others_and_ends_once_they_have(nodes, running_gang):
+    job = running_gang
+    assert job_report(node_id=nodes["b"].pk, payload=report(job, "exited", exit_code=3)).changed
+    job.refresh_from_db()
+    # Decided, named and stopping: no node wants it any more, so its agents stop what still runs, with grace.
+    assert job.state == JobState.RUNNING and job.exit_code == 3
+    decided = job.events.get(code="gang_member_failed")
+    assert decided.message == (
+        "rank 1 on a100-02 exited with code 3: the gang fails. Stopping the other members (rank 0 on a100-01) "
+        "with 120 s grace."
+    )
+    assert decided.data["stopping"] == ["a100-01"] and decided.data["grace_s"] == 120
+    assert entry(nodes["a"], job) is None and entry(nodes["b"], job) is None
+    assert job.slices.count() == 2  # the GPUs stay held until the members have stopped
+
+    stop = report(job, "stopped", exit_code=-15, reason="not_desired")
+    assert job_report(node_id=nodes["a"].pk, payload=stop).changed
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED and job.exit_code == 3
+    failed = job.events.get(to_state=JobState.FAILED)
+    assert failed.code == "gang_failed"
+    assert failed.message == (
+        "Failed: rank 1 on a100-02 exited with code 3. All 2 members have ended: rank 0 on a100-01 was stopped "
+        "(not_desired), code -15; rank 1 on a100-02 exited with code 3."
+    )
+    assert (failed.data["failed_node"], failed.data["failed_rank"], failed.data["exit_code"]) == (
+        "a100-02",
+        1,
+        3,
+    )
+    assert not job.slices.exists() and not GangMember.objects.filter(job=job).exists()
+    # A repeated report changes nothing.
+    assert not job_report(node_id=nodes["a"].pk, payload=stop).changed
+
+
+def test_a_member_killed_by_its_limit_fails_the_gang_too(nodes, running_gang):
+    job = running_gang
+    killed = report(job, "killed", exit_code=-9, reason="max_runtime")
+    assert job_report(node_id=nodes["a"].pk, payload=killed).changed
+    assert job.events.get(code="gang_member_failed").message.startswith(
+        "rank 0 on a100-01 was killed (max_runtime), code -9: the gang fails."
+    )
+
+
+def test_a_member_whose_agent_never_started_it_counts_as_stopped_when_another_fails(nodes, gang):
+    job = gang
+    assert job_report(node_id=nodes["b"].pk, payload=report(job, "started")).changed
+    assert job_report(node_id=nodes["b"].pk, payload=report(job, "exited", exit_code=1)).changed
+    job.refresh_from_db()
+    # a100-01's agent had not started it: dropped from its desired state, it never will, so nothing is awaited.
+    assert job.state == JobState.FAILED and job.exit_code == 1
+    assert "rank 0 on a100-01 was not started" in job.events.get(to_state=JobState.FAILED).message
+
+
+def test_a_member_lost_while_its_gang_runs_requeues_the_whole_gang(nodes, running_gang):
+    job = running_gang
+    assert job_report(node_id=nodes["a"].pk, payload=report(job, "lost")).changed
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING and not GangMember.objects.filter(job=job).exists()
+    assert entry(nodes["b"], job) is None
+
+
+def test_a_node_lost_while_its_gang_is_failing_fails_the_gang_instead_of_requeueing_it(nodes, running_gang):
+    job = running_gang
+    job_report(node_id=nodes["b"].pk, payload=report(job, "exited", exit_code=3))
+    assert node_mark_lost(node_id=nodes["a"].pk, now=timezone.now() + timedelta(hours=1)) == [job.pk]
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED and job.exit_code == 3
+    failed = job.events.get(to_state=JobState.FAILED)
+    assert failed.code == "gang_failed" and failed.message.startswith(
+        "Failed: rank 1 on a100-02 exited with code 3."
+    )
+
+
+def test_a_gang_being_failed_is_not_preempted(nodes, running_gang):
+    job = running_gang
+    job_report(node_id=nodes["b"].pk, payload=report(job, "exited", exit_code=3))
+    eviction = eng.Eviction(str(job.pk), "99", "preempted", 30.0)
+    result = apply.apply_decisions(decisions=eng.Decisions(evictions=(eviction,)), epoch=lease.epoch_issue())
+    job.refresh_from_db()
+    assert result.evicted == [] and job.state == JobState.RUNNING
+
+
+def test_preempting_a_running_gang_drops_its_members_with_its_slices(nodes, running_gang):
+    job = running_gang
+    eviction = eng.Eviction(str(job.pk), "99", "preempted", 30.0)
+    apply.apply_decisions(decisions=eng.Decisions(evictions=(eviction,)), epoch=lease.epoch_issue())
+    job.refresh_from_db()
+    assert job.state == JobState.PREEMPTED and not GangMember.objects.filter(job=job).exists()
 
 
 def test_hello_records_the_address_its_agent_reports_and_refuses_one_that_is_no_host(nodes):
