@@ -194,6 +194,7 @@ PHASE_LABELS = {
     "starting": "starting",
     "running": "running",
     "grace": "preemption grace",
+    "stopping": "a member failed: stopping the others",
     "lost": "node lost",
     "queued": "waiting in the queue",
 }
@@ -201,8 +202,8 @@ PHASE_LABELS = {
 
 def job_phases(*, job: Job, events: list[JobEvent]) -> list[dict[str, Any]]:
     """The job's life as consecutive phases [{kind, label, start, end, seconds}], from its events: each wait
-    (labelled by the reason it waits for now, when it still waits), start-up, running, preemption grace. A job
-    that waits or runs still has an open last phase ending now."""
+    (labelled by the reason it waits for now, when it still waits), start-up, running, preemption grace, a failing
+    gang stopping its other members. A job that waits or runs still has an open last phase ending now."""
     phases: list[dict[str, Any]] = []
     now = timezone.now()
 
@@ -220,9 +221,12 @@ def job_phases(*, job: Job, events: list[JobEvent]) -> list[dict[str, Any]]:
     for event in events:
         if not event.to_state:
             continue
+        stopping = event.code == "gang_member_failed"
+        if event.from_state == event.to_state and not stopping:
+            continue  # an event within a phase (a gang member's exit, prevented interference)
         if phases and phases[-1]["end"] is None:
             phases[-1]["end"] = event.at
-        kind = kind_for(event.to_state)
+        kind = "stopping" if stopping else kind_for(event.to_state)
         if kind is not None:
             phases.append({"kind": kind, "label": PHASE_LABELS[kind], "start": event.at, "end": None})
     for phase in phases:

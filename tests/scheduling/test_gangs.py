@@ -18,6 +18,7 @@ from scheduling.cycle.watchdog import node_mark_lost
 from scheduling.engine import types as eng
 from scheduling.inventory.models import Gpu, Node
 from scheduling.jobs.models import GangMember, Job
+from scheduling.jobs.selectors import job_phases
 from scheduling.jobs.services import JobSpec, job_submit
 
 pytestmark = pytest.mark.django_db
@@ -127,6 +128,12 @@ def test_a_gang_succeeds_only_once_every_member_exited_0(nodes, running_gang):
         "All 2 members exited with code 0 (a100-01, a100-02)."
     )
     assert not job.slices.exists() and not GangMember.objects.filter(job=job).exists()
+    # The first member's exit is an event within the running phase, not a phase of its own.
+    assert [p["kind"] for p in job_phases(job=job, events=list(job.events.all()))] == [
+        "queued",
+        "starting",
+        "running",
+    ]
 
 
 def test_a_failing_member_fails_the_gang_which_stops_the_others_and_ends_once_they_have(nodes, running_gang):
@@ -162,6 +169,10 @@ def test_a_failing_member_fails_the_gang_which_stops_the_others_and_ends_once_th
     assert not job.slices.exists() and not GangMember.objects.filter(job=job).exists()
     # A repeated report changes nothing.
     assert not job_report(node_id=nodes["a"].pk, payload=stop).changed
+    # Its timeline shows the stop of the others as a phase of its own.
+    phases = job_phases(job=job, events=list(job.events.all()))
+    assert [p["kind"] for p in phases] == ["queued", "starting", "running", "stopping"]
+    assert phases[-1]["start"] == decided.at and phases[-1]["end"] == failed.at
 
 
 def test_a_member_killed_by_its_limit_fails_the_gang_too(nodes, running_gang):
