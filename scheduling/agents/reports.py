@@ -374,11 +374,8 @@ def _apply_gang_member_end(job: Job, node: Node, state: str, reason: str, data: 
         running = [m for m in members if m.outcome == GangMemberOutcome.RUNNING and m not in stopped]
         others = ", ".join(f"rank {m.rank} on {m.node.name}" for m in running) or "none still running"
         grace_s = job.priority_class.preemption_grace_s
-        JobEvent.objects.create(
-            job=job,
-            from_state=job.state,
-            to_state=job.state,
-            actor_kind=ActorKind.AGENT,
+        _gang_event(
+            job,
             code="gang_member_failed",
             message=f"{member.describe()}: the gang fails. Stopping the other members ({others}) with "
             f"{grace_s:g} s grace.",
@@ -390,11 +387,8 @@ def _apply_gang_member_end(job: Job, node: Node, state: str, reason: str, data: 
     still_running = [m for m in members if m.outcome == GangMemberOutcome.RUNNING]
     if still_running:
         if outcome == GangMemberOutcome.SUCCEEDED:
-            JobEvent.objects.create(
-                job=job,
-                from_state=job.state,
-                to_state=job.state,
-                actor_kind=ActorKind.AGENT,
+            _gang_event(
+                job,
                 code="gang_member_exited",
                 message=f"{member.describe()}; waiting for {len(still_running)} more member(s).",
                 data=data,
@@ -428,6 +422,27 @@ def _apply_gang_member_end(job: Job, node: Node, state: str, reason: str, data: 
             },
         )
     return Outcome(True, changed=True)
+
+
+def _gang_event(job: Job, *, code: str, message: str, data: dict[str, Any]) -> None:
+    """A gang member's end that moves the job nowhere yet: recorded, and shown to whoever follows the job."""
+    JobEvent.objects.create(
+        job=job,
+        from_state=job.state,
+        to_state=job.state,
+        actor_kind=ActorKind.AGENT,
+        code=code,
+        message=message,
+        data=data,
+    )
+    events.job_changed(
+        job_id=job.pk,
+        team_id=job.team_id,
+        submitter_id=job.submitter_id,
+        state=job.state,
+        code=code,
+        message=message,
+    )
 
 
 def _members_data(members: list[GangMember]) -> list[dict[str, Any]]:

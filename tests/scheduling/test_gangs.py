@@ -3,9 +3,12 @@ is sent; the gang's outcome from its members' reports (all succeed, or the first
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
 from django.db import IntegrityError, transaction
 from django.test import override_settings
 from django.utils import timezone
@@ -20,6 +23,7 @@ from scheduling.inventory.models import Gpu, Node
 from scheduling.jobs.models import GangMember, Job
 from scheduling.jobs.selectors import job_phases
 from scheduling.jobs.services import JobSpec, job_submit
+from scheduling.realtime import groups
 
 pytestmark = pytest.mark.django_db
 
@@ -239,3 +243,35 @@ def test_hello_records_the_address_its_agent_reports_and_refuses_one_that_is_no_
     assert refused["address_refused"] == "10.0.0.9 slots=64"
     node_hello(node_id=b.pk, payload={"address": None})  # an agent without --address keeps what was set
     assert Node.objects.get(pk=b.pk).address == "10.0.0.2"
+
+
+def test_a_members_failure_tells_the_peers_agent_and_the_jobs_followers_only_after_commit(
+    nodes, running_gang, settings, django_capture_on_commit_callbacks
+):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    layer = get_channel_layer()
+    followers, agent_a = (async_to_sync(layer.new_channel)() for _ in range(2))
+    async_to_sync(layer.group_add)(groups.job(running_gang.pk), followers)
+    async_to_sync(layer.group_add)(groups.node("a100-01"), agent_a)
+
+    def received(channel):
+        async def first():
+            try:
+                return await asyncio.wait_for(layer.receive(channel), 0.5)
+            except TimeoutError:
+                return None
+
+        return async_to_sync(first)()
+
+    with django_capture_on_commit_callbacks() as callbacks:
+        job_report(node_id=nodes["b"].pk, payload=report(running_gang, "exited", exit_code=3))
+    assert received(followers) is None and received(agent_a) is None  # nothing before the commit
+    for callback in callbacks:
+        callback()
+    assert received(agent_a) == {"type": "desired.changed", "node": "a100-01"}
+    pushed = received(followers)
+    assert (pushed["type"], pushed["code"], pushed["state"]) == (
+        "job.changed",
+        "gang_member_failed",
+        "running",
+    )
