@@ -51,6 +51,7 @@ def cmd_run(config: AgentConfig) -> int:
         heartbeat_s=config.heartbeat_s,
         watchdog_tolerance_mib=config.watchdog_tolerance_mib,
         watchdog_grace_s=config.watchdog_grace_s,
+        address=config.address,
     )
     if config.backend == "nvml" and os.environ.get("TESSERA_FAKE_NVML"):
         logging.getLogger("tessera.agent").warning(

@@ -33,6 +33,9 @@ class AgentConfig:
     watchdog_grace_s: float = 5.0
     log_level: str = "INFO"
     fence_after_s: float | None = None
+    address: str | None = (
+        None  # where the other members of a gang reach this host (None: the portal uses the name)
+    )
 
     def require_portal(self) -> None:
         if not self.portal_url:
@@ -76,6 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser, *, connection: bool = True) -
             "--heartbeat-s", type=float, help="heartbeat interval [TESSERA_AGENT_HEARTBEAT_S, 5]"
         )
     parser.add_argument("--node", help="node name [TESSERA_NODE_NAME, the host name]")
+    if connection:
+        parser.add_argument(
+            "--address",
+            help="host name or IP address other nodes reach this one at, for multi-node jobs "
+            "[TESSERA_AGENT_ADDRESS, the node name]",
+        )
     parser.add_argument("--work-dir", help="logs and state [TESSERA_AGENT_WORK_DIR]")
     parser.add_argument(
         "--backend", choices=("nvml", "sim"), help="GPU backend [TESSERA_AGENT_BACKEND, nvml]"
@@ -126,6 +135,9 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
         raise ConfigError(str(exc)) from exc
     if heartbeat_s <= 0 or sample_s <= 0:
         raise ConfigError("intervals must be positive")
+    address = pick("address", "TESSERA_AGENT_ADDRESS")
+    if address is not None and (not address.strip() or any(c.isspace() for c in address.strip())):
+        raise ConfigError(f"the address must be one host name or IP address, not {address!r}")
     return AgentConfig(
         node_name=pick("node", "TESSERA_NODE_NAME", socket.gethostname()),
         work_dir=Path(pick("work_dir", "TESSERA_AGENT_WORK_DIR", None) or default_work_dir(environ)),
@@ -140,4 +152,5 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
         mps_control=pick("mps_control", "TESSERA_MPS_CONTROL"),
         log_level=environ.get("TESSERA_AGENT_LOG_LEVEL", "INFO"),
         fence_after_s=fence_after_s,
+        address=address.strip() if address else None,
     )

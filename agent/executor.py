@@ -25,6 +25,7 @@ from pathlib import Path
 
 from agent import procfs
 from agent.backends.base import JobUsageHint
+from agent.gang import gang_env
 from agent.jobspec import JobSpec, safe_name
 from agent.mps import MpsController
 
@@ -197,6 +198,7 @@ class Executor:
         d = handle.dir
         try:
             env = self._job_env(spec, handle)
+            env.update(gang_env(spec, d))  # a gang member's rendezvous variables and hostfile
             command = (
                 list(spec.command) if isinstance(spec.command, tuple) else ["/bin/sh", "-c", spec.command]
             )

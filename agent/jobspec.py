@@ -34,6 +34,42 @@ class GpuSlice:
 
 
 @dataclass(frozen=True)
+class GangMember:
+    node: str
+    address: str  # where the other members reach this node (MASTER_ADDR when it is rank 0)
+    slots: int  # processes it runs: its whole GPUs (LOCAL_WORLD_SIZE)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GangMember:
+        address = str(data["address"])
+        if not address or any(c.isspace() for c in address):
+            raise ValueError(f"a gang member's address must be one word, not {address!r}")
+        slots = int(data["slots"])
+        if slots < 1:
+            raise ValueError("a gang member needs at least one slot")
+        return cls(node=str(data["node"]), address=address, slots=slots)
+
+
+@dataclass(frozen=True)
+class Gang:
+    """The placement of a multi-node job as one member sees it: its rank among all members, in rank order."""
+
+    rank: int
+    master_port: int
+    members: tuple[GangMember, ...]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Gang:
+        members = tuple(GangMember.from_dict(m) for m in data["members"])
+        rank, port = int(data["rank"]), int(data["master_port"])
+        if not 0 <= rank < len(members):
+            raise ValueError(f"gang rank {rank} is not one of its {len(members)} members")
+        if not 0 < port < 65536:
+            raise ValueError(f"master_port {port} is not a TCP port")
+        return cls(rank=rank, master_port=port, members=members)
+
+
+@dataclass(frozen=True)
 class JobSpec:
     job_id: str
     attempt: int  # placement epoch: a requeued job comes back with a higher attempt
@@ -46,6 +82,7 @@ class JobSpec:
     # Stop the job once the portal has not heard from this node for this long (None: the agent's default). The
     # portal re-places the job elsewhere only after this plus the grace has passed.
     fence_after_s: float | None = None
+    gang: Gang | None = None  # a member of a multi-node job
 
     @property
     def key(self) -> str:
@@ -75,12 +112,17 @@ class JobSpec:
             grace_s=float(data.get("grace_s", 30.0)),
             cwd=data.get("cwd"),
             fence_after_s=float(fence) if fence is not None else None,
+            gang=Gang.from_dict(data["gang"]) if data.get("gang") else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["command"] = list(self.command) if isinstance(self.command, tuple) else self.command
         out["gpus"] = [asdict(g) for g in self.gpus]
+        if self.gang is None:
+            del out["gang"]
+        else:
+            out["gang"]["members"] = [asdict(m) for m in self.gang.members]
         return out
 
 

@@ -119,8 +119,10 @@ class Agent:
         watchdog_grace_s: float = 5.0,
         log_tail_lines: int = 20,
         retention_s: float = 7 * 24 * 3600,
+        address: str | None = None,
     ) -> None:
         self.node_name = node_name
+        self.address = address  # reported in hello: where gang members on other nodes reach this one
         self.backend = backend
         self.executor = executor
         self.sample_interval_s = sample_interval_s
@@ -284,6 +286,7 @@ class Agent:
             {
                 "node": self.node_name,
                 "hostname": socket.gethostname(),
+                "address": self.address,
                 "agent_version": __version__,
                 "protocol": protocol.PROTOCOL_VERSION,
                 "backend": self.backend.name,

@@ -144,6 +144,10 @@ TESSERA_FENCE_MARGIN_S = env.float("TESSERA_FENCE_MARGIN_S", default=30.0)
 TESSERA_AGENT_DB_THREADS = env.int("TESSERA_AGENT_DB_THREADS", default=4)
 TESSERA_FAIRSHARE_HALF_LIFE_S = env.float("TESSERA_FAIRSHARE_HALF_LIFE_S", default=7 * 24 * 3600.0)
 TESSERA_MAX_REQUEUES = env.int("TESSERA_MAX_REQUEUES", default=10)
+# A multi-node job's rendezvous port (MASTER_PORT) comes from this range, one per live gang on its rank-0 host
+# (torchrun's default, 29500, is the first). Keep the range free of other services on the GPU hosts.
+TESSERA_GANG_PORT_FIRST = env.int("TESSERA_GANG_PORT_FIRST", default=29500)
+TESSERA_GANG_PORT_LAST = env.int("TESSERA_GANG_PORT_LAST", default=29999)
 # The execution pipeline (scheduling/tasks.py, docs/operations.md): how fast cycles and the watchdog react.
 TESSERA_CYCLE_DEBOUNCE_S = env.float("TESSERA_CYCLE_DEBOUNCE_S", default=0.05)
 TESSERA_CYCLE_LOCK_TTL_S = env.float("TESSERA_CYCLE_LOCK_TTL_S", default=30.0)

@@ -7,7 +7,7 @@ from scheduling.choices import ActorKind, NodeState
 from scheduling.inventory import services as inventory_services
 from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node
 from scheduling.jobs import services as job_services
-from scheduling.jobs.models import Job, JobEvent, Slice
+from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
 from scheduling.jobs.states import IllegalTransition
 
 
@@ -70,9 +70,9 @@ def uncordon(modeladmin, request, queryset):
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ("name", "state", "gpu_count", "cpu_milli", "memory_mib", "last_heartbeat_at")
+    list_display = ("name", "address", "state", "gpu_count", "cpu_milli", "memory_mib", "last_heartbeat_at")
     list_filter = ("state", "gpus__model")
-    search_fields = ("name", "gpus__uuid")
+    search_fields = ("name", "address", "gpus__uuid")
     readonly_fields = (
         "agent_token_hash",
         "agent_token_prefix",
@@ -115,6 +115,22 @@ class GpuLinkAdmin(admin.ModelAdmin):
 class SliceInline(ReadOnlyInline):
     model = Slice
     fields = ("gpu", "memory_mib", "compute_pct", "created_at")
+    readonly_fields = fields
+
+
+class GangMemberInline(ReadOnlyInline):
+    model = GangMember
+    fields = (
+        "rank",
+        "node",
+        "address",
+        "port",
+        "outcome",
+        "reported_state",
+        "exit_code",
+        "reason",
+        "ended_at",
+    )
     readonly_fields = fields
 
 
@@ -180,7 +196,7 @@ class JobAdmin(admin.ModelAdmin):
         "queue_position",
         "estimated_start_at",
     )
-    inlines = (SliceInline, JobEventInline)
+    inlines = (SliceInline, GangMemberInline, JobEventInline)
     actions = (cancel_jobs, requeue_jobs)
 
 

@@ -52,6 +52,15 @@ class JobState(models.TextChoices):
     LOST = "lost", "Lost"
 
 
+class GangMemberOutcome(models.TextChoices):
+    """How one node of a multi-node job ended: the gang succeeds when all succeed, fails when one fails."""
+
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded (exit code 0)"
+    FAILED = "failed", "Failed"
+    STOPPED = "stopped", "Stopped (another member failed)"
+
+
 class ActorKind(models.TextChoices):
     USER = "user", "User"
     ADMIN = "admin", "Admin"

@@ -1,11 +1,22 @@
 """Every model of the scheduling app, for Django's app registry; code imports them from their room.
 
-Rooms: `inventory` (GPU models, nodes, GPUs, links), `jobs` (jobs, slices, events) and `cycle` (the scheduler's
+Rooms: `inventory` (GPU models, nodes, GPUs, links), `jobs` (jobs, slices, gang members, events) and `cycle` (the scheduler's
 fencing lease, each node's desired-state sync).
 """
 
 from scheduling.cycle.models import NodeSync, SchedulerLease
 from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node
-from scheduling.jobs.models import Job, JobEvent, Slice
+from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
 
-__all__ = ["Gpu", "GpuLink", "GpuModel", "Job", "JobEvent", "Node", "NodeSync", "SchedulerLease", "Slice"]
+__all__ = [
+    "GangMember",
+    "Gpu",
+    "GpuLink",
+    "GpuModel",
+    "Job",
+    "JobEvent",
+    "Node",
+    "NodeSync",
+    "SchedulerLease",
+    "Slice",
+]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -19,13 +20,19 @@ from django.utils import timezone
 from agent import protocol
 from scheduling import lock_objects
 from scheduling.agents import joblogs
-from scheduling.choices import ActorKind, GpuHealth, JobState, NodeState
+from scheduling.choices import ActorKind, GangMemberOutcome, GpuHealth, JobState, NodeState
 from scheduling.cycle.models import NodeSync
 from scheduling.cycle.requests import cycle_request_after_commit
 from scheduling.cycle.watchdog import job_lose_then_requeue, job_requeue_or_fail, last_placement
 from scheduling.inventory.models import Gpu, Node
-from scheduling.jobs.models import Job, JobEvent, Slice
-from scheduling.jobs.services import job_transition
+from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
+from scheduling.jobs.selectors import gang_first_failure
+from scheduling.jobs.services import (
+    gang_member_end,
+    gang_member_started,
+    gang_members_unstarted_stop,
+    job_transition,
+)
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.realtime import events, groups
 
@@ -55,6 +62,10 @@ class Outcome:
     retry: bool = False
 
 
+# A host name or an IP address (v6 with a zone too): what goes into a hostfile line and MASTER_ADDR.
+_ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:%-]{0,252}")
+
+
 def _revive(node: Node) -> None:
     """A lost node that speaks again is ready again; its old jobs were already requeued."""
     if node.state == NodeState.LOST:
@@ -67,7 +78,8 @@ def _revive(node: Node) -> None:
 
 
 def node_hello(*, node_id: int, payload: dict[str, Any]) -> dict[str, Any]:
-    """Reconcile the inventory the agent sees with the database's; returns what differed."""
+    """Reconcile the inventory the agent sees with the database's, and take the address it reports (where its
+    peers reach it); returns what differed."""
     inventory = payload.get("inventory") or {}
     reported = {int(g["index"]): g for g in inventory.get("gpus") or [] if "index" in g}
     report: dict[str, Any] = {"uuid_updated": [], "missing": [], "unregistered": [], "memory_mismatch": []}
@@ -101,7 +113,16 @@ def node_hello(*, node_id: int, payload: dict[str, Any]) -> dict[str, Any]:
                 gpu.save(update_fields=fields)
         report["unregistered"] = sorted(reported)
         node.last_heartbeat_at = timezone.now()
-        node.save(update_fields=["last_heartbeat_at"])
+        fields = ["last_heartbeat_at"]
+        address = payload.get("address")
+        if isinstance(address, str) and address:
+            if _ADDRESS.fullmatch(address) and address != node.address:
+                node.address = address
+                fields.append("address")
+                report["address"] = address
+            elif not _ADDRESS.fullmatch(address):
+                report["address_refused"] = address[:100]
+        node.save(update_fields=fields)
         _revive(node)
         sync, _ = NodeSync.objects.get_or_create(node=node)
         sync.agent_version = str(payload.get("agent_version") or "")[:50]
@@ -241,6 +262,8 @@ def _apply_report(job: Job, node: Node, state: str, payload: dict[str, Any], dat
     if payload.get("grace_given_s") is not None:
         data["grace_given_s"] = payload.get("grace_given_s")
     if state == "started":
+        if job.nodes > 1:
+            gang_member_started(job=job, node=node)
         if job.state in (JobState.PLACED, JobState.STARTING):
             how = "Re-adopted" if payload.get("adopted") else "Started"
             if payload.get("via") == "heartbeat":
@@ -266,6 +289,10 @@ def _apply_report(job: Job, node: Node, state: str, payload: dict[str, Any], dat
         return Outcome(True, changed=True)
     if job.state not in ACTIVE_STATES:
         return Outcome(True)  # cancelled meanwhile, or already final: nothing left to do
+    if job.nodes > 1:
+        gang_outcome = _apply_gang_member_end(job, node, state, reason, data)
+        if gang_outcome is not None:
+            return gang_outcome
 
     if job.state == JobState.PLACED and state in ("exited", "killed"):
         # The start report was lost (an agent restart): record that it ran before recording how it ended.
@@ -321,6 +348,132 @@ def _apply_report(job: Job, node: Node, state: str, payload: dict[str, Any], dat
             data=data,
         )
     return Outcome(True, changed=True)
+
+
+def _member_outcome(state: str, reason: str, exit_code: int | None, *, failing: bool) -> str | None:
+    """How a member's final report ends it; None where the job's own rules apply instead (a member lost or
+    stopped while its gang runs requeues the whole gang, as do GPUs the node does not have)."""
+    if state == "exited" and exit_code == 0:
+        return GangMemberOutcome.SUCCEEDED
+    if state == "launch_failed" and reason.startswith("GPU(s) not on this node") and not failing:
+        return None
+    if state in ("killed", "launch_failed") or (state == "exited" and exit_code is not None):
+        return GangMemberOutcome.FAILED
+    return GangMemberOutcome.STOPPED if failing else None
+
+
+def _apply_gang_member_end(job: Job, node: Node, state: str, reason: str, data: dict) -> Outcome | None:
+    """One member of a multi-node job ended. The gang succeeds once every member exited 0; at the first failure
+    it is decided failed: that member is named, the other members' nodes drop the job (their agents stop theirs
+    with the job's grace), and the job fails once all have ended. None: not a member's end (the job's rules)."""
+    member = GangMember.objects.filter(job=job, attempt=job.attempt, node=node).select_related("node").first()
+    if member is None:
+        return None
+    if member.outcome != GangMemberOutcome.RUNNING:
+        return Outcome(True)  # a repeat, or a member already counted as stopped
+    first_failure = gang_first_failure(job=job)
+    exit_code = data.get("exit_code")
+    outcome = _member_outcome(state, reason, exit_code, failing=first_failure is not None)
+    if outcome is None:
+        return None
+    if job.state == JobState.PLACED:
+        # Its start report was lost (an agent restart): record that it ran before recording how it ended.
+        job_transition(
+            job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT, code="started", data=data
+        )
+    gang_member_end(member=member, outcome=outcome, reported_state=state, exit_code=exit_code, reason=reason)
+    members = list(GangMember.objects.filter(job=job, attempt=job.attempt).select_related("node"))
+    data = {**data, "rank": member.rank}
+    if outcome == GangMemberOutcome.FAILED and first_failure is None:
+        first_failure = member
+        job.exit_code = exit_code
+        job.save(update_fields=["exit_code"])
+        stopped = gang_members_unstarted_stop(job=job)
+        running = [m for m in members if m.outcome == GangMemberOutcome.RUNNING and m not in stopped]
+        others = ", ".join(f"rank {m.rank} on {m.node.name}" for m in running) or "none still running"
+        grace_s = job.priority_class.preemption_grace_s
+        _gang_event(
+            job,
+            code="gang_member_failed",
+            message=f"{member.describe()}: the gang fails. Stopping the other members ({others}) with "
+            f"{grace_s:g} s grace.",
+            data={**data, "stopping": [m.node.name for m in running], "grace_s": grace_s},
+        )
+        for m in running:
+            events.node_desired_state_changed(node_name=m.node.name)
+        members = list(GangMember.objects.filter(job=job, attempt=job.attempt).select_related("node"))
+    still_running = [m for m in members if m.outcome == GangMemberOutcome.RUNNING]
+    if still_running:
+        if outcome == GangMemberOutcome.SUCCEEDED:
+            _gang_event(
+                job,
+                code="gang_member_exited",
+                message=f"{member.describe()}; waiting for {len(still_running)} more member(s).",
+                data=data,
+            )
+        return Outcome(True, changed=True)
+    ended = "; ".join(m.describe() for m in members)
+    if first_failure is None:
+        job.exit_code = 0
+        job.save(update_fields=["exit_code"])
+        job_transition(
+            job=job,
+            to_state=JobState.SUCCEEDED,
+            actor_kind=ActorKind.AGENT,
+            code="exited",
+            message=f"All {len(members)} members exited with code 0 ({', '.join(m.node.name for m in members)}).",
+            data={**data, "members": _members_data(members)},
+        )
+    else:
+        job_transition(
+            job=job,
+            to_state=JobState.FAILED,
+            actor_kind=ActorKind.AGENT,
+            code="gang_failed",
+            message=f"Failed: {first_failure.describe()}. All {len(members)} members have ended: {ended}.",
+            data={
+                **data,
+                "failed_node": first_failure.node.name,
+                "failed_rank": first_failure.rank,
+                "exit_code": first_failure.exit_code,
+                "members": _members_data(members),
+            },
+        )
+    return Outcome(True, changed=True)
+
+
+def _gang_event(job: Job, *, code: str, message: str, data: dict[str, Any]) -> None:
+    """A gang member's end that moves the job nowhere yet: recorded, and shown to whoever follows the job."""
+    JobEvent.objects.create(
+        job=job,
+        from_state=job.state,
+        to_state=job.state,
+        actor_kind=ActorKind.AGENT,
+        code=code,
+        message=message,
+        data=data,
+    )
+    events.job_changed(
+        job_id=job.pk,
+        team_id=job.team_id,
+        submitter_id=job.submitter_id,
+        state=job.state,
+        code=code,
+        message=message,
+    )
+
+
+def _members_data(members: list[GangMember]) -> list[dict[str, Any]]:
+    return [
+        {
+            "node": m.node.name,
+            "rank": m.rank,
+            "outcome": m.outcome,
+            "state": m.reported_state,
+            "exit_code": m.exit_code,
+        }
+        for m in members
+    ]
 
 
 # What an agent event may carry into the audit log: known fields, bounded (the rest is dropped).

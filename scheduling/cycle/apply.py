@@ -21,7 +21,14 @@ from scheduling.cycle.lease import epoch_claim
 from scheduling.engine import types as eng
 from scheduling.inventory.models import Gpu
 from scheduling.jobs.models import Job, Slice
-from scheduling.jobs.services import SliceDoesNotFit, job_transition, slice_allocate
+from scheduling.jobs.selectors import gangs_failing
+from scheduling.jobs.services import (
+    NoRendezvousPort,
+    SliceDoesNotFit,
+    gang_members_place,
+    job_transition,
+    slice_allocate,
+)
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.realtime import events
 
@@ -52,7 +59,8 @@ def _fault_point(name: str, detail: str = "") -> None:
 
 
 def _place(job: Job, placement: eng.Placement, gpus: dict[tuple[str, int], Gpu], epoch: int) -> set[str]:
-    """Place one job (inside its own savepoint). Raises SliceDoesNotFit when the ledger refuses."""
+    """Place one job (inside its own savepoint). Raises SliceDoesNotFit when the ledger refuses, NoRendezvousPort
+    when a gang finds no free rendezvous port."""
     where = ", ".join(f"{a.node}/gpu{a.gpu_index}" for a in placement.assignments)
     kind = "borrowed capacity" if placement.borrowed else "its team's guarantee"
     job_transition(
@@ -76,6 +84,10 @@ def _place(job: Job, placement: eng.Placement, gpus: dict[tuple[str, int], Gpu],
         if gpu is None:
             raise SliceDoesNotFit(f"{a.node}/gpu{a.gpu_index} no longer exists.", code="gone")
         slice_allocate(job=job, gpu=gpu, memory_mib=a.memory_mib, compute_pct=math.ceil(a.compute_milli / 10))
+    if job.nodes > 1:
+        gang_members_place(
+            job=job, nodes=list({gpus[(a.node, a.gpu_index)].node for a in placement.assignments})
+        )
     return {a.node for a in placement.assignments}
 
 
@@ -98,10 +110,12 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
         )
         nodes = {n.name: n for n in lock_objects.nodes_for_update(names=placement_nodes | victim_nodes)}
         jobs = {j.pk: j for j in lock_objects.jobs_for_update(ids=eviction_ids + placement_ids)}
+        # A gang with a failed member is ending already (failed): evicting it would requeue a failed job.
+        ending = gangs_failing(job_ids=eviction_ids) if eviction_ids else set()
 
         for ev in decisions.evictions:
             job = jobs.get(int(ev.job_id))
-            if job is None or job.state not in ACTIVE_STATES:
+            if job is None or job.state not in ACTIVE_STATES or job.pk in ending:
                 continue
             on_nodes = _job_nodes(job.pk)
             verb = "Reclaimed for" if ev.code == "reclaimed" else "Preempted by"
@@ -140,7 +154,7 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
             try:
                 with transaction.atomic():
                     result.nodes_changed |= _place(job, placement, gpus, epoch)
-            except SliceDoesNotFit as exc:
+            except (SliceDoesNotFit, NoRendezvousPort) as exc:
                 job.refresh_from_db()
                 result.conflicts[job.pk] = exc.message
                 continue

@@ -1,5 +1,9 @@
 """Each node's desired state, derived from the database: the placements (job, attempt, GPU slices) it should run.
 
+A member of a multi-node job also gets the gang (its rank, every member's address and slots, the rendezvous
+port), from which its agent sets MASTER_ADDR, WORLD_SIZE, ... and writes a hostfile. A gang with a failed member
+leaves every node's desired state, so the agents stop the other members with the job's grace.
+
 The version grows only when the content changes (a digest is kept in NodeSync), so agents can drop an older
 state that arrives late, and computing it twice is harmless. Agents receive the whole state, never a diff.
 """
@@ -19,7 +23,8 @@ from scheduling.choices import SharingMode
 from scheduling.cycle import node_loss
 from scheduling.cycle.models import NodeSync
 from scheduling.inventory.models import Node
-from scheduling.jobs.models import Job, Slice
+from scheduling.jobs.models import GangMember, Job, Slice
+from scheduling.jobs.selectors import gang_members_of, gangs_failing
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.realtime import events
 
@@ -35,6 +40,18 @@ class DesiredState:
 
     def message(self) -> dict[str, Any]:
         return {"type": "desired_state", "node": self.node, "version": self.version, "jobs": list(self.jobs)}
+
+
+def _gang_entry(job: Job, members: list[GangMember], node: Node) -> dict[str, Any] | None:
+    """The gang as one member's agent needs it: members in rank order, whole GPUs per node as their slots."""
+    rank = next((m.rank for m in members if m.node_id == node.pk), None)
+    if rank is None:
+        return None
+    return {
+        "rank": rank,
+        "master_port": members[0].port,
+        "members": [{"node": m.node.name, "address": m.address, "slots": job.gpus} for m in members],
+    }
 
 
 def _job_entry(job: Job, slices: list[Slice]) -> dict[str, Any]:
@@ -71,8 +88,20 @@ def desired_jobs(*, node: Node) -> tuple[dict[str, Any], ...]:
     by_job: dict[int, list[Slice]] = defaultdict(list)
     for s in Slice.objects.filter(gpu__node=node, job__state__in=ACTIVE_STATES).select_related("gpu"):
         by_job[s.job_id].append(s)
-    jobs = Job.objects.filter(pk__in=by_job).select_related("priority_class").order_by("pk")
-    return tuple(_job_entry(job, by_job[job.pk]) for job in jobs)
+    jobs = list(Job.objects.filter(pk__in=by_job).select_related("priority_class").order_by("pk"))
+    gangs = [job.pk for job in jobs if job.nodes > 1]
+    members = gang_members_of(job_ids=gangs) if gangs else {}
+    failing = gangs_failing(job_ids=gangs) if gangs else set()
+    entries = []
+    for job in jobs:
+        if job.pk in failing:
+            continue  # its agents stop the members still running
+        entry = _job_entry(job, by_job[job.pk])
+        gang = _gang_entry(job, members[job.pk], node) if job.pk in members else None
+        if gang is not None:
+            entry["gang"] = gang
+        entries.append(entry)
+    return tuple(entries)
 
 
 def _digest(jobs: tuple[dict[str, Any], ...]) -> str:

@@ -22,6 +22,7 @@ from scheduling.cycle import node_loss
 from scheduling.cycle.requests import cycle_request
 from scheduling.inventory.models import Node
 from scheduling.jobs.models import Job, JobEvent, Slice
+from scheduling.jobs.selectors import gang_first_failure
 from scheduling.jobs.services import job_transition
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.realtime import events, groups
@@ -106,6 +107,18 @@ def _requeue_lost(*, job: Job, node: Node, silent_for: str) -> None:
         f"Node {node.name} has not been heard for {silent_for}: its supervisor has stopped the job "
         f"(it stops a job {node_loss.fence_after_s():.0f} s after the portal last heard its node)."
     )
+    failure = gang_first_failure(job=job) if job.nodes > 1 else None
+    if failure is not None:
+        # A gang already decided failed, waiting for its members to stop: failed, not requeued.
+        job_transition(
+            job=job,
+            to_state=JobState.FAILED,
+            actor_kind=ActorKind.SYSTEM,
+            code="gang_failed",
+            message=f"Failed: {failure.describe()}. Node {node.name} was lost before its member stopped.",
+            data={**data, "failed_node": failure.node.name, "failed_rank": failure.rank},
+        )
+        return
     if job.requeue_on_node_loss:
         job_lose_then_requeue(
             job=job,

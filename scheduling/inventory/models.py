@@ -50,6 +50,12 @@ class Node(models.Model):
     allocated_cpu_milli = models.PositiveIntegerField(default=0)
     allocated_memory_mib = models.PositiveBigIntegerField(default=0)
     labels = models.JSONField(default=dict, blank=True)
+    address = models.CharField(
+        max_length=253,
+        blank=True,
+        help_text="Host name or IP address the node's peers reach it at (a gang's MASTER_ADDR, its hostfile); "
+        "its agent reports it (--address). Empty: the node's name.",
+    )
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     agent_token_hash = models.CharField(max_length=128, blank=True, help_text="SHA-256 of the agent's token.")
     agent_token_prefix = models.CharField(
@@ -70,6 +76,10 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def reachable_address(self) -> str:
+        return self.address or self.name
 
 
 class Gpu(models.Model):

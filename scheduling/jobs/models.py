@@ -1,4 +1,4 @@
-"""Jobs, the slices of GPUs they hold, and each job's audit trail of events."""
+"""Jobs, the slices of GPUs they hold, the members of a multi-node job's placement, and each job's audit trail."""
 
 from decimal import Decimal
 
@@ -7,8 +7,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-from scheduling.choices import ActorKind, JobState, Topology
-from scheduling.inventory.models import Gpu
+from scheduling.choices import ActorKind, GangMemberOutcome, JobState, Topology
+from scheduling.inventory.models import Gpu, Node
 
 
 class Job(models.Model):
@@ -102,6 +102,65 @@ class Slice(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job} on {self.gpu}: {self.memory_mib} MiB, {self.compute_pct}%"
+
+
+class GangMember(models.Model):
+    """One node of a multi-node job's current placement: its rank, the address its peers use, and how it ended.
+
+    Rows live while the placement holds its slices (they go with them). Rank 0 holds the gang's rendezvous port
+    (MASTER_PORT); no two live gangs rendezvous on the same address and port.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="gang_members")
+    attempt = models.PositiveSmallIntegerField(help_text="The job's attempt this member belongs to.")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="gang_members")
+    rank = models.PositiveSmallIntegerField(
+        help_text="NODE_RANK: position in the gang, 0 = the rendezvous host."
+    )
+    address = models.CharField(max_length=253, help_text="The node's address when the gang was placed.")
+    port = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Rank 0 only: the gang's MASTER_PORT."
+    )
+    outcome = models.CharField(
+        max_length=20, choices=GangMemberOutcome.choices, default=GangMemberOutcome.RUNNING
+    )
+    started_at = models.DateTimeField(null=True, blank=True, help_text="When its agent reported it started.")
+    exit_code = models.IntegerField(null=True, blank=True)
+    reported_state = models.CharField(
+        max_length=20, blank=True, help_text="The agent's final job_status state."
+    )
+    reason = models.CharField(max_length=200, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job_id", "rank"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "attempt", "node"], name="gangmember_unique_node"),
+            models.UniqueConstraint(fields=["job", "attempt", "rank"], name="gangmember_unique_rank"),
+            models.CheckConstraint(
+                condition=(Q(rank=0) & Q(port__isnull=False)) | (Q(rank__gt=0) & Q(port__isnull=True)),
+                name="gangmember_port_on_rank_0",
+            ),
+            models.UniqueConstraint(
+                fields=["address", "port"], condition=Q(rank=0), name="gangmember_unique_rendezvous"
+            ),
+            models.CheckConstraint(
+                condition=Q(outcome=GangMemberOutcome.RUNNING) | Q(ended_at__isnull=False),
+                name="gangmember_ended_has_time",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job} rank {self.rank} on {self.node.name}: {self.outcome}"
+
+    def describe(self) -> str:
+        """How this member ended, in words: 'rank 1 on gpu-07 exited with code 3'."""
+        where = f"rank {self.rank} on {self.node.name}"
+        if self.reported_state == "exited" and self.exit_code is not None:
+            return f"{where} exited with code {self.exit_code}"
+        detail = f" ({self.reason})" if self.reason else ""
+        code = f", code {self.exit_code}" if self.exit_code is not None else ""
+        return f"{where} was {self.reported_state.replace('_', ' ') or self.outcome}{detail}{code}"
 
 
 class JobEvent(models.Model):

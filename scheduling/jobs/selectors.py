@@ -1,7 +1,9 @@
-"""Reads for jobs: what a user may see, the queue in the scheduler's order, and who may cancel what."""
+"""Reads for jobs: what a user may see, the queue in the scheduler's order, who may cancel what, and gangs."""
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -9,8 +11,8 @@ from django.db.models import F, Prefetch, Q, QuerySet
 from django.utils import timezone
 
 from quotas.selectors import team_ids_administered_by, team_ids_for_user
-from scheduling.choices import JobState
-from scheduling.jobs.models import Job, JobEvent, Slice
+from scheduling.choices import GangMemberOutcome, JobState
+from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
 
 
 def jobs_visible_to(*, user: AbstractBaseUser) -> QuerySet[Job]:
@@ -192,6 +194,7 @@ PHASE_LABELS = {
     "starting": "starting",
     "running": "running",
     "grace": "preemption grace",
+    "stopping": "a member failed: stopping the others",
     "lost": "node lost",
     "queued": "waiting in the queue",
 }
@@ -199,8 +202,8 @@ PHASE_LABELS = {
 
 def job_phases(*, job: Job, events: list[JobEvent]) -> list[dict[str, Any]]:
     """The job's life as consecutive phases [{kind, label, start, end, seconds}], from its events: each wait
-    (labelled by the reason it waits for now, when it still waits), start-up, running, preemption grace. A job
-    that waits or runs still has an open last phase ending now."""
+    (labelled by the reason it waits for now, when it still waits), start-up, running, preemption grace, a failing
+    gang stopping its other members. A job that waits or runs still has an open last phase ending now."""
     phases: list[dict[str, Any]] = []
     now = timezone.now()
 
@@ -218,9 +221,12 @@ def job_phases(*, job: Job, events: list[JobEvent]) -> list[dict[str, Any]]:
     for event in events:
         if not event.to_state:
             continue
+        stopping = event.code == "gang_member_failed"
+        if event.from_state == event.to_state and not stopping:
+            continue  # an event within a phase (a gang member's exit, prevented interference)
         if phases and phases[-1]["end"] is None:
             phases[-1]["end"] = event.at
-        kind = kind_for(event.to_state)
+        kind = "stopping" if stopping else kind_for(event.to_state)
         if kind is not None:
             phases.append({"kind": kind, "label": PHASE_LABELS[kind], "start": event.at, "end": None})
     for phase in phases:
@@ -230,3 +236,32 @@ def job_phases(*, job: Job, events: list[JobEvent]) -> list[dict[str, Any]]:
         end = phase["end"] or now
         phase["seconds"] = max(0.0, (end - phase["start"]).total_seconds())
     return phases
+
+
+def gang_members_of(*, job_ids: Iterable[int]) -> dict[int, list[GangMember]]:
+    """The members of these multi-node jobs' current placements, by job id, in rank order."""
+    out: dict[int, list[GangMember]] = defaultdict(list)
+    members = GangMember.objects.filter(job_id__in=list(job_ids)).select_related("node", "job")
+    for member in members.order_by("job_id", "rank"):
+        if member.attempt == member.job.attempt:
+            out[member.job_id].append(member)
+    return dict(out)
+
+
+def gang_first_failure(*, job: Job) -> GangMember | None:
+    """The member whose failure decided the gang's outcome (the first to fail), if one has failed."""
+    return (
+        GangMember.objects.filter(job=job, attempt=job.attempt, outcome=GangMemberOutcome.FAILED)
+        .select_related("node")
+        .order_by("ended_at", "rank")
+        .first()
+    )
+
+
+def gangs_failing(*, job_ids: Iterable[int]) -> set[int]:
+    """Which of these jobs are gangs with a failed member, whose other members are being stopped."""
+    return set(
+        GangMember.objects.filter(job_id__in=list(job_ids), outcome=GangMemberOutcome.FAILED)
+        .filter(attempt=F("job__attempt"))
+        .values_list("job_id", flat=True)
+    )

@@ -241,6 +241,8 @@ class Cluster:
             str(sim),
             "--node",
             node,
+            "--address",  # every simulated node is this host: gang members meet on loopback
+            "127.0.0.1",
             "--portal",
             f"http://127.0.0.1:{self.port}",
             "--token-file",
