@@ -17,7 +17,7 @@ from scheduling.agents.reports import job_report, node_hello
 from scheduling.choices import JobState
 from scheduling.cycle import apply, lease
 from scheduling.cycle.desired_state import desired_jobs
-from scheduling.cycle.watchdog import node_mark_lost
+from scheduling.cycle.watchdog import lost_jobs_check, node_mark_lost
 from scheduling.engine import types as eng
 from scheduling.inventory.models import Gpu, Node
 from scheduling.jobs.models import GangMember, Job
@@ -210,6 +210,8 @@ def test_a_node_lost_while_its_gang_is_failing_fails_the_gang_instead_of_requeue
     job = running_gang
     job_report(node_id=nodes["b"].pk, payload=report(job, "exited", exit_code=3))
     assert node_mark_lost(node_id=nodes["a"].pk, now=timezone.now() + timedelta(hours=1)) == [job.pk]
+    # Its member on the lost node has surely stopped only once the fence has passed.
+    assert lost_jobs_check(now=timezone.now() + timedelta(days=1)) == [job.pk]
     job.refresh_from_db()
     assert job.state == JobState.FAILED and job.exit_code == 3
     failed = job.events.get(to_state=JobState.FAILED)
