@@ -152,6 +152,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             "topology: no GPU pairs" if len(inv["gpus"]) < 2 else "topology: the driver reported no paths"
         )
+    for row in report.get("isolation", []):
+        lines.append(f"isolation: {row['what']}: {'yes' if row['enforced'] else 'NO'}: {row['detail']}")
     mps = report["mps"]
     lines.append(
         f"MPS: control {mps['control'] or 'not found'}; daemon {'running' if mps['daemon_running'] else 'not running'}"

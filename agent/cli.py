@@ -27,12 +27,25 @@ def _backend(config: AgentConfig):
 
 def cmd_run(config: AgentConfig) -> int:
     from agent.executor import Executor
+    from agent.isolation import Isolation, IsolationError
     from agent.mps import MpsController
     from agent.runtime import Agent
     from agent.transport import connect_websocket, run_agent, ws_url
 
     config.require_portal()
+    try:
+        isolation = Isolation(mode=config.job_users, uid_pool=config.uid_pool)
+    except IsolationError as exc:
+        raise ConfigError(str(exc)) from exc
+    if isolation.root:
+        # What the agent writes (its state, the jobs' run records and logs) is its own; jobs may only pass
+        # through to their own working directories.
+        os.umask(0o077)
     config.work_dir.mkdir(parents=True, exist_ok=True)
+    if isolation.root:
+        for d in (config.work_dir, config.work_dir / "jobs"):
+            d.mkdir(exist_ok=True)
+            os.chmod(d, 0o711)
     logging.basicConfig(
         level=config.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -46,6 +59,7 @@ def cmd_run(config: AgentConfig) -> int:
             config.work_dir,
             mps=MpsController(config.work_dir, control_path=config.mps_control),
             fence_after_s=config.fence_after_s,
+            isolation=isolation,
         ),
         sample_interval_s=config.sample_s,
         heartbeat_s=config.heartbeat_s,
@@ -56,6 +70,15 @@ def cmd_run(config: AgentConfig) -> int:
     if config.backend == "nvml" and os.environ.get("TESSERA_FAKE_NVML"):
         logging.getLogger("tessera.agent").warning(
             "TESSERA_FAKE_NVML is set: GPU readings come from the recorded fixture, not from this host"
+        )
+    for what, ok, detail in isolation.report():
+        logging.getLogger("tessera.agent").log(
+            logging.INFO if ok else logging.WARNING, "isolation: %s: %s", what, detail
+        )
+    if config.token_file is not None and config.token_file.stat().st_mode & 0o077:
+        logging.getLogger("tessera.agent").warning(
+            "the token file %s is readable by others: chmod 600 it (a job that reads it speaks for this node)",
+            config.token_file,
         )
     logging.getLogger("tessera.agent").info(
         "node %s: %d GPU(s) via %s, portal %s, work dir %s",
@@ -85,12 +108,20 @@ def cmd_run(config: AgentConfig) -> int:
 
 def cmd_check(config: AgentConfig, args: argparse.Namespace) -> int:
     from agent.check import format_report, gather, mps_smoke
+    from agent.isolation import Isolation, IsolationError
 
     work_dir = config.work_dir / "check"
     work_dir.mkdir(parents=True, exist_ok=True)
     backend = _backend(config)
     try:
         report = gather(backend, mps_control=config.mps_control, work_dir=work_dir)
+        try:
+            isolation = Isolation(mode=config.job_users, uid_pool=config.uid_pool)
+            report["isolation"] = [
+                {"what": what, "enforced": ok, "detail": detail} for what, ok, detail in isolation.report()
+            ]
+        except IsolationError as exc:
+            report["isolation"] = [{"what": "job users", "enforced": False, "detail": str(exc)}]
         if args.mps_smoke:
             report["mps_smoke"] = mps_smoke(
                 backend.inventory(),

@@ -36,6 +36,11 @@ class AgentConfig:
     address: str | None = (
         None  # where the other members of a gang reach this host (None: the portal uses the name)
     )
+    job_users: str | None = (
+        None  # pool | account | agent (agent/isolation.py); None: pool as root, else agent
+    )
+    uid_pool: tuple[int, int] = (60000, 60999)
+    token_file: Path | None = None
 
     def require_portal(self) -> None:
         if not self.portal_url:
@@ -64,6 +69,19 @@ def parse_sharing(text: str) -> tuple[str, dict[int, str]]:
         else:
             default = mode
     return default, overrides
+
+
+def _uid_pool(text: str) -> tuple[int, int]:
+    first, sep, last = text.partition("-")
+    try:
+        low, high = int(first), int(last if sep else first)
+    except ValueError:
+        raise ConfigError(
+            f"TESSERA_AGENT_UID_POOL must be FIRST-LAST, e.g. 60000-60999 (got {text!r})"
+        ) from None
+    if not 0 < low <= high:
+        raise ConfigError(f"TESSERA_AGENT_UID_POOL must be FIRST-LAST with 0 < FIRST <= LAST (got {text!r})")
+    return low, high
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, connection: bool = True) -> None:
@@ -129,6 +147,7 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
     try:
         heartbeat_s = float(pick("heartbeat_s", "TESSERA_AGENT_HEARTBEAT_S", 5.0))
         sample_s = float(pick("sample_s", "TESSERA_AGENT_SAMPLE_S", 1.0))
+        uid_pool = _uid_pool(environ.get("TESSERA_AGENT_UID_POOL") or "60000-60999")
         fence = pick("fence_after_s", "TESSERA_AGENT_FENCE_AFTER_S")
         fence_after_s = float(fence) if fence not in (None, "", "0") else None
     except ValueError as exc:
@@ -152,5 +171,8 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
         mps_control=pick("mps_control", "TESSERA_MPS_CONTROL"),
         log_level=environ.get("TESSERA_AGENT_LOG_LEVEL", "INFO"),
         fence_after_s=fence_after_s,
+        job_users=environ.get("TESSERA_AGENT_JOB_USERS") or None,
+        uid_pool=uid_pool,
+        token_file=Path(token_file) if token_file else None,
         address=address.strip() if address else None,
     )

@@ -26,6 +26,7 @@ from pathlib import Path
 from agent import procfs
 from agent.backends.base import JobUsageHint
 from agent.gang import gang_env
+from agent.isolation import Isolation, IsolationError
 from agent.jobspec import JobSpec, safe_name
 from agent.mps import MpsController
 
@@ -38,7 +39,7 @@ _SECRET_PREFIXES = ("TESSERA_AGENT_TOKEN",)
 _AGENT_SET = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_")
 
 RUNNING, STOPPING, FINISHED = "running", "stopping", "finished"
-ENFORCED_STOPS = ("max_runtime", "memory_slice_exceeded")
+ENFORCED_STOPS = ("max_runtime", "memory_slice_exceeded", "host_memory_exceeded")
 
 
 class LaunchError(Exception):
@@ -61,6 +62,7 @@ class JobHandle:
     kill_sent: bool = False
     job_pid: int | None = None  # the job's first process (pgid == job_pid), from job.json
     grace_given_s: float | None = None  # from the stop to the job's end, as its supervisor measured it
+    uid: int | None = None  # the job's own Unix user, where the agent isolates jobs
     outcome: str | None = None  # exited | stopped | killed | launch_failed | lost
     exit_code: int | None = None
     finished_at: float | None = None
@@ -96,9 +98,8 @@ class Transition:
 
 
 def _write_json(path: Path, payload: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload))
-    os.replace(tmp, path)
+    """Readable by this user only, whatever the umask: the agent's records are no job's business."""
+    _write_private_json(path, payload)
 
 
 def _check_launchable(run: dict) -> None:
@@ -136,8 +137,11 @@ class Executor:
         clock: Callable[[], float] = time.monotonic,
         base_env: dict[str, str] | None = None,
         fence_after_s: float | None = None,
+        isolation: Isolation | None = None,
     ) -> None:
         self.work_dir = Path(work_dir)
+        # Users, private directories and cgroup limits for jobs (None: jobs run as the agent's user, unlimited).
+        self.isolation = isolation
         self.jobs_dir = self.work_dir / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.mps = mps
@@ -203,10 +207,28 @@ class Executor:
                 list(spec.command) if isinstance(spec.command, tuple) else ["/bin/sh", "-c", spec.command]
             )
             fence = spec.fence_after_s if spec.fence_after_s is not None else self.fence_after_s
+            cwd, user, cgroup = spec.cwd or str(d), None, {}
+            if self.isolation is not None and self.isolation.isolates:
+                identity = self.isolation.identity(
+                    user=spec.user, in_use={h.uid for h in self.active() if h.uid is not None}
+                )
+                work = self.isolation.private_dir(d, identity)
+                cwd = spec.cwd or str(work)
+                cgroup = self.isolation.cgroup_for(
+                    name=safe_name(spec.key), memory_mib=spec.memory_mib, cpu_milli=spec.cpu_milli
+                )
+                if identity is not None:
+                    user = {"uid": identity.uid, "gid": identity.gid}
+                    handle.uid = identity.uid
+                    env.update(
+                        {"HOME": identity.home or str(work), "USER": identity.name, "LOGNAME": identity.name}
+                    )
             run = {
                 "argv": command,
                 "env": env,
-                "cwd": spec.cwd or str(d),
+                "cwd": cwd,
+                "user": user,
+                "cgroup": cgroup,
                 "stdout": str(d / "stdout.log"),
                 "stderr": str(d / "stderr.log"),
                 "grace_s": spec.grace_s,
@@ -229,7 +251,7 @@ class Executor:
                     start_new_session=True,  # its own session: the agent's end (or its terminal's) is not its
                     close_fds=True,
                 )
-        except (OSError, LaunchError, ValueError, TypeError) as exc:  # ValueError: e.g. a NUL byte in the env
+        except (OSError, LaunchError, IsolationError, ValueError, TypeError) as exc:  # ValueError: a NUL byte
             self._finish(handle, outcome="launch_failed", exit_code=None, detail=str(exc))
             return handle
         self.launches += 1
@@ -246,6 +268,7 @@ class Executor:
                 "cmdline": argv,
                 "started_at": handle.started_at,
                 "mps": handle.mps,
+                "uid": handle.uid,
             },
         )
         self._read_job_record(handle, wait_s=2.0)
@@ -379,6 +402,8 @@ class Executor:
         stop_reason = handle.stop_reason or (record.get("stop_reason") if record is not None else None)
         if stop_reason == "leftover":
             stop_reason = None  # it ended on its own; what it left behind was stopped
+        if stop_reason is None and record is not None and record.get("oom_killed"):
+            stop_reason = "host_memory_exceeded"  # the kernel killed it at its cgroup's memory limit
         handle.stop_reason = stop_reason
         if record is not None and record.get("killed_after_grace"):
             handle.kill_sent = True
@@ -516,6 +541,7 @@ class Executor:
         handle.start_ticks = launch.get("start_ticks")
         handle.started_at = launch.get("started_at")
         handle.mps = launch.get("mps")
+        handle.uid = launch.get("uid")
         handle.adopted = True
         self._read_job_record(handle)
         self._jobs[spec.key] = handle

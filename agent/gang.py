@@ -30,6 +30,7 @@ def gang_env(spec: JobSpec, job_dir: Path) -> dict[str, str]:
     hostfile = job_dir / HOSTFILE
     tmp = hostfile.with_suffix(".tmp")
     tmp.write_text(hostfile_text(gang))
+    os.chmod(tmp, 0o644)  # the job reads it, whatever user it runs as
     os.replace(tmp, hostfile)
     master, me = gang.members[0], gang.members[gang.rank]
     values = {

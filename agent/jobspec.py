@@ -82,6 +82,10 @@ class JobSpec:
     # Stop the job once the portal has not heard from this node for this long (None: the agent's default). The
     # portal re-places the job elsewhere only after this plus the grace has passed.
     fence_after_s: float | None = None
+    # Host resources the job asked for: limits where the agent can enforce them (agent/isolation.py).
+    cpu_milli: int | None = None
+    memory_mib: int | None = None
+    user: str | None = None  # the submitter (a Unix account of that name, where jobs run as their submitters)
     gang: Gang | None = None  # a member of a multi-node job
 
     @property
@@ -112,6 +116,9 @@ class JobSpec:
             grace_s=float(data.get("grace_s", 30.0)),
             cwd=data.get("cwd"),
             fence_after_s=float(fence) if fence is not None else None,
+            cpu_milli=_positive_int(data.get("cpu_milli")),
+            memory_mib=_positive_int(data.get("memory_mib")),
+            user=str(data["user"]) if data.get("user") else None,
             gang=Gang.from_dict(data["gang"]) if data.get("gang") else None,
         )
 
@@ -124,6 +131,15 @@ class JobSpec:
         else:
             out["gang"]["members"] = [asdict(m) for m in self.gang.members]
         return out
+
+
+def _positive_int(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    number = int(value)
+    if number <= 0:
+        raise ValueError(f"a host resource request must be positive (got {value!r})")
+    return number
 
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")

@@ -182,7 +182,9 @@ class Agent:
             return False, f"stale version {desired.version} < {self.desired.version}"
         self.desired = desired
         tmp = self._state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(desired.to_payload()))
+        # Every job's command and environment are in it: the agent's alone.
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+            fh.write(json.dumps(desired.to_payload()))
         os.replace(tmp, self._state_path)
         return True, None
 

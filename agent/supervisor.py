@@ -23,6 +23,7 @@ Standard library only, and run with `-I`: it must not depend on anything the age
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import signal
@@ -38,7 +39,7 @@ _SELF_STOP = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 def _write_atomic(path: str, payload: dict) -> None:
     tmp = f"{path}.tmp"
-    with open(tmp, "w") as fh:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
         json.dump(payload, fh)
         fh.flush()
         os.fsync(fh.fileno())
@@ -140,7 +141,9 @@ class Supervisor:
                     cwd=run.get("cwd") or self.dir,
                     process_group=0,  # the job's own group: signalled as a whole, never the supervisor
                     close_fds=True,
-                    preexec_fn=_child_setup,
+                    preexec_fn=functools.partial(
+                        _child_setup, run.get("user") or None, (run.get("cgroup") or {}).get("procs") or []
+                    ),
                 )
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             message = f"tessera: cannot start {run['argv'][0]!r}: {exc}\n"
@@ -243,8 +246,33 @@ class Supervisor:
                 self.stop("supervisor_signalled", self.grace_s, f"the supervisor got signal {got.si_signo}")
         self._finish(exit_code=self.exit_code)
 
+    def _oom_killed(self) -> bool:
+        """Whether the kernel killed a process of the job at its cgroup's memory limit (v2 memory.events, v1
+        memory.oom_control: both count `oom_kill`)."""
+        path = (self.run.get("cgroup") or {}).get("oom")
+        if not path:
+            return False
+        try:
+            with open(path) as fh:
+                for line in fh:
+                    name, _, value = line.partition(" ")
+                    if name == "oom_kill" and value.strip().isdigit():
+                        return int(value) > 0
+        except OSError:
+            pass
+        return False
+
+    def _remove_cgroups(self) -> None:
+        for d in (self.run.get("cgroup") or {}).get("dirs") or []:
+            try:
+                os.rmdir(d)  # empty now: nothing of the job is left
+            except OSError:
+                pass
+
     def _finish(self, *, exit_code: int | None, error: str = "") -> None:
         grace_used = time.monotonic() - self.stopped_at if self.stopped_at is not None else None
+        oom_killed = self._oom_killed()
+        self._remove_cgroups()
         _write_atomic(
             os.path.join(self.dir, "exit.json"),
             {
@@ -256,14 +284,24 @@ class Supervisor:
                 "grace_s": self.stop_grace_s,
                 "stopped_for_s": round(grace_used, 3) if grace_used is not None else None,
                 "killed_after_grace": self.killed and self.stop_reason is not None,
+                "oom_killed": oom_killed,
                 "error": error,
             },
         )
 
 
-def _child_setup() -> None:
-    """In the job's process, before exec: the signals the supervisor waits on are unblocked again."""
+def _child_setup(user: dict | None, cgroup_procs: list[str]) -> None:
+    """In the job's process, before exec: the signals the supervisor waits on unblocked again; into the job's
+    cgroups (so everything it starts is limited and counted); then its own user, for good (no way back to
+    root: real, effective and saved ids all change, and no supplementary group is kept)."""
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    for procs in cgroup_procs:
+        with open(procs, "w") as fh:
+            fh.write("0")
+    if user:
+        os.setgroups([])
+        os.setgid(int(user["gid"]))
+        os.setuid(int(user["uid"]))
 
 
 def main(argv: list[str]) -> int:

@@ -48,6 +48,7 @@ _HEALTH = {
 _STOP_REASONS = {
     "max_runtime": "Stopped: it ran longer than its max runtime.",
     "memory_slice_exceeded": "Stopped: it used more GPU memory than its slice (protecting its neighbours).",
+    "host_memory_exceeded": "Killed: it used more host memory than it asked for (memory_mib).",
 }
 
 

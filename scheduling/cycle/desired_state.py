@@ -80,6 +80,9 @@ def _job_entry(job: Job, slices: list[Slice]) -> dict[str, Any]:
         "max_runtime_s": job.max_runtime_s,
         "grace_s": float(job.priority_class.preemption_grace_s),
         "fence_after_s": node_loss.fence_after_s(),
+        "cpu_milli": job.cpu_milli,
+        "memory_mib": job.memory_mib,
+        "user": job.submitter.get_username() if job.submitter_id else None,
     }
 
 
@@ -88,7 +91,9 @@ def desired_jobs(*, node: Node) -> tuple[dict[str, Any], ...]:
     by_job: dict[int, list[Slice]] = defaultdict(list)
     for s in Slice.objects.filter(gpu__node=node, job__state__in=ACTIVE_STATES).select_related("gpu"):
         by_job[s.job_id].append(s)
-    jobs = list(Job.objects.filter(pk__in=by_job).select_related("priority_class").order_by("pk"))
+    jobs = list(
+        Job.objects.filter(pk__in=by_job).select_related("priority_class", "submitter").order_by("pk")
+    )
     gangs = [job.pk for job in jobs if job.nodes > 1]
     members = gang_members_of(job_ids=gangs) if gangs else {}
     failing = gangs_failing(job_ids=gangs) if gangs else set()

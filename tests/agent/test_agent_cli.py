@@ -27,6 +27,11 @@ def _args(*argv: str) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
+# Jobs run as the agent's user here: as root the agent would give them users of their own, who may not enter
+# pytest's temporary directories nor run this virtualenv's Python (tests/agent/test_agent_isolation.py covers that).
+AS_AGENT_USER = {**os.environ, "TESSERA_AGENT_JOB_USERS": "agent"}
+
+
 def _cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "agent.cli", *argv],
@@ -100,6 +105,11 @@ def test_check_prints_what_the_agent_sees_on_the_fake_h200(h200_dir, tmp_path):
     assert smoke["observed"]["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     human = _cli("check", "--work-dir", str(tmp_path), env={"TESSERA_FAKE_NVML": str(h200_dir)})
     assert "NVIDIA H200" in human.stdout and "7g.141gb" in human.stdout and "nvlink" in human.stdout
+    # What this host can isolate: as root, each job its own user; without root, nothing (and it says so).
+    users = next(row for row in report["isolation"] if row["what"] == "job users")
+    assert users["enforced"] is (os.geteuid() == 0)
+    assert "isolation: job users: " + ("yes" if os.geteuid() == 0 else "NO") in human.stdout
+    assert "isolation: host memory and CPU limits" in human.stdout
 
 
 def test_run_needs_a_portal_and_a_token(tmp_path):
@@ -206,7 +216,7 @@ def test_an_agent_killed_with_sigkill_and_restarted_adopts_its_job_and_never_run
                 sys.executable, "-m", "agent.cli", "run", "--portal", f"http://127.0.0.1:{port}",
                 "--token-file", str(token_file), "--node", "sim-a100-01", "--backend", "sim",
                 "--sim-config", str(SIM_YAML), "--work-dir", str(work_dir), "--sample-s", "0.2", cwd=str(REPO),
-                stderr=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL, env=AS_AGENT_USER,
             )  # fmt: skip
 
         async with serve(handler, "127.0.0.1", 0) as server:

@@ -43,6 +43,9 @@ ENV = {
     "TESSERA_NODE_LOST_AFTER_S": str(NODE_LOST_AFTER_S),
     "TESSERA_AGENT_FENCE_AFTER_S": str(FENCE_AFTER_S),
     "TESSERA_FENCE_MARGIN_S": str(FENCE_MARGIN_S),
+    # Jobs run as the agents' user: as root they would get users of their own, who may not enter pytest's
+    # temporary directories (tests/agent/test_agent_isolation.py runs jobs isolated).
+    "TESSERA_AGENT_JOB_USERS": "agent",
     "TESSERA_WATCHDOG_INTERVAL_S": "0.5",
     "TESSERA_CYCLE_INTERVAL_S": "1",
     "TESSERA_CYCLE_LOCK_TTL_S": "3",

@@ -1,0 +1,223 @@
+"""Isolation of jobs on their host: each job its own Unix user, a private working directory, and cgroup limits on
+CPU and host memory. Only an agent running as root can do this; `tessera-agent check` says what this host can.
+
+- **Users** (`TESSERA_AGENT_JOB_USERS`): `pool` (the default as root) gives each running job a uid of its own from
+  `TESSERA_AGENT_UID_POOL` (`60000-60999`; the gid is the same number, no /etc/passwd entry is needed);
+  `account` runs each job as the Unix account named like its submitter, as Slurm does (the site maps portal
+  users to accounts); `agent` runs jobs as the agent's own user (no isolation, the only choice without root).
+- **Working directory**: `<job dir>/work`, owned by the job's user, mode 700 (the default `cwd`).
+- **cgroups**: a job's host memory (`memory_mib`) and CPU (`cpu_milli`) requests become limits: cgroup v2
+  (`memory.max`, `memory.swap.max`, `cpu.max`) where the unified hierarchy has the memory and cpu controllers,
+  else cgroup v1 (`memory.limit_in_bytes`, `cpu.cfs_quota_us`). A job past its memory is killed by the kernel and
+  reported `host_memory_exceeded`.
+
+The agent prepares all of it (it is root); the supervisor moves the job into its cgroups and drops to its user
+just before the command starts.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+DEFAULT_UID_POOL = (60000, 60999)
+MODES = ("pool", "account", "agent")
+CPU_PERIOD_US = 100_000
+
+
+class IsolationError(Exception):
+    """This job cannot be isolated as configured (the agent reports it as a launch failure)."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    uid: int
+    gid: int
+    name: str
+    home: str | None = None  # an account's home; a pool user's is its working directory
+
+
+@dataclass(frozen=True)
+class Cgroups:
+    """Where this host's cgroup limits go: `version` 2 (one directory) or 1 (a memory and a cpu hierarchy)."""
+
+    version: int
+    memory: Path | None  # the parent under which each job gets a directory
+    cpu: Path | None
+
+    @property
+    def limits(self) -> str:
+        return f"cgroup v{self.version}: " + ", ".join(
+            part for part, where in (("memory", self.memory), ("cpu", self.cpu)) if where is not None
+        )
+
+
+def _v2_root(root: Path) -> Path | None:
+    for candidate in (root, root / "unified"):
+        if (candidate / "cgroup.controllers").exists():
+            return candidate
+    return None
+
+
+def detect_cgroups(root: Path = CGROUP_ROOT) -> Cgroups | None:
+    """The cgroup hierarchy this host lets a root agent limit jobs with (None: none usable)."""
+    v2 = _v2_root(root)
+    if v2 is not None:
+        try:
+            controllers = set((v2 / "cgroup.controllers").read_text().split())
+        except OSError:
+            controllers = set()
+        if {"memory", "cpu"} <= controllers:
+            return Cgroups(2, v2 / "tessera", v2 / "tessera")
+    memory, cpu = root / "memory", root / "cpu"
+    if (memory / "memory.limit_in_bytes").exists():
+        return Cgroups(
+            1, memory / "tessera", cpu / "tessera" if (cpu / "cpu.cfs_quota_us").exists() else None
+        )
+    return None
+
+
+def _write(path: Path, value: str) -> None:
+    path.write_text(value)
+
+
+class Isolation:
+    def __init__(
+        self,
+        *,
+        mode: str | None = None,
+        uid_pool: tuple[int, int] = DEFAULT_UID_POOL,
+        cgroup_root: Path = CGROUP_ROOT,
+        euid: int | None = None,
+    ) -> None:
+        self.root = (os.geteuid() if euid is None else euid) == 0
+        chosen = mode or ("pool" if self.root else "agent")
+        if chosen not in MODES:
+            raise IsolationError(
+                f"TESSERA_AGENT_JOB_USERS must be one of {', '.join(MODES)} (got {chosen!r})"
+            )
+        if chosen != "agent" and not self.root:
+            raise IsolationError(f"TESSERA_AGENT_JOB_USERS={chosen} needs the agent to run as root")
+        low, high = uid_pool
+        if not 0 < low <= high:
+            raise IsolationError(
+                f"TESSERA_AGENT_UID_POOL must be FIRST-LAST with 0 < FIRST <= LAST (got {low}-{high})"
+            )
+        self.mode = chosen
+        self.uid_pool = uid_pool
+        self.cgroups = detect_cgroups(cgroup_root) if self.root else None
+
+    @property
+    def isolates(self) -> bool:
+        return self.mode != "agent"
+
+    # -- users -------------------------------------------------------------------------------------------------
+    def identity(self, *, user: str | None, in_use: set[int]) -> Identity | None:
+        """The Unix identity a job runs as (None: the agent's own)."""
+        if self.mode == "agent":
+            return None
+        if self.mode == "account":
+            if not user:
+                raise IsolationError("jobs run as their submitter's account, and this placement names none")
+            try:
+                entry = pwd.getpwnam(user)
+            except KeyError:
+                raise IsolationError(
+                    f"no Unix account {user!r} on this node for the job's submitter"
+                ) from None
+            if entry.pw_uid == 0:
+                raise IsolationError(f"account {user!r} is root: jobs never run as root")
+            return Identity(entry.pw_uid, entry.pw_gid, user, entry.pw_dir)
+        low, high = self.uid_pool
+        for uid in range(low, high + 1):
+            if uid not in in_use:
+                return Identity(uid, uid, f"tessera-{uid}")
+        raise IsolationError(f"every uid of the pool {low}-{high} is in use by a running job")
+
+    def private_dir(self, job_dir: Path, identity: Identity | None) -> Path:
+        """The job's own working directory: mode 700, its user's. The job directory around it stays the agent's
+        (its spec, run record and logs); others may pass through it but not list it."""
+        work = job_dir / "work"
+        work.mkdir(mode=0o700, exist_ok=True)
+        if identity is not None:
+            os.chown(work, identity.uid, identity.gid)
+            os.chmod(job_dir, 0o711)
+        return work
+
+    # -- cgroups -----------------------------------------------------------------------------------------------
+    def cgroup_for(self, *, name: str, memory_mib: int | None, cpu_milli: int | None) -> dict:
+        """Create the job's cgroups with its limits; what the supervisor needs to join and watch them."""
+        cg = self.cgroups
+        if cg is None or not self.isolates:
+            return {}
+        dirs: list[Path] = []
+        if cg.version == 2:
+            base = cg.memory
+            assert base is not None
+            self._enable_v2(base)
+            d = base / name
+            d.mkdir(exist_ok=True)
+            dirs.append(d)
+            if memory_mib:
+                _write(d / "memory.max", str(memory_mib * 1024 * 1024))
+                if (d / "memory.swap.max").exists():
+                    _write(d / "memory.swap.max", "0")
+            if cpu_milli:
+                _write(d / "cpu.max", f"{cpu_milli * CPU_PERIOD_US // 1000} {CPU_PERIOD_US}")
+            return {"dirs": [str(d)], "procs": [str(d / "cgroup.procs")], "oom": str(d / "memory.events")}
+        oom = None
+        if cg.memory is not None:
+            d = cg.memory / name
+            d.mkdir(parents=True, exist_ok=True)
+            dirs.append(d)
+            if memory_mib:
+                _write(d / "memory.limit_in_bytes", str(memory_mib * 1024 * 1024))
+                swap = d / "memory.memsw.limit_in_bytes"
+                if swap.exists():
+                    _write(swap, str(memory_mib * 1024 * 1024))
+            oom = str(d / "memory.oom_control")
+        if cg.cpu is not None and cpu_milli:
+            d = cg.cpu / name
+            d.mkdir(parents=True, exist_ok=True)
+            dirs.append(d)
+            _write(d / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+            _write(d / "cpu.cfs_quota_us", str(cpu_milli * CPU_PERIOD_US // 1000))
+        return {"dirs": [str(d) for d in dirs], "procs": [str(d / "cgroup.procs") for d in dirs], "oom": oom}
+
+    @staticmethod
+    def _enable_v2(base: Path) -> None:
+        base.mkdir(exist_ok=True)
+        for parent in (base.parent, base):
+            control = parent / "cgroup.subtree_control"
+            try:
+                if not {"memory", "cpu"} <= set(control.read_text().split()):
+                    _write(control, "+memory +cpu")
+            except OSError as exc:
+                raise IsolationError(
+                    f"cannot enable the memory and cpu controllers in {parent}: {exc}"
+                ) from exc
+
+    # -- what check says ------------------------------------------------------------------------------------------
+    def report(self) -> list[tuple[str, bool, str]]:
+        return [
+            (
+                "job users",
+                self.isolates,
+                {
+                    "pool": f"each job its own uid from {self.uid_pool[0]}-{self.uid_pool[1]}",
+                    "account": "each job as its submitter's Unix account",
+                    "agent": "jobs run as the agent's user: they can read each other's files and the agent's state"
+                    + ("" if self.root else " (the agent is not root)"),
+                }[self.mode],
+            ),
+            (
+                "host memory and CPU limits",
+                self.cgroups is not None and self.isolates,
+                self.cgroups.limits
+                if self.cgroups is not None and self.isolates
+                else "not limited (needs root and a cgroup v2 hierarchy with memory and cpu, or cgroup v1)",
+            ),
+        ]
