@@ -118,6 +118,9 @@ class Command(BaseCommand):
         agent_bin = Path(sys.executable).parent / "tessera-agent"
         argv0 = [str(agent_bin)] if agent_bin.exists() else [sys.executable, "-m", "agent.cli"]
         env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+        # Simulated nodes on this machine: jobs run as the user running the demo (as root the agents would give
+        # each job a user of its own, who may not run this checkout's Python).
+        env.setdefault("TESSERA_AGENT_JOB_USERS", "agent")
         procs = []
         for node in Node.objects.prefetch_related("gpus").order_by("name"):
             token = Path(settings.VAR_DIR) / "agent-tokens" / f"{node.name}.token"
