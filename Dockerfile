@@ -12,9 +12,15 @@ COPY agent ./agent
 COPY frontend ./frontend
 COPY bench ./bench
 COPY manage.py ./
+# Every process runs as an unprivileged user of its own, which owns only the directories it writes (the code and
+# the collected static files stay root's): the portal's state and logs, and an agent's work dir. Named volumes
+# mounted there start out owned by it.
 RUN pip install --no-cache-dir . \
- && mkdir -p /var/lib/tessera \
- && DJANGO_SETTINGS_MODULE=portal.settings python manage.py collectstatic --noinput -v0
+ && useradd --system --uid 10001 --user-group --home-dir /var/lib/tessera --shell /usr/sbin/nologin tessera \
+ && mkdir -p /var/lib/tessera/logs /var/lib/tessera-agent \
+ && DJANGO_SETTINGS_MODULE=portal.settings python manage.py collectstatic --noinput -v0 \
+ && chown tessera:tessera /var/lib/tessera /var/lib/tessera/logs /var/lib/tessera-agent
+USER tessera
 
 EXPOSE 8000
 CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "portal.asgi:application"]

@@ -2,6 +2,7 @@
 
 Documented for the portal side in docs/agent.md. Every message is an object
 {"v": 1, "type": str, "id": str, "sent_at": float, "payload": object}; `ack` answers one message by id.
+Every frame, either way, is at most MAX_FRAME_BYTES once encoded; bytes (log chunks) travel as base64.
 """
 
 from __future__ import annotations
@@ -16,11 +17,21 @@ AGENT_MESSAGES = ("hello", "heartbeat", "metrics", "job_status", "event", "logs"
 PORTAL_MESSAGES = ("desired_state", "logs_request", "heartbeat_ack", "ack")
 # The sender keeps these until acked, and sends them again after a reconnect (receivers must be idempotent).
 RELIABLE = frozenset({"hello", "job_status", "event", "desired_state"})
+# The largest websocket message either side sends or accepts, encoded. daphne drops the connection of a client
+# sending more than its --websocket-max-message-size, 1 MiB by default: with this limit a portal served by a
+# plain daphne takes every frame an agent sends. The agent's client refuses larger frames from the portal.
+MAX_FRAME_BYTES = 1024 * 1024
+# Raw log bytes per `logs` answer at most. Base64 turns 3 bytes into 4, so a full chunk (349,528 characters)
+# leaves the rest of a frame for the envelope.
 MAX_LOG_CHUNK_BYTES = 256 * 1024
 
 
 class ProtocolError(ValueError):
     pass
+
+
+class FrameTooLarge(ProtocolError):
+    """A message whose encoded frame is over MAX_FRAME_BYTES: the receiver would drop the connection."""
 
 
 def message(type_: str, payload: dict[str, Any], *, msg_id: str | None = None) -> dict[str, Any]:
@@ -38,7 +49,36 @@ def ack(acked_id: str, *, ok: bool = True, error: str | None = None, **extra: An
 
 
 def encode(msg: dict[str, Any]) -> str:
-    return json.dumps(msg, separators=(",", ":"), allow_nan=False)
+    """The frame for a message: JSON, ASCII only (so characters are bytes); FrameTooLarge over the limit."""
+    text = json.dumps(msg, separators=(",", ":"), allow_nan=False)
+    if len(text) > MAX_FRAME_BYTES:
+        raise FrameTooLarge(
+            f"a {msg.get('type')} message of {len(text)} bytes is over the frame limit of {MAX_FRAME_BYTES} bytes"
+        )
+    return text
+
+
+def base64_room(envelope: dict[str, Any]) -> int:
+    """How many raw bytes, base64-encoded into one empty string field of `envelope`, keep its frame within
+    MAX_FRAME_BYTES (0 when nothing fits). Numbers in the envelope must be as wide as the final ones."""
+    try:
+        room = MAX_FRAME_BYTES - len(encode(envelope))
+    except FrameTooLarge:
+        return 0
+    return room // 4 * 3
+
+
+def lines_that_fit(lines: list[str], room_bytes: int) -> list[str]:
+    """The last lines whose encoding as JSON list items takes at most room_bytes."""
+    kept: list[str] = []
+    used = 0
+    for line in reversed(lines):
+        used += len(json.dumps(line)) + 1  # the comma (or the bracket) that goes with it
+        if used > room_bytes:
+            break
+        kept.append(line)
+    kept.reverse()
+    return kept
 
 
 def decode(text: str | bytes) -> dict[str, Any]:

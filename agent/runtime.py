@@ -8,6 +8,7 @@ hello first, then everything still unacknowledged, then heartbeats, metrics and 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import os
@@ -24,6 +25,12 @@ from agent.reconcile import DesiredState, Reconciler
 from agent.watchdog import MemoryWatchdog
 
 log = logging.getLogger("tessera.agent")
+
+# Lines of a log sent as text (a final report's tail, a tail_lines answer) are cut to their last this many
+# characters: a job printing 300 KB without a newline has one such line, and a report must always fit a frame.
+LOG_LINE_CHARS = 1000
+# Offsets and sizes of log files are below this; an answer is sized with numbers this wide.
+_WIDEST_OFFSET = 2**63 - 1
 
 
 class ChannelClosed(Exception):
@@ -91,6 +98,10 @@ class MetricsAggregator:
                 }
             )
         return {"sampled_at": latest.sampled_at, "samples": len(samples), "gpus": gpus}
+
+
+def _cut_lines(lines: list[str]) -> list[str]:
+    return [line if len(line) <= LOG_LINE_CHARS else "…" + line[1 - LOG_LINE_CHARS :] for line in lines]
 
 
 def _mean(values: list[Any]) -> float | None:
@@ -324,8 +335,8 @@ class Agent:
                 "finished_at": h.finished_at,  # when it really ended (its supervisor's record)
                 "grace_given_s": h.grace_given_s,
                 "log_tail": {
-                    "stdout": self.executor.tail_log(h.key, "stdout", lines=self.log_tail_lines),
-                    "stderr": self.executor.tail_log(h.key, "stderr", lines=self.log_tail_lines),
+                    stream: _cut_lines(self.executor.tail_log(h.key, stream, lines=self.log_tail_lines))
+                    for stream in ("stdout", "stderr")
                 },
             }
         )
@@ -397,6 +408,7 @@ class Agent:
         return [protocol.ack(msg["id"], ok=False, error=f"unknown message type {kind!r}")]
 
     def _logs(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Answer a logs_request: raw bytes as base64 (or the last lines as text), sized to fit one frame."""
         p = msg["payload"]
         key = f"{p.get('job_id')}:{p.get('attempt')}"
         stream = p.get("stream", "stdout")
@@ -408,25 +420,40 @@ class Agent:
         }
         try:
             if p.get("tail_lines") is not None:
-                lines = self.executor.tail_log(key, stream, lines=min(int(p["tail_lines"]), 10_000))
-                return protocol.message("logs", {**base, "lines": lines})
-            offset = max(0, int(p.get("offset", 0)))
-            limit = min(int(p.get("limit_bytes", protocol.MAX_LOG_CHUNK_BYTES)), protocol.MAX_LOG_CHUNK_BYTES)
+                lines = _cut_lines(
+                    self.executor.tail_log(key, stream, lines=min(int(p["tail_lines"]), 10_000))
+                )
+                answer = protocol.message("logs", {**base, "lines": []})
+                room = protocol.MAX_FRAME_BYTES - len(protocol.encode(answer))
+                answer["payload"]["lines"] = protocol.lines_that_fit(lines, room)
+                return answer
+            offset = min(max(0, int(p.get("offset", 0))), _WIDEST_OFFSET)
+            limit = max(
+                0, min(int(p.get("limit_bytes", protocol.MAX_LOG_CHUNK_BYTES)), protocol.MAX_LOG_CHUNK_BYTES)
+            )
+            answer = protocol.message(
+                "logs",
+                {
+                    **base,
+                    "offset": offset,
+                    "next_offset": _WIDEST_OFFSET,
+                    "size": _WIDEST_OFFSET,
+                    "data_b64": "",
+                    "eof": False,
+                },
+            )
+            limit = min(limit, protocol.base64_room(answer))
             data, size = self.executor.read_log(key, stream, offset=offset, limit_bytes=limit)
         except (TypeError, ValueError) as exc:
             return protocol.message("logs", {**base, "error": str(exc)})
         handle = self.executor.handle(key)
-        return protocol.message(
-            "logs",
-            {
-                **base,
-                "offset": offset,
-                "next_offset": offset + len(data),
-                "size": size,
-                "data": data.decode(errors="replace"),
-                "eof": offset + len(data) >= size and (handle is None or handle.state == FINISHED),
-            },
+        answer["payload"].update(
+            next_offset=offset + len(data),
+            size=size,
+            data_b64=base64.b64encode(data).decode("ascii"),
+            eof=offset + len(data) >= size and (handle is None or handle.state == FINISHED),
         )
+        return answer
 
     # -- async loop ----------------------------------------------------------------------------------------------
     def _ensure_async(self) -> None:
@@ -439,11 +466,19 @@ class Agent:
         channel = self._channel
         if channel is None:
             return  # unreliable messages are dropped while disconnected; reliable ones wait in the outbox
+        try:
+            text = protocol.encode(msg)
+        except protocol.FrameTooLarge as exc:
+            # The portal would drop the connection, and with it every other job's reports and logs: this one
+            # message is lost instead (never resent).
+            log.error("not sending %s %s: %s", msg["type"], msg["id"], exc)
+            self._outbox.pop(msg["id"], None)
+            return
         pending = self._outbox.get(msg["id"])
         if pending is not None:
             pending.sent_at, pending.retry_at = time.monotonic(), None
         async with self._send_lock:
-            await channel.send(protocol.encode(msg))
+            await channel.send(text)
 
     async def run_ticks(self, stop: asyncio.Event) -> None:
         """Tick every sample interval (or at once when a desired state arrives) until stop is set."""

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from urllib.parse import urlsplit, urlunsplit
 
+from agent import protocol
 from agent.runtime import Agent, Channel, ChannelClosed
 
 log = logging.getLogger("tessera.agent.transport")
@@ -67,7 +68,7 @@ async def connect_websocket(
         open_timeout=open_timeout_s,
         ping_interval=20,
         ping_timeout=20,
-        max_size=8 * 1024 * 1024,
+        max_size=protocol.MAX_FRAME_BYTES,
     ) as ws:
         yield WebSocketChannel(ws)
 
@@ -151,7 +152,7 @@ async def run_agent(
                     stopper.cancel()
                     if not session.done():
                         session.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, ChannelClosed):
+                    with contextlib.suppress(asyncio.CancelledError):
                         await session
             except ChannelClosed as exc:
                 log.info("portal connection closed: %s", exc)

@@ -182,9 +182,17 @@ class Client:
         return self.post(f"/api/v1/jobs/{int(job_id)}/cancel/")
 
     def logs(
-        self, job_id: int, *, stream: str = "stdout", tail: int | None = None, offset: int | None = None
+        self,
+        job_id: int,
+        *,
+        stream: str = "stdout",
+        tail: int | None = None,
+        offset: int | None = None,
+        encoding: str | None = None,
     ) -> dict:
-        return self.get(f"/api/v1/jobs/{int(job_id)}/logs/", stream=stream, tail=tail, offset=offset)
+        return self.get(
+            f"/api/v1/jobs/{int(job_id)}/logs/", stream=stream, tail=tail, offset=offset, encoding=encoding
+        )
 
 
 def _error_from(response: requests.Response) -> ApiError:

@@ -4,6 +4,7 @@ top, whoami. Human tables by default, --json for scripts; exit codes are portal.
 from __future__ import annotations
 
 import argparse
+import base64
 import getpass
 import json
 import os
@@ -488,28 +489,33 @@ def logs(argv: Sequence[str]) -> int:
     def handle(args: argparse.Namespace) -> int:
         client = Client.from_config()
         stream = "stderr" if args.stderr else "stdout"
-        if args.tail is not None:
-            body = client.logs(args.job_id, stream=stream, tail=args.tail)
-        else:
-            body = client.logs(args.job_id, stream=stream, offset=0)
         if args.json and not args.follow:
-            _print_json(body)
+            _print_json(
+                client.logs(
+                    args.job_id, stream=stream, tail=args.tail, offset=0 if args.tail is None else None
+                )
+            )
             return ExitCode.OK
-        sys.stdout.write(body["text"])
-        sys.stdout.flush()
+        # The bytes exactly as the job wrote them (binary output too), not a text rendering of them.
+        out = sys.stdout.buffer
+
+        def read(**where: int | None) -> dict:
+            body = client.logs(args.job_id, stream=stream, encoding="base64", **where)
+            out.write(base64.b64decode(body["data"]))
+            out.flush()
+            return body
+
+        body = read(tail=args.tail) if args.tail is not None else read(offset=0)
         offset = body["next_offset"]
         # Without --tail, read the whole log page by page; with --follow, keep going until the job is done.
         while (args.tail is None and offset < body["size"]) or (args.follow and not body["complete"]):
             if offset >= body["size"]:
                 time.sleep(args.interval)
-            body = client.logs(args.job_id, stream=stream, offset=offset)
-            sys.stdout.write(body["text"])
-            sys.stdout.flush()
+            body = read(offset=offset)
             offset = body["next_offset"]
         if args.follow:
             # The job finished: print what arrived between the last poll and the end.
-            body = client.logs(args.job_id, stream=stream, offset=offset)
-            sys.stdout.write(body["text"])
+            read(offset=offset)
         return ExitCode.OK
 
     return _run(handle, args)

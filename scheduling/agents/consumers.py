@@ -239,8 +239,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.close(code=code)
 
     # -- out ---------------------------------------------------------------------------------------------------
-    async def send_msg(self, msg: dict[str, Any]) -> None:
-        await self.send(text_data=protocol.encode(msg))
+    async def send_msg(self, msg: dict[str, Any]) -> bool:
+        """Send one message; False when its frame is over the limit (the agent would drop the connection, and
+        with it every report and log of the node): it is not sent, and the portal's log says so."""
+        try:
+            text = protocol.encode(msg)
+        except protocol.FrameTooLarge as exc:
+            log.error("node %s: not sending %s %s: %s", self.node_name, msg["type"], msg["id"], exc)
+            return False
+        await self.send(text_data=text)
+        return True
 
     async def send_desired(self, *, force: bool = False) -> None:
         async with self.desired_lock:

@@ -7,6 +7,8 @@ and changes nothing.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import math
 import re
@@ -213,9 +215,26 @@ def _placed_here(job: Job, node: Node) -> bool:
     return placed is not None and node.name in (placed.data or {}).get("nodes", [])
 
 
+# A final report's last lines kept in its event: so many, each cut to its last so many characters.
+LOG_TAIL_LINES = 20
+LOG_TAIL_LINE_CHARS = 1000
+
+
 def _log_tail_data(payload: dict[str, Any]) -> dict[str, Any]:
-    tail = payload.get("log_tail") or {}
-    return {k: list(v)[-20:] for k, v in tail.items() if k in joblogs.STREAMS and isinstance(v, list)}
+    tail = payload.get("log_tail")
+    if not isinstance(tail, dict):
+        return {}
+    return {
+        k: [_text(line)[-LOG_TAIL_LINE_CHARS:] for line in v[-LOG_TAIL_LINES:]]
+        for k, v in tail.items()
+        if k in joblogs.STREAMS and isinstance(v, list)
+    }
+
+
+def _text(value: Any) -> str:
+    """A string PostgreSQL takes into text and JSON: NUL (which it refuses, and which a job's output may well
+    hold) shown as U+2400, lone surrogates (which pass JSON decoding) replaced."""
+    return str(value).replace("\0", "\u2400").encode("utf-8", "replace").decode("utf-8")
 
 
 def job_report(*, node_id: int, payload: dict[str, Any]) -> Outcome:
@@ -258,7 +277,7 @@ def _reported_time(payload: dict[str, Any], key: str) -> datetime | None:
 
 
 def _apply_report(job: Job, node: Node, state: str, payload: dict[str, Any], data: dict) -> Outcome:
-    reason = payload.get("reason") or ""
+    reason = _text(payload.get("reason") or "")
     ended_at = _reported_time(payload, "finished_at")
     if payload.get("grace_given_s") is not None:
         data["grace_given_s"] = payload.get("grace_given_s")
@@ -498,7 +517,7 @@ def _event_data(payload: dict[str, Any]) -> dict[str, Any]:
         if value is None:
             continue
         try:
-            data[key] = str(value)[:_EVENT_TEXT_CHARS] if kind is str else kind(value)
+            data[key] = _text(value)[:_EVENT_TEXT_CHARS] if kind is str else kind(value)
         except (TypeError, ValueError):
             continue
     pids = payload.get("pids")
@@ -512,7 +531,7 @@ def node_event(*, node_id: int, payload: dict[str, Any], message_id: str = "") -
     An event about a job is refused unless the job's current attempt is placed on this node and still active;
     the same message (its `message_id`, sent again after a reconnect or on several connections) is recorded
     once: a repeat is a no-op."""
-    kind = str(payload.get("kind") or "")[:_EVENT_TEXT_CHARS]
+    kind = _text(payload.get("kind") or "")[:_EVENT_TEXT_CHARS]
     data = _event_data(payload)
     with transaction.atomic():
         node = Node.objects.get(pk=node_id)
@@ -571,7 +590,7 @@ def log_chunk_check(
 ) -> tuple[int, int, bytes] | None:
     """The agent's answer to our logs_request for (job_id, attempt, stream) at `offset`, checked without the
     database: (next offset, size on the agent's side, bytes), or None for an error answer, an answer about another
-    placement, or a chunk larger than asked for."""
+    placement, bytes that are not base64 or not as many as its offsets say, or a chunk larger than asked for."""
     if stream not in joblogs.STREAMS or "error" in payload:
         return None
     claimed = (str(payload.get("job_id")), str(payload.get("attempt")), str(payload.get("stream")))
@@ -581,13 +600,18 @@ def log_chunk_check(
         next_offset, size = int(payload.get("next_offset", offset)), int(payload.get("size", 0))
     except (TypeError, ValueError):
         return None
-    data = payload.get("data") or ""
-    if not isinstance(data, str):
+    # The bytes travel as base64, so they arrive exactly as the job wrote them: exactly as many as the offsets
+    # say, and never more than one chunk.
+    encoded = payload.get("data_b64", "")
+    if not isinstance(encoded, str):
         return None
-    chunk = data.encode()
-    # The agent reads at most MAX_LOG_CHUNK_BYTES; replaced invalid bytes may grow when re-encoded (x3 at most).
-    if not offset <= next_offset <= offset + protocol.MAX_LOG_CHUNK_BYTES or len(chunk) > 3 * (
-        next_offset - offset
+    try:
+        chunk = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    if (
+        not offset <= next_offset <= offset + protocol.MAX_LOG_CHUNK_BYTES
+        or len(chunk) != next_offset - offset
     ):
         return None
     return next_offset, size, chunk

@@ -2,7 +2,8 @@
 
 Cycles are requested, not run, by writers (`cycle_request_after_commit`): a "wanted" flag plus one queued task
 coalesce a burst of submits into one or two cycles. One cycle runs at a time under a Redis lock; the lock is
-not trusted for correctness, the database lease's fencing epoch is. Without Redis (the embedded demo) the same
+not trusted for correctness, the database lease's fencing epoch is. The lock is short and its holder keeps it
+alive (`LockKeeper`), so a holder killed mid-cycle holds up scheduling for at most one lock TTL. Without Redis (the embedded demo) the same
 requests wake an in-process loop instead (`scheduling.management.commands.run_demo`).
 
 Writers call this module; it names the cycle task rather than importing it (the task runs the cycle, whose
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 
 from celery import current_app
@@ -28,7 +30,8 @@ RUN_CYCLE_TASK = "scheduling.tasks.run_cycle_task"
 KEY_WANTED = "tessera:cycle:wanted"
 KEY_QUEUED = "tessera:cycle:queued"
 KEY_LOCK = "tessera:cycle:lock"
-KEYS = (KEY_WANTED, KEY_QUEUED, KEY_LOCK)
+KEY_RETRY = "tessera:cycle:retry"
+KEYS = (KEY_WANTED, KEY_QUEUED, KEY_LOCK, KEY_RETRY)
 # A queued-task marker older than this is presumed lost (a broker restart) and no longer blocks new requests.
 QUEUED_TTL_S = 10
 
@@ -59,7 +62,7 @@ def _debounce_s() -> float:
 
 
 def lock_ttl_ms() -> int:
-    return int(float(getattr(settings, "TESSERA_CYCLE_LOCK_TTL_S", 30.0)) * 1000)
+    return int(float(getattr(settings, "TESSERA_CYCLE_LOCK_TTL_S", 10.0)) * 1000)
 
 
 def cycle_request() -> None:
@@ -89,13 +92,60 @@ def cycle_request_after_commit() -> None:
     transaction.on_commit(cycle_request)
 
 
+def cycle_request_when_lock_frees(r) -> None:
+    """The lock is busy: run a cycle task again once it would have expired, in case its holder is dead (a live
+    holder sees the request itself). One such retry is pending at a time, however many tasks found it busy."""
+    remaining_ms = r.pttl(KEY_LOCK)
+    delay_s = (remaining_ms if remaining_ms > 0 else 0) / 1000 + 0.1
+    if r.set(KEY_RETRY, 1, nx=True, px=math.ceil(delay_s * 1000)):
+        current_app.tasks[RUN_CYCLE_TASK].apply_async(countdown=delay_s, retry=False)
+
+
 def lock_acquire(r, *, holder: str) -> bool:
     return bool(r.set(KEY_LOCK, holder, nx=True, px=lock_ttl_ms()))
 
 
-def lock_extend(r, *, holder: str) -> None:
-    r.eval(_EXTEND, 1, KEY_LOCK, holder, lock_ttl_ms())
+def lock_extend(r, *, holder: str) -> bool:
+    """Renew the lock for a full TTL; False when it is no longer ours (it expired, maybe taken by another)."""
+    return bool(r.eval(_EXTEND, 1, KEY_LOCK, holder, lock_ttl_ms()))
 
 
 def lock_release(r, *, holder: str) -> None:
     r.eval(_RELEASE, 1, KEY_LOCK, holder)
+
+
+class LockKeeper:
+    """Keeps the cycle lock alive from a thread while its holder runs cycles: renewed every third of its TTL,
+    so cycles may take as long as they take, yet a holder that dies (kill -9, OOM) frees it within one TTL.
+
+    `lost` is set when a renewal finds the lock no longer ours (the holder stalled past a whole TTL, and another
+    worker may be running cycles now): the holder then starts no further cycle. A cycle already running is
+    refused by the fencing epoch if a newer one started, so losing the lock never lets two cycles both write.
+    """
+
+    def __init__(self, r, *, holder: str) -> None:
+        self.r, self.holder = r, holder
+        self.interval_s = lock_ttl_ms() / 3000
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cycle-lock-keeper", daemon=True)
+
+    def __enter__(self) -> LockKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                if not lock_extend(self.r, holder=self.holder):
+                    log.warning(
+                        "the cycle lock expired under its holder %s: no further cycle from it", self.holder
+                    )
+                    self.lost.set()
+                    return
+            except Exception:  # Redis is away: the lock lapses on its own; try again next interval
+                log.warning("could not renew the cycle lock", exc_info=True)

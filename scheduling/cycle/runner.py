@@ -72,11 +72,14 @@ def cycle_run_once(*, holder: str | None = None) -> CycleReport:
     return report
 
 
-def run_cycles(*, holder: str) -> list[dict]:
-    """Run cycles until no request is outstanding (bounded). The caller holds the cycle lock."""
+def run_cycles(*, holder: str, keeper: requests.LockKeeper | None = None) -> list[dict]:
+    """Run cycles until no request is outstanding (bounded). The caller holds the cycle lock, kept alive by
+    `keeper` (with Redis); once the keeper has lost it, no further cycle starts."""
     reports = []
     r = redis_client()
     for _ in range(MAX_CYCLES_PER_TASK):
+        if keeper is not None and keeper.lost.is_set():
+            break
         if r is not None:
             r.delete(requests.KEY_WANTED)
         else:
@@ -86,7 +89,6 @@ def run_cycles(*, holder: str) -> list[dict]:
         if r is not None:
             if not r.exists(requests.KEY_WANTED):
                 break
-            requests.lock_extend(r, holder=holder)
         elif not requests.local_cycle_wanted.is_set():
             break
     return reports
@@ -105,9 +107,11 @@ def cycles_run_locked() -> dict:
             requests.local_lock.release()
     r.delete(requests.KEY_QUEUED)  # from here on, a new request queues a new task
     if not requests.lock_acquire(r, holder=holder):
+        requests.cycle_request_when_lock_frees(r)
         return {"ran": 0, "busy": True}
     try:
-        reports = run_cycles(holder=holder)
+        with requests.LockKeeper(r, holder=holder) as keeper:
+            reports = run_cycles(holder=holder, keeper=keeper)
     finally:
         requests.lock_release(r, holder=holder)
     if r.exists(requests.KEY_WANTED):  # arrived after our last look: hand over rather than lose it

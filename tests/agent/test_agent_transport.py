@@ -4,8 +4,10 @@ desired state) and against an in-process channel."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -63,9 +65,14 @@ def _job(agent: Agent, job_id: str, code: str, gpu: int = 0) -> dict:
 class Portal:
     """A tiny portal: checks the bearer token, records what agents send, acks, pushes desired state."""
 
-    def __init__(self, desired: list[dict], *, ack_job_status: bool = True) -> None:
+    def __init__(self, desired: list[dict], *, ack_job_status: bool = True, pull_logs: bool = False) -> None:
         self.desired = desired  # the whole desired state sent on each connection, by connection number
         self.ack_job_status = ack_job_status
+        # Once a job has exited, read both its streams whole, asking for more than the agent may send at once.
+        self.pull_logs = pull_logs
+        self.log_bytes: dict[str, bytes] = {"stdout": b"", "stderr": b""}
+        self.log_done: set[str] = set()
+        self.frame_bytes: list[int] = []
         self.headers: list[dict[str, str]] = []
         self.received: list[list[dict]] = []
         self.rejected = 0
@@ -86,8 +93,11 @@ class Portal:
         self.received.append(got)
         desired = self.desired[min(n, len(self.desired) - 1)]
         async for text in ws:
+            self.frame_bytes.append(len(text.encode()))
             msg = protocol.decode(text)
             got.append(msg)
+            if self.pull_logs:
+                await self._pull_logs(ws, msg)
             if msg["type"] == "hello":
                 await ws.send(protocol.encode(protocol.ack(msg["id"])))
                 await ws.send(protocol.encode(protocol.message("desired_state", desired)))
@@ -98,6 +108,23 @@ class Portal:
             if self.drop_after is not None and self.drop_after(n, got):
                 await ws.close()
                 return
+
+    async def _pull_logs(self, ws, msg: dict) -> None:
+        p = msg["payload"]
+        if msg["type"] == "job_status" and p["state"] == "exited":
+            streams = [(s, 0) for s in ("stdout", "stderr")]
+        elif msg["type"] == "logs":
+            self.log_bytes[p["stream"]] += base64.b64decode(p["data_b64"], validate=True)
+            if p["eof"]:
+                self.log_done.add(p["stream"])
+                return
+            streams = [(p["stream"], p["next_offset"])]
+        else:
+            return
+        for stream, offset in streams:
+            ask = {"job_id": p["job_id"], "attempt": p["attempt"], "stream": stream, "offset": offset}
+            request = protocol.message("logs_request", {**ask, "limit_bytes": 64 * 1024 * 1024})
+            await ws.send(protocol.encode(request))
 
     async def __aenter__(self):
         self.server = await serve(self.handler, "127.0.0.1", 0, process_request=self.process_request)
@@ -190,6 +217,91 @@ def test_the_agent_authenticates_says_hello_runs_its_desired_state_and_reports(t
     assert beat["desired_version"] == 7 and beat["node"] == "sim-1"
     assert _of(msgs, "metrics") and len(_of(msgs, "metrics")[0]["payload"]["gpus"]) == 2
     assert json.loads((agent.executor.handle("j1:1").dir / "outcome.json").read_text())["reported"] is True
+
+
+def test_300_kb_of_nul_bytes_and_of_random_binary_reach_a_portal_with_1_mib_frames_over_one_connection(
+    tmp_path,
+):
+    # The websockets server, like daphne, refuses a message over 1 MiB by closing the connection.
+    noise = random.Random(6).randbytes(300_000)
+    (tmp_path / "noise.bin").write_bytes(noise)
+    code = (
+        "import sys; sys.stdout.buffer.write(bytes(300_000)); "
+        f"sys.stderr.buffer.write(open({str(tmp_path / 'noise.bin')!r}, 'rb').read())"
+    )
+
+    async def scenario():
+        agent = _agent(tmp_path)
+        desired = {"version": 1, "jobs": [_job(agent, "bin", code)]}
+        stop = asyncio.Event()
+        async with Portal([desired], pull_logs=True) as portal:
+            connector = lambda: connect_websocket(portal.url, token=TOKEN, node_name="sim-1")  # noqa: E731
+            task = asyncio.create_task(run_agent(agent, connector, stop=stop, backoff=Backoff(0.05, 0.2)))
+            try:
+                await _until(lambda: portal.log_done == {"stdout", "stderr"}, timeout_s=30)
+            finally:
+                stop.set()
+                await task
+        return portal
+
+    portal = asyncio.run(scenario())
+    assert portal.log_bytes == {"stdout": bytes(300_000), "stderr": noise}
+    assert len(portal.received) == 1, "the agent's connection was dropped and made again"
+    assert max(portal.frame_bytes) <= protocol.MAX_FRAME_BYTES
+    answers = _of(portal.received[0], "logs")
+    assert len(answers) > 2 and all(
+        len(base64.b64decode(m["payload"]["data_b64"])) <= protocol.MAX_LOG_CHUNK_BYTES for m in answers
+    )
+    # The final report carries the last lines as text, cut short: 300 KB without a newline is one line.
+    exited = [m for m in _of(portal.received[0], "job_status") if m["payload"]["state"] == "exited"][0]
+    (line,) = exited["payload"]["log_tail"]["stdout"]
+    assert line.endswith("\0" * 10) and len(line) <= 1000
+
+
+def test_a_message_over_the_frame_limit_is_not_sent_and_the_session_goes_on(tmp_path):
+    async def scenario():
+        agent = _agent(tmp_path)
+        mine, portal = QueueChannel.pair()
+        agent._channel = mine
+        agent._ensure_async()
+        huge = agent._queue(
+            protocol.message("event", {"kind": "x", "detail": "y" * protocol.MAX_FRAME_BYTES})
+        )
+        await agent._send(huge)
+        await agent._send(agent.heartbeat())
+        return protocol.decode(await asyncio.wait_for(portal.recv(), 5)), agent
+
+    first, agent = asyncio.run(scenario())
+    assert first["type"] == "heartbeat"  # the oversized event never went out, and is not kept to be resent
+    assert agent.pending() == []
+
+
+def test_a_logs_answer_fits_one_frame_whatever_the_portal_asks_and_whatever_the_bytes(tmp_path):
+    agent = _agent(tmp_path)
+    agent.apply_desired(
+        {"version": 1, "jobs": [_job(agent, "nul", "import sys; sys.stdout.buffer.write(bytes(1 << 20))")]}
+    )
+    agent.tick()
+    agent.executor.wait("nul:1", 10)
+    got, offset, frames = b"", 0, []
+    while True:
+        ask = {"job_id": "nul", "attempt": 1, "stream": "stdout", "offset": offset, "limit_bytes": 1 << 30}
+        text = protocol.encode(agent.handle_message(protocol.message("logs_request", ask))[0])
+        frames.append(len(text))
+        p = protocol.decode(text)["payload"]
+        got += base64.b64decode(p["data_b64"])
+        assert p["next_offset"] == offset + len(base64.b64decode(p["data_b64"]))
+        offset = p["next_offset"]
+        if p["eof"]:
+            break
+    assert got == bytes(1 << 20) and max(frames) <= protocol.MAX_FRAME_BYTES and len(frames) == 4
+    tail = agent.handle_message(
+        protocol.message(
+            "logs_request", {"job_id": "nul", "attempt": 1, "stream": "stdout", "tail_lines": 10_000}
+        )
+    )[0]
+    assert len(protocol.encode(tail)) <= protocol.MAX_FRAME_BYTES and len(tail["payload"]["lines"]) == 1
+    _cleanup(agent)
 
 
 def test_a_bad_token_gets_no_session_and_the_agent_keeps_retrying(tmp_path):
@@ -306,7 +418,7 @@ def test_the_agent_loop_runs_in_process_against_a_message_source(tmp_path):
     assert exited["payload"]["exit_code"] == 0
     assert stale_ack["payload"]["ok"] is False and "stale" in stale_ack["payload"]["error"]
     assert foreign_ack["payload"]["ok"] is False and agent.desired.version == 3
-    assert logs["payload"]["data"] == "in process\n" and logs["payload"]["eof"] is True
+    assert base64.b64decode(logs["payload"]["data_b64"]) == b"in process\n" and logs["payload"]["eof"] is True
     assert logs["payload"]["size"] == logs["payload"]["next_offset"] == len("in process\n")
     assert tail["payload"]["lines"] == ["in process"]
 

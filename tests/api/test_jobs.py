@@ -193,6 +193,31 @@ def test_logs_give_the_tail_and_pages_from_an_offset(as_alice, alice, teams, sub
     assert as_alice.get(f"/api/v1/jobs/{job.pk}/logs/?stream=secrets").status_code == 400
 
 
+def test_logs_give_the_exact_bytes_as_base64_and_refuse_an_unknown_encoding(
+    as_alice, alice, teams, submit, settings, tmp_path
+):
+    import base64
+
+    from scheduling.agents import joblogs
+
+    settings.TESSERA_LOG_DIR = str(tmp_path)
+    job = submit(alice, teams["training"])
+    output = b"\0\0\xff\xfe" + bytes(range(256)) + b"\nend\n"
+    joblogs.log_append(job_id=job.pk, stream="stderr", data=output)
+    exact = as_alice.get(f"/api/v1/jobs/{job.pk}/logs/?stream=stderr&offset=0&encoding=base64").json()
+    assert exact["encoding"] == "base64" and "text" not in exact
+    assert base64.b64decode(exact["data"], validate=True) == output
+    assert exact["next_offset"] == exact["size"] == len(output)
+    tail = as_alice.get(f"/api/v1/jobs/{job.pk}/logs/?stream=stderr&tail=1&encoding=base64").json()
+    assert base64.b64decode(tail["data"]) == b"end\n"
+    text = as_alice.get(f"/api/v1/jobs/{job.pk}/logs/?stream=stderr&offset=0").json()
+    assert text["encoding"] == "text" and "data" not in text and "\ufffd" in text["text"]
+    refused = as_alice.get(f"/api/v1/jobs/{job.pk}/logs/?encoding=latin-1")
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["field"] == "encoding" and "text, base64" in error["message"]
+
+
 def test_a_resent_log_chunk_is_stored_once(settings, tmp_path):
     from scheduling.agents import joblogs
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import logging
 import time
 
 import pytest
@@ -54,6 +56,10 @@ def two_nodes(node, a100, alice, bob, teams):
         0,
     )
     return on_a, on_b, node_b, node_issue_token(node=node_b)
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
 
 
 async def _connect(token: str, name: str) -> WebsocketCommunicator:
@@ -145,9 +151,9 @@ def test_node_bs_agent_cannot_write_the_log_of_a_job_of_node_a(two_nodes):
                 "attempt": on_a.attempt,
                 "stream": "stdout",
                 "offset": 0,
-                "next_offset": 9,
-                "size": 9,
-                "data": "forged!\n",
+                "next_offset": 8,
+                "size": 8,
+                "data_b64": _b64(b"forged!\n"),
                 "eof": True,
             },
         )
@@ -170,7 +176,12 @@ def test_node_bs_agent_writes_its_own_jobs_log_where_the_portal_asked(two_nodes)
         request = await _next(communicator, "logs_request", job_id=str(on_b.pk), stream="stdout")
         # A slow agent (a busy host) answers ten pull intervals later: the answer is still taken.
         await asyncio.sleep(10 * consumers.LOG_PULL_INTERVAL_S)
-        answer = {**request["payload"], "request_id": request["id"], "data": "hello\n", "eof": False}
+        answer = {
+            **request["payload"],
+            "request_id": request["id"],
+            "data_b64": _b64(b"hello\n"),
+            "eof": False,
+        }
         answer.update(next_offset=6, size=6)
         await communicator.send_to(text_data=protocol.encode(protocol.message("logs", answer)))
         # The consumer stores the chunk in its own time: wait for it (a loaded machine is slow), then hang up.
@@ -186,6 +197,130 @@ def test_node_bs_agent_writes_its_own_jobs_log_where_the_portal_asked(two_nodes)
     assert joblogs.log_read(job_id=on_b.pk, stream="stdout")[0] == b"hello\n"
 
 
+def test_any_bytes_are_stored_exactly_and_a_chunk_not_matching_its_offsets_is_refused(two_nodes):
+    _, on_b, _, token_b = two_nodes
+    chunk = bytes(range(256)) + b"\0" * 1000 + b"\xff\xfe\xc3("  # every byte, NULs, invalid UTF-8
+
+    held: list[dict] = []  # messages read while waiting for another one (a request may come before an ack)
+
+    async def next_of(communicator, type_: str, **match) -> dict:
+        def fits(msg: dict) -> bool:
+            return msg["type"] == type_ and all(msg["payload"].get(k) == v for k, v in match.items())
+
+        for msg in held:
+            if fits(msg):
+                held.remove(msg)
+                return msg
+        async with asyncio.timeout(15):
+            while not fits(msg := protocol.decode(await communicator.receive_from(timeout=15))):
+                held.append(msg)
+        return msg
+
+    async def answer(communicator, **fields) -> dict:
+        request = await next_of(communicator, "logs_request", job_id=str(on_b.pk), stream="stdout")
+        msg = protocol.message(
+            "logs", {**request["payload"], "request_id": request["id"], "eof": False, **fields}
+        )
+        await communicator.send_to(text_data=protocol.encode(msg))
+        return msg
+
+    async def scenario():
+        communicator = await _connect(token_b, "a100-02")
+        refused = []
+        for fields in (
+            {"data_b64": _b64(chunk), "next_offset": len(chunk) + 1, "size": len(chunk) + 1},  # a byte short
+            {"data_b64": _b64(chunk)[:-4], "next_offset": len(chunk), "size": len(chunk)},
+            {"data_b64": "not base64!", "next_offset": 8, "size": 8},
+            {
+                "data": chunk.decode("latin-1"),
+                "next_offset": len(chunk),
+                "size": len(chunk),
+            },  # not base64 at all
+        ):
+            sent = await answer(communicator, **fields)
+            refused.append((await next_of(communicator, "ack", ack_id=sent["id"]))["payload"]["ok"])
+        await answer(communicator, data_b64=_b64(chunk), next_offset=len(chunk), size=len(chunk))
+        deadline = time.monotonic() + 15
+        stored = b""
+        while not stored and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            stored = (await sync_to_async(joblogs.log_read)(job_id=on_b.pk, stream="stdout"))[0]
+        await communicator.disconnect()
+        return refused, stored
+
+    refused, stored = async_to_sync(scenario)()
+    assert refused == [False] * 4
+    assert stored == chunk
+
+
+def test_a_final_report_whose_last_lines_hold_nul_bytes_lands_with_them_shown(two_nodes):
+    # PostgreSQL refuses NUL in text and JSON: the exit report of a job that printed NULs was refused for good.
+    _, on_b, _, token_b = two_nodes
+    report = {"job_id": str(on_b.pk), "attempt": on_b.attempt, "pid": 9}
+    started = protocol.message("job_status", {**report, "state": "started"})
+    tail = {"stdout": ["\0" * 2000, "done \ud800"], "stderr": ["x"] * 50}
+    exited = protocol.message("job_status", {**report, "state": "exited", "exit_code": 0, "log_tail": tail})
+
+    async def scenario():
+        communicator = await _connect(token_b, "a100-02")
+        acks = []
+        for msg in (started, exited):
+            await communicator.send_to(text_data=protocol.encode(msg))
+            acks.append((await _next(communicator, "ack", ack_id=msg["id"]))["payload"])
+        await communicator.disconnect()
+        return acks
+
+    assert [a["ok"] for a in async_to_sync(scenario)()] == [True, True]
+    on_b.refresh_from_db()
+    assert on_b.state == "succeeded"
+    kept = on_b.events.get(to_state="succeeded").data["log_tail"]
+    assert kept["stdout"] == ["\u2400" * 1000, "done ?"]
+    assert kept["stderr"] == ["x"] * 20
+
+
+def test_a_desired_state_over_the_frame_limit_is_not_sent_and_the_connection_stays_up(
+    two_nodes, alice, teams
+):
+    _, _, _, token_b = two_nodes
+    env = {f"BLOB_{i}": "\x01" * 32 * 1024 for i in range(8)}  # 256 KiB of \x01: 1.5 MB escaped in JSON
+    huge = job_submit(
+        submitter=alice, team=teams["training"], spec=JobSpec(name="h", command="z", gpus=1, env=env)
+    )
+    Gpu.objects.create(
+        node=Node.objects.get(name="a100-02"),
+        index=1,
+        uuid="GPU-b-1",
+        model=Gpu.objects.first().model,
+        memory_mib=81920,
+    )
+    assert _place(huge, "a100-02", 1).state == "placed"
+
+    async def scenario():
+        communicator = await _connect(token_b, "a100-02")
+        seen: dict[str, dict] = {}
+        # The connection carries on: the hello is acked and the portal asks for the huge job's logs.
+        async with asyncio.timeout(15):
+            while not {"ack", "logs_request"} <= seen.keys():
+                msg = protocol.decode(await communicator.receive_from(timeout=15))
+                if msg["type"] == "ack" or msg["payload"].get("job_id") == str(huge.pk):
+                    seen.setdefault(msg["type"], msg)
+        await communicator.disconnect()
+        return seen["ack"], seen["logs_request"]
+
+    # Django's setup, run when the test first opens a socket, replaces the root logger's handlers (caplog's too).
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    consumers.log.addHandler(handler)
+    try:
+        hello_ack, request = async_to_sync(scenario)()
+    finally:
+        consumers.log.removeHandler(handler)
+    assert hello_ack["payload"]["ok"] is True and request["payload"]["stream"] in ("stdout", "stderr")
+    refused = [r.getMessage() for r in records if "not sending desired_state" in r.getMessage()]
+    assert refused and f"over the frame limit of {protocol.MAX_FRAME_BYTES} bytes" in refused[0]
+
+
 def test_a_connection_whose_token_was_rotated_cannot_write_logs(two_nodes):
     _, on_b, node_b, token_b = two_nodes
 
@@ -195,7 +330,12 @@ def test_a_connection_whose_token_was_rotated_cannot_write_logs(two_nodes):
         from channels.db import database_sync_to_async
 
         await database_sync_to_async(node_issue_token)(node=node_b)
-        answer = {**request["payload"], "request_id": request["id"], "data": "late\n", "next_offset": 5}
+        answer = {
+            **request["payload"],
+            "request_id": request["id"],
+            "data_b64": _b64(b"late\n"),
+            "next_offset": 5,
+        }
         await communicator.send_to(text_data=protocol.encode(protocol.message("logs", answer)))
         async with asyncio.timeout(5):
             while True:
@@ -384,7 +524,12 @@ def test_an_answer_asked_before_the_previous_chunk_was_stored_is_not_stored_twic
     monkeypatch.setattr(agent_services, "job_logs_store", slow_store)
 
     def answer(request):
-        payload = {**request["payload"], "request_id": request["id"], "data": "hello\n", "eof": False}
+        payload = {
+            **request["payload"],
+            "request_id": request["id"],
+            "data_b64": _b64(b"hello\n"),
+            "eof": False,
+        }
         payload.update(next_offset=request["payload"]["offset"] + 6, size=6)
         return protocol.encode(protocol.message("logs", payload))
 

@@ -202,6 +202,55 @@ def test_a_worker_killed_mid_cycle_leaves_no_partial_decision(pipe):
         assert job.attempt == 1, path
 
 
+def test_a_worker_killed_holding_the_cycle_lock_stalls_scheduling_for_one_lock_ttl_at_most(pipe):
+    """The holder keeps its short lock alive for as long as its cycle takes; killed, it frees it within a TTL."""
+    from scheduling.coordination import redis_client
+    from scheduling.cycle.requests import KEY_LOCK
+
+    ttl_s = 10.0  # the production default of TESSERA_CYCLE_LOCK_TTL_S
+    r = redis_client()
+    left = list(Job.objects.filter(state__in=LIVE_STATES).values_list("pk", "name", "state"))
+    assert left == [], f"the cluster must start idle for this test; live jobs left over: {left}"
+    pipe.procs["worker"].stop()
+    lock_env = {"TESSERA_CYCLE_LOCK_TTL_S": str(ttl_s)}
+    # A log of its own: the mid-cycle test's worker logs the same pause.
+    faulty = pipe.start_worker("lock-holder", TESSERA_FAULT_COMMIT_DELAY_S="120", **lock_env)
+    second = None
+    try:
+        job = submit(pipe, gpus=1, command="sleep 0.2", name="stalled")
+        wait_for(
+            "the worker to pause inside its cycle, holding the lock",
+            lambda: re.search(r"pausing [\d.]+ s at commit with placements \[[^\]]*\]", faulty.tail(200)),
+            timeout_s=30,
+        )
+        holder, paused_at = r.get(KEY_LOCK), time.monotonic()
+        killed_epoch = epochs()
+        second = pipe.start_worker("second", **lock_env)
+        wait_for("the second worker to be ready", lambda: " ready." in second.tail(200), timeout_s=60)
+        # Half a TTL past its expiry, had nobody renewed it: the paused holder still holds it.
+        time.sleep(max(0.0, paused_at + 1.5 * ttl_s - time.monotonic()))
+        assert holder is not None and r.get(KEY_LOCK) == holder
+        assert epochs() == killed_epoch, "another cycle started while the holder lived"
+        faulty.kill9()
+        killed_at = time.time()
+        wait_state(
+            job, JobState.PLACED, JobState.STARTING, JobState.RUNNING, JobState.SUCCEEDED, timeout_s=30
+        )
+        placed = job.events.filter(to_state=JobState.PLACED).order_by("at", "id").first()
+        stall_s = placed.at.timestamp() - killed_at
+        print(
+            f"a worker killed holding the cycle lock (TTL {ttl_s:.0f} s) stalled scheduling {stall_s:.1f} s"
+        )
+        assert placed.data["epoch"] > killed_epoch, placed.data
+        # The lock's remaining life (at most a TTL, at least two thirds of one) and one cycle.
+        assert stall_s <= ttl_s + 3, f"scheduling stalled {stall_s:.1f} s after the lock holder died"
+    finally:
+        faulty.kill9()
+        if second is not None:
+            second.stop()
+        pipe.start_worker()
+
+
 def test_an_agent_token_is_good_for_its_own_node_only(pipe):
     from websockets.exceptions import InvalidStatus
     from websockets.sync.client import connect

@@ -1,5 +1,5 @@
 """A cycle request sets the wanted flag and queues at most one task, in one Redis command that survives a
-Redis that lost its scripts."""
+Redis that lost its scripts; the cycle lock is kept alive by its holder and freed within a TTL without it."""
 
 import pytest
 from django.conf import settings
@@ -40,3 +40,40 @@ def test_a_request_after_redis_forgot_its_scripts_still_counts(redis_keys):
     requests.cycle_request()
     assert len(queued) == 2
     assert r.exists(requests.KEY_WANTED)
+
+
+def test_the_holder_keeps_the_cycle_lock_alive_past_its_ttl_and_a_dead_one_frees_it_within_one_ttl(
+    redis_keys, settings
+):
+    import time
+
+    r, _ = redis_keys
+    settings.TESSERA_CYCLE_LOCK_TTL_S = 0.6
+    assert requests.lock_acquire(r, holder="alive")
+    with requests.LockKeeper(r, holder="alive") as keeper:
+        time.sleep(2.0)  # over three TTLs
+        assert r.get(requests.KEY_LOCK) == b"alive" and not keeper.lost.is_set()
+    # The holder stopped renewing (as a killed one does): the lock is gone within one TTL.
+    time.sleep(0.7)
+    assert not r.exists(requests.KEY_LOCK)
+
+
+def test_a_holder_whose_lock_was_taken_meanwhile_knows_it_lost_it(redis_keys, settings):
+    r, _ = redis_keys
+    settings.TESSERA_CYCLE_LOCK_TTL_S = 0.6
+    assert requests.lock_acquire(r, holder="stalled")
+    with requests.LockKeeper(r, holder="stalled") as keeper:
+        r.set(requests.KEY_LOCK, "another", px=5000)  # it expired under a stalled holder and was taken
+        assert keeper.lost.wait(2.0)
+    assert r.get(requests.KEY_LOCK) == b"another"  # never renewed, nor released, by the one that lost it
+
+
+def test_tasks_finding_the_lock_busy_queue_one_retry_for_when_it_would_expire(redis_keys):
+    from scheduling.cycle import runner
+
+    r, queued = redis_keys
+    r.set(requests.KEY_LOCK, "someone", px=5000)
+    for _ in range(3):
+        assert runner.cycles_run_locked() == {"ran": 0, "busy": True}
+    assert len(queued) == 1
+    assert 4.5 < queued[0]["countdown"] <= 5.1

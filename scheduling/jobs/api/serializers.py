@@ -172,13 +172,25 @@ class JobEventSerializer(serializers.ModelSerializer):
         return event.actor.username if event.actor_id else None
 
 
+# How the logs endpoint gives the bytes: as text (for reading), or exactly (base64).
+LOG_ENCODINGS = ("text", "base64")
+
+
 class JobLogSerializer(serializers.Serializer):
     job_id = serializers.IntegerField()
     stream = serializers.CharField()
     offset = serializers.IntegerField(help_text="Where `text` starts in the log, in bytes.")
     next_offset = serializers.IntegerField(help_text="Ask from here to follow the log.")
     size = serializers.IntegerField()
-    text = serializers.CharField(allow_blank=True)
+    encoding = serializers.ChoiceField(choices=LOG_ENCODINGS, help_text="As asked with ?encoding=.")
+    text = serializers.CharField(
+        allow_blank=True,
+        required=False,
+        help_text="encoding=text: the bytes as UTF-8, invalid bytes replaced.",
+    )
+    data = serializers.CharField(
+        allow_blank=True, required=False, help_text="encoding=base64: the exact bytes, base64."
+    )
     complete = serializers.BooleanField(help_text="The job has finished: the log will not grow.")
 
 

@@ -6,6 +6,7 @@ anonymous queue entries.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
@@ -233,6 +234,13 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                 {"type": "integer", "minimum": 1, "maximum": joblogs.MAX_READ_BYTES},
                 description=f"With offset: at most this many bytes ({joblogs.MAX_READ_BYTES}).",
             ),
+            OpenApiParameter(
+                "encoding",
+                str,
+                enum=list(s.LOG_ENCODINGS),
+                description="`text` (default): the bytes as UTF-8 in `text`, invalid bytes replaced. `base64`: "
+                "the exact bytes, base64 in `data`.",
+            ),
         ],
         responses={200: s.JobLogSerializer},
     )
@@ -243,6 +251,12 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         stream = request.query_params.get("stream", "stdout")
         if stream not in joblogs.STREAMS:
             raise ApiError(f"stream must be one of {', '.join(joblogs.STREAMS)}.", field="stream")
+        encoding = request.query_params.get("encoding") or "text"
+        if encoding not in s.LOG_ENCODINGS:
+            raise ApiError(
+                f"encoding must be one of {', '.join(s.LOG_ENCODINGS)} (got {encoding[:40]!r}).",
+                field="encoding",
+            )
         offset = _int_param(request, "offset", low=0, high=2**62, default=None)
         if offset is not None:
             limit = _int_param(
@@ -260,9 +274,13 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             "offset": start,
             "next_offset": start + len(data),
             "size": size,
-            "text": data.decode("utf-8", errors="replace"),
+            "encoding": encoding,
             "complete": job.state in TERMINAL_STATES,
         }
+        if encoding == "base64":
+            body["data"] = base64.b64encode(data).decode("ascii")
+        else:
+            body["text"] = data.decode("utf-8", errors="replace")
         return Response(s.JobLogSerializer(body).data)
 
 

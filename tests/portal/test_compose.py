@@ -1,0 +1,119 @@
+"""docker-compose.yml and the docs name only flags their programs have: each command of the compose file (its
+services' and healthchecks') runs here with `--help`, and every flag it uses must be one the program lists.
+
+`--help` alone would not do: argparse prints the help and exits 0 before it complains of an unknown flag (the GPU
+agent's `--fence-after-s` passed that way); click (celery) refuses the unknown flag first. Docker itself is not
+needed: the image's programs are this checkout's, installed in the virtual environment.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+IMAGE = "tessera:latest"
+# An option as help texts list it: "-A", "--token-file", "--no-input" (also inside usage lines and examples).
+_OPTION = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
+
+
+def _compose_commands() -> list[tuple[str, list[str]]]:
+    """(where, argv) of every exec-form command run from this project's image: services and healthchecks."""
+    services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    found = []
+    for name, service in services.items():
+        if service.get("image") != IMAGE and "build" not in service:
+            continue  # postgres and redis images: their programs are not ours to run here
+        command = service.get("command")
+        assert isinstance(command, list), f"service {name}: give the command in exec form (a list)"
+        found.append((f"{name}: command", command))
+        test = (service.get("healthcheck") or {}).get("test")
+        if test is not None:
+            assert test[0] == "CMD", f"service {name}: give the healthcheck in exec form ([CMD, ...])"
+            found.append((f"{name}: healthcheck", test[1:]))
+    return found
+
+
+def _local(program: str) -> str:
+    if program == "python":
+        return sys.executable
+    path = BIN / program
+    assert path.exists(), f"{program} is not installed by this project (not in {BIN})"
+    return str(path)
+
+
+def _help(argv: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [_local(argv[0]), *argv[1:], "--help"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "portal.settings"},
+        timeout=120,
+    )
+
+
+def flag_problems(argv: list[str]) -> list[str]:
+    """What is wrong with the flags of `argv`: its `--help` failing, or each flag neither its help nor its
+    program's own (celery's -A is the program's, not the subcommand's) lists."""
+    run = _help(argv)
+    if run.returncode != 0:
+        return [f"{' '.join(argv)} --help exited {run.returncode}: {run.stderr.strip()[-500:]}"]
+    top = _help(argv[:1]) if argv[0] != "python" else run
+    offered = set(_OPTION.findall(run.stdout + run.stderr + top.stdout + top.stderr))
+    used = [token.split("=", 1)[0] for token in argv[1:] if token.startswith("-") and token != "--"]
+    return [f"{flag} is not an option of {' '.join(argv[:2])}" for flag in used if flag not in offered]
+
+
+COMMANDS = _compose_commands()
+
+
+def test_the_compose_file_runs_every_tessera_process_and_checks_web_worker_and_beat():
+    names = {where.split(":")[0] for where, _ in COMMANDS}
+    assert {"migrate", "web", "worker", "beat", "agent-gpu-01", "agent-sim-01"} <= names
+    checked = {where.split(":")[0] for where, _ in COMMANDS if where.endswith("healthcheck")}
+    assert {"web", "worker", "beat"} <= checked
+
+
+@pytest.mark.parametrize(("where", "argv"), COMMANDS, ids=[where for where, _ in COMMANDS])
+def test_every_compose_command_uses_only_flags_its_program_has(where, argv):
+    assert flag_problems(argv) == [], where
+
+
+@pytest.mark.parametrize(
+    ("argv", "bad"),
+    [
+        (["tessera-agent", "run", "--node", "gpu-01", "--fence-after-s", "40"], "--fence-after-s"),
+        (["celery", "-A", "portal", "worker", "--concurency", "2"], "--concurency"),
+        (["daphne", "-b", "0.0.0.0", "--prot", "8000", "portal.asgi:application"], "--prot"),
+        (["python", "manage.py", "migrate", "--no-inptu"], "--no-inptu"),
+        (["python", "-m", "portal.health", "beat", "--max-age", "60"], "--max-age"),
+    ],
+)
+def test_the_check_catches_a_flag_the_program_does_not_have(argv, bad):
+    problems = flag_problems(argv)
+    assert problems and bad in problems[0], problems
+
+
+def test_every_flag_the_agent_docs_name_exists():
+    text = (REPO / "docs" / "agent.md").read_text()
+    programs = [
+        ["tessera-agent", "run"],
+        ["tessera-agent", "check"],
+        ["python", "agent/launcher.py"],
+        ["python", "-m", "bench.agent_sampling"],
+        ["daphne"],  # --websocket-max-message-size, the frame limit's origin
+    ]
+    offered: set[str] = set()
+    for argv in programs:
+        run = _help(argv)
+        offered |= set(_OPTION.findall(run.stdout + run.stderr))
+    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", text))
+    assert named - offered == set()

@@ -1,0 +1,55 @@
+"""Beat's healthcheck: healthy only while beat's periodic cycle requests keep being published."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from celery.signals import before_task_publish
+from django.conf import settings
+
+from portal import health
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def redis():
+    if not settings.REDIS_URL:
+        pytest.skip("needs Redis: set REDIS_URL")
+    import portal.celery  # noqa: F401 - connects the publish hook, as every Celery process does
+    from scheduling.coordination import redis_client
+
+    r = redis_client()
+    r.delete(health.BEAT_MARK_KEY)
+    yield r
+    r.delete(health.BEAT_MARK_KEY)
+
+
+def _beat_check(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "portal.health", "beat", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "REDIS_URL": settings.REDIS_URL},
+        timeout=60,
+    )
+
+
+def test_beat_is_unhealthy_until_it_publishes_its_tick_and_again_once_it_stops(redis):
+    never = _beat_check()
+    assert never.returncode == 1 and "has not sent its periodic cycle request yet" in never.stderr
+    # Another task published (as web and workers do) is not beat's tick.
+    before_task_publish.send(sender="scheduling.tasks.run_cycle_task")
+    assert _beat_check().returncode == 1
+    before_task_publish.send(sender=health.BEAT_TICK_TASK)
+    fresh = _beat_check("--max-age-s", "5")
+    assert (fresh.returncode, fresh.stdout.strip()) == (0, "ok"), fresh.stderr
+    redis.set(health.BEAT_MARK_KEY, repr(time.time() - 60))
+    stale = _beat_check("--max-age-s", "30")
+    assert stale.returncode == 1 and "more than 30 s" in stale.stderr
