@@ -4,6 +4,7 @@ than the fence (production: 600 s) leaves every job running; a job that ended me
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -13,6 +14,10 @@ from scheduling.choices import JobState
 from scheduling.inventory.models import Node
 from scheduling.jobs.services import job_cancel
 from tests.pipeline.harness import FENCE_AFTER_S, NODE_LOST_AFTER_S, submit, wait_for, wait_state
+
+# Outage lengths; longer ones measure the production figures (with TESSERA_TEST_FENCE_AFTER_S above them).
+REDIS_OUTAGE_S = float(os.environ.get("TESSERA_TEST_REDIS_OUTAGE_S", str(FENCE_AFTER_S + 5)))
+WEB_OUTAGE_S = float(os.environ.get("TESSERA_TEST_WEB_OUTAGE_S", "4"))
 
 
 def _job_pid(pipe, job) -> int:
@@ -38,7 +43,7 @@ def test_redis_down_for_longer_than_the_fence_stops_no_job(pipe):
     pid = _job_pid(pipe, job)
     pipe.redis.kill9()
     down_at = time.time()
-    outage_s = FENCE_AFTER_S + 5
+    outage_s = REDIS_OUTAGE_S
     try:
         while time.time() - down_at < outage_s:
             time.sleep(1.0)
@@ -54,7 +59,7 @@ def test_redis_down_for_longer_than_the_fence_stops_no_job(pipe):
         for name in ("worker", "beat"):  # Celery may exit on losing its broker; production restarts it
             if not pipe.procs[name].alive:
                 pipe.start_worker() if name == "worker" else pipe.start_beat()
-    print(f"redis down {outage_s:.0f} s (fence {FENCE_AFTER_S:.0f} s): jobs stopped 0")
+    print(f"redis down {outage_s:.0f} s (fence {FENCE_AFTER_S:.0f} s): jobs stopped 0, GPU-minutes lost 0")
     job_cancel(job=job, actor=None)
     wait_for("the cancelled job's process to end", lambda: not _alive(pid), timeout_s=30)
 
@@ -68,7 +73,7 @@ def test_a_web_outage_stops_no_job_and_one_that_ended_meanwhile_keeps_its_end_ti
     pipe.procs["web"].kill9()
     down_at = time.time()
     # Silence for the agents is the outage plus their reconnect backoff: kept well inside the test's fence.
-    time.sleep(4.0)
+    time.sleep(WEB_OUTAGE_S)
     assert _alive(pid)
     pipe.start_web()
     back_at = time.time()
@@ -79,6 +84,8 @@ def test_a_web_outage_stops_no_job_and_one_that_ended_meanwhile_keeps_its_end_ti
     long.refresh_from_db()
     history = list(long.events.values_list("code", "message"))
     assert long.state == JobState.RUNNING and long.attempt == 1 and _alive(pid), history
-    print(f"web down {back_at - down_at:.0f} s (fence {FENCE_AFTER_S:.0f} s): jobs stopped 0")
+    print(
+        f"web down {back_at - down_at:.0f} s (fence {FENCE_AFTER_S:.0f} s): jobs stopped 0, GPU-minutes lost 0"
+    )
     job_cancel(job=long, actor=None)
     wait_for("the cancelled job's process to end", lambda: not _alive(pid), timeout_s=30)
