@@ -28,7 +28,7 @@ from django.db import close_old_connections
 from agent import procfs
 from scheduling.choices import LinkKind
 from scheduling.cycle import requests, runner
-from scheduling.cycle.watchdog import nodes_check, preemptions_check
+from scheduling.cycle.watchdog import lost_jobs_check, nodes_check, preemptions_check
 from scheduling.inventory.models import GpuLink, Node
 
 log = logging.getLogger("tessera.demo")
@@ -186,9 +186,11 @@ def _stop_demo_jobs(root: Path) -> None:
             continue
         try:
             record = json.loads(launch.read_text())
-            # Only the process the agent launched, never a later one that reuses its pid.
+            # Only the supervisor the agent launched, never a later process that reuses its pid; then its job.
             if procfs.is_same_process(int(record["pid"]), record.get("start_ticks")):
-                os.killpg(int(record["pgid"]), signal.SIGKILL)
+                os.kill(int(record["pid"]), signal.SIGKILL)
+                job = json.loads((launch.parent / "job.json").read_text())
+                os.killpg(int(job["pgid"]), signal.SIGKILL)
         except (OSError, ValueError, KeyError, TypeError):
             pass
 
@@ -198,7 +200,7 @@ def _scheduling_step(state: dict) -> None:
     now = time.monotonic()
     if now - state["watchdog_at"] >= settings.TESSERA_WATCHDOG_INTERVAL_S:
         state["watchdog_at"] = now
-        if nodes_check() or preemptions_check():
+        if nodes_check() or lost_jobs_check() or preemptions_check():
             requests.local_cycle_wanted.set()
     if requests.local_cycle_wanted.is_set() or now - state["cycle_at"] >= settings.TESSERA_CYCLE_INTERVAL_S:
         state["cycle_at"] = now
