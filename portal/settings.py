@@ -152,6 +152,8 @@ TESSERA_GANG_PORT_LAST = env.int("TESSERA_GANG_PORT_LAST", default=29999)
 TESSERA_CYCLE_DEBOUNCE_S = env.float("TESSERA_CYCLE_DEBOUNCE_S", default=0.05)
 # The cycle lock's holder renews it every third of this: a holder that dies holds up scheduling this long at most.
 TESSERA_CYCLE_LOCK_TTL_S = env.float("TESSERA_CYCLE_LOCK_TTL_S", default=10.0)
+# A cycle running longer than this stops renewing the lock, so a stuck worker holds scheduling up at most this long.
+TESSERA_CYCLE_MAX_S = env.float("TESSERA_CYCLE_MAX_S", default=120.0)
 TESSERA_WATCHDOG_INTERVAL_S = env.float("TESSERA_WATCHDOG_INTERVAL_S", default=5.0)
 # Engine profile parameters to override, as JSON, e.g. {"min_runtime_s": 60} (docs/engine.md lists them).
 TESSERA_SCHEDULER_PARAMS = env.json("TESSERA_SCHEDULER_PARAMS", default={})

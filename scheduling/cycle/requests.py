@@ -16,6 +16,7 @@ import functools
 import logging
 import math
 import threading
+import time
 
 from celery import current_app
 from django.conf import settings
@@ -126,6 +127,10 @@ class LockKeeper:
     def __init__(self, r, *, holder: str) -> None:
         self.r, self.holder = r, holder
         self.interval_s = lock_ttl_ms() / 3000
+        # A holder alive but stuck (a cycle waiting on a lock that never comes) must not hold scheduling up
+        # for ever: past this without finishing a cycle, the lock is left to lapse (the epoch fences the rest).
+        self.max_cycle_s = float(settings.TESSERA_CYCLE_MAX_S)
+        self._progress_at = time.monotonic()
         self.lost = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cycle-lock-keeper", daemon=True)
@@ -138,8 +143,22 @@ class LockKeeper:
         self._stop.set()
         self._thread.join()
 
+    def progress(self) -> None:
+        """The holder finished a cycle: it is not stuck."""
+        self._progress_at = time.monotonic()
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
+            stuck_s = time.monotonic() - self._progress_at
+            if stuck_s > self.max_cycle_s:
+                log.warning(
+                    "a cycle of %s has run %.0f s (TESSERA_CYCLE_MAX_S %.0f): its lock is left to lapse",
+                    self.holder,
+                    stuck_s,
+                    self.max_cycle_s,
+                )
+                self.lost.set()
+                return
             try:
                 if not lock_extend(self.r, holder=self.holder):
                     log.warning(

@@ -85,6 +85,8 @@ def run_cycles(*, holder: str, keeper: requests.LockKeeper | None = None) -> lis
         else:
             requests.local_cycle_wanted.clear()
         reports.append(cycle_run_once(holder=holder).as_dict())
+        if keeper is not None:
+            keeper.progress()
         desired_state_sync()
         if r is not None:
             if not r.exists(requests.KEY_WANTED):
