@@ -58,6 +58,23 @@ def test_the_holder_keeps_the_cycle_lock_alive_past_its_ttl_and_a_dead_one_frees
     assert not r.exists(requests.KEY_LOCK)
 
 
+def test_a_holder_stuck_in_one_cycle_lets_its_lock_lapse_after_the_cycle_limit(redis_keys, settings):
+    import time
+
+    r, _ = redis_keys
+    settings.TESSERA_CYCLE_LOCK_TTL_S = 0.6
+    settings.TESSERA_CYCLE_MAX_S = 1.0
+    assert requests.lock_acquire(r, holder="busy")
+    with requests.LockKeeper(r, holder="busy") as keeper:
+        for _ in range(4):  # cycles that finish: renewed past the limit
+            time.sleep(0.4)
+            keeper.progress()
+        assert r.get(requests.KEY_LOCK) == b"busy" and not keeper.lost.is_set()
+        assert keeper.lost.wait(3.0)  # then one that never finishes: no more renewals
+        time.sleep(0.7)
+        assert not r.exists(requests.KEY_LOCK)  # another worker may take it
+
+
 def test_a_holder_whose_lock_was_taken_meanwhile_knows_it_lost_it(redis_keys, settings):
     r, _ = redis_keys
     settings.TESSERA_CYCLE_LOCK_TTL_S = 0.6
