@@ -13,7 +13,8 @@ from tests.pipeline.harness import submit, wait_for, wait_state
 pytestmark = pytest.mark.slow
 
 # Slices go to the nodes' MPS L4s (23034 MiB); whole GPUs to their A100s.
-COUNT_TO = "for i in 1 2 3 4 5 6; do echo line $i; sleep 1; done; echo done >&2"
+# Long enough that "Running" is on the page for a while even on a loaded 2-core machine.
+COUNT_TO = "for i in $(seq 1 20); do echo line $i; sleep 1; done; echo done >&2"
 
 
 def _expect_text(page, selector: str, pattern: str, timeout_s: float = 30) -> None:
@@ -27,7 +28,7 @@ def _expect_text(page, selector: str, pattern: str, timeout_s: float = 30) -> No
 def test_alice_submits_a_slice_from_the_form_and_watches_it_run_and_finish_with_its_logs_live(browse):
     page = browse("alice")
     page.goto("/jobs/new/")
-    page.fill("#id_name", "count-to-six")
+    page.fill("#id_name", "count-to-twenty")
     page.check("input[name=kind][value=slice]")
     page.fill("#id_gpu_memory", "4GiB")
     page.fill("#id_compute_pct", "25")
@@ -44,7 +45,7 @@ def test_alice_submits_a_slice_from_the_form_and_watches_it_run_and_finish_with_
     assert "Running" in page.inner_text("#job-state")
     browse.shots(page, "running")
     _expect_text(page, "#job-state", "Succeeded", timeout_s=40)
-    _expect_text(page, "#log-text", "line 6")
+    _expect_text(page, "#log-text", "line 20")
     page.click("#tab-stderr")
     _expect_text(page, "#log-text", "done")
     assert page.evaluate("window.__noReload") is True, "the page reloaded"
