@@ -7,6 +7,7 @@ pay nothing per running job.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 
 from scheduling.engine.framework import CycleContext
 from scheduling.engine.resources import charge_of
@@ -65,24 +66,81 @@ def exceeds_limit(
     return None
 
 
+def has_guarantee(quota: Quota | ModelQuota | None) -> bool:
+    """Whether the quota guarantees anything (memory, compute, or both)."""
+    return quota is not None and (quota.guaranteed_gpu_memory_mib > 0 or quota.guaranteed_compute_milli > 0)
+
+
 def within_guarantee(
     quota: Quota | ModelQuota | None, used: list[int] | tuple[int, int], charge: tuple[int, int]
 ) -> bool:
-    """True when the team stays within its guarantee on both resources after taking `charge`."""
-    if quota is None:
-        return charge == (0, 0)
-    return (
-        used[0] + charge[0] <= quota.guaranteed_gpu_memory_mib
-        and used[1] + charge[1] <= quota.guaranteed_compute_milli
-    )
+    """True when the team stays within its guarantee after taking `charge`, on each resource the guarantee names.
+
+    A guarantee may name GPU memory, compute, or both: one stated in GPUs only (compute) holds that many cards of
+    any model, whatever their memory; one stated in memory only holds that much memory on any cards. A team with
+    no guarantee is within it only for work that holds no GPU."""
+    if not has_guarantee(quota):
+        return charge[0] <= 0 and charge[1] <= 0
+    g_mem, g_comp = quota.guaranteed_gpu_memory_mib, quota.guaranteed_compute_milli
+    if g_mem > 0 and used[0] + charge[0] > g_mem:
+        return False
+    return not (g_comp > 0 and used[1] + charge[1] > g_comp)
+
+
+def beyond_guarantee(quota: Quota | ModelQuota | None, used: list[int] | tuple[int, int]) -> tuple[int, int]:
+    """What the team holds beyond its guarantee (memory MiB, compute milli): its borrowed part. On a resource the
+    guarantee does not name, all of it counts when the team is beyond on the one it names (and none otherwise)."""
+    if not has_guarantee(quota):
+        return max(0, used[0]), max(0, used[1])
+    g_mem, g_comp = quota.guaranteed_gpu_memory_mib, quota.guaranteed_compute_milli
+    over_mem = max(0, used[0] - g_mem) if g_mem > 0 else 0
+    over_comp = max(0, used[1] - g_comp) if g_comp > 0 else 0
+    if g_mem <= 0 and over_comp:
+        # Compute-only guarantee: the borrowed memory is the same share of the team's memory.
+        over_mem = used[0] * over_comp // max(1, used[1])
+    if g_comp <= 0 and over_mem:
+        over_comp = used[1] * over_mem // max(1, used[0])
+    return over_mem, over_comp
 
 
 def dominant_share(quota: Quota | None, used: list[int] | tuple[int, int]) -> float:
-    """The larger of the team's memory and compute use relative to its guarantee (a team with no guarantee
-    counts everything it uses against a guarantee of one MiB / one milli, i.e. it goes last)."""
-    g_mem = max(1, quota.guaranteed_gpu_memory_mib) if quota else 1
-    g_comp = max(1, quota.guaranteed_compute_milli) if quota else 1
-    return max(used[0] / g_mem, used[1] / g_comp)
+    """The larger of the team's memory and compute use relative to its guarantee, over the resources the guarantee
+    names (a team with no guarantee counts everything it uses against a guarantee of one MiB / one milli, i.e. it
+    goes last)."""
+    if not has_guarantee(quota):
+        return max(used[0], used[1]) * 1.0
+    g_mem, g_comp = quota.guaranteed_gpu_memory_mib, quota.guaranteed_compute_milli
+    return max(used[0] / g_mem if g_mem > 0 else 0.0, used[1] / g_comp if g_comp > 0 else 0.0)
+
+
+def guarantee_order(job: Job) -> tuple:
+    """The order in which a team's running jobs fill its guarantee: never-preempted work first, then higher
+    priority, then the longest running. What is left over is the team's borrowed work, reclaimed first."""
+    started = job.start_time if job.start_time is not None else math.inf
+    return (job.preemptible, -job.priority, started, job.id)
+
+
+def borrowed_ids(quotas: Mapping[str, Quota], jobs: Iterable[Job], charges: Mapping[str, tuple[int, int]]) -> set[str]:
+    """The jobs on borrowed capacity: per team, jobs in `guarantee_order` fill the guarantee, each one that still
+    fits within it is within; a job that would take the team beyond it is borrowed (a smaller job after it may
+    still fit). `charges` is each job's (memory MiB, compute milli); jobs holding no GPU are never borrowed."""
+    by_team: dict[str, list[Job]] = {}
+    for job in jobs:
+        by_team.setdefault(job.team, []).append(job)
+    out: set[str] = set()
+    for team, members in by_team.items():
+        quota = quotas.get(team)
+        used = [0, 0]
+        for job in sorted(members, key=guarantee_order):
+            charge = charges.get(job.id, (0, 0))
+            if charge[0] <= 0 and charge[1] <= 0:
+                continue
+            if within_guarantee(quota, used, charge):
+                used[0] += charge[0]
+                used[1] += charge[1]
+            else:
+                out.add(job.id)
+    return out
 
 
 def history_share(quota: Quota | None, usage_milli_s: float, half_life_s: float) -> float:
@@ -94,8 +152,38 @@ def history_share(quota: Quota | None, usage_milli_s: float, half_life_s: float)
     return usage_milli_s / (g_comp * half_life_s / math.log(2))
 
 
-def job_charge_estimate(job: Job) -> tuple[int, int]:
-    return min_charge(job.request)
+def estimated_charge(req: Request, models: Mapping[str, tuple[int, int]]) -> tuple[int, int]:
+    """What the request will count against quota wherever it lands, as far as can be known before it is placed:
+    a whole card counts the memory of the smallest card it may get (of the models it may use, at least its
+    `min_gpu_memory_mib`), a slice its memory and compute (a memory-only slice the proportional share of the
+    largest card it may get). `models` is model -> (smallest, largest) card memory MiB (`cluster_models`).
+    Never more than any placement's exact charge, except that a MIG instance may round a slice up."""
+    if not req.uses_gpu:
+        return 0, 0
+    eligible = [
+        mem
+        for model, mem in models.items()
+        if (not req.gpu_models or model in req.gpu_models) and mem[1] >= req.min_gpu_memory_mib
+    ]
+    if req.gpus:
+        cards = req.gpus * req.nodes
+        smallest = min((max(lo, req.min_gpu_memory_mib) for lo, _ in eligible), default=req.min_gpu_memory_mib)
+        return cards * smallest, cards * WHOLE_GPU_MILLI
+    compute = req.gpu_compute_milli
+    if compute == 0:
+        largest = max((hi for _, hi in eligible), default=0)
+        if largest > 0:
+            compute = -(-req.gpu_memory_mib * WHOLE_GPU_MILLI // largest)
+    return req.gpu_memory_mib, compute
+
+
+def job_charge(ctx: CycleContext, job: Job) -> tuple[int, int]:
+    """`estimated_charge` of a job's request on this snapshot's cards (cached per request for the cycle)."""
+    cache = ctx.cache.setdefault("accounting.estimated_charge", {})
+    charge = cache.get(job.request)
+    if charge is None:
+        charge = cache[job.request] = estimated_charge(job.request, cluster_models(ctx))
+    return charge
 
 
 # -- per-GPU-model accounting (only for teams that have per-model quota rows) ----------------------------------
@@ -197,3 +285,29 @@ def min_charge_on_model(req: Request, card_memory_mib: tuple[int, int]) -> tuple
             compute = -(-req.gpu_memory_mib * WHOLE_GPU_MILLI // largest)
         return req.gpu_memory_mib, compute
     return 0, 0
+
+
+def running_charges(ctx: CycleContext) -> dict[str, tuple[int, int]]:
+    """job id -> (gpu memory MiB, compute milli) each running job of the snapshot holds (built once a cycle)."""
+    charges = ctx.cache.get("accounting.running_charges")
+    if charges is None:
+        charges = ctx.cache["accounting.running_charges"] = {
+            job.id: charge_of(job.assignments) for job in ctx.snapshot.running
+        }
+    return charges
+
+
+def running_borrowed(ctx: CycleContext) -> set[str]:
+    """The snapshot's running jobs on borrowed capacity, as the teams stand at the start of the cycle
+    (`borrowed_ids`). A team counted per GPU model also borrows where a placement went beyond a per-model
+    guarantee (the job's `borrowed` flag as placed)."""
+    known = ctx.cache.get("accounting.running_borrowed")
+    if known is None:
+        snap = ctx.snapshot
+        known = borrowed_ids(snap.quotas, snap.running, running_charges(ctx))
+        for job in snap.running:
+            quota = snap.quotas.get(job.team)
+            if job.borrowed and quota is not None and quota.per_model:
+                known.add(job.id)
+        ctx.cache["accounting.running_borrowed"] = known
+    return known

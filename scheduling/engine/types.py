@@ -179,6 +179,10 @@ class Job:
     cpu_assignments: Mapping[str, tuple[int, int]] = field(
         default_factory=_empty
     )  # node -> (cpu_milli, memory_mib)
+    # The priority class's name (per-class limits of a team count by it) and how often the job checkpoints
+    # (None: an eviction throws away everything it did; eviction prefers victims that lose the least work).
+    priority_class: str = ""
+    checkpoint_interval_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +196,14 @@ class ModelQuota:
     limit_gpu_memory_mib: int | None = None  # None = no limit
     guaranteed_compute_milli: int = 0
     limit_compute_milli: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClassLimit:
+    """How much compute (milli-GPU) a team may hold at one priority class, all its jobs of that class together."""
+
+    priority_class: str
+    limit_compute_milli: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +221,15 @@ class Quota:
     limit_compute_milli: int | None = None
     weight: float = 1.0
     per_model: tuple[ModelQuota, ...] = ()
+    # Per priority class: the most compute (milli-GPU) the team may hold at that class (Slurm's QOS MaxTRES).
+    class_limits: tuple[ClassLimit, ...] = ()
+
+    def class_limit(self, priority_class: str) -> int | None:
+        """The team's compute limit at this priority class (None: no per-class limit)."""
+        for row in self.class_limits:
+            if row.priority_class == priority_class:
+                return row.limit_compute_milli
+        return None
 
     def for_model(self, model: str) -> ModelQuota | None:
         """The per-model row for `model`, if the team has one (a linear scan: teams have a handful)."""
@@ -284,3 +305,6 @@ class Decisions:
     evictions: tuple[Eviction, ...] = ()
     pending: tuple[Pending, ...] = ()
     reservations: tuple[Reservation, ...] = ()
+    # The running and placed jobs on borrowed capacity once these decisions are applied (their team holds more
+    # than its guarantee and they are its last work in guarantee order): the label follows the team's standing.
+    borrowed: frozenset[str] = frozenset()
