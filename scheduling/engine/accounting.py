@@ -15,6 +15,7 @@ from scheduling.engine.types import WHOLE_GPU_MILLI, Assignment, Job, ModelQuota
 
 _USAGE_KEY = "accounting.team_usage"
 _MODEL_USAGE_KEY = "accounting.team_model_usage"
+_CLASS_USAGE_KEY = "accounting.team_class_usage"
 _CARDS_KEY = "accounting.card_models"
 _MODELS_KEY = "accounting.cluster_models"
 
@@ -33,14 +34,35 @@ def team_usage(ctx: CycleContext) -> dict[str, list[int]]:
     return usage
 
 
-def usage_add(ctx: CycleContext, team: str, memory_mib: int, compute_milli: int) -> None:
-    """Keep the live usage in step with a placement (+) or eviction (-), if anyone has asked for it yet."""
+def usage_add(
+    ctx: CycleContext, team: str, memory_mib: int, compute_milli: int, priority_class: str = ""
+) -> None:
+    """Keep the live usage (and the team's per-class usage) in step with a placement (+) or eviction (-), once
+    anyone has asked for it."""
     usage = ctx.cache.get(_USAGE_KEY)
+    if usage is not None:
+        row = usage.setdefault(team, [0, 0])
+        row[0] += memory_mib
+        row[1] += compute_milli
+    by_class = ctx.cache.get(_CLASS_USAGE_KEY)
+    if by_class is not None:
+        key = (team, priority_class)
+        by_class[key] = by_class.get(key, 0) + compute_milli
+
+
+def class_usage(ctx: CycleContext) -> dict[tuple[str, str], int]:
+    """(team, priority class) -> compute milli held now, for teams with per-class limits, kept live by
+    `usage_add`."""
+    usage = ctx.cache.get(_CLASS_USAGE_KEY)
     if usage is None:
-        return
-    row = usage.setdefault(team, [0, 0])
-    row[0] += memory_mib
-    row[1] += compute_milli
+        usage = {}
+        limited = {team for team, q in ctx.snapshot.quotas.items() if q.class_limits}
+        for job in ctx.snapshot.running:
+            if job.team in limited:
+                key = (job.team, job.priority_class)
+                usage[key] = usage.get(key, 0) + charge_of(job.assignments)[1]
+        ctx.cache[_CLASS_USAGE_KEY] = usage
+    return usage
 
 
 def min_charge(req: Request) -> tuple[int, int]:
@@ -103,6 +125,19 @@ def beyond_guarantee(quota: Quota | ModelQuota | None, used: list[int] | tuple[i
     return over_mem, over_comp
 
 
+def is_borrowing(quota: Quota | ModelQuota | None, used: list[int] | tuple[int, int]) -> bool:
+    """Whether the team holds anything beyond its guarantee (a team with no guarantee: any GPU at all)."""
+    over = beyond_guarantee(quota, used)
+    return over[0] > 0 or over[1] > 0
+
+
+def borrowed_per_weight(quota: Quota | None, used: list[int] | tuple[int, int]) -> float:
+    """The team's borrowed compute (milli-GPU) over its fair-share weight: what weighted max-min sharing of the
+    capacity beyond the guarantees evens out."""
+    weight = quota.weight if quota is not None and quota.weight > 0 else 1.0
+    return beyond_guarantee(quota, used)[1] / weight
+
+
 def dominant_share(quota: Quota | None, used: list[int] | tuple[int, int]) -> float:
     """The larger of the team's memory and compute use relative to its guarantee, over the resources the guarantee
     names (a team with no guarantee counts everything it uses against a guarantee of one MiB / one milli, i.e. it
@@ -120,7 +155,9 @@ def guarantee_order(job: Job) -> tuple:
     return (job.preemptible, -job.priority, started, job.id)
 
 
-def borrowed_ids(quotas: Mapping[str, Quota], jobs: Iterable[Job], charges: Mapping[str, tuple[int, int]]) -> set[str]:
+def borrowed_ids(
+    quotas: Mapping[str, Quota], jobs: Iterable[Job], charges: Mapping[str, tuple[int, int]]
+) -> set[str]:
     """The jobs on borrowed capacity: per team, jobs in `guarantee_order` fill the guarantee, each one that still
     fits within it is within; a job that would take the team beyond it is borrowed (a smaller job after it may
     still fit). `charges` is each job's (memory MiB, compute milli); jobs holding no GPU are never borrowed."""
@@ -143,13 +180,36 @@ def borrowed_ids(quotas: Mapping[str, Quota], jobs: Iterable[Job], charges: Mapp
     return out
 
 
-def history_share(quota: Quota | None, usage_milli_s: float, half_life_s: float) -> float:
+def history_share(
+    quota: Quota | None, usage_milli_s: float, half_life_s: float, compute_milli: float | None = None
+) -> float:
     """Decayed past usage relative to what running exactly at the guarantee would have accumulated:
-    a rate r decayed with half-life h sums to r * h / ln 2, so 1.0 means "used its guarantee on average"."""
+    a rate r decayed with half-life h sums to r * h / ln 2, so 1.0 means "used its guarantee on average".
+    `compute_milli` is the guarantee in compute (`compute_equivalent`; by default the quota's compute)."""
     if usage_milli_s <= 0:
         return 0.0
-    g_comp = max(1, quota.guaranteed_compute_milli) if quota else 1
-    return usage_milli_s / (g_comp * half_life_s / math.log(2))
+    if compute_milli is None:
+        compute_milli = quota.guaranteed_compute_milli if quota else 0
+    return usage_milli_s / (max(1.0, compute_milli) * half_life_s / math.log(2))
+
+
+def compute_equivalent(ctx: CycleContext, quota: Quota | None) -> float:
+    """The guarantee in compute milli: as stated, or for a memory-only guarantee the same share of the cluster's
+    compute as its memory is of the cluster's GPU memory (0 for no guarantee)."""
+    if quota is None:
+        return 0.0
+    if quota.guaranteed_compute_milli > 0 or quota.guaranteed_gpu_memory_mib <= 0:
+        return float(quota.guaranteed_compute_milli)
+    totals = ctx.cache.get("accounting.cluster_totals")
+    if totals is None:
+        mem = comp = 0
+        for n in ctx.snapshot.nodes:
+            for g in n.gpus:
+                mem += g.memory_mib
+                comp += WHOLE_GPU_MILLI
+        totals = ctx.cache["accounting.cluster_totals"] = (mem, comp)
+    mem, comp = totals
+    return quota.guaranteed_gpu_memory_mib * comp / mem if mem > 0 else 0.0
 
 
 def estimated_charge(req: Request, models: Mapping[str, tuple[int, int]]) -> tuple[int, int]:
@@ -167,7 +227,9 @@ def estimated_charge(req: Request, models: Mapping[str, tuple[int, int]]) -> tup
     ]
     if req.gpus:
         cards = req.gpus * req.nodes
-        smallest = min((max(lo, req.min_gpu_memory_mib) for lo, _ in eligible), default=req.min_gpu_memory_mib)
+        smallest = min(
+            (max(lo, req.min_gpu_memory_mib) for lo, _ in eligible), default=req.min_gpu_memory_mib
+        )
         return cards * smallest, cards * WHOLE_GPU_MILLI
     compute = req.gpu_compute_milli
     if compute == 0:
@@ -311,3 +373,32 @@ def running_borrowed(ctx: CycleContext) -> set[str]:
                 known.add(job.id)
         ctx.cache["accounting.running_borrowed"] = known
     return known
+
+
+def keeps_guarantee(
+    quota: Quota | None, used: list[int] | tuple[int, int], removed: list[int] | tuple[int, int]
+) -> bool:
+    """Whether the team still holds at least its guarantee, on each resource it names, once `removed` is taken
+    from what it holds (a team with no guarantee always does). Eviction for another team's work is allowed only
+    then: what a team holds up to its guarantee is never taken for another team."""
+    if not has_guarantee(quota):
+        return True
+    g_mem, g_comp = quota.guaranteed_gpu_memory_mib, quota.guaranteed_compute_milli
+    if g_mem > 0 and used[0] - removed[0] < g_mem:
+        return False
+    return not (g_comp > 0 and used[1] - removed[1] < g_comp)
+
+
+def others_keep_guarantees(ctx: CycleContext, team: str, victims: Iterable[Job]) -> bool:
+    """Whether every team other than `team` keeps its guarantee when all these victims are evicted together."""
+    taken: dict[str, list[int]] = {}
+    charges = running_charges(ctx)
+    for v in victims:
+        if v.team == team:
+            continue
+        row = taken.setdefault(v.team, [0, 0])
+        mem, comp = charges.get(v.id, (0, 0))
+        row[0] += mem
+        row[1] += comp
+    quotas, usage = ctx.snapshot.quotas, team_usage(ctx)
+    return all(keeps_guarantee(quotas.get(t), usage.get(t, (0, 0)), row) for t, row in taken.items())

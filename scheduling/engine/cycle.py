@@ -11,11 +11,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
+from scheduling.engine.accounting import borrowed_ids, running_charges
 from scheduling.engine.actions import get_action
 from scheduling.engine.framework import Profile
 from scheduling.engine.pending import explain_pending
 from scheduling.engine.profiles import check_profile
+from scheduling.engine.resources import charge_of
 from scheduling.engine.session import Session
 from scheduling.engine.state import EngineState, load_plugins
 from scheduling.engine.types import Decisions, Job, Snapshot
@@ -90,11 +93,35 @@ def run_cycle(snapshot: Snapshot, profile: Profile) -> Decisions:
             for action in state.actions:
                 action.execute(session)
             pending = explain_pending(session)
+            borrowed = _borrowed_after(session)
         finally:
             session.close()
         return Decisions(
-            placements=tuple(session.placements),
+            placements=tuple(
+                p if p.borrowed == (p.job_id in borrowed) else replace(p, borrowed=p.job_id in borrowed)
+                for p in session.placements
+            ),
             evictions=tuple(session.evictions),
             pending=tuple(pending),
             reservations=tuple(session.reservations),
+            borrowed=frozenset(borrowed),
         )
+
+
+def _borrowed_after(session: Session) -> set[str]:
+    """The running and placed jobs on borrowed capacity once the decisions hold: the teams' standing after the
+    cycle (`accounting.borrowed_ids`), and where a per-model guarantee was passed, the placement's own flag."""
+    snap, evicted = session.snap, session.evicted
+    charges = dict(running_charges(session.ctx))
+    jobs = [j for j in snap.running if j.id not in evicted]
+    for job, placement in zip(session.placed_jobs, session.placements, strict=True):
+        charges[job.id] = charge_of(placement.assignments)
+        jobs.append(job)
+    borrowed = borrowed_ids(snap.quotas, jobs, charges)
+    for job in snap.running:
+        if job.id not in evicted and job.borrowed and job.team in session.restricted:
+            borrowed.add(job.id)
+    for job, placement in zip(session.placed_jobs, session.placements, strict=True):
+        if placement.borrowed and job.team in session.restricted:
+            borrowed.add(job.id)
+    return borrowed

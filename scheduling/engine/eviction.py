@@ -36,6 +36,8 @@ class VictimRule(Protocol):
 
     CODE: str  # the evictions' code ("preempted", "reclaimed")
     MAX_ATTEMPTS_PARAM: str  # the profile param capping how many blocked jobs try per cycle
+    MIN_RUNTIME_PARAM: str  # the profile param: jobs younger than this are not evicted by this rule
+    EVICTS_PINNED: bool  # whether never-preempted jobs may be victims (only borrowed ones, by reclaim)
 
     def victims(self, s: Session, job: Job) -> Victims | None:
         """The job's pick from a node's evictable holdings (None: it may evict nothing this cycle)."""
@@ -43,6 +45,18 @@ class VictimRule(Protocol):
 
     def scope(self, job: Job) -> str:
         """What, besides the request and priority, makes a failed try worth repeating for another job."""
+        ...
+
+    def order(self, s: Session, v: Holding) -> tuple:
+        """Which of a node's eligible victims to take first (the unneeded ones are dropped again)."""
+        ...
+
+    def allows(self, s: Session, job: Job, victims: list[Job]) -> bool:
+        """Whether these victims may all go together (each was eligible alone)."""
+        ...
+
+    def cost(self, s: Session, chosen: list[Holding]) -> tuple:
+        """What evicting this set costs (lower is better): the node whose set costs least is chosen."""
         ...
 
 
@@ -88,44 +102,59 @@ def evict_for_blocked(s: Session, rule: VictimRule) -> None:
                 nobody[key] = len(s.placements)
         if victims is not None:
             budget -= 1
-            if _evict_for(s, job, view, victims, rule.CODE):
+            if _evict_for(s, job, view, victims, rule):
                 continue
             failed.add(key)
         if lifted:
             s.restore_holds(lifted)
 
 
-def running_by_pos(s: Session) -> dict[int, list[Holding]]:
-    """Node position -> what each running job holds there (built once, only when eviction is considered)."""
-    if s.evictable_by_pos is None:
-        # Only what may ever be evicted: preemptible and past the minimum runtime; lowest priority first.
-        now = s.snap.now
+def running_by_pos(
+    s: Session, min_runtime_s: float | None = None, pinned: bool = False
+) -> dict[int, list[Holding]]:
+    """Node position -> what may be evicted there: running jobs past the minimum runtime (the profile's
+    `min_runtime_s` unless given), preemptible ones only unless `pinned`; lowest priority first. Built once per
+    cycle for each such view, only when eviction is considered."""
+    if min_runtime_s is None:
         min_runtime_s = float(s.param("min_runtime_s") or 0.0)
-        kept = s.running_memo()
-        known = kept.get(("evictable", min_runtime_s))
-        if known is not None:
-            s.evictable_by_pos = known
-            return known
+    key = ("evictable", min_runtime_s, pinned)
+    known = s.evictable_by_pos.get(key) if s.evictable_by_pos is not None else None
+    if known is not None:
+        return known
+    kept = s.running_memo()
+    known = kept.get(key)
+    if known is None:
+        now = s.snap.now
         by_pos = s.holdings_by_pos()
 
         def evictable(v: Holding) -> bool:
             started = v.job.start_time
-            return v.job.preemptible and (started is None or now - started >= min_runtime_s)
+            return (pinned or v.job.preemptible) and (started is None or now - started >= min_runtime_s)
 
-        s.evictable_by_pos = {}
+        known = {}
         for pos, held in by_pos.items():
             victims = sorted((v for v in held if evictable(v)), key=lambda v: (v.job.priority, v.job.id))
             if victims:
-                s.evictable_by_pos[pos] = victims
-        kept[("evictable", min_runtime_s)] = s.evictable_by_pos
-    return s.evictable_by_pos
+                known[pos] = victims
+        kept[key] = known
+    if s.evictable_by_pos is None:
+        s.evictable_by_pos = {}
+    s.evictable_by_pos[key] = known
+    return known
 
 
-def _work_lost(s: Session, v: Job) -> float:
-    """GPU-seconds of progress an eviction throws away (running time x cards held)."""
-    ran = s.snap.now - v.start_time if v.start_time is not None else 0.0
+def work_lost_s(now: float, v: Job) -> float:
+    """GPU-seconds of progress an eviction throws away: the time since its last checkpoint (all of its running
+    time when it declares none) x the cards it holds."""
+    ran = now - v.start_time if v.start_time is not None else 0.0
+    if v.checkpoint_interval_s:
+        ran = ran % v.checkpoint_interval_s
     _, comp = charge_of(v.assignments)
     return max(0.0, ran) * max(comp, 1) / WHOLE_GPU_MILLI
+
+
+# The cost of a node the job fits on without evicting anything: below every rule's cost.
+_FREE: tuple = (-float("inf"),)
 
 
 def _release_all(s: Session, pos: int, base: Node, victims: list[Holding]) -> Node:
@@ -170,7 +199,7 @@ def _could_fit(s: Session, job: Job, pos: int, victims: list[Holding]) -> bool:
 
 
 def _victims_on(
-    s: Session, job: Job, pos: int, eligible: list[Holding]
+    s: Session, job: Job, pos: int, eligible: list[Holding], rule: VictimRule
 ) -> tuple[tuple, list[Holding]] | None:
     """The cheapest victim set on one node that lets the job fit there: greedy, then drop the unneeded."""
     if not _could_fit(s, job, pos, eligible):
@@ -178,45 +207,47 @@ def _victims_on(
     base = s.real_node(pos)
     if not node_ok(s, job, _release_all(s, pos, base, eligible)):
         return None
-    order = sorted(eligible, key=lambda v: (v.job.priority, _work_lost(s, v.job), v.job.id))
+    order = sorted(eligible, key=lambda v: rule.order(s, v))
     chosen: list[Holding] = []
     node = base
-    for v in order:
+    fits = node_ok(s, job, overlay(base, s.holds.get(pos, [])))
+    for v in order if not fits else ():
+        if not rule.allows(s, job, [c.job for c in chosen] + [v.job]):
+            continue
         chosen.append(v)
         node = release_on_node(node, tuple(v.assignments), v.cpu_milli, v.memory_mib)
         if node_ok(s, job, overlay(node, s.holds.get(pos, []))):
+            fits = True
             break
+    if not fits:
+        return None
     for v in list(reversed(chosen)) if len(chosen) > 1 else ():
         trial = [c for c in chosen if c is not v]
         if node_ok(s, job, _release_all(s, pos, base, trial)):
             chosen = trial
     if not chosen:
-        return (-1, 0.0, 0), []
-    cost = (
-        max(v.job.priority for v in chosen),
-        sum(_work_lost(s, v.job) for v in chosen),
-        len(chosen),
-    )
-    return cost, chosen
+        return _FREE, []
+    return rule.cost(s, chosen), chosen
 
 
-def _evict_for(s: Session, job: Job, view: Job, rule: Victims, code: str) -> bool:
+def _evict_for(s: Session, job: Job, view: Job, pick: Victims, rule: VictimRule) -> bool:
     """Evict for `job`, judging where it fits as `view` (the job with the GPU models it may use now)."""
     req = view.request
     static = s.index.static(req)
     candidates: list[tuple[tuple, int, list[Holding]]] = []
-    for pos, held in sorted(running_by_pos(s).items()):
+    min_runtime_s = float(s.param(rule.MIN_RUNTIME_PARAM) or 0.0)
+    for pos, held in sorted(running_by_pos(s, min_runtime_s, rule.EVICTS_PINNED).items()):
         if not static[pos]:
             continue
-        eligible = rule(held)
+        eligible = pick(held)
         if not eligible:
             continue
-        found = _victims_on(s, view, pos, eligible)
+        found = _victims_on(s, view, pos, eligible, rule)
         if found is not None:
             candidates.append((found[0], pos, found[1]))
     if req.nodes > 1:
         ok, _ = feasible(s, view)
-        candidates += [((-1, 0.0, 0), int(p), []) for p in np.flatnonzero(ok).tolist()]
+        candidates += [(_FREE, int(p), []) for p in np.flatnonzero(ok).tolist()]
     if len({pos for _, pos, _ in candidates}) < req.nodes or not candidates:
         return False
     rank = s.index.rank
@@ -235,9 +266,11 @@ def _evict_for(s: Session, job: Job, view: Job, rule: Victims, code: str) -> boo
             victims_by_id.setdefault(v.job.id, v.job)
     if not any(victims_by_id.values()) and req.nodes <= 1:
         return False
+    if not rule.allows(s, job, list(victims_by_id.values())):
+        return False
     stmt = Statement(s)
     for v in sorted(victims_by_id.values(), key=lambda v: v.id):
-        _evict(s, v, code, stmt)
+        _evict(s, v, rule.CODE, stmt)
     chosen = [(pos, s.index.nodes[pos]) for pos, _ in picked]
     if all(node_ok(s, view, node) for _, node in chosen) and try_place(s, job, chosen=chosen, stmt=stmt):
         stmt.commit(job)
@@ -262,8 +295,8 @@ def _evict(s: Session, victim: Job, code: str, stmt: Statement) -> None:
         cpu, mem = job_host_on(victim, name)
         s.give_back(pos, tuple(by_node[name]), cpu, mem)
     mem, comp = charge_of(victim.assignments)
-    usage_add(s.ctx, victim.team, -mem, -comp)
-    stmt.usage.append((victim.team, -mem, -comp))
+    usage_add(s.ctx, victim.team, -mem, -comp, victim.priority_class)
+    stmt.usage.append((victim.team, -mem, -comp, victim.priority_class))
     if victim.team in s.restricted:
         model_usage_add(s.ctx, victim.team, victim.assignments, -1)
         stmt.model_usage.append((victim.team, victim.assignments, -1))

@@ -28,7 +28,8 @@ DEFAULT_PARAMS = MappingProxyType(
         "reserve_unknown_start": True,  # reserve even when no running job's end is known (start unknown)
         "reservation_candidates": 32,  # nodes examined for such a reservation (those with the most room)
         "estimate_starts": True,  # project an estimated start for every pending job from declared runtimes
-        "min_runtime_s": 300.0,  # younger jobs are never evicted
+        "min_runtime_s": 300.0,  # younger jobs are never preempted
+        "reclaim_min_runtime_s": 0.0,  # borrowed work is reclaimable at once: the guarantee comes back in its grace
         "preempt_max_attempts": 16,  # evicting jobs considered per cycle (each may scan every node)
         "reclaim_max_attempts": 16,
         "explain": True,  # compute reason sentences for pending jobs
@@ -186,7 +187,7 @@ class Profile:
     """Which plugins run at each extension point. Unknown names fail when the profile is built."""
 
     name: str
-    queue_order: tuple[str, ...] = ("priority", "fairshare", "fifo")
+    queue_order: tuple[str, ...] = ("guarantee", "priority", "fairshare", "fifo")
     admit: tuple[str, ...] = ("quota", "modelquota")
     filters: tuple[str, ...] = ("fits",)
     node_scores: tuple[tuple[str, float], ...] = (("binpack", 1.0),)

@@ -15,6 +15,7 @@ from scheduling.engine.reasons import (
     INSUFFICIENT_GPUS,
     INSUFFICIENT_HOST,
     MODEL_QUOTA_LIMIT,
+    NEVER_FITS_QUOTA,
     NO_FIT,
     NO_MATCHING_GPU,
     NO_NUMA_GROUP,
@@ -39,7 +40,16 @@ _WAITING_FOR_ROOM = frozenset(
 
 # Pending jobs that wait for something other than GPU capacity: no start is projected for them.
 _NO_ESTIMATE = frozenset(
-    {QUOTA_LIMIT, NOT_REACHED, FILTERED, NODE_UNAVAILABLE, NO_MATCHING_GPU, INSUFFICIENT_HOST, BEING_FREED}
+    {
+        QUOTA_LIMIT,
+        NEVER_FITS_QUOTA,
+        NOT_REACHED,
+        FILTERED,
+        NODE_UNAVAILABLE,
+        NO_MATCHING_GPU,
+        INSUFFICIENT_HOST,
+        BEING_FREED,
+    }
 )
 
 

@@ -282,12 +282,12 @@ def try_place(
         if stmt is not None:
             stmt.touch(pos)
         s.take(pos, assigns, req.cpu_milli, req.memory_mib)
-    usage_add(ctx, job.team, charge[0], charge[1])
+    usage_add(ctx, job.team, charge[0], charge[1], job.priority_class)
     if job.team in s.restricted:
         model_usage_add(ctx, job.team, assignments, 1)
     placement = Placement(job.id, assignments, borrowed, cpu)
     if stmt is not None:
-        stmt.usage.append((job.team, charge[0], charge[1]))
+        stmt.usage.append((job.team, charge[0], charge[1], job.priority_class))
         if job.team in s.restricted:
             stmt.model_usage.append((job.team, assignments, 1))
         stmt.placement = placement

@@ -12,7 +12,7 @@ from scheduling.engine.plugins import EXTRA_PROFILES, REGISTRY
 
 TESSERA_PROD = Profile(
     name="tessera-prod",
-    queue_order=("priority", "fairshare", "fifo"),
+    queue_order=("guarantee", "priority", "fairshare", "fifo"),
     admit=("quota", "modelquota"),
     filters=("fits",),
     node_scores=(("binpack", 1.0), ("topology", 1.0)),

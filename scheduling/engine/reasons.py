@@ -35,6 +35,7 @@ RESERVED = "reserved"
 WAITING_FOR_RESERVATION = "waiting-for-capacity"
 BEING_FREED = "capacity-being-freed"
 QUOTA_LIMIT = "quota-limit"
+NEVER_FITS_QUOTA = "quota-never"
 MODEL_QUOTA_LIMIT = "model-quota-limit"
 FILTERED = "filtered"
 NOT_REACHED = "not-reached"
@@ -53,6 +54,7 @@ CODES = {
     WAITING_FOR_RESERVATION: "capacity is reserved for this job; it starts when running jobs end",
     BEING_FREED: "this cycle's evictions free room it fits; it should start next cycle",
     QUOTA_LIMIT: "the team would exceed its quota limit",
+    NEVER_FITS_QUOTA: "the job alone needs more than its team's limit: it can never start as asked",
     MODEL_QUOTA_LIMIT: "the team would exceed its quota limit on a GPU model this job could otherwise use now",
     FILTERED: "a policy filter refused every node that had room",
     NOT_REACHED: "the cycle's attempt budget ran out before this job's turn",

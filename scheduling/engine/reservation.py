@@ -120,7 +120,8 @@ def closest_candidates(
     def gone_by(v: Job, start_time: float | None) -> float:
         started = start_time if start_time is not None else now
         end = started + v.max_runtime_s if v.max_runtime_s is not None else INF
-        if can_preempt and v.preemptible and v.priority < job.priority:
+        # Priority preempts the team's own work only.
+        if can_preempt and v.preemptible and v.priority < job.priority and v.team == job.team:
             # Evictable once past the minimum runtime (a job with no start time counts as old enough).
             end = min(end, started + min_runtime_s if start_time is not None else now)
         return max(now, end)

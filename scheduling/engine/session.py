@@ -131,7 +131,8 @@ class Session:
         self.blocked: set[str] = set()  # pending for lack of room (eviction may help)
         self.est_start: dict[str, float] = {}
         self.evicted: set[str] = set()
-        self.evictable_by_pos: dict[int, list[Holding]] | None = None  # built by eviction, once
+        # (min runtime, pinned too) -> node position -> what eviction may take there (built by eviction, once)
+        self.evictable_by_pos: dict[tuple, dict[int, list[Holding]]] | None = None
         self._all_by_pos: dict[int, list[Holding]] | None = None
         self._end_events: tuple[tuple[frozenset[str], int], list] | None = None
         self.reason_cache: dict[tuple, Status | None] = {}

@@ -14,7 +14,7 @@ class Statement:
     def __init__(self, session: Session):
         self.session = session
         self.saved: dict[int, tuple[Node, Node | None]] = {}
-        self.usage: list[tuple[str, int, int]] = []
+        self.usage: list[tuple[str, int, int, str]] = []
         self.model_usage: list[tuple[str, tuple[Assignment, ...], int]] = []
         self.evicted: list[tuple[Job, str]] = []
         self.placement: Placement | None = None
@@ -33,8 +33,8 @@ class Statement:
             else:
                 s.real[pos] = real
             s.index.set(pos, view, consumed_only=False)
-        for team, mem, comp in self.usage:
-            usage_add(s.ctx, team, -mem, -comp)
+        for team, mem, comp, priority_class in self.usage:
+            usage_add(s.ctx, team, -mem, -comp, priority_class)
         for team, assignments, sign in self.model_usage:
             model_usage_add(s.ctx, team, assignments, -sign)
         for job, _ in self.evicted:

@@ -183,6 +183,7 @@ def queue_for_user(*, user: AbstractBaseUser, team: str = "", model: str = "") -
 # Pending reason codes -> what the wait is for, in the job page's "time to start" bar.
 _WAIT_KIND = {
     "quota-limit": "quota",
+    "quota-never": "quota",
     "model-quota-limit": "quota",
     "reserved": "reserved",
     "waiting-for-reservation": "reserved",

@@ -12,6 +12,7 @@ from scheduling.engine.profiles import get_profile
 from scheduling.engine.resources import allocate_on_node
 from scheduling.engine.types import (
     Assignment,
+    ClassLimit,
     Gpu,
     Health,
     Job,
@@ -119,6 +120,8 @@ def job(
     submit: float = 0.0,
     max_runtime_s: float | None = None,
     grace_s: float = 30.0,
+    priority_class: str = "",
+    checkpoint_s: float | None = None,
     **req: Any,
 ) -> Job:
     return Job(
@@ -130,6 +133,8 @@ def job(
         submit_time=submit,
         max_runtime_s=max_runtime_s,
         grace_s=grace_s,
+        priority_class=priority_class,
+        checkpoint_interval_s=checkpoint_s,
     )
 
 
@@ -186,6 +191,7 @@ def quota(
     limit_gpus: float | None = None,
     weight: float = 1.0,
     per_model: Iterable[ModelQuota] = (),
+    class_limits_gpus: Mapping[str, float] | None = None,
 ) -> Quota:
     return Quota(
         team=team,
@@ -195,6 +201,9 @@ def quota(
         limit_compute_milli=None if limit_gpus is None else int(limit_gpus * 1000),
         weight=weight,
         per_model=tuple(per_model),
+        class_limits=tuple(
+            ClassLimit(name, int(gpus * 1000)) for name, gpus in (class_limits_gpus or {}).items()
+        ),
     )
 
 

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduling.engine import run_cycle
-from scheduling.engine.resources import job_host_on, release_on_node
+from scheduling.engine.accounting import borrowed_ids, keeps_guarantee
+from scheduling.engine.resources import charge_of, job_host_on, release_on_node
 from scheduling.engine.types import WHOLE_GPU_MILLI, Health, Sharing, Snapshot, TopologyNeed
 from tests.engine.builders import job, model_quota, node, profile, quota, snapshot
 
@@ -245,21 +246,40 @@ def test_no_placement_violates_a_constraint(snap: Snapshot) -> None:
 @SETTINGS
 @given(worlds())
 def test_nobody_is_evicted_by_an_equal_or_lower_priority_job_except_through_reclaim(snap: Snapshot) -> None:
+    """Priority preempts within a team, and across teams only borrowed work; reclaim takes only other teams'
+    borrowed work. Work within another team's guarantee is never evicted."""
     decisions = run_cycle(snap, PROFILE)
     running = {j.id: j for j in snap.running}
     pending = {j.id: j for j in snap.pending}
     placed = {p.job_id for p in decisions.placements}
+    charges = {j.id: charge_of(j.assignments) for j in snap.running}
+    borrowed = borrowed_ids(snap.quotas, snap.running, charges)
+    held: dict[str, list[int]] = {}
+    for j in snap.running:
+        row = held.setdefault(j.team, [0, 0])
+        row[0] += charges[j.id][0]
+        row[1] += charges[j.id][1]
+    taken: dict[str, list[int]] = {}
     for e in decisions.evictions:
         victim, preemptor = running[e.job_id], pending[e.preemptor_id]
         assert e.preemptor_id in placed
-        assert victim.preemptible
-        assert NOW - victim.start_time >= MIN_RUNTIME_S
         assert e.grace_s == victim.grace_s
+        if victim.team != preemptor.team:
+            row = taken.setdefault(victim.team, [0, 0])
+            row[0] += charges[victim.id][0]
+            row[1] += charges[victim.id][1]
+            if not victim.preemptible:
+                assert victim.id in borrowed, f"never-preempted {victim.id} was within its guarantee"
         if e.code == "preempted":
+            assert victim.preemptible
+            assert NOW - victim.start_time >= MIN_RUNTIME_S
             assert victim.priority < preemptor.priority
         else:
             assert e.code == "reclaimed"
-            assert victim.borrowed and victim.team != preemptor.team
+            assert victim.team != preemptor.team
+    # What another team's work took from a team never takes it below its guarantee.
+    for team, row in taken.items():
+        assert keeps_guarantee(snap.quotas.get(team), held[team], row), f"team {team} lost guaranteed work"
 
 
 def _usage(assignment_sets) -> tuple[int, int]:

@@ -60,10 +60,11 @@ def test_on_a_full_node_the_answer_is_when_the_running_jobs_max_runtimes_end(ali
 
 @pytest.mark.django_db
 def test_a_request_over_the_team_limit_waits_and_names_the_nearer_one_that_starts_now(bob, teams, node):
-    # inference may hold 128 GiB: two 80 GiB cards are over its limit, one is not
+    # inference may hold 128 GiB: two 80 GiB cards are over its limit (it can never start so), one is not
     answer = whatif.job_whatif(user=bob, team=teams["inference"], spec=_spec(gpus=2, topology="nvlink"))
     assert answer.verdict == "waits", answer
-    assert answer.reason_code == "quota-limit"
+    assert answer.reason_code == "quota-never"
+    assert "may hold at most 128 GiB (its limit): it can never start" in answer.text, answer
     assert answer.alternative == "1 GPU instead of 2 starts now."
 
 

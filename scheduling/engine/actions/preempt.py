@@ -1,9 +1,13 @@
-"""Action `preempt`: a blocked job may evict lower-priority work."""
+"""Action `preempt`: within a team, priority decides: a blocked job may evict its own team's lower-priority work.
+
+Across teams only reclaim evicts (actions/reclaim.py), and only borrowed work, for a team below its guarantee:
+another team's priority never takes a team's guarantee, and borrowed capacity is shared by weight (fair share),
+not by priority, so borrowers do not evict each other back and forth."""
 
 from __future__ import annotations
 
 from scheduling.engine.actions.base import Action
-from scheduling.engine.eviction import Victims, evict_for_blocked
+from scheduling.engine.eviction import Victims, evict_for_blocked, work_lost_s
 from scheduling.engine.session import Holding, Session
 from scheduling.engine.types import Job
 
@@ -11,27 +15,43 @@ NAME = "preempt"
 
 
 class LowerPriority:
-    """Victims: running jobs of lower priority than the blocked job (any team)."""
+    """Victims: running jobs of the blocked job's team with a lower priority than it."""
 
     CODE = "preempted"
     MAX_ATTEMPTS_PARAM = "preempt_max_attempts"
+    MIN_RUNTIME_PARAM = "min_runtime_s"
+    EVICTS_PINNED = False
 
     def victims(self, s: Session, job: Job) -> Victims | None:
-        priority, evicted = job.priority, s.evicted
+        priority, evicted, team = job.priority, s.evicted, job.team
 
         def lower(held: list[Holding]) -> list[Holding]:
             out = []
             for v in held:
                 if v.job.priority >= priority:
                     break  # held is lowest priority first
-                if v.job.id not in evicted:
+                if v.job.id not in evicted and v.job.team == team:
                     out.append(v)
             return out
 
         return lower
 
+    def allows(self, s: Session, job: Job, victims: list[Job]) -> bool:
+        return True  # its own team's work only
+
     def scope(self, job: Job) -> str:
-        return ""
+        return job.team  # whom it may evict depends on its team's standing
+
+    def order(self, s: Session, v: Holding) -> tuple:
+        return (v.job.priority, work_lost_s(s.snap.now, v.job), v.job.id)
+
+    def cost(self, s: Session, chosen: list[Holding]) -> tuple:
+        now = s.snap.now
+        return (
+            max(v.job.priority for v in chosen),
+            sum(work_lost_s(now, v.job) for v in chosen),
+            len(chosen),
+        )
 
 
 class Preempt(Action):
