@@ -43,6 +43,7 @@ class ApplyResult:
     conflicts: dict[int, str] = field(default_factory=dict)  # job id -> why its placement was refused
     pending_updated: int = 0
     nodes_changed: set[str] = field(default_factory=set)
+    relabelled: int = 0  # running jobs whose "on borrowed capacity" label changed with their team's standing
 
 
 def _job_nodes(job_id: int) -> set[str]:
@@ -58,17 +59,57 @@ def _fault_point(name: str, detail: str = "") -> None:
         time.sleep(delay)
 
 
-def _place(job: Job, placement: eng.Placement, gpus: dict[tuple[str, int], Gpu], epoch: int) -> set[str]:
+@dataclass
+class _Freed:
+    """What one cycle's evictions free for one preemptor: GPUs per victim team and the longest grace."""
+
+    code: str = "preempted"
+    gpus_by_team: dict[str, float] = field(default_factory=dict)
+    grace_s: float = 0.0
+
+    def sentence(self) -> str:
+        gpus = sum(self.gpus_by_team.values())
+        teams = ", ".join(sorted(self.gpus_by_team))
+        noun = "GPU" if gpus == 1 else "GPUs"
+        if self.code == "reclaimed":
+            what = f"{gpus:g} {noun} to be reclaimed from team {teams}"
+        else:
+            what = f"{gpus:g} {noun} held by lower-priority work of team {teams} to stop"
+        return f"waiting for {what}; their grace ends in about {self.grace_s:g} s"
+
+
+def _placed_message(job: Job, placement: eng.Placement, freed: _Freed | None) -> str:
+    where = ", ".join(f"{a.node}/gpu{a.gpu_index}" for a in placement.assignments)
+    if not placement.borrowed:
+        kind = "within its team's guarantee"
+    elif job.priority_class.preemptible:
+        kind = "on borrowed capacity: it may be reclaimed when another team needs its guarantee back"
+    else:
+        kind = (
+            "on borrowed capacity: although its class is never preempted, it may be reclaimed when another "
+            "team needs its guarantee back"
+        )
+    message = f"Placed on {where} ({kind})."
+    if freed is not None:
+        message += f" It starts once they leave: {freed.sentence()}."
+    return message
+
+
+def _place(
+    job: Job,
+    placement: eng.Placement,
+    gpus: dict[tuple[str, int], Gpu],
+    epoch: int,
+    freed: _Freed | None = None,
+) -> set[str]:
     """Place one job (inside its own savepoint). Raises SliceDoesNotFit when the ledger refuses, NoRendezvousPort
     when a gang finds no free rendezvous port."""
-    where = ", ".join(f"{a.node}/gpu{a.gpu_index}" for a in placement.assignments)
-    kind = "borrowed capacity" if placement.borrowed else "its team's guarantee"
     job_transition(
         job=job,
         to_state=JobState.PLACED,
         actor_kind=ActorKind.SCHEDULER,
         code="placed",
-        message=f"Placed on {where} (within {kind}).",
+        message=_placed_message(job, placement, freed),
         data={
             "epoch": epoch,
             "nodes": sorted({a.node for a in placement.assignments}),
@@ -113,11 +154,17 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
         # A gang with a failed member is ending already (failed): evicting it would requeue a failed job.
         ending = gangs_failing(job_ids=eviction_ids) if eviction_ids else set()
 
+        freed: dict[int, _Freed] = {}
         for ev in decisions.evictions:
             job = jobs.get(int(ev.job_id))
             if job is None or job.state not in ACTIVE_STATES or job.pk in ending:
                 continue
             on_nodes = _job_nodes(job.pk)
+            for_whom = freed.setdefault(int(ev.preemptor_id), _Freed(code=ev.code or "preempted"))
+            held_pct = sum(Slice.objects.filter(job_id=job.pk).values_list("compute_pct", flat=True))
+            team = job.team.slug
+            for_whom.gpus_by_team[team] = for_whom.gpus_by_team.get(team, 0.0) + held_pct / 100
+            for_whom.grace_s = max(for_whom.grace_s, ev.grace_s)
             verb = "Reclaimed for" if ev.code == "reclaimed" else "Preempted by"
             job_transition(
                 job=job,
@@ -153,13 +200,14 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
                 continue
             try:
                 with transaction.atomic():
-                    result.nodes_changed |= _place(job, placement, gpus, epoch)
+                    result.nodes_changed |= _place(job, placement, gpus, epoch, freed.get(job.pk))
             except (SliceDoesNotFit, NoRendezvousPort) as exc:
                 job.refresh_from_db()
                 result.conflicts[job.pk] = exc.message
                 continue
             result.placed.append(job.pk)
 
+        result.relabelled = _write_borrowed(decisions.borrowed)
         result.pending_updated = _write_pending(
             decisions, placed=set(result.placed), conflicts=result.conflicts
         )
@@ -168,6 +216,22 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
         for name in sorted(result.nodes_changed):
             events.node_desired_state_changed(node_name=name)
     return result
+
+
+def _write_borrowed(borrowed: frozenset[str]) -> int:
+    """The running jobs' "on borrowed capacity" labels, as the cycle left their teams standing (only changes are
+    written; browsers hear of them after commit)."""
+    ids = {int(j) for j in borrowed}
+    active = Job.objects.filter(state__in=ACTIVE_STATES)
+    now_borrowed = list(active.filter(borrowed=False, pk__in=ids).values_list("pk", "team_id", "state"))
+    now_within = list(active.filter(borrowed=True).exclude(pk__in=ids).values_list("pk", "team_id", "state"))
+    if now_borrowed:
+        Job.objects.filter(pk__in=[pk for pk, _, _ in now_borrowed]).update(borrowed=True)
+    if now_within:
+        Job.objects.filter(pk__in=[pk for pk, _, _ in now_within]).update(borrowed=False)
+    for pk, team_id, state in now_borrowed + now_within:
+        events.job_changed(job_id=pk, team_id=team_id, state=state, code="borrowed-label")
+    return len(now_borrowed) + len(now_within)
 
 
 def _write_pending(decisions: eng.Decisions, *, placed: set[int], conflicts: dict[int, str]) -> int:
