@@ -305,3 +305,45 @@ def test_a_jobs_working_directory_reaches_its_nodes_desired_state(node, alice, t
     state, _ = desired_state_for_node(node=node)
     (entry,) = [e for e in state.jobs if e["job_id"] == str(job.pk)]
     assert entry["cwd"] == "/data/run1"
+
+
+def test_reclaim_says_whom_it_waits_for_and_labels_follow_the_teams_standing(node, alice, teams, django_user_model):
+    """Another team fills the node on borrowed capacity; a team below its guarantee takes two cards back, and its
+    placement names the mechanism. Labels follow the teams' standing as it changes."""
+    from quotas.services import membership_set, team_create
+
+    guest = team_create(slug="guest", display_name="Guest")  # no quota: all it holds is borrowed
+    dave = django_user_model.objects.create_user(username="dave", password="dave-pw")
+    membership_set(user=dave, team=guest)
+    lent = [submit(dave, guest, gpus=1, priority="inference") for _ in range(8)]
+    runner.cycle_run_once()
+    assert set(Job.objects.filter(pk__in=[j.pk for j in lent]).values_list("state", "borrowed")) == {
+        (JobState.PLACED, True)
+    }
+    Job.objects.filter(pk__in=[j.pk for j in lent]).update(
+        started_at=timezone.now() - timedelta(hours=1), state=JobState.RUNNING
+    )
+
+    mine = submit(alice, teams["training"], gpus=2)  # within training's 4-GPU guarantee
+    report = runner.cycle_run_once()
+    mine.refresh_from_db()
+    assert report.placed == 1 and mine.state == JobState.PLACED and not mine.borrowed
+    reclaimed = Job.objects.filter(pk__in=[j.pk for j in lent], state=JobState.PREEMPTED)
+    assert reclaimed.count() == 2
+    grace_s = reclaimed.first().priority_class.preemption_grace_s
+    placed = mine.events.get(to_state=JobState.PLACED).message
+    assert "(within its team's guarantee)" in placed
+    assert f"waiting for 2 GPUs to be reclaimed from team guest; their grace ends in about {grace_s} s" in placed
+    assert reclaimed.first().events.get(to_state=JobState.PREEMPTED).code == "reclaimed"
+
+
+def test_the_borrowed_label_moves_to_the_work_that_fills_the_guarantee_when_a_job_ends(node, alice, teams):
+    """Training is guaranteed 4 GPUs: of three 2-GPU jobs the third borrows; once the first ends, it does not."""
+    first, second, third = (submit(alice, teams["training"], gpus=2, name=f"j{i}") for i in range(3))
+    runner.cycle_run_once()
+    labels = dict(Job.objects.filter(pk__in=[first.pk, second.pk, third.pk]).values_list("pk", "borrowed"))
+    assert labels == {first.pk: False, second.pk: False, third.pk: True}
+    job_cancel(job=first, actor=alice)
+    runner.cycle_run_once()
+    third.refresh_from_db()
+    assert not third.borrowed
