@@ -227,6 +227,8 @@ def _engine_job(spec: JobSpec, **running) -> Job:
         grace_s=spec.grace_s,
         submit_time=spec.submit_time_s,
         max_runtime_s=spec.max_runtime_s,
+        priority_class=spec.priority_class,
+        checkpoint_interval_s=spec.checkpoint_interval_s,
         **running,
     )
 
