@@ -7,6 +7,7 @@ import pytest
 from scheduling.engine.framework import DEFAULT_PARAMS, Profile
 from scheduling.engine.profiles import get_profile
 from scheduling.engine.types import Assignment, Decisions, Gpu, Node, Placement, Quota, Request
+from scheduling.sim.cli_dynamic import _table
 from scheduling.sim.des import JobSpec, NodeFailure, SimConfig, simulate
 from scheduling.sim.guarantees import jain_index, water_fill
 from scheduling.sim.metrics import summarize
@@ -259,3 +260,26 @@ def test_lost_gpu_hours_split_between_preemption_and_failure_as_a_share_of_what_
     assert figures["lost_gpu_h_failure"] == round(30 / 3600, 4)
     assert figures["delivered_gpu_h"] == round(600 / 3600, 4)
     assert figures["lost_pct_of_delivered"] == round(100 * 70 / 600, 4)
+
+
+# -- the scenario table -------------------------------------------------------------------------------------
+
+
+def test_the_scenario_table_prints_the_guarantee_figures_of_each_policy():
+    """The figures of the 2:1 borrowing run above, as `tessera simulate scenario` prints them."""
+    quotas = {"a": Quota("a", weight=2.0), "b": Quota("b", weight=1.0)}
+    jobs = [_job(f"{t}{i}", t, 0, 100) for t in ("a", "b") for i in range(3)]
+    result = simulate(
+        nodes=[_node("n0", 3)],
+        jobs=jobs,
+        profile={},
+        quotas=quotas,
+        scheduler=first_fit,
+        config=SimConfig(horizon_s=200),
+    )
+    summary = {"scenario": "tiny", "gpus": 3, "nodes": 1, "policies": {"fifo": summarize(result)}}
+    lines = _table(summary).splitlines()
+    head = lines.index(next(line for line in lines if line.startswith("guarantees")))
+    assert lines[head + 1].split() == [
+        "fifo", "-", "0", "-", "-", "-", "0", "0", "0", "0", "16.7%", "0.900", "0.00/0.00", "0.00",
+    ]  # fmt: skip
