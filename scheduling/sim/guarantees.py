@@ -22,7 +22,7 @@ from scheduling.engine.accounting import (
     within_guarantee,
 )
 from scheduling.engine.resources import charge_of
-from scheduling.engine.types import Assignment, Node, NodeState, Quota, Snapshot
+from scheduling.engine.types import WHOLE_GPU_MILLI, Assignment, Node, NodeState, Quota, Snapshot
 
 if TYPE_CHECKING:
     from scheduling.sim.des import JobSpec
@@ -138,10 +138,15 @@ class _Watch:
 
 
 class GuaranteeTracker:
+    """Per team: what it holds and what it waits for, its standing against its guarantee, and the integrals and
+    counts the figures are made of. State changes at events; `advance` integrates the state between them."""
+
     def __init__(self, *, nodes: Sequence[Node], quotas: Mapping[str, Quota]) -> None:
         self.quotas = quotas
         self.models = card_models(nodes)
-        self.capacity_milli = sum(1000 * len(n.gpus) for n in nodes if n.state is not NodeState.LOST)
+        self.capacity_milli = sum(
+            WHOLE_GPU_MILLI * len(n.gpus) for n in nodes if n.state is not NodeState.LOST
+        )
         self.teams: dict[str, _Team] = {}
         for team in quotas:
             self._team(team)
@@ -176,11 +181,7 @@ class GuaranteeTracker:
     # ------------------------------------------------------------------------------------------ job moves
     def job_waiting(self, spec: JobSpec) -> None:
         """The job is pending (arrived, requeued, or its placement was voided)."""
-        self._mark += 1
-        self._pending_mark[spec.id] = self._mark
-        key = (spec.team, spec.priority)
-        bisect.insort(self._pending.setdefault(key, []), (spec.submit_time_s, spec.id))
-        self._priorities.setdefault(spec.team, set()).add(spec.priority)
+        self._pend(spec)
         team = self._team(spec.team)
         if spec.id in team.waiting:
             return  # placed, waiting for its victims, and put back: it never stopped waiting
@@ -193,6 +194,14 @@ class GuaranteeTracker:
         team.waiting_mem_sizes[charge[0]] += 1
         team.waiting_milli_sizes[charge[1]] += 1
         self._touch(spec.team)
+
+    def _pend(self, spec: JobSpec) -> None:
+        """Note the job among its team's pending jobs of its priority, and when it became pending."""
+        self._mark += 1
+        self._pending_mark[spec.id] = self._mark
+        key = (spec.team, spec.priority)
+        bisect.insort(self._pending.setdefault(key, []), (spec.submit_time_s, spec.id))
+        self._priorities.setdefault(spec.team, set()).add(spec.priority)
 
     def job_placed(self, spec: JobSpec, now_s: float) -> None:
         """The cycle placed the job (it starts, or waits for its victims): it is no longer pending."""
