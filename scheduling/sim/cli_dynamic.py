@@ -41,7 +41,39 @@ def _table(summary: dict) -> str:
                 "  " + f"{tw + ('' if p.get('training_started') in (True, None) else ' (not started)'):>13}"
             )
         lines.append(row)
+    lines += ["", *_guarantee_table(summary)]
     return "\n".join(lines)
+
+
+def _guarantee_table(summary: dict) -> list[str]:
+    """Per policy: quota satisfaction, time to guarantee, evictions (of within-guarantee work by other teams,
+    across teams, within a team), priority inversions, borrowed-share error, Jain's index and lost work."""
+    head = (
+        f"{'guarantees':<22}{'quota sat':>10}{'episodes':>9}{'ttg p50':>8}{'ttg p95':>8}{'ttg max':>8}"
+        f"{'wg evict':>9}{'x-team':>7}{'in-team':>8}{'invert':>7}{'share err':>10}{'jain':>7}"
+        f"{'lost pre/fail GPU-h':>21}{'lost %':>8}"
+    )
+    lines = [head]
+    for name, p in summary["policies"].items():
+        ttg = p.get("time_to_guarantee") or {}
+        lost = f"{_num(p.get('lost_gpu_h_preemption'), '.2f')}/{_num(p.get('lost_gpu_h_failure'), '.2f')}"
+        lines.append(
+            f"{name:<22}{_num(p.get('quota_satisfaction_rate'), '.1%'):>10}{ttg.get('episodes', '-'):>9}"
+            f"{_dur(ttg.get('p50_s')):>8}{_dur(ttg.get('p95_s')):>8}{_dur(ttg.get('max_s')):>8}"
+            f"{p.get('within_guarantee_evictions_by_other_teams', '-'):>9}{p.get('evictions_cross_team', '-'):>7}"
+            f"{p.get('evictions_within_team', '-'):>8}{p.get('priority_inversions', '-'):>7}"
+            f"{_num(p.get('borrowed_share_error'), '.1%'):>10}{_num(p.get('jain_index'), '.3f'):>7}"
+            f"{lost:>21}{_num(p.get('lost_pct_of_delivered'), '.2f'):>8}"
+        )
+    lines.append(
+        "ttg: time to guarantee per episode; wg evict: within-guarantee jobs evicted for another team; "
+        "invert: priority inversions (docs/simulator.md, Metrics)"
+    )
+    return lines
+
+
+def _num(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
 
 
 def _dur(s: float | None) -> str:

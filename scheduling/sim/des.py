@@ -29,6 +29,7 @@ from scheduling.engine.types import (
     Sharing,
     Snapshot,
 )
+from scheduling.sim.guarantees import GuaranteeFigures, GuaranteeTracker
 
 # Anything with this shape: the production `run_cycle`, or a test double inside tests.
 Scheduler = Callable[[Snapshot, object], Decisions]
@@ -116,6 +117,7 @@ class JobRecord:
     failures: int = 0
     lost_work_s: float = 0.0
     lost_gpu_s: float = 0.0
+    lost_gpu_failure_s: float = 0.0  # the part of lost_gpu_s thrown away by node failures
     alloc_milli: int = 0
     used_milli: int = 0
     last_alloc_milli: int = 0
@@ -196,9 +198,11 @@ class SimResult:
     used_milli_s: float
     fragment_milli_s: float
     queue_len_s: float
-    # team -> (seconds with demand under the guarantee considered, integral of satisfaction over them)
+    # team -> (seconds the team held or wanted any GPU, integral of its satisfaction over them), teams with a
+    # guarantee (`GuaranteeTracker`)
     quota_satisfaction: Mapping[str, tuple[float, float]]
     node_failures: int = 0
+    guarantees: GuaranteeFigures | None = None
 
 
 def default_usage_milli(request: Request) -> int:
@@ -227,6 +231,8 @@ def _engine_job(spec: JobSpec, **running) -> Job:
         grace_s=spec.grace_s,
         submit_time=spec.submit_time_s,
         max_runtime_s=spec.max_runtime_s,
+        priority_class=spec.priority_class,
+        checkpoint_interval_s=spec.checkpoint_interval_s,
         **running,
     )
 
@@ -287,11 +293,8 @@ class Simulator:
         self._int_used = 0.0
         self._int_frag = 0.0
         self._int_queue = 0.0
-        self._team_alloc_mem: Counter[str] = Counter()
         self._team_alloc_milli: Counter[str] = Counter()
-        self._team_pending_mem: Counter[str] = Counter()
-        self._team_pending_milli: Counter[str] = Counter()
-        self._quota_sat: dict[str, list[float]] = {t: [0.0, 0.0] for t in self.quotas}
+        self.guarantees = GuaranteeTracker(nodes=nodes, quotas=self.quotas)
         self._usage: dict[str, float] = {}
         params = getattr(profile, "params", None) or {}
         self._half_life_s = float(
@@ -308,7 +311,6 @@ class Simulator:
         self._next_cycle_at: float | None = None
         self._last_cycle_at = -math.inf
         self._node_failures = 0
-        self._max_card_mib = max((g.memory_mib for n in nodes for g in n.gpus), default=0)
         self._ran = False
 
     # ----------------------------------------------------------------------------------------------- events
@@ -334,7 +336,7 @@ class Simulator:
             self._int_used += self._used_now() * dt
             self._int_frag += self._frag * dt
             self._int_queue += len(self.pending) * dt
-            self._integrate_quota(dt)
+            self.guarantees.advance(self._last_t, dt)
             self._integrate_usage(dt)
             self._last_t = t_eff
         self.now = t
@@ -343,28 +345,6 @@ class Simulator:
         """Real use, never above what is handed out: a victim still inside its grace period keeps its card busy
         while the card already counts as its preemptor's."""
         return min(self._used, self._alloc)
-
-    def _integrate_quota(self, dt: float) -> None:
-        for team, acc in self._quota_sat.items():
-            q = self.quotas[team]
-            if q.guaranteed_compute_milli > 0:
-                g, a, p = (
-                    q.guaranteed_compute_milli,
-                    self._team_alloc_milli[team],
-                    self._team_pending_milli[team],
-                )
-            elif q.guaranteed_gpu_memory_mib > 0:
-                g, a, p = (
-                    q.guaranteed_gpu_memory_mib,
-                    self._team_alloc_mem[team],
-                    self._team_pending_mem[team],
-                )
-            else:
-                continue
-            need = min(g, a + p)
-            if need > 0:
-                acc[0] += dt
-                acc[1] += min(1.0, a / need) * dt
 
     def _integrate_usage(self, dt: float) -> None:
         h = self._half_life_s
@@ -383,13 +363,6 @@ class Simulator:
         else:
             self.series.append(p)
 
-    def _demand(self, req: Request) -> tuple[int, int]:
-        """A pending request's (GPU memory MiB, milli-GPU), whole GPUs counted at the largest card size."""
-        if req.gpus > 0:
-            n = req.gpus * max(1, req.nodes)
-            return n * max(req.min_gpu_memory_mib, self._max_card_mib), n * WHOLE_GPU_MILLI
-        return req.gpu_memory_mib, req.gpu_compute_milli
-
     # ---------------------------------------------------------------------------------------- job movement
     def _enqueue(self, rec: JobRecord) -> None:
         s = rec.spec
@@ -397,17 +370,13 @@ class Simulator:
         rec.assignments = ()
         rec.cpu = {}
         self.pending[s.id] = _engine_job(s)
-        mem, milli = self._demand(s.request)
-        self._team_pending_mem[s.team] += mem
-        self._team_pending_milli[s.team] += milli
+        self.guarantees.job_waiting(s)
         self._dirty = True
 
     def _dequeue(self, rec: JobRecord) -> None:
         s = rec.spec
         del self.pending[s.id]
-        mem, milli = self._demand(s.request)
-        self._team_pending_mem[s.team] -= mem
-        self._team_pending_milli[s.team] -= milli
+        self.guarantees.job_placed(s, self.now)
 
     def _take(
         self, rec: JobRecord, assignments: tuple[Assignment, ...], cpu: Mapping[str, tuple[int, int]]
@@ -415,7 +384,6 @@ class Simulator:
         """Book a job's GPUs, CPU and memory in the ledger, refusing anything over capacity."""
         s = rec.spec
         alloc = used = 0
-        mem_total = 0
         touched: set[str] = set()
         for a in assignments:
             led = self.ledger.get(a.node)
@@ -442,7 +410,6 @@ class Simulator:
             self._frag += self._gpu_fragment_milli(led, i)
             used += min(WHOLE_GPU_MILLI, led.gpu_used_milli[i]) - before
             alloc += share
-            mem_total += a.memory_mib
             touched.add(a.node)
         if not cpu and (s.request.cpu_milli or s.request.memory_mib):
             cpu = {n: (s.request.cpu_milli, s.request.memory_mib) for n in sorted(touched)}
@@ -464,7 +431,6 @@ class Simulator:
         rec.used_milli = used
         self._alloc += alloc
         self._used += used
-        self._team_alloc_mem[s.team] += mem_total
         self._team_alloc_milli[s.team] += sum(a.compute_milli for a in assignments)
 
     def _release(self, rec: JobRecord) -> None:
@@ -493,11 +459,15 @@ class Simulator:
             self.ledger[node].cached = None
         self._alloc -= rec.alloc_milli
         self._used -= used_delta
-        self._team_alloc_mem[s.team] -= sum(a.memory_mib for a in rec.assignments)
         self._team_alloc_milli[s.team] -= sum(a.compute_milli for a in rec.assignments)
         rec.alloc_milli = rec.used_milli = 0
-        self.running.pop(s.id, None)
+        self._forget_running(rec)
         self._dirty = True
+
+    def _forget_running(self, rec: JobRecord) -> None:
+        """The job is no longer among the running jobs the engine sees (a preemptor's held cards never were)."""
+        if self.running.pop(rec.spec.id, None) is not None:
+            self.guarantees.job_stopped(rec.spec, rec.assignments)
 
     def _start(
         self,
@@ -512,6 +482,7 @@ class Simulator:
         if from_pending:
             self._dequeue(rec)
         self._take(rec, assignments, cpu)
+        self.guarantees.job_started(s, assignments)
         rec.state = JobState.RUNNING
         rec.borrowed = borrowed
         rec.run_start_s = self.now
@@ -540,10 +511,12 @@ class Simulator:
         kept = min(kept, total)
         lost = total - kept
         rec.lost_work_s += lost
-        rec.lost_gpu_s += lost * rec.last_alloc_milli / WHOLE_GPU_MILLI
+        lost_gpu_s = lost * rec.last_alloc_milli / WHOLE_GPU_MILLI
+        rec.lost_gpu_s += lost_gpu_s
         rec.progress_s = kept
         if failed:
             rec.failures += 1
+            rec.lost_gpu_failure_s += lost_gpu_s
         else:
             rec.preemptions += 1
         self._free(rec)
@@ -558,7 +531,7 @@ class Simulator:
             self._used -= rec.ghost_used_milli
             rec.ghost_used_milli = 0
             rec.transferred = False
-            self.running.pop(rec.spec.id, None)
+            self._forget_running(rec)
             self._dirty = True
         else:
             self._release(rec)
@@ -704,12 +677,15 @@ class Simulator:
             self._stop(rec, failed=True)
         led.state = NodeState.LOST
         led.cached = None
+        self.guarantees.capacity_changed(-WHOLE_GPU_MILLI * len(led.base.gpus))
         self._dirty = True
         if failure.repair_s is not None:
             self._push(self.now + failure.repair_s, _Ev.REPAIR, failure.node)
 
     def _on_repair(self, node: str) -> None:
         led = self.ledger[node]
+        if led.state is NodeState.LOST:
+            self.guarantees.capacity_changed(WHOLE_GPU_MILLI * len(led.base.gpus))
         led.state = NodeState.READY
         led.cached = None
         self._dirty = True
@@ -736,6 +712,7 @@ class Simulator:
         self.cycle_wall_s += time.perf_counter() - t0
         self.cycles += 1
         victims_of: dict[str, list[JobRecord]] = {}
+        evicted: list[tuple[str, str, str]] = []  # (victim, its team, the preemptor's team)
         for ev in decisions.evictions:
             rec = self.records.get(ev.job_id)
             if rec is None or rec.state not in (JobState.RUNNING, JobState.TERMINATING):
@@ -747,6 +724,10 @@ class Simulator:
                 continue  # already on its way out; its grace period is not restarted
             rec.state = JobState.TERMINATING
             self._push(self.now + max(0.0, ev.grace_s), _Ev.EVICT_END, (ev.job_id, rec.epoch))
+            preemptor = self.records.get(ev.preemptor_id)
+            evicted.append((ev.job_id, rec.spec.team, preemptor.spec.team if preemptor else ""))
+        if evicted:
+            self.guarantees.evictions_applied(snap, evicted)
         for p in decisions.placements:
             rec = self.records.get(p.job_id)
             if rec is None or rec.state is not JobState.PENDING:
@@ -755,6 +736,10 @@ class Simulator:
                 self._bind(rec, p, victims_of[p.job_id])
             else:
                 self._start(rec, tuple(p.assignments), p.cpu, p.borrowed)
+        if decisions.placements:
+            self.guarantees.placements_applied(
+                (self.records[p.job_id].spec for p in decisions.placements), self.now
+            )
         if decisions.placements or decisions.evictions:
             self._dirty = True
         self._sample()
@@ -837,6 +822,7 @@ class Simulator:
         self._sample()
         if bar is not None:
             bar.close()
+        guarantees = self.guarantees.finish(end)
         return SimResult(
             jobs=list(self.records.values()),
             series=self._thin(self.series),
@@ -850,8 +836,11 @@ class Simulator:
             used_milli_s=self._int_used,
             fragment_milli_s=self._int_frag,
             queue_len_s=self._int_queue,
-            quota_satisfaction={t: (v[0], v[1]) for t, v in self._quota_sat.items()},
+            quota_satisfaction={
+                t: (guarantees.teams[t].wanted_s, guarantees.teams[t].satisfied_s) for t in self.quotas
+            },
             node_failures=self._node_failures,
+            guarantees=guarantees,
         )
 
     def _drained(self) -> bool:

@@ -1,4 +1,5 @@
-"""Figures from one simulated run: allocation, utilization, fragmentation, waits, JCT, preemptions, fairness."""
+"""Figures from one simulated run: allocation, utilization, fragmentation, waits, JCT, preemptions, guarantees
+and fairness."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from scheduling.sim.des import JobRecord, JobState, SimResult
+from scheduling.sim.guarantees import GuaranteeFigures, jain_index
+
+_GPU_MILLI_S_PER_H = 1000 * 3600
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -43,6 +47,73 @@ def wait_stats(records: Iterable[JobRecord]) -> dict:
 
 def _round(x: float | None, nd: int = 3) -> float | None:
     return None if x is None else round(x, nd)
+
+
+def episode_stats(durations_s: Iterable[float], open_at_end: int = 0) -> dict:
+    """Count, p50, p95 and max of episode lengths (seconds); `open_at_end` of them were still open."""
+    ds = list(durations_s)
+    return {
+        "episodes": len(ds),
+        "open_at_end": open_at_end,
+        "p50_s": _round(percentile(ds, 50)),
+        "p95_s": _round(percentile(ds, 95)),
+        "max_s": _round(max(ds) if ds else None),
+    }
+
+
+def time_to_guarantee(g: GuaranteeFigures) -> dict:
+    """Per reclaim episode (a team waiting for work its guarantee owes it), how long until it all ran."""
+    teams = {name: t for name, t in g.teams.items() if t.episodes_s}
+    overall = episode_stats(
+        [d for t in teams.values() for d in t.episodes_s], sum(t.open_episodes for t in teams.values())
+    )
+    overall["by_team"] = {name: episode_stats(t.episodes_s, t.open_episodes) for name, t in teams.items()}
+    return overall
+
+
+def share_ratios(g: GuaranteeFigures) -> dict[str, float]:
+    """Per team, the compute it held over its weighted max-min fair share, both integrated over the window
+    (teams with a fair share at some time)."""
+    return {name: t.held_milli_s / t.fair_milli_s for name, t in g.teams.items() if t.fair_milli_s > 0}
+
+
+def guarantee_figures(g: GuaranteeFigures) -> dict:
+    """The guarantee and fairness figures of a run (docs/simulator.md, Metrics)."""
+    ratios = share_ratios(g)
+    jain = jain_index(ratios.values())
+    return {
+        "time_to_guarantee": time_to_guarantee(g),
+        "within_guarantee_evictions_by_other_teams": g.within_guarantee_evictions_by_other_teams,
+        "within_guarantee_evictions_by_team": {
+            name: t.within_guarantee_evictions for name, t in g.teams.items() if t.within_guarantee_evictions
+        },
+        "evictions_cross_team": g.evictions_cross_team,
+        "evictions_within_team": g.evictions_within_team,
+        "priority_inversions": g.priority_inversions,
+        "priority_inversions_by_team": {
+            name: t.priority_inversions for name, t in g.teams.items() if t.priority_inversions
+        },
+        "borrowed_share_error": round(g.share_error_s / g.borrowed_s, 4) if g.borrowed_s > 0 else None,
+        "borrowed_time_s": round(g.borrowed_s, 3),
+        "fair_share_ratio": {name: round(x, 4) for name, x in ratios.items()},
+        "jain_index": _round(jain, 4),
+    }
+
+
+def lost_figures(jobs: Iterable[JobRecord], allocated_milli_s: float) -> dict:
+    """GPU-hours of work thrown away (by preemption and by node failure) and their share of GPU-hours delivered."""
+    lost_s = failure_s = 0.0
+    for r in jobs:
+        lost_s += r.lost_gpu_s
+        failure_s += r.lost_gpu_failure_s
+    delivered_h = allocated_milli_s / _GPU_MILLI_S_PER_H
+    return {
+        "lost_gpu_h": round(lost_s / 3600, 4),
+        "lost_gpu_h_preemption": round((lost_s - failure_s) / 3600, 4),
+        "lost_gpu_h_failure": round(failure_s / 3600, 4),
+        "delivered_gpu_h": round(delivered_h, 4),
+        "lost_pct_of_delivered": round(100 * lost_s / 3600 / delivered_h, 4) if delivered_h > 0 else None,
+    }
 
 
 def summarize(result: SimResult) -> dict:
@@ -92,8 +163,10 @@ def summarize(result: SimResult) -> dict:
         "node_failures": result.node_failures,
         "lost_work_s": round(sum(r.lost_work_s for r in jobs), 3),
         "lost_gpu_s": round(sum(r.lost_gpu_s for r in jobs), 3),
+        **lost_figures(jobs, result.allocated_milli_s),
         "quota_satisfaction": quota,
         "quota_satisfaction_rate": round(statistics.fmean(rated), 4) if rated else None,
+        **(guarantee_figures(result.guarantees) if result.guarantees is not None else {}),
         # The seed's fairness figure: how unequal teams' mean waits are (seconds squared; its root alongside).
         "team_wait_variance_s2": round(statistics.pvariance(team_mean_waits), 3)
         if len(team_mean_waits) > 1
