@@ -740,6 +740,7 @@ class Simulator:
             self.guarantees.placements_applied(
                 (self.records[p.job_id].spec for p in decisions.placements), self.now
             )
+        self._relabel(decisions.borrowed)
         if decisions.placements or decisions.evictions:
             self._dirty = True
         self._sample()
@@ -750,6 +751,14 @@ class Simulator:
             )
             self._dirty = bool(decisions.placements or decisions.evictions)
             self._push(self._next_cycle_at, _Ev.CYCLE, self._next_cycle_at)
+
+    def _relabel(self, borrowed: frozenset[str]) -> None:
+        """Running jobs' "on borrowed capacity" labels follow their teams' standing, as in production."""
+        for job_id, job in self.running.items():
+            flag = job_id in borrowed
+            if job.borrowed is not flag:
+                self.running[job_id] = replace(job, borrowed=flag)
+                self.records[job_id].borrowed = flag
 
     @staticmethod
     def _gpu_fragment_milli(led: _NodeLedger, i: int) -> int:

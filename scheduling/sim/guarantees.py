@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 from scheduling.engine.accounting import (
     beyond_guarantee,
-    borrowed_ids,
     estimated_charge,
     has_guarantee,
+    keeps_guarantee,
     within_guarantee,
 )
 from scheduling.engine.resources import charge_of
@@ -238,8 +238,9 @@ class GuaranteeTracker:
     # ---------------------------------------------------------------------------------------- evictions
     def evictions_applied(self, snapshot: Snapshot, evictions: Iterable[tuple[str, str, str]]) -> None:
         """Count the cycle's evictions, each (victim id, victim team, preemptor team): within the victim's team,
-        or across teams, and then whether the victim was within its team's guarantee at the cycle's snapshot
-        (not in `borrowed_ids`)."""
+        or across teams, and then whether it took work within the victim's team's guarantee: what the team held
+        at the cycle's snapshot, less its cross-team victims of the cycle up to this one, is below its guarantee
+        on a resource the guarantee names (`keeps_guarantee`)."""
         cross = []
         for victim, victim_team, preemptor_team in evictions:
             if victim_team == preemptor_team:
@@ -250,9 +251,18 @@ class GuaranteeTracker:
         if not cross:
             return
         charges = {job.id: charge_of(job.assignments) for job in snapshot.running}
-        borrowed = borrowed_ids(snapshot.quotas, snapshot.running, charges)
-        for victim, victim_team in cross:
-            if victim not in borrowed:
+        held: dict[str, list[int]] = {}
+        for job in snapshot.running:
+            row = held.setdefault(job.team, [0, 0])
+            row[0] += charges[job.id][0]
+            row[1] += charges[job.id][1]
+        taken: dict[str, list[int]] = {}
+        for victim, victim_team in sorted(cross):
+            row = taken.setdefault(victim_team, [0, 0])
+            mem, comp = charges.get(victim, (0, 0))
+            row[0] += mem
+            row[1] += comp
+            if not keeps_guarantee(snapshot.quotas.get(victim_team), held.get(victim_team, (0, 0)), row):
                 self._team(victim_team).guaranteed_evictions += 1
 
     # ----------------------------------------------------------------------------------- priority inversions

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from scheduling.engine import profiles
+from scheduling.engine.actions import ACTIONS
+from scheduling.engine.actions.preempt import LowerPriority, Preempt
 from scheduling.engine.framework import DEFAULT_PARAMS, Profile
 from scheduling.engine.profiles import get_profile
 from scheduling.engine.types import Assignment, Decisions, Gpu, Node, Placement, Quota, Request
@@ -77,10 +80,10 @@ def test_satisfaction_owes_a_team_only_the_waiting_work_that_fits_within_its_gua
     }
 
 
-def test_time_to_guarantee_is_one_cycle_plus_the_grace_of_the_borrowed_job_it_reclaims():
-    """b borrows the second card of a 2-card node from 0 s. a1 (within a's guarantee) arrives at 290 s, when b's
-    jobs are too young to evict (300 s minimum runtime); the next cycle, at 300 s, reclaims b2 (30 s grace) and
-    a1 waits for it (placed, not yet running: still waiting) until 330 s: one 10 s cycle + 30 s grace."""
+def test_time_to_guarantee_is_the_grace_of_the_borrowed_job_it_reclaims():
+    """b borrows the second card of a 2-card node from 0 s. a1 (within a's guarantee) arrives at 290 s, on a
+    cycle's tick: that cycle reclaims b2 (30 s grace; the 300 s minimum runtime protects nothing from reclaim) and
+    a1 waits for it (placed, not yet running: still waiting) until 320 s: the victim's grace."""
     jobs = [_job("b1", "b", 0, 10_000), _job("b2", "b", 0, 10_000), _job("a1", "a", 290, 100)]
     result = simulate(
         nodes=[_node("n0", 2)],
@@ -90,22 +93,39 @@ def test_time_to_guarantee_is_one_cycle_plus_the_grace_of_the_borrowed_job_it_re
         config=SimConfig(horizon_s=600, idle_recheck_s=10),
     )
     figures = summarize(result)
-    assert _by_id(result)["a1"].first_start_s == 330
+    assert _by_id(result)["a1"].first_start_s == 320
     assert figures["time_to_guarantee"]["by_team"] == {
-        "a": {"episodes": 1, "open_at_end": 0, "p50_s": 40.0, "p95_s": 40.0, "max_s": 40.0}
+        "a": {"episodes": 1, "open_at_end": 0, "p50_s": 30.0, "p95_s": 30.0, "max_s": 30.0}
     }
     # b2 was b's borrowed job: reclaiming it takes nothing within b's guarantee.
     assert figures["evictions_cross_team"] == 1
     assert figures["within_guarantee_evictions_by_other_teams"] == 0
-    # a wanted from 290 s to 430 s (a1 ran 330-430) and held its due for 100 of those 140 s; b always held its
-    # guarantee (b2 requeued at 330 s would only borrow).
-    assert figures["quota_satisfaction"] == {"a": round(100 / 140, 4), "b": 1.0}
+    # a wanted from 290 s to 420 s (a1 ran 320-420) and held its due for 100 of those 130 s; b always held its
+    # guarantee (b2 requeued at 320 s would only borrow).
+    assert figures["quota_satisfaction"] == {"a": round(100 / 130, 4), "b": 1.0}
 
 
-def test_it_counts_an_eviction_of_work_within_its_teams_guarantee_for_another_team():
+class _AnyTeamLowerPriority(LowerPriority):
+    """What Tessera's preempt no longer does: priority across teams, whatever their guarantees."""
+
+    def victims(self, s, job):
+        priority, evicted = job.priority, s.evicted
+        return lambda held: [v for v in held if v.job.priority < priority and v.job.id not in evicted]
+
+
+class _PreemptAnyTeam(Preempt):
+    NAME = "preempt-any-team"
+    VICTIMS = _AnyTeamLowerPriority()
+
+
+def test_it_counts_an_eviction_of_work_within_its_teams_guarantee_for_another_team(monkeypatch):
     """A profile that preempts by priority across teams: a1 (priority 10) evicts b1, b's only job and within
     b's guarantee; later a2 (priority 20) evicts a1, a within-team eviction."""
-    profile = Profile(name="allocate-preempt", actions=("allocate", "preempt"), params=DEFAULT_PARAMS)
+    monkeypatch.setitem(ACTIONS, _PreemptAnyTeam.NAME, _PreemptAnyTeam)
+    monkeypatch.setattr(profiles, "KNOWN_ACTIONS", frozenset(ACTIONS))
+    profile = Profile(
+        name="allocate-preempt", actions=("allocate", "preempt-any-team"), params=DEFAULT_PARAMS
+    )
     jobs = [
         _job("b1", "b", 0, 10_000),
         _job("a1", "a", 400, 10_000, priority=10),
