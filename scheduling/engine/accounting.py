@@ -8,10 +8,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from types import MappingProxyType
 
 from scheduling.engine.framework import CycleContext
 from scheduling.engine.resources import charge_of
-from scheduling.engine.types import WHOLE_GPU_MILLI, Assignment, Job, ModelQuota, Quota, Request
+from scheduling.engine.types import (
+    WHOLE_GPU_MILLI,
+    Assignment,
+    Job,
+    ModelQuota,
+    Node,
+    NodeState,
+    Quota,
+    Request,
+)
 
 _USAGE_KEY = "accounting.team_usage"
 _MODEL_USAGE_KEY = "accounting.team_model_usage"
@@ -180,36 +191,39 @@ def borrowed_ids(
     return out
 
 
-def history_share(
-    quota: Quota | None, usage_milli_s: float, half_life_s: float, compute_milli: float | None = None
-) -> float:
+def history_share(quota: Quota | None, usage_milli_s: float, half_life_s: float) -> float:
     """Decayed past usage relative to what running exactly at the guarantee would have accumulated:
-    a rate r decayed with half-life h sums to r * h / ln 2, so 1.0 means "used its guarantee on average".
-    `compute_milli` is the guarantee in compute (`compute_equivalent`; by default the quota's compute)."""
+    a rate r decayed with half-life h sums to r * h / ln 2, so 1.0 means "used its guarantee on average"."""
     if usage_milli_s <= 0:
         return 0.0
-    if compute_milli is None:
-        compute_milli = quota.guaranteed_compute_milli if quota else 0
-    return usage_milli_s / (max(1.0, compute_milli) * half_life_s / math.log(2))
+    g_comp = max(1, quota.guaranteed_compute_milli) if quota else 1
+    return usage_milli_s / (g_comp * half_life_s / math.log(2))
 
 
-def compute_equivalent(ctx: CycleContext, quota: Quota | None) -> float:
-    """The guarantee in compute milli: as stated, or for a memory-only guarantee the same share of the cluster's
-    compute as its memory is of the cluster's GPU memory (0 for no guarantee)."""
-    if quota is None:
-        return 0.0
-    if quota.guaranteed_compute_milli > 0 or quota.guaranteed_gpu_memory_mib <= 0:
-        return float(quota.guaranteed_compute_milli)
-    totals = ctx.cache.get("accounting.cluster_totals")
-    if totals is None:
-        mem = comp = 0
-        for n in ctx.snapshot.nodes:
+def effective_quotas(quotas: Mapping[str, Quota], nodes: Iterable[Node]) -> Mapping[str, Quota]:
+    """The quotas as the engine applies them: a guarantee stated in GPU memory only also guarantees the same
+    share of the cluster's compute (a team guaranteed a fifth of the GPU memory is guaranteed a fifth of the
+    cards' compute too), so memory-light slices cannot hold cards' compute beyond the team's share unseen.
+    A guarantee stated in GPUs holds that many cards whatever their memory, and is left as it is. The
+    cluster is the snapshot's nodes that are not lost."""
+    memory_only = [
+        t for t, q in quotas.items() if q.guaranteed_gpu_memory_mib > 0 and q.guaranteed_compute_milli <= 0
+    ]
+    if not memory_only:
+        return quotas
+    mem = comp = 0
+    for n in nodes:
+        if n.state is not NodeState.LOST:
             for g in n.gpus:
                 mem += g.memory_mib
                 comp += WHOLE_GPU_MILLI
-        totals = ctx.cache["accounting.cluster_totals"] = (mem, comp)
-    mem, comp = totals
-    return quota.guaranteed_gpu_memory_mib * comp / mem if mem > 0 else 0.0
+    if mem <= 0:
+        return quotas
+    out = dict(quotas)
+    for team in memory_only:
+        q = quotas[team]
+        out[team] = replace(q, guaranteed_compute_milli=q.guaranteed_gpu_memory_mib * comp // mem)
+    return MappingProxyType(out)
 
 
 def estimated_charge(req: Request, models: Mapping[str, tuple[int, int]]) -> tuple[int, int]:
@@ -378,15 +392,17 @@ def running_borrowed(ctx: CycleContext) -> set[str]:
 def keeps_guarantee(
     quota: Quota | None, used: list[int] | tuple[int, int], removed: list[int] | tuple[int, int]
 ) -> bool:
-    """Whether the team still holds at least its guarantee, on each resource it names, once `removed` is taken
-    from what it holds (a team with no guarantee always does). Eviction for another team's work is allowed only
-    then: what a team holds up to its guarantee is never taken for another team."""
+    """Whether the team still holds its guarantee once `removed` is taken from what it holds: it still holds at
+    least the guarantee on some resource the guarantee names, so no more work of its own would fit within its
+    guarantee than before (a team with no guarantee always does). A team over its compute guarantee with
+    memory-light slices keeps it while its compute does, even below its memory guarantee. Eviction for another
+    team's work is allowed only then: what a team holds up to its guarantee is never taken for another team."""
     if not has_guarantee(quota):
         return True
     g_mem, g_comp = quota.guaranteed_gpu_memory_mib, quota.guaranteed_compute_milli
-    if g_mem > 0 and used[0] - removed[0] < g_mem:
-        return False
-    return not (g_comp > 0 and used[1] - removed[1] < g_comp)
+    if g_mem > 0 and used[0] - removed[0] >= g_mem:
+        return True
+    return g_comp > 0 and used[1] - removed[1] >= g_comp
 
 
 def others_keep_guarantees(ctx: CycleContext, team: str, victims: Iterable[Job]) -> bool:

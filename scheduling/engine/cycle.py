@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-from scheduling.engine.accounting import borrowed_ids, running_charges
+from scheduling.engine.accounting import borrowed_ids, effective_quotas, running_charges
 from scheduling.engine.actions import get_action
 from scheduling.engine.framework import Profile
 from scheduling.engine.pending import explain_pending
@@ -84,6 +84,9 @@ def run_cycle(snapshot: Snapshot, profile: Profile) -> Decisions:
     """Decide placements, evictions, reservations and pending reasons for one snapshot. Deterministic for the
     same snapshot (and its seed) and profile; caches kept between calls never change the answer, only its cost."""
     state = _state_for(profile)
+    quotas = effective_quotas(snapshot.quotas, snapshot.nodes)
+    if quotas is not snapshot.quotas:
+        snapshot = replace(snapshot, quotas=quotas)
     with state.lock, _collector_paused():
         session = Session(state, snapshot)
         try:

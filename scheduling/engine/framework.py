@@ -32,6 +32,8 @@ DEFAULT_PARAMS = MappingProxyType(
         "reclaim_min_runtime_s": 0.0,  # borrowed work is reclaimable at once: the guarantee comes back in its grace
         "preempt_max_attempts": 16,  # evicting jobs considered per cycle (each may scan every node)
         "reclaim_max_attempts": 16,
+        "share_max_attempts": 8,  # borrowing jobs that may take borrowed work from teams borrowing more per weight
+        "share_min_runtime_s": 1800.0,  # ... only work that has run this long (sharing by weight is not urgent)
         "explain": True,  # compute reason sentences for pending jobs
     }
 )

@@ -169,6 +169,7 @@ class _Binding:
     borrowed: bool
     hold: JobRecord
     waiting: set[str]
+    job: Job  # the engine's view: it holds its cards already, as a placed job does in production
 
 
 @dataclass(slots=True)
@@ -555,8 +556,15 @@ class Simulator:
         hold = JobRecord(spec=replace(rec.spec, id=f"{rec.spec.id}#held", usage_milli=0))
         self._take(hold, tuple(placement.assignments), placement.cpu)
         waiting = {v.spec.id for v in victims if v.state is JobState.TERMINATING}
+        job = _engine_job(
+            rec.spec,
+            assignments=tuple(placement.assignments),
+            start_time=self.now,
+            borrowed=placement.borrowed,
+            cpu_assignments=dict(hold.cpu),
+        )
         binding = _Binding(
-            rec, tuple(placement.assignments), dict(hold.cpu), placement.borrowed, hold, waiting
+            rec, tuple(placement.assignments), dict(hold.cpu), placement.borrowed, hold, waiting, job
         )
         self._bindings[rec.spec.id] = binding
         if not waiting:
@@ -612,7 +620,9 @@ class Simulator:
         return Snapshot(
             now=self.now,
             nodes=tuple(self._node(led) for led in self.ledger.values()),
-            running=tuple(self.running.values()),
+            # A preemptor waiting for its victims holds its cards (and counts against its team's quota) as a
+            # placed job does in production.
+            running=(*self.running.values(), *(b.job for b in self._bindings.values())),
             pending=tuple(self.pending.values()),
             quotas=self.quotas,
             usage=dict(self._usage),
@@ -715,6 +725,13 @@ class Simulator:
         evicted: list[tuple[str, str, str]] = []  # (victim, its team, the preemptor's team)
         for ev in decisions.evictions:
             rec = self.records.get(ev.job_id)
+            if rec is not None and rec.state is JobState.BOUND:
+                # Placed but not started (it waits for its own victims): it goes back to the queue at once.
+                preemptor = self.records.get(ev.preemptor_id)
+                evicted.append((ev.job_id, rec.spec.team, preemptor.spec.team if preemptor else ""))
+                rec.preemptions += 1
+                self._unbind(self._bindings[ev.job_id])
+                continue
             if rec is None or rec.state not in (JobState.RUNNING, JobState.TERMINATING):
                 raise SimulationError(f"eviction of {ev.job_id!r}, which is not running")
             if not rec.spec.preemptible and ev.code == "preempted":
@@ -727,7 +744,8 @@ class Simulator:
             preemptor = self.records.get(ev.preemptor_id)
             evicted.append((ev.job_id, rec.spec.team, preemptor.spec.team if preemptor else ""))
         if evicted:
-            self.guarantees.evictions_applied(snap, evicted)
+            placed = [(self.records[p.job_id].spec.team, p.assignments) for p in decisions.placements]
+            self.guarantees.evictions_applied(snap, evicted, placed)
         for p in decisions.placements:
             rec = self.records.get(p.job_id)
             if rec is None or rec.state is not JobState.PENDING:

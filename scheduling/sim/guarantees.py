@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from scheduling.engine.accounting import (
     beyond_guarantee,
+    effective_quotas,
     estimated_charge,
     has_guarantee,
     keeps_guarantee,
@@ -142,6 +143,9 @@ class GuaranteeTracker:
     counts the figures are made of. State changes at events; `advance` integrates the state between them."""
 
     def __init__(self, *, nodes: Sequence[Node], quotas: Mapping[str, Quota]) -> None:
+        # As the engine applies them (a memory-only guarantee also guarantees its share of the compute).
+        nodes = tuple(nodes)
+        quotas = effective_quotas(quotas, nodes)
         self.quotas = quotas
         self.models = card_models(nodes)
         self.capacity_milli = sum(
@@ -236,11 +240,17 @@ class GuaranteeTracker:
         self._shares_dirty = True
 
     # ---------------------------------------------------------------------------------------- evictions
-    def evictions_applied(self, snapshot: Snapshot, evictions: Iterable[tuple[str, str, str]]) -> None:
+    def evictions_applied(
+        self,
+        snapshot: Snapshot,
+        evictions: Iterable[tuple[str, str, str]],
+        placed: Iterable[tuple[str, tuple[Assignment, ...]]] = (),
+    ) -> None:
         """Count the cycle's evictions, each (victim id, victim team, preemptor team): within the victim's team,
         or across teams, and then whether it took work within the victim's team's guarantee: what the team held
-        at the cycle's snapshot, less its cross-team victims of the cycle up to this one, is below its guarantee
-        on a resource the guarantee names (`keeps_guarantee`)."""
+        at the cycle's snapshot plus what the cycle placed for it (`placed`: team, assignments), less its
+        cross-team victims of the cycle up to this one, is below its guarantee on a resource the guarantee names
+        (`keeps_guarantee`)."""
         cross = []
         for victim, victim_team, preemptor_team in evictions:
             if victim_team == preemptor_team:
@@ -256,13 +266,18 @@ class GuaranteeTracker:
             row = held.setdefault(job.team, [0, 0])
             row[0] += charges[job.id][0]
             row[1] += charges[job.id][1]
+        for team, assignments in placed:
+            row = held.setdefault(team, [0, 0])
+            mem, comp = charge_of(assignments)
+            row[0] += mem
+            row[1] += comp
         taken: dict[str, list[int]] = {}
         for victim, victim_team in sorted(cross):
             row = taken.setdefault(victim_team, [0, 0])
             mem, comp = charges.get(victim, (0, 0))
             row[0] += mem
             row[1] += comp
-            if not keeps_guarantee(snapshot.quotas.get(victim_team), held.get(victim_team, (0, 0)), row):
+            if not keeps_guarantee(self.quotas.get(victim_team), held.get(victim_team, (0, 0)), row):
                 self._team(victim_team).guaranteed_evictions += 1
 
     # ----------------------------------------------------------------------------------- priority inversions

@@ -67,6 +67,7 @@ TOPO_ONLY = profile(fields={"node_scores": (("topology", 1.0),), "gpu_scores": (
 SPREAD = profile("spread")
 BINPACK = profile("binpack")
 NO_PREEMPT = profile(fields={"actions": ("admit", "allocate")})
+SHARE = profile(fields={"actions": ("admit", "allocate", "backfill", "reclaim", "share", "preempt")})
 TRAIN = "ai-lab/training"
 
 SCENARIOS = [
@@ -780,6 +781,35 @@ SCENARIOS = [
         pending=[job("next", gpus=1, submit=300.0)],
         # "first" has ended: "second" (placed as borrowed) is now within the guarantee; the new job borrows.
         borrowed={"second": False, "third": False, "next": True},
+    ),
+    Scenario(
+        "with share, a borrowing team takes lent capacity from a team borrowing more per weight",
+        nodes=[node("a", gpus=4)],
+        quotas=[quota("early", weight=1), quota("late", weight=1)],
+        running=[R(job(f"e{i}", team="early", gpus=1), {"a": [i]}, start=float(i)) for i in range(4)],
+        # late would borrow 1 GPU, early keeps 3 without its victim: the gap narrows from 4:0 to 3:1.
+        pending=[job("l0", team="late", gpus=1)],
+        evicted={"e3": "reclaimed"},
+        placed={"l0": {"a": [3]}},
+        profile=SHARE,
+    ),
+    Scenario(
+        "share never turns the gap round: a team borrowing as much per weight keeps its work",
+        nodes=[node("a", gpus=2)],
+        quotas=[quota("one", weight=1), quota("two", weight=2)],
+        running=[R(job("o0", team="one", gpus=1), {"a": [0]}), R(job("t0", team="two", gpus=1), {"a": [1]})],
+        # two would borrow 2 GPUs / weight 2 = 1 per weight, as much as one borrows now: nothing moves.
+        pending=[job("t1", team="two", gpus=1)],
+        waiting={"t1": "insufficient-gpus"},
+        profile=SHARE,
+    ),
+    Scenario(
+        "without share (tessera-prod) lent capacity comes back only as it frees",
+        nodes=[node("a", gpus=4)],
+        quotas=[quota("early", weight=1), quota("late", weight=1)],
+        running=[R(job(f"e{i}", team="early", gpus=1), {"a": [i]}, start=float(i)) for i in range(4)],
+        pending=[job("l0", team="late", gpus=1)],
+        waiting={"l0": "insufficient-gpus"},
     ),
     # 7c. Who may use which priority, and what admission charges ---------------------------------------------
     Scenario(

@@ -307,7 +307,9 @@ def test_a_jobs_working_directory_reaches_its_nodes_desired_state(node, alice, t
     assert entry["cwd"] == "/data/run1"
 
 
-def test_reclaim_says_whom_it_waits_for_and_labels_follow_the_teams_standing(node, alice, teams, django_user_model):
+def test_reclaim_says_whom_it_waits_for_and_labels_follow_the_teams_standing(
+    node, alice, teams, django_user_model
+):
     """Another team fills the node on borrowed capacity; a team below its guarantee takes two cards back, and its
     placement names the mechanism. Labels follow the teams' standing as it changes."""
     from quotas.services import membership_set, team_create
@@ -333,7 +335,9 @@ def test_reclaim_says_whom_it_waits_for_and_labels_follow_the_teams_standing(nod
     grace_s = reclaimed.first().priority_class.preemption_grace_s
     placed = mine.events.get(to_state=JobState.PLACED).message
     assert "(within its team's guarantee)" in placed
-    assert f"waiting for 2 GPUs to be reclaimed from team guest; their grace ends in about {grace_s} s" in placed
+    assert (
+        f"waiting for 2 GPUs to be reclaimed from team guest; their grace ends in about {grace_s} s" in placed
+    )
     assert reclaimed.first().events.get(to_state=JobState.PREEMPTED).code == "reclaimed"
 
 

@@ -11,8 +11,11 @@ from scheduling.engine.actions.backfill import Backfill
 from scheduling.engine.actions.base import Action
 from scheduling.engine.actions.preempt import Preempt
 from scheduling.engine.actions.reclaim import Reclaim
+from scheduling.engine.actions.share import Share
 
-ACTIONS: dict[str, type[Action]] = {cls.NAME: cls for cls in (Admit, Allocate, Backfill, Reclaim, Preempt)}
+ACTIONS: dict[str, type[Action]] = {
+    cls.NAME: cls for cls in (Admit, Allocate, Backfill, Reclaim, Share, Preempt)
+}
 
 
 def get_action(name: str) -> Action:

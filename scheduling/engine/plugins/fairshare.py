@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from scheduling.engine.accounting import (
     borrowed_per_weight,
-    compute_equivalent,
     history_share,
     job_charge,
     team_usage,
@@ -50,9 +49,7 @@ def _virtual_shares(ctx: CycleContext) -> dict[str, tuple[int, float]]:
                 comp,
                 g_mem,
                 g_comp,
-                history_share(
-                    quota, snap.usage.get(job.team, 0.0), half_life_s, compute_equivalent(ctx, quota)
-                ),
+                history_share(quota, snap.usage.get(job.team, 0.0), half_life_s),
                 quota.weight if quota and quota.weight > 0 else 1.0,
             ]
         held_mem, held_comp, g_mem, g_comp, past, weight = row
