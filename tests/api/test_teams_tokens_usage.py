@@ -62,8 +62,30 @@ def test_a_teams_queue_share_counts_decayed_past_usage_over_its_weight(as_alice,
 
 
 def test_priority_classes_are_listed_highest_first(as_alice):
-    names = [p["name"] for p in as_alice.get("/api/v1/priority-classes/").json()["results"]]
-    assert names == ["critical", "training", "inference"]
+    classes = as_alice.get("/api/v1/priority-classes/").json()["results"]
+    assert [(p["name"], p["open_to_all_teams"]) for p in classes] == [
+        ("critical", False),
+        ("training", True),
+        ("inference", True),
+    ]
+
+
+def test_a_team_shows_the_classes_it_may_use_its_default_and_per_class_limits(as_alice, teams, grant):
+    from decimal import Decimal
+
+    from quotas.models import Team
+
+    team_url = f"/api/v1/teams/{teams['training'].pk}/"
+    team = as_alice.get(team_url).json()
+    assert [c["name"] for c in team["priority_classes"]] == ["training", "inference"]
+    assert team["default_priority_class"] == "training"
+    grant(Team.objects.get(slug="ai-lab"), "critical", limit_gpus=Decimal(2))  # the organisation's grant
+    grant(teams["training"], "inference", limit_gpus=Decimal("0.5"))
+    assert as_alice.get(team_url).json()["priority_classes"] == [
+        {"name": "critical", "value": 1000, "preemptible": False, "limit_gpus": 2.0},
+        {"name": "training", "value": 100, "preemptible": True, "limit_gpus": None},
+        {"name": "inference", "value": 50, "preemptible": True, "limit_gpus": 0.5},
+    ]
 
 
 def test_a_token_is_shown_once_stored_hashed_and_revocable(as_alice):
