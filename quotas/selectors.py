@@ -37,6 +37,7 @@ class TeamAllowance:
     class its jobs get when they name none, and its limits (the all-models quota's; None: no limit)."""
 
     team_id: int
+    team_slug: str
     is_member: bool  # the user asked about belongs to the team
     classes: tuple[ClassGrant, ...]  # highest first
     default_class: PriorityClass | None
@@ -53,7 +54,9 @@ class TeamAllowance:
         return f"{names}; default {self.default_class.name if self.default_class else 'none'}"
 
 
-def _allowance(*, team_id: int, is_member: bool, quota: tuple, classes: list[tuple]) -> TeamAllowance:
+def _allowance(
+    *, team_id: int, team_slug: str, is_member: bool, quota: tuple, classes: list[tuple]
+) -> TeamAllowance:
     """The one rule: a team may use a priority class that is open to all teams, that the team or its
     organisation was granted, or that is its default. Its limit at a class is its own grant's, else its
     organisation's. A team with no default set gets the lowest class it may use."""
@@ -67,6 +70,7 @@ def _allowance(*, team_id: int, is_member: bool, quota: tuple, classes: list[tup
         default = grants[-1].priority_class
     return TeamAllowance(
         team_id=team_id,
+        team_slug=team_slug,
         is_member=is_member,
         classes=tuple(grants),
         default_class=default,
@@ -84,7 +88,7 @@ def _allowance_sql(teams: int | None) -> str:
     pc, grant = PriorityClass._meta.db_table, TeamPriorityClass._meta.db_table
     where = "" if teams is None else f"WHERE t.id IN ({', '.join(['%s'] * teams)})"
     return f"""
-        SELECT t.id, EXISTS (SELECT 1 FROM {membership} m WHERE m.user_id = %s AND m.team_id = t.id),
+        SELECT t.id, t.slug, EXISTS (SELECT 1 FROM {membership} m WHERE m.user_id = %s AND m.team_id = t.id),
                q.default_priority_class_id, q.limit_gpus, q.limit_gpu_memory_mib,
                {", ".join(f"pc.{f.column}" for f in PriorityClass._meta.concrete_fields)},
                own.id, own.limit_gpus, inherited.id, inherited.limit_gpus
@@ -111,19 +115,21 @@ def team_allowances(
     pc_fields = PriorityClass._meta.concrete_fields
     quota_fields = [Quota._meta.get_field(n) for n in ("limit_gpus", "limit_gpu_memory_mib")]
     grant_limit = TeamPriorityClass._meta.get_field("limit_gpus")
-    by_team: dict[int, tuple[bool, tuple, list[tuple]]] = {}
-    for team_id, is_member, default_id, *rest in rows:
+    by_team: dict[int, tuple[str, bool, tuple, list[tuple]]] = {}
+    for team_id, slug, is_member, default_id, *rest in rows:
         limits, pc_values = rest[:2], rest[2 : 2 + len(pc_fields)]
         own_id, own_limit, inherited_id, inherited_limit = rest[2 + len(pc_fields) :]
         if team_id not in by_team:
-            by_team[team_id] = (bool(is_member), (default_id, *db_values(quota_fields, limits)), [])
+            by_team[team_id] = (slug, bool(is_member), (default_id, *db_values(quota_fields, limits)), [])
         if pc_values[0] is not None:
             own_limit, inherited_limit = db_values([grant_limit, grant_limit], [own_limit, inherited_limit])
             pc = model_from_row(PriorityClass, pc_fields, pc_values)
-            by_team[team_id][2].append((pc, own_id, own_limit, inherited_id, inherited_limit))
+            by_team[team_id][3].append((pc, own_id, own_limit, inherited_id, inherited_limit))
     return {
-        team_id: _allowance(team_id=team_id, is_member=is_member, quota=quota, classes=classes)
-        for team_id, (is_member, quota, classes) in by_team.items()
+        team_id: _allowance(
+            team_id=team_id, team_slug=slug, is_member=is_member, quota=quota, classes=classes
+        )
+        for team_id, (slug, is_member, quota, classes) in by_team.items()
     }
 
 
