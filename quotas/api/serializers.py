@@ -49,6 +49,8 @@ class TeamUsageSerializer(serializers.Serializer):
 
 
 class TeamBorrowedSerializer(serializers.Serializer):
+    """What the team holds beyond its guarantee (guaranteed 4 GPUs, holding 8: 4), as the scheduler counts it."""
+
     gpus = serializers.FloatField()
     gpu_memory_mib = serializers.IntegerField()
 
