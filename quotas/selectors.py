@@ -49,7 +49,7 @@ class TeamAllowance:
         return next((g for g in self.classes if g.priority_class.name == name), None)
 
     def classes_text(self) -> str:
-        """ "training, inference; default training", for refusals."""
+        """For refusals: 'training, inference; default training'."""
         names = ", ".join(g.priority_class.name for g in self.classes) or "none"
         return f"{names}; default {self.default_class.name if self.default_class else 'none'}"
 
