@@ -81,7 +81,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
                 code=exc.code,
                 message=exc.message,
                 field=exc.field,
-                limit=getattr(exc, "limit", None),
+                limit=exc.limit,
             ),
             status=status.HTTP_403_FORBIDDEN if exc.code == "not_member" else status.HTTP_400_BAD_REQUEST,
         )

@@ -1,17 +1,27 @@
-"""Admin site for teams and quotas. Quota edits go through `quota_save`, so each one is audited."""
+"""Admin site for teams and quotas. Quota and priority class grant edits go through their services, so each one
+is audited."""
 
 from django.contrib import admin
 from django.http import HttpRequest
 
 from quotas import services
 from quotas.choices import ChangeSource
-from quotas.models import Membership, PriorityClass, Quota, QuotaChange, Team
+from quotas.models import Membership, PriorityClass, Quota, QuotaChange, Team, TeamPriorityClass
 
 
 class QuotaInline(admin.TabularInline):
     model = Quota
     extra = 0
     fields = services.QUOTA_AUDITED_FIELDS
+
+
+class PriorityClassGrantInline(admin.TabularInline):
+    """The priority classes the team may use beyond those open to all teams, and per-class limits."""
+
+    model = TeamPriorityClass
+    extra = 0
+    fields = services.GRANT_AUDITED_FIELDS
+    verbose_name_plural = "Priority class grants (classes open to all teams need a row only for a limit)"
 
 
 class MembershipInline(admin.TabularInline):
@@ -42,16 +52,22 @@ class TeamAdmin(admin.ModelAdmin):
     list_display = ("slug", "display_name", "parent")
     list_filter = ("parent",)
     search_fields = ("slug", "display_name")
-    inlines = (QuotaInline, MembershipInline, QuotaChangeInline)
+    inlines = (QuotaInline, PriorityClassGrantInline, MembershipInline, QuotaChangeInline)
 
     def save_formset(self, request, form, formset, change):
-        if formset.model is not Quota:
+        if formset.model not in (Quota, TeamPriorityClass):
             return super().save_formset(request, form, formset, change)
-        quotas = formset.save(commit=False)
-        for quota in formset.deleted_objects:
-            services.quota_delete(quota=quota, actor=request.user, source=ChangeSource.ADMIN)
-        for quota in quotas:
-            services.quota_save(quota=quota, actor=request.user, source=ChangeSource.ADMIN)
+        objects = formset.save(commit=False)
+        for obj in formset.deleted_objects:
+            if isinstance(obj, Quota):
+                services.quota_delete(quota=obj, actor=request.user, source=ChangeSource.ADMIN)
+            else:
+                services.priority_class_grant_delete(grant=obj, actor=request.user, source=ChangeSource.ADMIN)
+        for obj in objects:
+            if isinstance(obj, Quota):
+                services.quota_save(quota=obj, actor=request.user, source=ChangeSource.ADMIN)
+            else:
+                services.priority_class_grant_save(grant=obj, actor=request.user, source=ChangeSource.ADMIN)
         formset.save_m2m()
 
 
@@ -100,7 +116,8 @@ class QuotaChangeAdmin(admin.ModelAdmin):
 
 @admin.register(PriorityClass)
 class PriorityClassAdmin(admin.ModelAdmin):
-    list_display = ("name", "value", "preemptible", "preemption_grace_s")
+    list_display = ("name", "value", "preemptible", "preemption_grace_s", "open_to_all_teams")
+    list_filter = ("open_to_all_teams",)
     search_fields = ("name",)
 
 

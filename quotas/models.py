@@ -60,6 +60,11 @@ class PriorityClass(models.Model):
     preemption_grace_s = models.PositiveIntegerField(
         default=30, help_text="Seconds between SIGTERM and SIGKILL when a job of this class is preempted."
     )
+    open_to_all_teams = models.BooleanField(
+        default=False,
+        help_text="Every team may use it. Otherwise only the teams granted it (on the team's page), and a team "
+        "whose default it is.",
+    )
     description = models.TextField(blank=True)
 
     class Meta:
@@ -162,8 +167,42 @@ class Quota(models.Model):
             raise ValidationError(errors)
 
 
+class TeamPriorityClass(models.Model):
+    """A team may use this priority class, optionally holding at most `limit_gpus` at it at once (Slurm's QOS
+    MaxTRES). A grant to an organisation holds for each of its teams, unless the team has its own for the class.
+    A grant of a class open to all teams only adds the limit."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="priority_class_grants")
+    priority_class = models.ForeignKey(PriorityClass, on_delete=models.CASCADE, related_name="team_grants")
+    limit_gpus = models.DecimalField(
+        max_digits=9,
+        decimal_places=3,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0"))],
+        help_text="The most GPUs (whole-GPU equivalents) the team may hold at this class at once. Empty: only the "
+        "team's quota limits it.",
+    )
+
+    class Meta:
+        ordering = ["team__slug", "-priority_class__value"]
+        verbose_name = "priority class grant"
+        constraints = [
+            models.UniqueConstraint(fields=["team", "priority_class"], name="grant_unique_team_class"),
+            models.CheckConstraint(
+                condition=Q(limit_gpus__isnull=True) | Q(limit_gpus__gte=0),
+                name="grant_limit_gpus_nonnegative",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        limit = "" if self.limit_gpus is None else f", at most {self.limit_gpus.normalize():f} GPUs"
+        return f"{self.team} may use {self.priority_class.name}{limit}"
+
+
 class QuotaChange(models.Model):
-    """Append-only audit of every quota change: who, when, where from, and each field's old and new value."""
+    """Append-only audit of every quota change (priority class grants included): who, when, where from, and each
+    field's old and new value."""
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="quota_changes")
     quota = models.ForeignKey(Quota, null=True, blank=True, on_delete=models.SET_NULL, related_name="changes")

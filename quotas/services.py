@@ -1,4 +1,5 @@
-"""Writes for teams, memberships, priority classes and quotas. Every quota change leaves a QuotaChange."""
+"""Writes for teams, memberships, priority classes and quotas. Every quota change, and every change to the
+priority classes a team is granted, leaves a QuotaChange."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from quotas.choices import ChangeSource, Role
-from quotas.models import IdempotencyRecord, Membership, PriorityClass, Quota, QuotaChange, Team
+from quotas.models import (
+    IdempotencyRecord,
+    Membership,
+    PriorityClass,
+    Quota,
+    QuotaChange,
+    Team,
+    TeamPriorityClass,
+)
 
 QUOTA_AUDITED_FIELDS = (
     "gpu_model",
@@ -21,6 +30,7 @@ QUOTA_AUDITED_FIELDS = (
     "fair_share_weight",
     "default_priority_class",
 )
+GRANT_AUDITED_FIELDS = ("priority_class", "limit_gpus")
 
 
 @dataclass(frozen=True)
@@ -29,14 +39,18 @@ class DefaultPriorityClass:
     value: int
     preemptible: bool
     preemption_grace_s: int
+    open_to_all_teams: bool
     description: str
 
 
+# A class that preempts everyone and is never preempted is granted team by team; the others are open to all.
 DEFAULT_PRIORITY_CLASSES = (
-    DefaultPriorityClass("inference", 50, True, 30, "Light, latency-tolerant serving and evaluation jobs."),
-    DefaultPriorityClass("training", 100, True, 120, "Training runs; may preempt inference."),
     DefaultPriorityClass(
-        "critical", 1000, False, 300, "Never preempted. For deadlines and production serving."
+        "inference", 50, True, 30, True, "Light, latency-tolerant serving and evaluation jobs."
+    ),
+    DefaultPriorityClass("training", 100, True, 120, True, "Training runs; may preempt inference."),
+    DefaultPriorityClass(
+        "critical", 1000, False, 300, False, "Never preempted. For deadlines and production serving."
     ),
 )
 
@@ -51,6 +65,7 @@ def priority_classes_ensure_defaults() -> list[PriorityClass]:
                 "value": default.value,
                 "preemptible": default.preemptible,
                 "preemption_grace_s": default.preemption_grace_s,
+                "open_to_all_teams": default.open_to_all_teams,
                 "description": default.description,
             },
         )
@@ -74,7 +89,8 @@ def _audit_value(value: Any) -> Any:
     if value is None:
         return None
     if isinstance(value, Decimal):
-        return str(value.normalize()) if value == value.to_integral() else str(value)
+        # 10.000 -> "10", 2.500 -> "2.5": as typed, whatever the column's scale (str() gives "1E+1" for 10).
+        return f"{value.normalize():f}"
     if hasattr(value, "pk"):
         return str(value)
     return value
@@ -128,6 +144,53 @@ def quota_delete(
         note="quota deleted",
     )
     quota.delete()
+    return change
+
+
+def _grant_values(grant: TeamPriorityClass) -> dict[str, Any]:
+    return {name: _audit_value(getattr(grant, name)) for name in GRANT_AUDITED_FIELDS}
+
+
+@transaction.atomic
+def priority_class_grant_save(
+    *, grant: TeamPriorityClass, actor: AbstractBaseUser | None, source: str = ChangeSource.ADMIN
+) -> QuotaChange | None:
+    """Validate and save a new or edited grant of a priority class to a team, recording what changed in the
+    team's quota audit trail. Returns None when nothing changed."""
+    grant.full_clean()
+    if grant.pk:
+        old = _grant_values(TeamPriorityClass.objects.select_for_update().get(pk=grant.pk))
+    else:
+        old = dict.fromkeys(GRANT_AUDITED_FIELDS)
+    new = _grant_values(grant)
+    changes = {
+        name: {"old": old[name], "new": new[name]} for name in GRANT_AUDITED_FIELDS if old[name] != new[name]
+    }
+    grant.save()
+    if not changes:
+        return None
+    return QuotaChange.objects.create(
+        team=grant.team,
+        actor=actor,
+        source=source,
+        changes=changes,
+        note=f"priority class {grant.priority_class.name} granted",
+    )
+
+
+@transaction.atomic
+def priority_class_grant_delete(
+    *, grant: TeamPriorityClass, actor: AbstractBaseUser | None, source: str = ChangeSource.ADMIN
+) -> QuotaChange:
+    old = _grant_values(grant)
+    change = QuotaChange.objects.create(
+        team=grant.team,
+        actor=actor,
+        source=source,
+        changes={name: {"old": value, "new": None} for name, value in old.items() if value is not None},
+        note=f"priority class {grant.priority_class.name} grant removed",
+    )
+    grant.delete()
     return change
 
 

@@ -50,6 +50,20 @@ def teams(db, priority_classes):
     return {"training": training, "inference": inference}
 
 
+@pytest.fixture
+def grant(db, priority_classes):
+    """Grant a team a priority class (optionally with a per-class limit in GPUs), as an admin would."""
+    from quotas.models import TeamPriorityClass
+    from quotas.services import priority_class_grant_save
+
+    def _grant(team, class_name: str, limit_gpus=None):
+        row = TeamPriorityClass(team=team, priority_class=priority_classes[class_name], limit_gpus=limit_gpus)
+        priority_class_grant_save(grant=row, actor=None)
+        return row
+
+    return _grant
+
+
 def _user(django_user_model, username: str, **extra):
     return django_user_model.objects.create_user(username=username, password=f"{username}-pw", **extra)
 

@@ -10,7 +10,15 @@ from quotas.models import ApiToken, PriorityClass, Team
 class PriorityClassSerializer(serializers.ModelSerializer):
     class Meta:
         model = PriorityClass
-        fields = ["id", "name", "value", "preemptible", "preemption_grace_s", "description"]
+        fields = [
+            "id",
+            "name",
+            "value",
+            "preemptible",
+            "preemption_grace_s",
+            "open_to_all_teams",
+            "description",
+        ]
 
 
 class QuotaSummarySerializer(serializers.Serializer):
@@ -23,6 +31,16 @@ class QuotaSummarySerializer(serializers.Serializer):
     default_priority_class = serializers.CharField(allow_null=True)
 
 
+class TeamPriorityClassSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    value = serializers.IntegerField()
+    preemptible = serializers.BooleanField()
+    limit_gpus = serializers.FloatField(
+        allow_null=True,
+        help_text="The most GPUs the team may hold at this class at once; null: only its quota limits it.",
+    )
+
+
 class TeamUsageSerializer(serializers.Serializer):
     gpus = serializers.FloatField(help_text="Whole-GPU equivalents held now.")
     gpu_memory_mib = serializers.IntegerField()
@@ -31,6 +49,8 @@ class TeamUsageSerializer(serializers.Serializer):
 
 
 class TeamBorrowedSerializer(serializers.Serializer):
+    """What the team holds beyond its guarantee (guaranteed 4 GPUs, holding 8: 4), as the scheduler counts it."""
+
     gpus = serializers.FloatField()
     gpu_memory_mib = serializers.IntegerField()
 
@@ -57,13 +77,38 @@ class TeamSerializer(serializers.ModelSerializer):
     parent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     role = serializers.SerializerMethodField()
     quotas = QuotaSummarySerializer(many=True, source="summary.quotas", read_only=True)
+    priority_classes = TeamPriorityClassSerializer(
+        many=True,
+        source="summary.priority_classes",
+        read_only=True,
+        help_text="The priority classes the team may use, highest first: those open to all teams, those granted "
+        "to it or its organisation, and its default.",
+    )
+    default_priority_class = serializers.CharField(
+        source="summary.default_priority_class",
+        read_only=True,
+        allow_null=True,
+        help_text="The class a job gets when it names none.",
+    )
     usage = TeamUsageSerializer(source="summary.usage", read_only=True)
     borrowed = TeamBorrowedSerializer(source="summary.borrowed", read_only=True)
     fair_share = FairShareSerializer(source="summary.fair_share", read_only=True)
 
     class Meta:
         model = Team
-        fields = ["id", "slug", "display_name", "parent", "role", "quotas", "usage", "borrowed", "fair_share"]
+        fields = [
+            "id",
+            "slug",
+            "display_name",
+            "parent",
+            "role",
+            "quotas",
+            "priority_classes",
+            "default_priority_class",
+            "usage",
+            "borrowed",
+            "fair_share",
+        ]
 
     def get_role(self, team: Team) -> str | None:
         return self.context.get("roles", {}).get(team.pk)

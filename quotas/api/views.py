@@ -24,8 +24,10 @@ from quotas.api.serializers import (
     WhoamiSerializer,
 )
 from quotas.models import ApiToken, Membership, PriorityClass, Team
+from quotas.selectors import TeamAllowance, team_allowances
 from quotas.tokens import TokenLimitReached, api_token_create, api_token_revoke
-from scheduling.cycle.selectors import fair_shares_gpus, queue_shares
+from scheduling.cycle.selectors import Borrowed, borrowed_by_team, fair_shares_gpus, queue_shares
+from scheduling.cycle.snapshot import engine_quotas
 from scheduling.jobs.usage import TeamAllocation, allocations_by_team
 
 
@@ -33,6 +35,8 @@ def team_summary(
     *,
     team: Team,
     allocation: TeamAllocation,
+    borrowed: Borrowed,
+    allowance: TeamAllowance,
     fair_share_gpus: float | None,
     queue_share: dict[str, float] | None = None,
 ) -> dict:
@@ -48,8 +52,19 @@ def team_summary(
         }
         for q in team.quotas.all()
     ]
+    priority_classes = [
+        {
+            "name": g.priority_class.name,
+            "value": g.priority_class.value,
+            "preemptible": g.priority_class.preemptible,
+            "limit_gpus": float(g.limit_gpus) if g.limit_gpus is not None else None,
+        }
+        for g in allowance.classes
+    ]
     return {
         "quotas": quotas,
+        "priority_classes": priority_classes,
+        "default_priority_class": allowance.default_class.name if allowance.default_class else None,
         "usage": {
             "gpus": round(allocation.gpus, 3),
             "gpu_memory_mib": allocation.gpu_memory_mib,
@@ -57,8 +72,8 @@ def team_summary(
             "pending_jobs": allocation.pending_jobs,
         },
         "borrowed": {
-            "gpus": round(allocation.borrowed_gpus, 3),
-            "gpu_memory_mib": allocation.borrowed_gpu_memory_mib,
+            "gpus": round(borrowed.gpus, 3),
+            "gpu_memory_mib": borrowed.gpu_memory_mib,
         },
         "fair_share": {
             "gpus": round(fair_share_gpus, 3) if fair_share_gpus is not None else None,
@@ -79,7 +94,8 @@ class TeamFilterSet(django_filters.FilterSet):
 
 
 class TeamViewSet(viewsets.ReadOnlyModelViewSet):
-    """The caller's teams (staff: all) with quota, what they hold now, what they borrow and their fair share."""
+    """The caller's teams (staff: all) with quota, the priority classes they may use, what they hold now, what they
+    borrow and their fair share."""
 
     serializer_class = TeamSerializer
     filterset_class = TeamFilterSet
@@ -96,12 +112,17 @@ class TeamViewSet(viewsets.ReadOnlyModelViewSet):
 
     def _with_summaries(self, teams: list[Team]) -> list[Team]:
         allocations = allocations_by_team()
+        quotas = engine_quotas()
         shares = fair_shares_gpus()
-        standing = queue_shares(allocations=allocations)
+        standing = queue_shares(allocations=allocations, quotas=quotas)
+        borrowed = borrowed_by_team(allocations=allocations, quotas=quotas)
+        allowances = team_allowances(team_ids=[team.pk for team in teams])
         for team in teams:
             team.summary = team_summary(
                 team=team,
                 allocation=allocations[team.pk],
+                borrowed=borrowed[team.pk],
+                allowance=allowances[team.pk],
                 fair_share_gpus=shares.get(team.pk),
                 queue_share=standing.get(team.pk),
             )

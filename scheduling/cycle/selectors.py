@@ -1,4 +1,5 @@
-"""Reads of the cluster and the teams as the scheduler stands: fair shares, fair-share standing, the summary.
+"""Reads of the cluster and the teams as the scheduler stands: fair shares, fair-share standing, what each team
+borrows, the summary.
 
 What a team admin reads here is computed with the cycle's own inputs and the engine's accounting, so it is
 what ranks their jobs.
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -16,7 +19,8 @@ from django.conf import settings
 from quotas.models import Quota, Team
 from scheduling.choices import GpuHealth, JobState, NodeState
 from scheduling.cycle.snapshot import engine_quotas
-from scheduling.engine.accounting import dominant_share, history_share
+from scheduling.engine import types as eng
+from scheduling.engine.accounting import beyond_guarantee, dominant_share, history_share
 from scheduling.inventory.models import Gpu, Node
 from scheduling.inventory.selectors import schedulable_gpu_count
 from scheduling.jobs.models import Job
@@ -43,7 +47,10 @@ def fair_shares_gpus() -> dict[int, float]:
 
 
 def queue_shares(
-    *, allocations: dict[int, TeamAllocation], now_s: float | None = None
+    *,
+    allocations: dict[int, TeamAllocation],
+    now_s: float | None = None,
+    quotas: Mapping[str, eng.Quota] | None = None,
 ) -> dict[int, dict[str, float]]:
     """Each team's fair-share standing as the scheduling cycle computes it, by team id.
 
@@ -51,11 +58,12 @@ def queue_shares(
     `usage_share`: decayed past compute usage relative to what running at the guarantee would have accumulated;
     `queue_share`: the larger of the two over the fair-share weight, the number the queue orders a priority's
     jobs by (lower goes first). Same inputs and functions as the cycle's snapshot and the engine's fairshare
-    plugin, so what a team admin reads here is what ranks their jobs. `allocations` is allocations_by_team().
+    plugin, so what a team admin reads here is what ranks their jobs. `allocations` is allocations_by_team(),
+    `quotas` engine_quotas() (read when not given).
     """
     now_s = time.time() if now_s is None else now_s
     half_life_s = float(settings.TESSERA_FAIRSHARE_HALF_LIFE_S)
-    quotas = engine_quotas()
+    quotas = engine_quotas() if quotas is None else quotas
     past = decayed_usage(now_s=now_s, half_life_s=half_life_s)
     out = {}
     for team_id, slug in Team.objects.values_list("pk", "slug"):
@@ -69,6 +77,30 @@ def queue_shares(
             "usage_share": round(usage_share, 4),
             "queue_share": round(max(held_share, usage_share) / weight, 4),
         }
+    return out
+
+
+@dataclass(frozen=True)
+class Borrowed:
+    gpus: float  # whole-GPU equivalents (compute milli / 1000)
+    gpu_memory_mib: int
+
+
+def borrowed_by_team(
+    *, allocations: dict[int, TeamAllocation], quotas: Mapping[str, eng.Quota] | None = None
+) -> dict[int, Borrowed]:
+    """What each team holds beyond its guarantee, by team id: the engine's `beyond_guarantee` of what it holds
+    now against its guarantee, so a team guaranteed 4 GPUs that holds 8 borrows 4, whichever of its jobs carry
+    the borrowed label; a team with no guarantee borrows all it holds. `allocations` is allocations_by_team(),
+    `quotas` engine_quotas() (read when not given)."""
+    quotas = engine_quotas() if quotas is None else quotas
+    out = {}
+    for team_id, slug in Team.objects.values_list("pk", "slug"):
+        held = allocations.get(team_id) or TeamAllocation()
+        memory_mib, compute_milli = beyond_guarantee(
+            quotas.get(slug), (held.gpu_memory_mib, held.compute_milli)
+        )
+        out[team_id] = Borrowed(gpus=compute_milli / eng.WHOLE_GPU_MILLI, gpu_memory_mib=memory_mib)
     return out
 
 
@@ -109,6 +141,7 @@ def cluster_summary() -> dict[str, Any]:
         )
         entry["free_whole_gpus"] += int(ready and alloc_mem == 0 and alloc_pct == 0)
     allocations = allocations_by_team()
+    borrowed = borrowed_by_team(allocations=allocations)
     shares = fair_shares_gpus()
     guaranteed = dict(Quota.objects.filter(gpu_model__isnull=True).values_list("team_id", "guaranteed_gpus"))
     team_rows = []
@@ -120,7 +153,7 @@ def cluster_summary() -> dict[str, Any]:
                 "guaranteed_gpus": float(guaranteed[team.pk]) if team.pk in guaranteed else None,
                 "fair_share_gpus": round(shares[team.pk], 3) if team.pk in shares else None,
                 "allocated_gpus": round(alloc.gpus, 3) if alloc else 0.0,
-                "borrowed_gpus": round(alloc.borrowed_gpus, 3) if alloc else 0.0,
+                "borrowed_gpus": round(borrowed[team.pk].gpus, 3),
                 "running_jobs": alloc.running_jobs if alloc else 0,
                 "pending_jobs": alloc.pending_jobs if alloc else 0,
             }

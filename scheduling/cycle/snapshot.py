@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from quotas.models import Quota as QuotaRow
+from quotas.selectors import team_allowances
 from scheduling.choices import JobState, LinkKind, SharingMode
 from scheduling.engine import types as eng
 from scheduling.engine.framework import Profile
@@ -73,9 +74,25 @@ def _typical_workload() -> tuple[tuple[eng.Request, float], ...]:
     return tuple((req, count / total) for req, count in shapes.most_common())
 
 
+def _class_limits() -> dict[str, tuple[eng.ClassLimit, ...]]:
+    """Per team, the most compute it may hold at each priority class whose grant sets a limit (its own grant's,
+    else its organisation's: `quotas.selectors.team_allowances`)."""
+    out = {}
+    for allowance in team_allowances().values():
+        limits = tuple(
+            eng.ClassLimit(g.priority_class.name, int(g.limit_gpus * eng.WHOLE_GPU_MILLI))
+            for g in allowance.classes
+            if g.limit_gpus is not None
+        )
+        if limits:
+            out[allowance.team_slug] = limits
+    return out
+
+
 def engine_quotas() -> dict[str, eng.Quota]:
-    """Per team, its all-models quota with its per-GPU-model rows attached (`Quota.per_model`); the engine enforces
-    both. A team with only per-model rows gets the all-models defaults (no guarantee, no limit)."""
+    """Per team, its all-models quota with its per-GPU-model rows attached (`Quota.per_model`) and its per-class
+    limits (`Quota.class_limits`); the engine enforces all three. A team with only per-model rows or per-class
+    limits gets the all-models defaults (no guarantee, no limit)."""
 
     def shares(q: QuotaRow) -> dict[str, int | None]:
         return {
@@ -92,14 +109,18 @@ def engine_quotas() -> dict[str, eng.Quota]:
             all_models[q.team.slug] = q
         else:
             per_model.setdefault(q.team.slug, []).append(eng.ModelQuota(model=q.gpu_model.name, **shares(q)))
+    class_limits = _class_limits()
     out = {}
-    for slug in sorted(all_models.keys() | per_model.keys()):
+    for slug in sorted(all_models.keys() | per_model.keys() | class_limits.keys()):
         rows = tuple(per_model.get(slug, ()))
+        limits = class_limits.get(slug, ())
         q = all_models.get(slug)
         if q is None:
-            out[slug] = eng.Quota(team=slug, per_model=rows)
+            out[slug] = eng.Quota(team=slug, per_model=rows, class_limits=limits)
         else:
-            out[slug] = eng.Quota(team=slug, weight=float(q.fair_share_weight), per_model=rows, **shares(q))
+            out[slug] = eng.Quota(
+                team=slug, weight=float(q.fair_share_weight), per_model=rows, class_limits=limits, **shares(q)
+            )
     return out
 
 
@@ -123,6 +144,7 @@ def engine_job(job: Job, slices: list[Slice] | None = None) -> eng.Job:
         team=job.team.slug,
         request=job_request(job),
         priority=job.priority_class.value,
+        priority_class=job.priority_class.name,
         preemptible=job.preemptible,
         grace_s=float(job.priority_class.preemption_grace_s),
         submit_time=job.submitted_at.timestamp(),

@@ -19,14 +19,14 @@ from django.db import connection
 from django.utils import timezone
 
 from quotas.models import PriorityClass, Team
-from quotas.selectors import priority_class_default_for_team
+from quotas.selectors import team_allowance
 from scheduling.cycle.snapshot import cycle_profile, engine_job, snapshot_from_db
 from scheduling.engine import run_cycle
 from scheduling.engine import types as eng
 from scheduling.engine.reasons import duration_words
 from scheduling.errors import ServiceError
 from scheduling.jobs.models import JobEvent
-from scheduling.jobs.services import JobSpec, job_from_spec, job_spec_validate
+from scheduling.jobs.services import JobSpec, job_from_spec, job_spec_validate_for_team
 
 SNAPSHOT_TTL_S = 5.0
 # A snapshot this cheap to read is read again, on the request, as soon as any job changed (a submit, a start, an
@@ -103,18 +103,6 @@ class WhatIf:
     alternative: str = ""
 
 
-def _priority_class(*, team: Team, spec: JobSpec) -> PriorityClass:
-    if spec.priority:
-        found = PriorityClass.objects.filter(name=spec.priority).first()
-        if found is None:
-            raise ServiceError(f"Unknown priority {spec.priority!r}.", field="priority")
-        return found
-    found = priority_class_default_for_team(team=team)
-    if found is None:
-        raise ServiceError("No priority class exists; an admin must create one.", field="priority")
-    return found
-
-
 def _hypothetical(
     *, team: Team, user: AbstractBaseUser, spec: JobSpec, priority_class: PriorityClass, index: int = 0
 ) -> eng.Job:
@@ -182,13 +170,12 @@ def job_whatif(*, user: AbstractBaseUser, team: Team, spec: JobSpec) -> WhatIf:
     """When this job would start if submitted now, and a nearby request that starts sooner (one engine cycle
     answers both)."""
     try:
-        job_spec_validate(spec=spec)
+        priority_class = job_spec_validate_for_team(spec=spec, team=team, allowance=team_allowance(team=team))
     except ServiceError as exc:
         return WhatIf("never", f"Can never run here: {exc.message}", reason_code="never")
     variants = _variants(spec)
     asked = [spec, *(variant for _, variant in variants)]
     snapshot = _snapshot()
-    priority_class = _priority_class(team=team, spec=spec)
     jobs = [
         _hypothetical(team=team, user=user, spec=one, priority_class=priority_class, index=i)
         for i, one in enumerate(asked)

@@ -23,6 +23,9 @@ class GpuModelRow:
     memory_mib: int
     compute_capability: Decimal
     installed: bool = True  # the cluster has a healthy GPU of it
+    # The least and the most memory of the cluster's cards of this model (failed ones too); None: it has none.
+    smallest_card_mib: int | None = None
+    largest_card_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -35,22 +38,33 @@ class Catalogue:
 
 
 def catalogue() -> Catalogue:
-    """The GPU models (each saying whether the cluster has a healthy GPU of it) and the largest node."""
+    """The GPU models (each saying whether the cluster has a healthy GPU of it, and the memory of its smallest and
+    largest card) and the largest node."""
     model, gpu, node = GpuModel._meta.db_table, Gpu._meta.db_table, Node._meta.db_table
     rows = fetch_rows(
         f"""SELECT m.id, m.name, m.memory_mib, m.compute_capability,
                    EXISTS (SELECT 1 FROM {gpu} g WHERE g.model_id = m.id AND g.health <> %s),
+                   (SELECT MIN(g.memory_mib) FROM {gpu} g WHERE g.model_id = m.id),
+                   (SELECT MAX(g.memory_mib) FROM {gpu} g WHERE g.model_id = m.id),
                    n.cpu, n.mem
             FROM (SELECT MAX(cpu_milli) AS cpu, MAX(memory_mib) AS mem FROM {node}) n
             LEFT JOIN {model} m ON TRUE ORDER BY m.name""",
         [GpuHealth.FAILED],
     )
     models = [
-        GpuModelRow(i, name, mib, Decimal(str(cc)), bool(has))
-        for i, name, mib, cc, has, _, _ in rows
+        GpuModelRow(
+            i,
+            name,
+            mib,
+            Decimal(str(cc)),
+            bool(has),
+            None if smallest is None else int(smallest),
+            None if largest is None else int(largest),
+        )
+        for i, name, mib, cc, has, smallest, largest, _, _ in rows
         if i is not None
     ]
-    cpu, mem = rows[0][5:7] if rows else (None, None)
+    cpu, mem = rows[0][7:9] if rows else (None, None)
     return Catalogue(models, None if cpu is None else int(cpu), None if mem is None else int(mem))
 
 

@@ -34,8 +34,7 @@ class SpecError(ServiceError):
     """A spec refused before it reaches the services; `limit` is the bound it broke, when there is one."""
 
     def __init__(self, message: str, *, field: str, limit: Any = None, code: str = "invalid"):
-        super().__init__(message, field=field, code=code)
-        self.limit = limit
+        super().__init__(message, field=field, code=code, limit=limit)
 
 
 class DocumentError(SpecError):

@@ -18,10 +18,13 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from quotas.models import Membership, PriorityClass, Quota, Team
-from quotas.rows import fetch_rows, model_from_row
+from quotas.models import PriorityClass, Team
+from quotas.rows import fetch_rows
+from quotas.selectors import ClassGrant, TeamAllowance, team_allowance
 from scheduling.choices import ActorKind, GangMemberOutcome, JobState, SharingMode, Topology
 from scheduling.cycle.requests import cycle_request_after_commit
+from scheduling.engine import types as eng
+from scheduling.engine.accounting import estimated_charge
 from scheduling.errors import ServiceError
 from scheduling.inventory import selectors as inventory
 from scheduling.inventory.models import Gpu, Node
@@ -89,8 +92,9 @@ def largest_slice_mib(*, spec: JobSpec) -> int:
     return max((m.memory_mib for m in allowed), default=0)
 
 
-def job_spec_validate(*, spec: JobSpec) -> None:
-    """Refuse a spec that can never run on this cluster, naming the field and the limit."""
+def job_spec_validate(*, spec: JobSpec) -> list[inventory.GpuModelRow]:
+    """Refuse a spec that can never run on this cluster, naming the field and the limit. Returns the GPU models
+    it may run on."""
     for name in ("gpus", "gpu_memory_mib", "compute_pct", "min_gpu_memory_mib", "cpu_milli", "memory_mib"):
         if getattr(spec, name) < 0:
             _refuse(f"{name} must not be negative (got {getattr(spec, name)}).", name)
@@ -164,30 +168,128 @@ def job_spec_validate(*, spec: JobSpec) -> None:
                 f"the cluster has {nodes_with_enough}.",
                 "nodes",
             )
+    return allowed
 
 
-def _membership_and_default_class(*, user_id: int, team_id: int) -> tuple[bool, PriorityClass | None]:
-    """Whether the user is in the team, and the team's default priority class, in one query.
+def _priority_class_grant(*, spec: JobSpec, team: Team, allowance: TeamAllowance) -> ClassGrant:
+    """The priority class the job asks for, or the team's default; refused when the team may not use it."""
+    if not spec.priority:
+        if allowance.default_class is None:
+            if not allowance.known_classes:
+                _refuse("No priority class exists; an admin must create one.", "priority")
+            _refuse(f"Team {team.slug} may use no priority class; an admin must grant it one.", "priority")
+        return allowance.grant_of(allowance.default_class.name)
+    grant = allowance.grant_of(spec.priority)
+    if grant is None:
+        if spec.priority not in allowance.known_classes:
+            _refuse(
+                f"Unknown priority {spec.priority!r}; known: {', '.join(allowance.known_classes)}.",
+                "priority",
+            )
+        raise ServiceError(
+            f"priority {spec.priority} is not granted to team {team.slug}; team {team.slug} may use: "
+            f"{allowance.classes_text()}.",
+            field="priority",
+            code="priority_not_granted",
+        )
+    return grant
 
-    The class is the one `quotas.selectors.priority_class_default_for_team` gives: the team-wide quota's
-    default, else the lowest class.
-    """
-    fields = PriorityClass._meta.concrete_fields
-    pc, membership, quota = (m._meta.db_table for m in (PriorityClass, Membership, Quota))
-    rows = fetch_rows(
-        f"""
-        SELECT EXISTS (SELECT 1 FROM {membership} WHERE user_id = %s AND team_id = %s),
-               {", ".join(f"pc.{f.column}" for f in fields)}
-        FROM (SELECT 1) AS one LEFT JOIN {pc} AS pc ON pc.id = COALESCE(
-            (SELECT q.default_priority_class_id FROM {quota} AS q
-             WHERE q.team_id = %s AND q.gpu_model_id IS NULL ORDER BY q.id LIMIT 1),
-            (SELECT id FROM {pc} ORDER BY value LIMIT 1))""",
-        [user_id, team_id, team_id],
+
+def _gpus_words(gpus: Decimal) -> str:
+    """12.000 -> "12 GPUs", 1 -> "1 GPU", 0.250 -> "0.25 GPUs"."""
+    return f"{gpus.normalize():f} GPU{'' if gpus == 1 else 's'}"
+
+
+def _gib_words(mib: int) -> str:
+    return f"{mib / 1024:g} GiB"
+
+
+def _refuse_beyond_team_limits(
+    *,
+    spec: JobSpec,
+    team: Team,
+    allowance: TeamAllowance,
+    grant: ClassGrant,
+    models: list[inventory.GpuModelRow],
+) -> None:
+    """Refuse a job that could not start even with nothing else of its team running: what it counts against
+    quota is beyond the team's limit on GPUs or GPU memory, or its limit at the job's priority class. The count
+    is the engine's estimate, a lower bound (each whole GPU counts the memory of the smallest card it may get),
+    so only a job that surely can never start is refused; the rest wait in the queue."""
+    request = eng.Request(
+        gpus=spec.gpus,
+        nodes=spec.nodes,
+        gpu_memory_mib=spec.gpu_memory_mib,
+        gpu_compute_milli=spec.compute_pct * 10,
+        gpu_models=tuple(spec.gpu_models),
+        min_gpu_memory_mib=spec.min_gpu_memory_mib,
     )
-    is_member, *values = rows[0]
-    if values[0] is None:
-        return bool(is_member), None
-    return bool(is_member), model_from_row(PriorityClass, fields, values)
+    # Model -> (smallest, largest) card memory: the catalogue's figure, widened by the cards installed.
+    cards = {
+        m.name: (
+            min(m.memory_mib, m.smallest_card_mib or m.memory_mib),
+            max(m.memory_mib, m.largest_card_mib or 0),
+        )
+        for m in models
+    }
+    memory_mib, compute_milli = estimated_charge(request, cards)
+    cards_needed = spec.gpus * spec.nodes
+    if spec.gpus:
+        field_name = "gpus"
+        needs = _gpus_words(Decimal(cards_needed))
+        needs += f" ({spec.nodes} nodes x {spec.gpus})" if spec.nodes > 1 else ""
+    else:
+        field_name = "compute_pct" if spec.compute_pct else "gpu_memory"
+        needs = f"{Decimal(compute_milli) / eng.WHOLE_GPU_MILLI:f} of a GPU"
+
+    gpu_limits = [(allowance.limit_gpus, "(its limit)")]
+    if grant.limit_gpus is not None:
+        gpu_limits.append(
+            (grant.limit_gpus, f"at priority {grant.priority_class.name} (its limit for that class)")
+        )
+    for limit, which in gpu_limits:
+        if limit is not None and compute_milli > limit * eng.WHOLE_GPU_MILLI:
+            raise ServiceError(
+                f"{field_name}: this job needs {needs} but team {team.slug} may hold at most "
+                f"{_gpus_words(limit)} {which}.",
+                field=field_name,
+                code="beyond_team_limit",
+                limit=int(limit) if limit == limit.to_integral_value() else float(limit),
+            )
+
+    limit_mib = allowance.limit_gpu_memory_mib
+    if limit_mib is not None and memory_mib > limit_mib:
+        if spec.gpus:
+            field_name = "gpus"
+            needs = f"at least {_gib_words(memory_mib)} of GPU memory"
+            needs += f" ({cards_needed} x a card of at least {_gib_words(memory_mib // cards_needed)})"
+        else:
+            field_name, needs = "gpu_memory", f"{_gib_words(memory_mib)} of GPU memory"
+        raise ServiceError(
+            f"{field_name}: this job needs {needs} but team {team.slug} may hold at most "
+            f"{_gib_words(limit_mib)} (its limit).",
+            field=field_name,
+            code="beyond_team_limit",
+            limit=f"{limit_mib}MiB",
+        )
+
+
+def job_spec_validate_for_team(*, spec: JobSpec, team: Team, allowance: TeamAllowance) -> PriorityClass:
+    """Refuse what this team can never run, naming the field and the limit: what the cluster can never give
+    (`job_spec_validate`), a priority class the team may not use, a job beyond the team's limits. Returns the
+    priority class the job runs at."""
+    models = job_spec_validate(spec=spec)
+    grant = _priority_class_grant(spec=spec, team=team, allowance=allowance)
+    priority_class = grant.priority_class
+    if spec.preemptible and not priority_class.preemptible:
+        # Refused rather than quietly turned off: whoever asked for it expects to be evictable.
+        raise ServiceError(
+            f"priority class {priority_class.name} is never preempted; drop preemptible or choose another "
+            "priority.",
+            field="preemptible",
+        )
+    _refuse_beyond_team_limits(spec=spec, team=team, allowance=allowance, grant=grant, models=models)
+    return priority_class
 
 
 def _insert_values(obj: Any) -> tuple[list[str], list[Any]]:
@@ -281,27 +383,12 @@ def job_spec_of(job: Job) -> JobSpec:
 
 @transaction.atomic
 def job_submit(*, submitter: AbstractBaseUser, team: Team, spec: JobSpec) -> Job:
-    """Accept a job into the queue. A job within the cluster but over quota is accepted and waits."""
-    is_member, default_class = _membership_and_default_class(user_id=submitter.pk, team_id=team.pk)
-    if not submitter.is_staff and not is_member:
+    """Accept a job into the queue. A job within the cluster and its team's limits but over quota now is accepted
+    and waits."""
+    allowance = team_allowance(team=team, user=submitter)
+    if not submitter.is_staff and not allowance.is_member:
         raise ServiceError(f"You are not a member of team {team.slug}.", field="team", code="not_member")
-    job_spec_validate(spec=spec)
-    if spec.priority:
-        priority_class = PriorityClass.objects.filter(name=spec.priority).first()
-        if priority_class is None:
-            names = ", ".join(PriorityClass.objects.values_list("name", flat=True))
-            raise ServiceError(f"Unknown priority {spec.priority!r}; known: {names}.", field="priority")
-    else:
-        priority_class = default_class
-        if priority_class is None:
-            raise ServiceError("No priority class exists; an admin must create one.", field="priority")
-    if spec.preemptible and not priority_class.preemptible:
-        # Refused rather than quietly turned off: whoever asked for it expects to be evictable.
-        raise ServiceError(
-            f"priority class {priority_class.name} is never preempted; drop preemptible or choose another "
-            "priority.",
-            field="preemptible",
-        )
+    priority_class = job_spec_validate_for_team(spec=spec, team=team, allowance=allowance)
     job = job_from_spec(submitter=submitter, team=team, spec=spec, priority_class=priority_class)
     job.pending_reason_code, job.pending_reason = "queued", "Waiting for the next scheduling cycle."
     event = JobEvent(

@@ -134,28 +134,25 @@ class TeamAllocation:
     gpus: float = 0.0
     gpu_memory_mib: int = 0
     compute_milli: int = 0  # the engine's unit: a whole GPU is 1000
-    borrowed_gpus: float = 0.0
-    borrowed_gpu_memory_mib: int = 0
     running_jobs: int = 0
     pending_jobs: int = 0
     members: set[int] = field(default_factory=set)
 
 
 def allocations_by_team() -> dict[int, TeamAllocation]:
-    """What each team holds right now, from the live slices, and how many of its jobs wait."""
+    """What each team holds right now, from the live slices, and how many of its jobs wait. (The part of it that
+    is borrowed is `scheduling.cycle.selectors.borrowed_by_team`'s.)"""
     out: dict[int, TeamAllocation] = defaultdict(TeamAllocation)
     rows = Slice.objects.filter(job__state__in=ACTIVE_STATES).values_list(
-        "job__team_id", "job__borrowed", "memory_mib", "compute_pct", "gpu__memory_mib"
+        "job__team_id", "memory_mib", "compute_pct", "gpu__memory_mib"
     )
-    for team_id, borrowed, memory_mib, compute_pct, gpu_memory_mib in rows:
-        share = slice_share(memory_mib=memory_mib, compute_pct=compute_pct, gpu_memory_mib=gpu_memory_mib)
+    for team_id, memory_mib, compute_pct, gpu_memory_mib in rows:
         alloc = out[team_id]
-        alloc.gpus += share
+        alloc.gpus += slice_share(
+            memory_mib=memory_mib, compute_pct=compute_pct, gpu_memory_mib=gpu_memory_mib
+        )
         alloc.gpu_memory_mib += memory_mib
         alloc.compute_milli += compute_pct * 10
-        if borrowed:
-            alloc.borrowed_gpus += share
-            alloc.borrowed_gpu_memory_mib += memory_mib
     counts = Job.objects.filter(state__in=LIVE_STATES).values_list("team_id", "state").order_by()
     for team_id, state in counts:
         if state in ACTIVE_STATES:

@@ -75,11 +75,26 @@ def test_a_spec_that_can_never_run_is_refused_with_the_field_and_the_reason(
     assert not Job.objects.exists()
 
 
-def test_a_spec_over_quota_but_within_the_cluster_is_accepted_and_waits(as_bob):
-    # bob's team is guaranteed 1 GPU with a limit of 2; 8 GPUs exist on the node.
-    response = as_bob.post(
+def test_a_class_the_team_may_not_use_and_a_job_beyond_its_limit_are_refused_with_400(as_bob):
+    body = {"name": "x", "team": "ai-lab/inference", "command": "serve", "gpus": 1, "priority": "critical"}
+    error = as_bob.post("/api/v1/jobs/", body, format="json").json()["error"]
+    assert (error["field"], error["code"]) == ("priority", "priority_not_granted")
+    assert "team ai-lab/inference may use: training, inference; default inference" in error["message"]
+    response = as_bob.post("/api/v1/jobs/", {**body, "priority": "inference", "gpus": 3}, format="json")
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["field"], error["limit"]) == ("gpus", 2)
+    assert error["message"] == (
+        "gpus: this job needs 3 GPUs but team ai-lab/inference may hold at most 2 GPUs (its limit)."
+    )
+    assert not Job.objects.exists()
+
+
+def test_a_spec_over_the_guarantee_but_within_the_limit_is_accepted_and_waits(as_alice):
+    # alice's team is guaranteed 4 GPUs with a limit of 8 (and 640 GiB); 8 GPUs exist on the node.
+    response = as_alice.post(
         "/api/v1/jobs/",
-        {"name": "big", "command": "serve", "gpus": 8, "team": "ai-lab/inference"},
+        {"name": "big", "command": "train", "gpus": 6, "team": "ai-lab/training"},
         format="json",
     )
     assert response.status_code == 201
@@ -123,7 +138,8 @@ def test_submits_beyond_the_per_user_rate_are_throttled(as_alice, settings, monk
     assert as_alice.get("/api/v1/jobs/").status_code == 200
 
 
-def test_the_list_filters_by_state_user_and_priority(as_carol, alice, carol, teams, submit):
+def test_the_list_filters_by_state_user_and_priority(as_carol, alice, carol, teams, submit, grant):
+    grant(teams["training"], "critical")
     a = submit(alice, teams["training"], name="a")
     submit(carol, teams["training"], name="c", priority="critical")
     Job.objects.filter(pk=a.pk).update(state=JobState.CANCELLED)

@@ -30,13 +30,31 @@ def test_my_team_shows_quota_usage_borrowed_and_fair_share(as_alice, alice, team
     assert team["quotas"][0]["guaranteed_gpus"] == 4.0
     assert team["quotas"][0]["default_priority_class"] == "training"
     assert team["usage"] == {"gpus": 0.25, "gpu_memory_mib": 20480, "running_jobs": 1, "pending_jobs": 0}
-    assert team["borrowed"] == {"gpus": 0.25, "gpu_memory_mib": 20480}
+    # A quarter GPU is well within a 4-GPU guarantee: nothing is borrowed, whatever the job's label says.
+    assert team["borrowed"] == {"gpus": 0.0, "gpu_memory_mib": 0}
     # 8 GPUs; guarantees 4 + 1; the 3 left split by equal weights.
     assert team["fair_share"]["gpus"] == 5.5
     # What ranks its jobs: 20 GiB of a 320 GiB guarantee, a quarter GPU of 4; no past usage yet.
     assert team["fair_share"]["held_share"] == 0.0625
     assert team["fair_share"]["usage_share"] == 0.0
     assert team["fair_share"]["queue_share"] == 0.0625
+
+
+def test_borrowed_is_what_the_team_holds_beyond_its_guarantee_in_the_team_and_the_cluster(
+    as_alice, alice, teams, node, submit
+):
+    job = submit(alice, teams["training"], gpus=6)
+    services.job_transition(job=job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
+    for gpu in Gpu.objects.filter(node=node, index__lt=6):
+        services.slice_allocate(job=job, gpu=gpu, memory_mib=gpu.memory_mib, compute_pct=100)
+    assert not Job.objects.get(pk=job.pk).borrowed  # the label is the engine's to keep; it is not counted
+    # Guaranteed 4 GPUs and 320 GiB, holding 6 GPUs and 480 GiB: 2 GPUs and 160 GiB are borrowed.
+    team = as_alice.get(f"/api/v1/teams/{teams['training'].pk}/").json()
+    assert team["usage"]["gpus"] == 6.0
+    assert team["borrowed"] == {"gpus": 2.0, "gpu_memory_mib": 160 * 1024}
+    cluster = as_alice.get("/api/v1/cluster/").json()
+    row = next(t for t in cluster["teams"] if t["team"] == "ai-lab/training")
+    assert (row["allocated_gpus"], row["borrowed_gpus"]) == (6.0, 2.0)
 
 
 def test_a_teams_queue_share_counts_decayed_past_usage_over_its_weight(as_alice, alice, teams, node, submit):
@@ -62,8 +80,30 @@ def test_a_teams_queue_share_counts_decayed_past_usage_over_its_weight(as_alice,
 
 
 def test_priority_classes_are_listed_highest_first(as_alice):
-    names = [p["name"] for p in as_alice.get("/api/v1/priority-classes/").json()["results"]]
-    assert names == ["critical", "training", "inference"]
+    classes = as_alice.get("/api/v1/priority-classes/").json()["results"]
+    assert [(p["name"], p["open_to_all_teams"]) for p in classes] == [
+        ("critical", False),
+        ("training", True),
+        ("inference", True),
+    ]
+
+
+def test_a_team_shows_the_classes_it_may_use_its_default_and_per_class_limits(as_alice, teams, grant):
+    from decimal import Decimal
+
+    from quotas.models import Team
+
+    team_url = f"/api/v1/teams/{teams['training'].pk}/"
+    team = as_alice.get(team_url).json()
+    assert [c["name"] for c in team["priority_classes"]] == ["training", "inference"]
+    assert team["default_priority_class"] == "training"
+    grant(Team.objects.get(slug="ai-lab"), "critical", limit_gpus=Decimal(2))  # the organisation's grant
+    grant(teams["training"], "inference", limit_gpus=Decimal("0.5"))
+    assert as_alice.get(team_url).json()["priority_classes"] == [
+        {"name": "critical", "value": 1000, "preemptible": False, "limit_gpus": 2.0},
+        {"name": "training", "value": 100, "preemptible": True, "limit_gpus": None},
+        {"name": "inference", "value": 50, "preemptible": True, "limit_gpus": 0.5},
+    ]
 
 
 def test_a_token_is_shown_once_stored_hashed_and_revocable(as_alice):

@@ -149,6 +149,26 @@ def test_a_spec_that_can_never_run_exits_invalid_naming_the_field(logged_in):
     assert "gpu_memory" in result.stderr and "81920MiB" in result.stderr
 
 
+def test_a_class_the_team_may_not_use_exits_invalid_listing_the_classes_it_may(logged_in):
+    result = logged_in("submit", "-G", "1", "-p", "critical", "--", "python", "x.py")
+    assert result.returncode == ExitCode.INVALID
+    assert (
+        "priority critical is not granted to team ai-lab/training; team ai-lab/training may use: training, "
+        "inference; default training." in result.stderr
+    )
+
+
+def test_a_job_beyond_the_teams_limit_exits_invalid_naming_the_field_and_the_limit(logged_in, teams):
+    from quotas.models import Quota
+
+    Quota.objects.filter(team=teams["training"]).update(guaranteed_gpus=2, limit_gpus=2)
+    result = logged_in("submit", "-G", "4", "--", "python", "x.py")
+    assert result.returncode == ExitCode.INVALID
+    assert "gpus: this job needs 4 GPUs but team ai-lab/training may hold at most 2 GPUs (its limit)." in (
+        result.stderr
+    )
+
+
 def test_another_teams_job_exits_not_found(logged_in, bob, teams, submit_as):
     job = submit_as(bob, teams["inference"])
     assert logged_in("show", str(job.pk)).returncode == ExitCode.NOT_FOUND

@@ -299,8 +299,8 @@ def seed(cluster: Cluster) -> dict:
     """Two nodes (2 NVLinked A100s + 1 MPS L4 each) with agent tokens on disk, a team, two priority classes."""
     from django.contrib.auth import get_user_model
 
-    from quotas.models import PriorityClass, Quota
-    from quotas.services import membership_set, quota_save, team_create
+    from quotas.models import PriorityClass, Quota, TeamPriorityClass
+    from quotas.services import membership_set, priority_class_grant_save, quota_save, team_create
     from scheduling.choices import LinkKind, SharingMode
     from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node
     from scheduling.inventory.services import node_issue_token
@@ -332,9 +332,14 @@ def seed(cluster: Cluster) -> dict:
         )
         GpuLink.objects.create(gpu_a=gpus[0], gpu_b=gpus[1], kind=LinkKind.NVLINK, nvlink_count=12)
         (cluster.root / f"{name}.token").write_text(node_issue_token(node=node))
-    low = PriorityClass.objects.create(name="pipe-low", value=10, preemptible=True, preemption_grace_s=2)
-    PriorityClass.objects.create(name="pipe-high", value=1000, preemptible=False, preemption_grace_s=30)
+    low = PriorityClass.objects.create(
+        name="pipe-low", value=10, preemptible=True, preemption_grace_s=2, open_to_all_teams=True
+    )
+    high = PriorityClass.objects.create(
+        name="pipe-high", value=1000, preemptible=False, preemption_grace_s=30
+    )
     lab = team_create(slug="pipe-lab", display_name="Pipeline lab")
+    priority_class_grant_save(grant=TeamPriorityClass(team=lab, priority_class=high), actor=None)
     quota_save(
         quota=Quota(
             team=lab,

@@ -141,6 +141,7 @@ def test_the_form_submits_through_the_same_parser_and_service_as_the_api(alice, 
         ({"env": "not a pair"}, "env", "NAME=value"),
         ({"command": "python 'unclosed"}, "command", "quoting does not close"),
         ({"team": "ai-lab/inference"}, "team", "not one of the available choices"),
+        ({"priority": "critical"}, "priority", "may use: training, inference; default training"),
     ],
 )
 def test_a_refused_value_is_shown_next_to_its_field_and_nothing_is_stored(

@@ -59,7 +59,8 @@ def test_a_new_gpu_model_is_known_to_the_next_submit(alice, teams, node):
     with pytest.raises(errors.ServiceError, match="the most on any node is 0"):
         _submit(alice, teams["training"], gpus=1, gpu_models=["H200"])
     _add_node("h200-01", h200, gpus=8)
-    assert _submit(alice, teams["training"], gpus=8, gpu_models=["H200"]).state == "pending"
+    # Four: eight H200s hold more GPU memory than the team may (640 GiB).
+    assert _submit(alice, teams["training"], gpus=4, gpu_models=["H200"]).state == "pending"
     assert _submit(alice, teams["training"], gpu_memory_mib=140_000, compute_pct=50).state == "pending"
     h200.memory_mib = 100_000
     h200.save()
@@ -104,19 +105,58 @@ def test_the_one_query_counts_agree_with_the_orm_rules(node, a100, topology):
             assert got == want, (allowed, gpus)
 
 
-@pytest.mark.django_db
-def test_the_team_default_class_falls_back_to_the_lowest_class(alice, teams, priority_classes):
-    from quotas.models import PriorityClass, Quota
-    from quotas.selectors import priority_class_default_for_team
+def _allowed_by_orm(team):
+    """The classes a team may use, by the rule as written (quotas.selectors._allowance), through the ORM."""
+    from quotas.models import PriorityClass, Quota, TeamPriorityClass
 
-    for team in teams.values():
-        member, default = services._membership_and_default_class(user_id=alice.pk, team_id=team.pk)
-        assert member == (team.slug == "ai-lab/training")
-        assert default == priority_class_default_for_team(team=team)
-    Quota.objects.filter(team=teams["inference"]).update(default_priority_class=None)
-    _, default = services._membership_and_default_class(user_id=alice.pk, team_id=teams["inference"].pk)
-    assert default == PriorityClass.objects.order_by("value").first()
-    assert default.name == priority_class_default_for_team(team=teams["inference"]).name
+    quota = Quota.objects.filter(team=team, gpu_model=None).first()
+    default_id = quota.default_priority_class_id if quota else None
+    own = dict(TeamPriorityClass.objects.filter(team=team).values_list("priority_class__name", "limit_gpus"))
+    inherited = dict(
+        TeamPriorityClass.objects.filter(team_id=team.parent_id).values_list(
+            "priority_class__name", "limit_gpus"
+        )
+    )
+    return {
+        pc.name: own[pc.name] if pc.name in own else inherited.get(pc.name)
+        for pc in PriorityClass.objects.all()
+        if pc.open_to_all_teams or pc.name in own or pc.name in inherited or pc.pk == default_id
+    }
+
+
+@pytest.mark.django_db
+def test_the_one_query_allowance_agrees_with_the_orm_rule(alice, teams, grant):
+    from quotas.models import Team
+    from quotas.selectors import team_allowances
+
+    org = Team.objects.get(slug="ai-lab")
+    grant(org, "critical", limit_gpus=Decimal(2))
+    grant(teams["inference"], "critical", limit_gpus=Decimal("0.5"))
+    grant(teams["training"], "training", limit_gpus=Decimal(6))
+    allowances = team_allowances(user=alice)
+    assert set(allowances) == set(Team.objects.values_list("pk", flat=True))
+    for team in Team.objects.all():
+        got = {g.priority_class.name: g.limit_gpus for g in allowances[team.pk].classes}
+        assert got == _allowed_by_orm(team), team.slug
+        assert allowances[team.pk].is_member == (team.slug == "ai-lab/training")
+    assert {g.priority_class.name: g.limit_gpus for g in allowances[teams["training"].pk].classes} == {
+        "critical": Decimal(2),  # the organisation's grant
+        "training": Decimal(6),
+        "inference": None,
+    }
+
+
+@pytest.mark.django_db
+def test_the_team_default_class_falls_back_to_the_lowest_class_it_may_use(teams, priority_classes):
+    from quotas.models import Quota
+    from quotas.selectors import team_allowance
+
+    assert team_allowance(team=teams["training"]).default_class.name == "training"
+    Quota.objects.filter(team=teams["training"]).update(default_priority_class=None)
+    assert team_allowance(team=teams["training"]).default_class.name == "inference"
+    priority_classes["inference"].open_to_all_teams = False
+    priority_classes["inference"].save()
+    assert team_allowance(team=teams["training"]).default_class.name == "training"
 
 
 @pytest.mark.django_db

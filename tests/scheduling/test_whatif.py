@@ -60,12 +60,32 @@ def test_on_a_full_node_the_answer_is_when_the_running_jobs_max_runtimes_end(ali
 
 @pytest.mark.django_db
 def test_a_request_over_the_team_limit_waits_and_names_the_nearer_one_that_starts_now(bob, teams, node):
-    # inference may hold 128 GiB: two 80 GiB cards are over its limit (it can never start so), one is not
-    answer = whatif.job_whatif(user=bob, team=teams["inference"], spec=_spec(gpus=2, topology="nvlink"))
+    from scheduling.choices import ActorKind, JobState
+    from scheduling.inventory.models import Gpu
+
+    # inference may hold 128 GiB and holds 70 GiB: a 60 GiB slice must wait for it, a 30 GiB one need not
+    held = services.job_submit(
+        submitter=bob, team=teams["inference"], spec=_spec(gpu_memory_mib=70 * 1024, compute_pct=10)
+    )
+    services.job_transition(job=held, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
+    services.slice_allocate(
+        job=held, gpu=Gpu.objects.get(node=node, index=6), memory_mib=70 * 1024, compute_pct=10
+    )
+    services.job_transition(job=held, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
+    answer = whatif.job_whatif(
+        user=bob, team=teams["inference"], spec=_spec(gpu_memory_mib=60 * 1024, compute_pct=10)
+    )
     assert answer.verdict == "waits", answer
-    assert answer.reason_code == "quota-never"
-    assert "may hold at most 128 GiB (its limit): it can never start" in answer.text, answer
-    assert answer.alternative == "1 GPU instead of 2 starts now."
+    assert answer.reason_code == "quota-limit"
+    assert answer.alternative == "A 30 GiB slice starts now."
+
+
+@pytest.mark.django_db
+def test_a_request_beyond_the_team_limit_alone_can_never_run(bob, teams, node):
+    # inference may hold 128 GiB: two 80 GiB cards are beyond it whatever else runs
+    answer = whatif.job_whatif(user=bob, team=teams["inference"], spec=_spec(gpus=2, topology="nvlink"))
+    assert answer.verdict == "never", answer
+    assert "team ai-lab/inference may hold at most 128 GiB (its limit)" in answer.text
 
 
 @pytest.mark.django_db(transaction=True)

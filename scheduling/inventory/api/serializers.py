@@ -74,7 +74,7 @@ class TeamAggregateSerializer(serializers.Serializer):
     guaranteed_gpus = serializers.FloatField(allow_null=True)
     fair_share_gpus = serializers.FloatField(allow_null=True)
     allocated_gpus = serializers.FloatField()
-    borrowed_gpus = serializers.FloatField()
+    borrowed_gpus = serializers.FloatField(help_text="What the team holds beyond its guarantee, in GPUs.")
     running_jobs = serializers.IntegerField()
     pending_jobs = serializers.IntegerField()
 

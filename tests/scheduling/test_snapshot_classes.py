@@ -1,0 +1,47 @@
+"""The snapshot feeds the engine each job's priority class by name and each team's per-class limits from its grants
+(its own, else its organisation's), in milli-GPU."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from quotas.models import Team
+from scheduling.choices import ActorKind, JobState
+from scheduling.cycle import snapshot
+from scheduling.engine import types as eng
+from scheduling.jobs.services import JobSpec, job_submit, job_transition
+
+pytestmark = pytest.mark.django_db
+
+
+def submit(user, team, **spec):
+    spec.setdefault("command", "echo hi")
+    spec.setdefault("name", "job")
+    return job_submit(submitter=user, team=team, spec=JobSpec(**spec))
+
+
+def test_pending_and_running_jobs_carry_their_priority_class_by_name(node, alice, teams):
+    running = submit(alice, teams["training"], gpus=1, priority="inference")
+    job_transition(job=running, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
+    pending = submit(alice, teams["training"], gpus=1)
+    snap = snapshot.snapshot_from_db()
+    assert [(j.id, j.priority_class) for j in snap.running] == [(str(running.pk), "inference")]
+    assert [(j.id, j.priority_class) for j in snap.pending] == [(str(pending.pk), "training")]
+
+
+def test_the_snapshot_carries_class_limits_from_the_grants(node, teams, grant):
+    grant(Team.objects.get(slug="ai-lab"), "critical", limit_gpus=Decimal(2))
+    grant(teams["training"], "training", limit_gpus=Decimal("1.5"))
+    grant(teams["inference"], "critical", limit_gpus=None)  # its own grant, with no limit, wins
+    quotas = snapshot.snapshot_from_db().quotas
+    assert quotas["ai-lab/training"].class_limits == (
+        eng.ClassLimit("critical", 2000),
+        eng.ClassLimit("training", 1500),
+    )
+    assert quotas["ai-lab/training"].class_limit("inference") is None
+    assert quotas["ai-lab/training"].limit_compute_milli == 8000, "the quota itself is unchanged"
+    assert quotas["ai-lab/inference"].class_limits == ()
+    # The organisation has no quota row; it gets one carrying only its limits.
+    assert quotas["ai-lab"] == eng.Quota(team="ai-lab", class_limits=(eng.ClassLimit("critical", 2000),))
