@@ -15,12 +15,13 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Count, Sum
 
 from quotas.models import Quota, Team
 from scheduling.choices import GpuHealth, JobState, NodeState
 from scheduling.cycle.snapshot import engine_quotas
 from scheduling.engine import types as eng
-from scheduling.engine.accounting import beyond_guarantee, dominant_share, history_share
+from scheduling.engine.accounting import beyond_guarantee, dominant_share, history_share, quotas_on_capacity
 from scheduling.inventory.models import Gpu, Node
 from scheduling.inventory.selectors import schedulable_gpu_count
 from scheduling.jobs.models import Job
@@ -94,6 +95,13 @@ def borrowed_by_team(
     the borrowed label; a team with no guarantee borrows all it holds. `allocations` is allocations_by_team(),
     `quotas` engine_quotas() (read when not given)."""
     quotas = engine_quotas() if quotas is None else quotas
+    # As the engine applies them: a memory-only guarantee also guarantees its share of the compute.
+    capacity = Gpu.objects.exclude(node__state=NodeState.LOST).aggregate(
+        memory_mib=Sum("memory_mib"), cards=Count("pk")
+    )
+    quotas = quotas_on_capacity(
+        quotas, int(capacity["memory_mib"] or 0), int(capacity["cards"] or 0) * eng.WHOLE_GPU_MILLI
+    )
     out = {}
     for team_id, slug in Team.objects.values_list("pk", "slug"):
         held = allocations.get(team_id) or TeamAllocation()

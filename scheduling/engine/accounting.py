@@ -206,10 +206,7 @@ def effective_quotas(quotas: Mapping[str, Quota], nodes: Iterable[Node]) -> Mapp
     cards' compute too), so memory-light slices cannot hold cards' compute beyond the team's share unseen.
     A guarantee stated in GPUs holds that many cards whatever their memory, and is left as it is. The
     cluster is the snapshot's nodes that are not lost."""
-    memory_only = [
-        t for t, q in quotas.items() if q.guaranteed_gpu_memory_mib > 0 and q.guaranteed_compute_milli <= 0
-    ]
-    if not memory_only:
+    if not any(_memory_only(q) for q in quotas.values()):
         return quotas
     mem = comp = 0
     for n in nodes:
@@ -217,12 +214,25 @@ def effective_quotas(quotas: Mapping[str, Quota], nodes: Iterable[Node]) -> Mapp
             for g in n.gpus:
                 mem += g.memory_mib
                 comp += WHOLE_GPU_MILLI
-    if mem <= 0:
+    return quotas_on_capacity(quotas, mem, comp)
+
+
+def _memory_only(quota: Quota) -> bool:
+    return quota.guaranteed_gpu_memory_mib > 0 and quota.guaranteed_compute_milli <= 0
+
+
+def quotas_on_capacity(
+    quotas: Mapping[str, Quota], memory_mib: int, compute_milli: int
+) -> Mapping[str, Quota]:
+    """`effective_quotas` for a cluster of this much GPU memory and compute."""
+    if memory_mib <= 0 or not any(_memory_only(q) for q in quotas.values()):
         return quotas
     out = dict(quotas)
-    for team in memory_only:
-        q = quotas[team]
-        out[team] = replace(q, guaranteed_compute_milli=q.guaranteed_gpu_memory_mib * comp // mem)
+    for team, q in quotas.items():
+        if _memory_only(q):
+            out[team] = replace(
+                q, guaranteed_compute_milli=q.guaranteed_gpu_memory_mib * compute_milli // memory_mib
+            )
     return MappingProxyType(out)
 
 

@@ -18,7 +18,7 @@ NOW = 10_000.0
 
 
 def test_the_known_actions_are_the_registry_s() -> None:
-    assert set(ACTIONS) == KNOWN_ACTIONS == {"admit", "allocate", "backfill", "reclaim", "preempt"}
+    assert set(ACTIONS) == KNOWN_ACTIONS == {"admit", "allocate", "backfill", "reclaim", "share", "preempt"}
     for name, cls in ACTIONS.items():
         assert cls.NAME == name
 
