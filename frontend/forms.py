@@ -48,7 +48,7 @@ class JobForm(forms.Form):
     checkpoint_interval = forms.CharField(
         required=False,
         label="Checkpoints every",
-        help_text="Optional, e.g. 30m: preemption picks jobs that lose the least work",
+        help_text="Optional, e.g. 30m: preemption prefers jobs that lose the least work",
     )
     cpu = forms.CharField(required=False, label="CPU per node", help_text="cores (4) or millicores (500m)")
     memory = forms.CharField(required=False, label="Host memory per node", help_text="e.g. 64GiB")
