@@ -45,6 +45,11 @@ class JobForm(forms.Form):
     nodes = forms.CharField(initial="1", label="Nodes (gang)", help_text="More than 1: whole GPUs on each")
     priority = forms.ChoiceField(required=False, label="Priority class")
     max_runtime = forms.CharField(required=False, label="Runtime limit", help_text="e.g. 2h, 30m, 1h30m")
+    checkpoint_interval = forms.CharField(
+        required=False,
+        label="Checkpoints every",
+        help_text="Optional, e.g. 30m: preemption prefers jobs that lose the least work",
+    )
     cpu = forms.CharField(required=False, label="CPU per node", help_text="cores (4) or millicores (500m)")
     memory = forms.CharField(required=False, label="Host memory per node", help_text="e.g. 64GiB")
     command_form = forms.ChoiceField(
@@ -112,7 +117,15 @@ class JobForm(forms.Form):
             spec["compute_pct"] = d.get("compute_pct") or None
         else:
             spec["gpus"] = d.get("gpus") or None
-        for field in ("min_gpu_memory", "priority", "max_runtime", "cpu", "memory", "workdir"):
+        for field in (
+            "min_gpu_memory",
+            "priority",
+            "max_runtime",
+            "checkpoint_interval",
+            "cpu",
+            "memory",
+            "workdir",
+        ):
             if d.get(field):
                 spec[field] = d[field]
         if d.get("gpu_models"):
@@ -153,6 +166,7 @@ def initial_from_job(job: Any) -> dict[str, Any]:
         "cpu": spec["cpu"],
         "memory": spec["memory"],
         "max_runtime": spec.get("max_runtime", ""),
+        "checkpoint_interval": spec.get("checkpoint_interval", ""),
         "command_form": _command_form(job.command),
         "command": spec["command"],
         "env": "\n".join(f"{k}={v}" for k, v in spec.get("env", {}).items()),

@@ -393,6 +393,7 @@ def show(argv: Sequence[str]) -> int:
         if args.json:
             _print_json({**job, "events": events})
             return ExitCode.OK
+        checkpoint_s = job["request"].get("checkpoint_interval_s")
         fields = [
             ("Job", f"{job['id']} {job['name']}"),
             ("Team / user", f"{job['team']} / {job['user']}"),
@@ -403,6 +404,7 @@ def show(argv: Sequence[str]) -> int:
                 f"{job['priority']} ({job['priority_value']})"
                 + ("" if job["preemptible"] else ", not preemptible"),
             ),
+            ("Checkpoints", f"every {human_duration(checkpoint_s)}" if checkpoint_s else "none declared"),
             ("Command", job["command"]),
             ("Submitted", f"{job['submitted_at']} ({_ago(job['submitted_at'])})"),
         ]

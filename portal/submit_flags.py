@@ -23,6 +23,7 @@ SUBMIT_FLAGS = (
     (("--mem",), "memory", "host memory per node, e.g. 64GiB"),
     (("--priority", "-p"), "priority", "priority class, e.g. training"),
     (("--time", "-t"), "max_runtime", "run-time limit, e.g. 2h, 30m, 1h30m"),
+    (("--checkpoint-every",), "checkpoint_interval", "how often it checkpoints, e.g. 30m, 2h, 600 (s)"),
     (("--chdir", "-D"), "workdir", "absolute directory the job starts in on its node"),
 )
 

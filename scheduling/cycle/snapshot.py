@@ -149,6 +149,7 @@ def engine_job(job: Job, slices: list[Slice] | None = None) -> eng.Job:
         grace_s=float(job.priority_class.preemption_grace_s),
         submit_time=job.submitted_at.timestamp(),
         max_runtime_s=float(job.max_runtime_s) if job.max_runtime_s else None,
+        checkpoint_interval_s=float(job.checkpoint_interval_s) if job.checkpoint_interval_s else None,
         assignments=assignments,
         start_time=_seconds(job.started_at or job.placed_at),
         borrowed=job.borrowed,

@@ -36,6 +36,12 @@ class Job(models.Model):
     priority_class = models.ForeignKey("quotas.PriorityClass", on_delete=models.PROTECT, related_name="jobs")
     preemptible = models.BooleanField(default=True)
     max_runtime_s = models.PositiveIntegerField(null=True, blank=True)
+    checkpoint_interval_s = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="How often it checkpoints; empty: an eviction loses all its work. Victims that lose the least "
+        "are preferred.",
+    )
     requeue_on_node_loss = models.BooleanField(
         default=True, help_text="Requeue (else fail) when its node is lost."
     )
@@ -73,6 +79,10 @@ class Job(models.Model):
             ),
             models.CheckConstraint(condition=Q(compute_pct__lte=100), name="job_compute_pct_at_most_100"),
             models.CheckConstraint(condition=Q(nodes__gte=1), name="job_nodes_at_least_1"),
+            models.CheckConstraint(
+                condition=Q(checkpoint_interval_s__isnull=True) | Q(checkpoint_interval_s__gt=0),
+                name="job_checkpoint_interval_positive",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -64,6 +64,7 @@ def job_request_fields(job: Job) -> dict[str, Any]:
         "cpu_milli": job.cpu_milli,
         "memory_mib": job.memory_mib,
         "max_runtime_s": job.max_runtime_s,
+        "checkpoint_interval_s": job.checkpoint_interval_s,
     }
 
 

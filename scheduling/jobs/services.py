@@ -37,6 +37,10 @@ MAX_GPUS_PER_JOB_NODE = 64
 
 MAX_GANG_NODES = 256
 
+# A job checkpoints at most every minute and at least every week: anything else is surely a unit mistake.
+MIN_CHECKPOINT_INTERVAL_S = 60
+MAX_CHECKPOINT_INTERVAL_S = 7 * 24 * 3600
+
 
 class SliceDoesNotFit(ServiceError):
     pass
@@ -66,6 +70,7 @@ class JobSpec:
     priority: str | None = None
     preemptible: bool | None = None
     max_runtime_s: int | None = None
+    checkpoint_interval_s: int | None = None  # None: an eviction loses all its work
     requeue_on_node_loss: bool = True
     workdir: str = ""
 
@@ -117,6 +122,7 @@ def job_spec_validate(*, spec: JobSpec) -> list[inventory.GpuModelRow]:
         _refuse(f"topology must be one of {', '.join(Topology.values)} (got {spec.topology!r}).", "topology")
     if spec.max_runtime_s is not None and spec.max_runtime_s <= 0:
         _refuse(f"max_runtime must be positive (got {spec.max_runtime_s} s).", "max_runtime")
+    _refuse_bad_checkpoint_interval(spec.checkpoint_interval_s)
 
     inventory_now = inventory.catalogue()
     models = {m.name: m for m in inventory_now.models}
@@ -169,6 +175,21 @@ def job_spec_validate(*, spec: JobSpec) -> list[inventory.GpuModelRow]:
                 "nodes",
             )
     return allowed
+
+
+def _refuse_bad_checkpoint_interval(seconds: float | None) -> None:
+    if seconds is None:
+        return
+    low, high = MIN_CHECKPOINT_INTERVAL_S, MAX_CHECKPOINT_INTERVAL_S
+    whole = isinstance(seconds, int) and not isinstance(seconds, bool)
+    if whole and low <= seconds <= high:
+        return
+    raise ServiceError(
+        f"checkpoint_interval_s must be a whole number of seconds from {low} (1 minute) to {high} (7 days) "
+        f"(got {seconds!r}).",
+        field="checkpoint_interval_s",
+        limit=(low if seconds < low else high) if whole else None,
+    )
 
 
 def _priority_class_grant(*, spec: JobSpec, team: Team, allowance: TeamAllowance) -> ClassGrant:
@@ -352,6 +373,7 @@ def job_from_spec(
         priority_class=priority_class,
         preemptible=priority_class.preemptible if spec.preemptible is None else spec.preemptible,
         max_runtime_s=spec.max_runtime_s,
+        checkpoint_interval_s=spec.checkpoint_interval_s,
         requeue_on_node_loss=spec.requeue_on_node_loss,
         workdir=spec.workdir,
     )
@@ -376,6 +398,7 @@ def job_spec_of(job: Job) -> JobSpec:
         priority=job.priority_class.name,
         preemptible=job.preemptible,
         max_runtime_s=job.max_runtime_s,
+        checkpoint_interval_s=job.checkpoint_interval_s,
         requeue_on_node_loss=job.requeue_on_node_loss,
         workdir=job.workdir,
     )

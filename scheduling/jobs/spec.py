@@ -15,7 +15,14 @@ from typing import Any
 
 from scheduling.choices import Topology
 from scheduling.jobs.documents import SpecError, check_shape, load_document
-from scheduling.jobs.services import MAX_GANG_NODES, MAX_GPUS_PER_JOB_NODE, JobSpec, largest_slice_mib
+from scheduling.jobs.services import (
+    MAX_CHECKPOINT_INTERVAL_S,
+    MAX_GANG_NODES,
+    MAX_GPUS_PER_JOB_NODE,
+    MIN_CHECKPOINT_INTERVAL_S,
+    JobSpec,
+    largest_slice_mib,
+)
 
 MAX_NAME_CHARS = 200
 MAX_COMMAND_CHARS = 64 * 1024
@@ -48,6 +55,7 @@ SPEC_FIELDS = (
     "priority",
     "preemptible",
     "max_runtime",
+    "checkpoint_interval",
     "requeue_on_node_loss",
     "workdir",
 )
@@ -57,6 +65,7 @@ ALIASES = {
     "memory_mib": "memory",
     "cpu_milli": "cpu",
     "max_runtime_s": "max_runtime",
+    "checkpoint_interval_s": "checkpoint_interval",
     "gpu_model": "gpu_models",
     "cwd": "workdir",
 }
@@ -145,26 +154,29 @@ def parse_memory_mib(value: Any, *, field: str = "memory", high: int = MAX_HOST_
     return int(mib)
 
 
-def parse_duration_s(value: Any, *, field: str = "max_runtime") -> int:
-    """'2h' -> 7200, '30m' -> 1800, '90s' -> 90, '1h30m' -> 5400, 3600 -> 3600 (a bare number is seconds)."""
+def _duration_seconds(value: Any, *, field: str) -> float:
+    """'1h30m' -> 5400.0, 90 -> 90.0 (a bare number is seconds); an int beyond any float is infinite."""
     if isinstance(value, bool):
         raise SpecError(f"{field} must be a duration such as '2h' (got {_shown(value)}).", field=field)
     if isinstance(value, int | float):
         try:
-            seconds = float(value)
+            return float(value)
         except OverflowError:  # an int beyond any float: certainly over the limit
-            seconds = math.inf
-    else:
-        text = str(value).strip().replace(" ", "")
-        if re.fullmatch(r"\d+(\.\d+)?", text):
-            seconds = float(text)
-        elif text and _DURATION_PART.sub("", text) == "":
-            seconds = sum(float(n) * _SECONDS_PER_UNIT[u.lower()] for n, u in _DURATION_PART.findall(text))
-        else:
-            raise SpecError(
-                f"{field} must be a duration such as '2h', '30m', '90s' or '1h30m' (got {_shown(value)}).",
-                field=field,
-            )
+            return math.inf
+    text = str(value).strip().replace(" ", "")
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    if text and _DURATION_PART.sub("", text) == "":
+        return sum(float(n) * _SECONDS_PER_UNIT[u.lower()] for n, u in _DURATION_PART.findall(text))
+    raise SpecError(
+        f"{field} must be a duration such as '2h', '30m', '90s' or '1h30m' (got {_shown(value)}).",
+        field=field,
+    )
+
+
+def parse_duration_s(value: Any, *, field: str = "max_runtime") -> int:
+    """'2h' -> 7200, '30m' -> 1800, '90s' -> 90, '1h30m' -> 5400, 3600 -> 3600 (a bare number is seconds)."""
+    seconds = _duration_seconds(value, field=field)
     if seconds <= 0:
         raise SpecError(f"{field} must be positive (got {_shown(value)}).", field=field, limit=1)
     if seconds > MAX_RUNTIME_S:
@@ -174,6 +186,23 @@ def parse_duration_s(value: Any, *, field: str = "max_runtime") -> int:
             limit=MAX_RUNTIME_S,
         )
     return math.ceil(seconds)
+
+
+def parse_checkpoint_interval_s(value: Any, *, field: str = "checkpoint_interval") -> int:
+    """How often a job checkpoints, in whole seconds from 1 minute to 7 days: '30m' -> 1800, 600 -> 600."""
+    seconds = _duration_seconds(value, field=field)
+    # Whole up to float error: '1.1m' is 66 s, though 1.1 * 60 is 66.00000000000001.
+    whole = round(seconds) if math.isfinite(seconds) else None
+    if whole is None or abs(seconds - whole) > 1e-6:
+        raise SpecError(f"{field} must be a whole number of seconds (got {_shown(value)}).", field=field)
+    low, high = MIN_CHECKPOINT_INTERVAL_S, MAX_CHECKPOINT_INTERVAL_S
+    if not low <= whole <= high:
+        raise SpecError(
+            f"{field} must be between {low} s (1m) and {high} s (7d) (got {_shown(value)}).",
+            field=field,
+            limit=low if whole < low else high,
+        )
+    return whole
 
 
 def parse_cpu_milli(value: Any, *, field: str = "cpu") -> int:
@@ -334,6 +363,7 @@ def spec_from_mapping(data: Any) -> ParsedSpec:
     if not isinstance(data, dict):
         raise SpecError("A job spec must be a mapping of fields (name, command, gpus, ...).", field="spec")
     fields: dict[str, Any] = {}
+    written_as: dict[str, str] = {}
     for key, value in data.items():
         name = ALIASES.get(key, key)
         if name not in SPEC_FIELDS:
@@ -349,6 +379,7 @@ def spec_from_mapping(data: Any) -> ParsedSpec:
         elif key == "cpu_milli":
             value = f"{_int_in(name, value, low=1, high=MAX_CPU_MILLI)}m"
         fields[name] = value
+        written_as[name] = str(key)
 
     for required in ("name", "command"):
         if fields.get(required) in (None, ""):
@@ -400,6 +431,11 @@ def spec_from_mapping(data: Any) -> ParsedSpec:
         kwargs["preemptible"] = _bool("preemptible", fields["preemptible"])
     if fields.get("max_runtime") not in (None, ""):
         kwargs["max_runtime_s"] = parse_duration_s(fields["max_runtime"])
+    if fields.get("checkpoint_interval") not in (None, ""):
+        # Refusals name the key as written: checkpoint_interval ('30m') or checkpoint_interval_s (seconds).
+        kwargs["checkpoint_interval_s"] = parse_checkpoint_interval_s(
+            fields["checkpoint_interval"], field=written_as["checkpoint_interval"]
+        )
     if fields.get("requeue_on_node_loss") is not None:
         kwargs["requeue_on_node_loss"] = _bool("requeue_on_node_loss", fields["requeue_on_node_loss"])
     if fields.get("workdir") not in (None, ""):
@@ -452,6 +488,8 @@ def spec_to_mapping(spec: JobSpec, *, team: str | None = None) -> dict[str, Any]
         out["preemptible"] = spec.preemptible
     if spec.max_runtime_s:
         out["max_runtime"] = format_duration(spec.max_runtime_s)
+    if spec.checkpoint_interval_s:
+        out["checkpoint_interval"] = format_duration(spec.checkpoint_interval_s)
     if not spec.requeue_on_node_loss:
         out["requeue_on_node_loss"] = False
     if spec.workdir:

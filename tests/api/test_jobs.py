@@ -36,6 +36,46 @@ def test_a_member_submits_a_yaml_spec_and_the_team_defaults_to_their_only_team(a
     assert response.json()["request"]["max_runtime_s"] == 7200
 
 
+def test_a_job_declares_how_often_it_checkpoints_and_the_api_shows_it(as_alice):
+    text = "name: train\ncommand: python train.py\ngpus: 1\ncheckpoint_interval: 30m\n"
+    response = as_alice.post("/api/v1/jobs/", text, content_type="application/yaml")
+    assert response.status_code == 201, response.json()
+    assert response.json()["request"]["checkpoint_interval_s"] == 1800
+    detail = as_alice.get(f"/api/v1/jobs/{response.json()['id']}/").json()
+    assert detail["request"]["checkpoint_interval_s"] == 1800
+    assert detail["spec"]["checkpoint_interval"] == "30m"  # "copy & edit" submits it again with it
+    body = {"name": "eval", "command": "run", "gpus": 1, "checkpoint_interval_s": 600}
+    assert (
+        as_alice.post("/api/v1/jobs/", body, format="json").json()["request"]["checkpoint_interval_s"] == 600
+    )
+    body = {"name": "eval", "command": "run", "gpus": 1}
+    assert (
+        as_alice.post("/api/v1/jobs/", body, format="json").json()["request"]["checkpoint_interval_s"] is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "limit", "words"),
+    [
+        ({"checkpoint_interval_s": 30}, "checkpoint_interval_s", 60, "between 60 s (1m) and 604800 s (7d)"),
+        ({"checkpoint_interval": "8d"}, "checkpoint_interval", 604800, "between 60 s (1m) and 604800 s (7d)"),
+        ({"checkpoint_interval_s": 90.5}, "checkpoint_interval_s", None, "a whole number of seconds"),
+        ({"checkpoint_interval": "1.5s"}, "checkpoint_interval", None, "a whole number of seconds"),
+        ({"checkpoint_interval_s": "often"}, "checkpoint_interval_s", None, "a duration such as"),
+    ],
+)
+def test_a_checkpoint_interval_out_of_range_or_not_whole_is_refused_with_400_naming_the_limit(
+    as_alice, spec, field, limit, words
+):
+    body = {"name": "x", "command": "run", "gpus": 1, **spec}
+    response = as_alice.post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert (error["field"], error.get("limit")) == (field, limit)
+    assert words in error["message"] and field in error["message"]
+    assert not Job.objects.exists()
+
+
 @pytest.mark.parametrize(
     ("text", "field"),
     [

@@ -6,6 +6,7 @@ import pytest
 
 from scheduling.jobs.spec import (
     SpecError,
+    parse_checkpoint_interval_s,
     parse_cpu_milli,
     parse_duration_s,
     parse_memory_mib,
@@ -53,6 +54,34 @@ def test_it_refuses_a_runtime_over_a_year_naming_the_limit():
 
 
 @pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("30m", 1800), ("2h", 7200), ("1.1m", 66), (600, 600), (1800.0, 1800), ("1800", 1800)],
+)
+def test_it_reads_a_checkpoint_interval_as_whole_seconds(value, seconds):
+    assert parse_checkpoint_interval_s(value) == seconds
+
+
+@pytest.mark.parametrize(
+    ("value", "limit", "words"),
+    [
+        ("30s", 60, "between 60 s (1m) and 604800 s (7d)"),
+        (59, 60, "between 60 s (1m) and 604800 s (7d)"),
+        ("8d", 604800, "between 60 s (1m) and 604800 s (7d)"),
+        (10**30, 604800, "between 60 s (1m) and 604800 s (7d)"),
+        (90.5, None, "a whole number of seconds"),
+        ("1.5s", None, "a whole number of seconds"),
+        ("often", None, "a duration such as"),
+        (True, None, "a duration such as"),
+    ],
+)
+def test_it_refuses_a_checkpoint_interval_out_of_range_or_not_whole_naming_the_limit(value, limit, words):
+    with pytest.raises(SpecError) as caught:
+        parse_checkpoint_interval_s(value, field="checkpoint_interval_s")
+    assert (caught.value.field, caught.value.limit) == ("checkpoint_interval_s", limit)
+    assert words in caught.value.message
+
+
+@pytest.mark.parametrize(
     ("text", "milli"), [("4", 4000), (4, 4000), ("500m", 500), (0.5, 500), ("2.5", 2500)]
 )
 def test_it_reads_cpu_as_cores_or_millicores(text, milli):
@@ -96,15 +125,36 @@ def test_a_spec_round_trips_through_its_written_form():
             "topology": "nvlink",
             "memory": "64GiB",
             "max_runtime": "90m",
+            "checkpoint_interval": "30m",
         }
     )
+    assert spec_to_mapping(parsed.spec)["checkpoint_interval"] == "30m"
     again = spec_from_mapping(spec_to_mapping(parsed.spec))
     assert again.spec == parsed.spec
 
 
 def test_unit_free_aliases_take_the_model_units():
-    parsed = spec_from_mapping({"name": "a", "command": "run", "gpu_memory_mib": 2048, "cpu_milli": 250})
-    assert (parsed.spec.gpu_memory_mib, parsed.spec.cpu_milli) == (2048, 250)
+    parsed = spec_from_mapping(
+        {
+            "name": "a",
+            "command": "run",
+            "gpu_memory_mib": 2048,
+            "cpu_milli": 250,
+            "checkpoint_interval_s": 900,
+        }
+    )
+    assert (parsed.spec.gpu_memory_mib, parsed.spec.cpu_milli, parsed.spec.checkpoint_interval_s) == (
+        2048,
+        250,
+        900,
+    )
+
+
+@pytest.mark.parametrize(("key", "value"), [("checkpoint_interval", 30), ("checkpoint_interval_s", "30s")])
+def test_a_checkpoint_interval_refused_names_the_key_as_written(key, value):
+    with pytest.raises(SpecError) as caught:
+        spec_from_mapping({"name": "a", "command": "run", "gpus": 1, key: value})
+    assert (caught.value.field, caught.value.limit) == (key, 60)
 
 
 @pytest.mark.parametrize(

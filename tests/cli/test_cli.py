@@ -105,6 +105,8 @@ def test_submit_with_sbatch_like_flags_and_a_command(logged_in):
         "nvlink",
         "-t",
         "2h",
+        "--checkpoint-every",
+        "30m",
         "-e",
         "SEED=1",
         "--json",
@@ -119,6 +121,9 @@ def test_submit_with_sbatch_like_flags_and_a_command(logged_in):
     assert job["command"] == "python train.py --lr 3e-4"
     assert job["name"] == "python"
     assert (job["request"]["gpus"], job["request"]["max_runtime_s"]) == (2, 7200)
+    assert job["request"]["checkpoint_interval_s"] == 1800
+    shown = logged_in("show", str(job["id"])).stdout.splitlines()
+    assert ["Checkpoints", "every", "30m"] in [line.split() for line in shown]
 
 
 def test_one_quoted_word_is_a_shell_line_and_separate_words_a_program_and_its_arguments(logged_in):

@@ -132,6 +132,16 @@ def test_the_form_submits_through_the_same_parser_and_service_as_the_api(alice, 
     assert job.workdir == "/data/runs/lr"
 
 
+def test_the_form_takes_how_often_the_job_checkpoints_and_the_job_page_shows_it(alice, teams, node):
+    client = _signed_in(alice)
+    preview = client.post("/jobs/new/preview/", {**FORM, "checkpoint_interval": "30m"}).content.decode()
+    assert "--checkpoint-every 30m" in preview
+    response = client.post("/jobs/new/", {**FORM, "checkpoint_interval": "30m"})
+    job = Job.objects.get(name="from-the-form")
+    assert response.status_code == 302 and job.checkpoint_interval_s == 1800
+    assert "every 30 min" in client.get(f"/jobs/{job.pk}/").content.decode()
+
+
 @pytest.mark.parametrize(
     "change, field, message",
     [
@@ -142,6 +152,7 @@ def test_the_form_submits_through_the_same_parser_and_service_as_the_api(alice, 
         ({"command": "python 'unclosed"}, "command", "quoting does not close"),
         ({"team": "ai-lab/inference"}, "team", "not one of the available choices"),
         ({"priority": "critical"}, "priority", "may use: training, inference; default training"),
+        ({"checkpoint_interval": "30s"}, "checkpoint_interval", "between 60 s (1m) and 604800 s (7d)"),
     ],
 )
 def test_a_refused_value_is_shown_next_to_its_field_and_nothing_is_stored(
@@ -156,9 +167,18 @@ def test_a_refused_value_is_shown_next_to_its_field_and_nothing_is_stored(
 
 
 def test_copy_and_edit_fills_the_form_from_an_earlier_job(alice, teams, node):
-    job = _submit(alice, teams["training"], name="orig", gpus=2, topology="nvlink", max_runtime_s=7200)
+    job = _submit(
+        alice,
+        teams["training"],
+        name="orig",
+        gpus=2,
+        topology="nvlink",
+        max_runtime_s=7200,
+        checkpoint_interval_s=1800,
+    )
     page = _signed_in(alice).get(f"/jobs/new/?from={job.pk}").content.decode()
     assert 'value="orig (copy)"' in page and 'value="2"' in page and 'value="2h"' in page
+    assert 'name="checkpoint_interval" value="30m"' in page
     assert '<option value="nvlink" selected>' in page
 
 

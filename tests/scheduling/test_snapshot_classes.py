@@ -1,5 +1,5 @@
-"""The snapshot feeds the engine each job's priority class by name and each team's per-class limits from its grants
-(its own, else its organisation's), in milli-GPU."""
+"""The snapshot feeds the engine each job's priority class by name and how often it checkpoints, and each team's
+per-class limits from its grants (its own, else its organisation's), in milli-GPU."""
 
 from __future__ import annotations
 
@@ -29,6 +29,20 @@ def test_pending_and_running_jobs_carry_their_priority_class_by_name(node, alice
     snap = snapshot.snapshot_from_db()
     assert [(j.id, j.priority_class) for j in snap.running] == [(str(running.pk), "inference")]
     assert [(j.id, j.priority_class) for j in snap.pending] == [(str(pending.pk), "training")]
+
+
+def test_pending_and_running_jobs_carry_how_often_they_checkpoint(node, alice, teams):
+    running = submit(alice, teams["training"], gpus=1, checkpoint_interval_s=1800)
+    job_transition(job=running, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
+    pending = submit(alice, teams["training"], gpus=1, checkpoint_interval_s=600)
+    never = submit(alice, teams["training"], gpus=1)
+    snap = snapshot.snapshot_from_db()
+    assert [(j.id, j.checkpoint_interval_s) for j in snap.running] == [(str(running.pk), 1800.0)]
+    assert [(j.id, j.checkpoint_interval_s) for j in snap.pending] == [
+        (str(pending.pk), 600.0),
+        (str(never.pk), None),
+    ]
+    assert isinstance(snap.running[0].checkpoint_interval_s, float)
 
 
 def test_the_snapshot_carries_class_limits_from_the_grants(node, teams, grant):

@@ -52,6 +52,37 @@ def test_a_spec_that_can_never_run_is_refused_naming_the_field(
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("seconds", "limit"), [(59, 60), (7 * 86400 + 1, 7 * 86400), (90.5, None), (True, None)]
+)
+def test_a_checkpoint_interval_outside_a_minute_to_a_week_or_not_whole_is_refused(
+    alice, teams, node, seconds, limit
+):
+    with pytest.raises(errors.ServiceError) as caught:
+        _submit(alice, teams["training"], gpus=1, checkpoint_interval_s=seconds)
+    assert (caught.value.field, caught.value.limit) == ("checkpoint_interval_s", limit)
+    assert "from 60 (1 minute) to 604800 (7 days)" in caught.value.message
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_database_refuses_a_checkpoint_interval_of_zero(alice, teams, node):
+    from django.db import IntegrityError, transaction
+
+    job = _submit(alice, teams["training"], gpus=1, checkpoint_interval_s=60)
+    with pytest.raises(IntegrityError, match="job_checkpoint_interval_positive"), transaction.atomic():
+        Job.objects.filter(pk=job.pk).update(checkpoint_interval_s=0)
+
+
+@pytest.mark.django_db
+def test_a_resubmitted_job_keeps_its_checkpoint_interval(alice, teams, node):
+    job = _submit(alice, teams["training"], gpus=1, checkpoint_interval_s=1800)
+    again = services.job_submit(submitter=alice, team=teams["training"], spec=services.job_spec_of(job))
+    again.refresh_from_db()
+    assert again.checkpoint_interval_s == 1800
+
+
+@pytest.mark.django_db
 def test_a_team_you_are_not_in_is_refused(alice, teams, node):
     with pytest.raises(errors.ServiceError, match="not a member of team ai-lab/inference") as caught:
         _submit(alice, teams["inference"], gpus=1)

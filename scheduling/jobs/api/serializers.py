@@ -30,6 +30,9 @@ class JobRequestSerializer(serializers.Serializer):
     cpu_milli = serializers.IntegerField()
     memory_mib = serializers.IntegerField()
     max_runtime_s = serializers.IntegerField(allow_null=True)
+    checkpoint_interval_s = serializers.IntegerField(
+        allow_null=True, help_text="How often the job checkpoints; null: an eviction loses all its work."
+    )
 
 
 class JobSerializer(serializers.Serializer):
@@ -152,6 +155,11 @@ class JobSubmitSerializer(serializers.Serializer):
     priority = serializers.CharField(required=False)
     preemptible = serializers.BooleanField(required=False)
     max_runtime = serializers.CharField(required=False, help_text="e.g. '2h', '30m', '90s', '1h30m'.")
+    checkpoint_interval = serializers.CharField(
+        required=False,
+        help_text="How often the job checkpoints, 1m-7d in whole seconds, e.g. '30m', '2h' or '600' (seconds): "
+        "preemption and reclaim prefer victims that lose the least work.",
+    )
     requeue_on_node_loss = serializers.BooleanField(required=False)
     workdir = serializers.CharField(
         required=False, help_text="Absolute directory the job starts in on its node (default: the agent's)."
