@@ -7,7 +7,7 @@ pay nothing per running job.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from types import MappingProxyType
 
@@ -208,13 +208,25 @@ def effective_quotas(quotas: Mapping[str, Quota], nodes: Iterable[Node]) -> Mapp
     cluster is the snapshot's nodes that are not lost."""
     if not any(_memory_only(q) for q in quotas.values()):
         return quotas
+    known = _EFFECTIVE.get(id(quotas))
+    if known is not None and known[0] is quotas and known[1] is nodes:
+        return known[2]
     mem = comp = 0
     for n in nodes:
         if n.state is not NodeState.LOST:
             for g in n.gpus:
                 mem += g.memory_mib
                 comp += WHOLE_GPU_MILLI
-    return quotas_on_capacity(quotas, mem, comp)
+    out = quotas_on_capacity(quotas, mem, comp)
+    if len(_EFFECTIVE) > 8:
+        _EFFECTIVE.clear()
+    _EFFECTIVE[id(quotas)] = (quotas, nodes, out)
+    return out
+
+
+# The last answers of `effective_quotas`, by the identity of the quotas (and nodes) asked about: a what-if asks
+# again and again about one snapshot.
+_EFFECTIVE: dict[int, tuple] = {}
 
 
 def _memory_only(quota: Quota) -> bool:
@@ -373,30 +385,55 @@ def min_charge_on_model(req: Request, card_memory_mib: tuple[int, int]) -> tuple
     return 0, 0
 
 
+# Where the session keeps what follows from the snapshot's nodes, running jobs and time alone (`Session.running_memo`),
+# across cycles on the same snapshot: what-ifs asked on one snapshot share it.
+RUNNING_MEMO_KEY = "session.running_memo"
+
+
 def running_charges(ctx: CycleContext) -> dict[str, tuple[int, int]]:
-    """job id -> (gpu memory MiB, compute milli) each running job of the snapshot holds (built once a cycle)."""
+    """job id -> (gpu memory MiB, compute milli) each running job of the snapshot holds (built once a snapshot)."""
     charges = ctx.cache.get("accounting.running_charges")
     if charges is None:
-        charges = ctx.cache["accounting.running_charges"] = {
-            job.id: charge_of(job.assignments) for job in ctx.snapshot.running
-        }
+        kept = ctx.cache.get(RUNNING_MEMO_KEY, {})
+        charges = kept.get("charges")
+        if charges is None:
+            charges = {job.id: charge_of(job.assignments) for job in ctx.snapshot.running}
+            kept["charges"] = charges
+        ctx.cache["accounting.running_charges"] = charges
     return charges
 
 
 def running_borrowed(ctx: CycleContext) -> set[str]:
     """The snapshot's running jobs on borrowed capacity, as the teams stand at the start of the cycle
     (`borrowed_ids`). A team counted per GPU model also borrows where a placement went beyond a per-model
-    guarantee (the job's `borrowed` flag as placed)."""
+    guarantee (the job's `borrowed` flag as placed). Do not change the set returned."""
     known = ctx.cache.get("accounting.running_borrowed")
     if known is None:
         snap = ctx.snapshot
-        known = borrowed_ids(snap.quotas, snap.running, running_charges(ctx))
-        for job in snap.running:
-            quota = snap.quotas.get(job.team)
-            if job.borrowed and quota is not None and quota.per_model:
-                known.add(job.id)
+        kept = ctx.cache.get(RUNNING_MEMO_KEY, {})
+        memo = kept.get("borrowed")
+        if memo is not None and memo[0] is snap.quotas:
+            known = memo[1]
+        else:
+            known = borrowed_ids(snap.quotas, snap.running, running_charges(ctx))
+            for job in snap.running:
+                quota = snap.quotas.get(job.team)
+                if job.borrowed and quota is not None and quota.per_model:
+                    known.add(job.id)
+            kept["borrowed"] = (snap.quotas, known)
         ctx.cache["accounting.running_borrowed"] = known
     return known
+
+
+def pending_by_priority(ctx: CycleContext, priority: Callable[[CycleContext, Job], float]) -> list[Job]:
+    """The pending jobs by queue priority (highest first), then submit time and id: the order in which plugins
+    count a team's queued jobs as if they had started. Sorted once a cycle; do not change the list."""
+    ordered = ctx.cache.get("accounting.pending_by_priority")
+    if ordered is None:
+        ordered = ctx.cache["accounting.pending_by_priority"] = sorted(
+            ctx.snapshot.pending, key=lambda j: (-priority(ctx, j), j.submit_time, j.id)
+        )
+    return ordered
 
 
 def keeps_guarantee(

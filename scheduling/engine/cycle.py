@@ -117,6 +117,10 @@ def _borrowed_after(session: Session) -> set[str]:
     snap, evicted = session.snap, session.evicted
     charges = dict(running_charges(session.ctx))
     jobs = [j for j in snap.running if j.id not in evicted]
+    if snap.focus:
+        # A what-if wants its placements' labels, not the whole cluster's: only the teams that placed are ranked.
+        placed_teams = {j.team for j in session.placed_jobs}
+        jobs = [j for j in jobs if j.team in placed_teams]
     for job, placement in zip(session.placed_jobs, session.placements, strict=True):
         charges[job.id] = charge_of(placement.assignments)
         jobs.append(job)

@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from scheduling.engine.accounting import RUNNING_MEMO_KEY
 from scheduling.engine.framework import DEFAULT_PARAMS, CycleContext
 from scheduling.engine.index import NodeIndex
 from scheduling.engine.resources import (
@@ -110,6 +111,7 @@ class Session:
         self.profile = state.profile
         self.plugins = state.plugins
         self.ctx = CycleContext(snapshot=snapshot, profile=self.profile, rng=random.Random(snapshot.seed))
+        self.ctx.cache[RUNNING_MEMO_KEY] = self.running_memo()
         self.factor = float(self.param("timeslice_oversubscription"))
         self._sync_index()
         self.index: NodeIndex = state.index  # type: ignore[assignment]

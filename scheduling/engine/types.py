@@ -307,4 +307,5 @@ class Decisions:
     reservations: tuple[Reservation, ...] = ()
     # The running and placed jobs on borrowed capacity once these decisions are applied (their team holds more
     # than its guarantee and they are its last work in guarantee order): the label follows the team's standing.
+    # For a snapshot with a `focus`, only the jobs of teams that placed something this cycle.
     borrowed: frozenset[str] = frozenset()

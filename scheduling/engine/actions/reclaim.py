@@ -18,8 +18,8 @@ from __future__ import annotations
 from scheduling.engine.accounting import (
     borrowed_per_weight,
     has_guarantee,
+    is_borrowing,
     job_charge,
-    keeps_guarantee,
     others_keep_guarantees,
     running_borrowed,
     running_charges,
@@ -51,18 +51,21 @@ class OtherTeamsBorrowed:
         if not within_guarantee(quota, usage.get(job.team, (0, 0)), job_charge(ctx, job)):
             return None
         team, evicted, borrowed, charges = job.team, s.evicted, running_borrowed(ctx), running_charges(ctx)
+        spare = _spare(s)
 
         def taken(held: list[Holding]) -> list[Holding]:
-            return [
-                v
-                for v in held
-                if v.job.team != team
-                and v.job.id not in evicted
-                and (v.job.preemptible or v.job.id in borrowed)
-                and keeps_guarantee(
-                    quotas.get(v.job.team), usage.get(v.job.team, (0, 0)), charges.get(v.job.id, (0, 0))
-                )
-            ]
+            out = []
+            for v in held:
+                room = spare.get(v.job.team)
+                if room is None or v.job.team == team or v.job.id in evicted:
+                    continue
+                if not v.job.preemptible and v.job.id not in borrowed:
+                    continue
+                mem, comp = charges.get(v.job.id, (0, 0))
+                # keeps_guarantee, spelt out (once per running job on each node looked at).
+                if room[2] or mem <= room[0] or comp <= room[1]:
+                    out.append(v)
+            return out
 
         return taken
 
@@ -73,14 +76,46 @@ class OtherTeamsBorrowed:
         return job.team  # the guarantee is the team's: another team's failed try says nothing
 
     def order(self, s: Session, v: Holding) -> tuple:
-        quota = s.snap.quotas.get(v.job.team)
-        over = borrowed_per_weight(quota, team_usage(s.ctx).get(v.job.team, (0, 0)))
+        over = _spare(s)[v.job.team][3]
         labelled = v.job.id in running_borrowed(s.ctx)
         return (-over, not labelled, work_lost_s(s.snap.now, v.job), v.job.priority, v.job.id)
 
     def cost(self, s: Session, chosen: list[Holding]) -> tuple:
         now = s.snap.now
         return (sum(work_lost_s(now, v.job) for v in chosen), len(chosen))
+
+
+def _spare(s: Session) -> dict[str, tuple[int, int, bool, float]]:
+    """Per team that holds anything beyond its guarantee: how much memory and compute may be taken from it while it
+    keeps its guarantee (a victim may go when its charge fits either, as `keeps_guarantee` says), whether it has no
+    guarantee at all (anything may go), and what it borrows per weight. Worked out again only after this cycle's
+    placements or evictions change what teams hold."""
+    version = (len(s.placements), len(s.evictions), len(s.evicted))
+    known = s.ctx.cache.get(_SPARE_KEY)
+    if known is not None and known[0] == version:
+        return known[1]
+    quotas = s.snap.quotas
+    out: dict[str, tuple[int, int, bool, float]] = {}
+    for team, used in team_usage(s.ctx).items():
+        quota = quotas.get(team)
+        if not is_borrowing(quota, used):
+            continue
+        over = borrowed_per_weight(quota, used)
+        if not has_guarantee(quota):
+            out[team] = (0, 0, True, over)
+            continue
+        g_mem, g_comp = quota.guaranteed_gpu_memory_mib, quota.guaranteed_compute_milli
+        out[team] = (
+            used[0] - g_mem if g_mem > 0 else -1,
+            used[1] - g_comp if g_comp > 0 else -1,
+            False,
+            over,
+        )
+    s.ctx.cache[_SPARE_KEY] = (version, out)
+    return out
+
+
+_SPARE_KEY = "reclaim.spare"
 
 
 class Reclaim(Action):

@@ -15,6 +15,7 @@ from scheduling.engine.accounting import (
     borrowed_per_weight,
     history_share,
     job_charge,
+    pending_by_priority,
     team_usage,
 )
 from scheduling.engine.framework import CycleContext
@@ -31,7 +32,7 @@ def _virtual_shares(ctx: CycleContext) -> dict[str, tuple[int, float]]:
     half_life_s = ctx.param("fairshare_half_life_s", 7 * 24 * 3600.0)
     usage = team_usage(ctx)
     within = within_guarantee_ids(ctx)
-    ordered = sorted(snap.pending, key=lambda j: (-queue_priority(ctx, j), j.submit_time, j.id))
+    ordered = pending_by_priority(ctx, queue_priority)
     # Per team: [memory held, compute held, the guarantees it is measured against, its past share, its weight].
     teams: dict[str, list] = {}
     shares: dict[str, tuple[int, float]] = {}

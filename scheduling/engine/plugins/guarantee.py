@@ -9,7 +9,7 @@ was lent (actions/reclaim.py), so within-guarantee work neither waits behind bor
 
 from __future__ import annotations
 
-from scheduling.engine.accounting import job_charge, team_usage, within_guarantee
+from scheduling.engine.accounting import job_charge, pending_by_priority, team_usage, within_guarantee
 from scheduling.engine.framework import CycleContext
 from scheduling.engine.plugins.priority import queue_priority
 from scheduling.engine.types import Job
@@ -27,7 +27,7 @@ def within_guarantee_ids(ctx: CycleContext) -> frozenset[str]:
     usage = team_usage(ctx)
     held: dict[str, list[int]] = {}
     within = set()
-    for job in sorted(snap.pending, key=lambda j: (-queue_priority(ctx, j), j.submit_time, j.id)):
+    for job in pending_by_priority(ctx, queue_priority):
         charge = job_charge(ctx, job)
         if charge == (0, 0):
             within.add(job.id)
