@@ -3,6 +3,7 @@ give it, all in the one error format of portal.api_support."""
 
 from __future__ import annotations
 
+from drf_spectacular.contrib.django_filters import DjangoFilterExtension
 from drf_spectacular.openapi import AutoSchema
 from rest_framework import serializers
 
@@ -44,3 +45,21 @@ class TesseraAutoSchema(AutoSchema):
                 response["description"] = _WHY[code]
                 responses[code] = response
         return responses
+
+
+class StrictFilterExtension(DjangoFilterExtension):
+    """Query parameters of the list filters as portal.api_params reads them: a filter that carries a
+    `query_schema` (text without NUL, strict booleans, ids, moments) is documented with exactly that schema."""
+
+    target_class = "portal.api_params.FilterBackend"
+    priority = 1
+
+    def resolve_filter_field(self, auto_schema, model, filterset_class, field_name, filter_field):
+        parameters = super().resolve_filter_field(
+            auto_schema, model, filterset_class, field_name, filter_field
+        )
+        schema = getattr(filter_field, "query_schema", None)
+        if schema is not None:
+            for parameter in parameters:
+                parameter["schema"] = dict(schema)
+        return parameters
