@@ -9,8 +9,11 @@ import pytest
 from rest_framework.test import APIClient
 
 from quotas.models import ApiToken
+from scheduling.jobs.models import Job
 
 pytestmark = pytest.mark.django_db
+
+SPEC = {"name": "j", "command": "python run.py", "gpus": 1}
 
 
 @pytest.fixture
@@ -155,3 +158,79 @@ def test_a_usage_window_the_schema_allows_but_the_rules_do_not_names_its_rule(as
     response = as_alice.get("/api/v1/usage/?since=2020-01-01&until=2026-01-01")
     _refused(response, "since", "out_of_range")
     assert response.json()["error"]["limit"] == "366d"
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"command": None}, "command"),
+        ({"gpu_memory": False, "gpus": None, "compute_pct": 10}, "gpu_memory"),
+        ({"preemptible": "yes"}, "preemptible"),
+        ({"requeue_on_node_loss": 1}, "requeue_on_node_loss"),
+        ({"topology": "NVLink"}, "topology"),
+        ({"topology": " none"}, "topology"),
+        ({"gpus": " 1"}, "gpus"),
+        ({"gpus": "+1"}, "gpus"),
+        ({"gpus": "1_0"}, "gpus"),
+        ({"gpus": "٤"}, "gpus"),
+        ({"memory": "٤GiB"}, "memory"),
+        ({"max_runtime": "1 0h"}, "max_runtime"),
+        ({"min_compute_capability": "1e1"}, "min_compute_capability"),
+        ({"min_compute_capability": True}, "min_compute_capability"),
+        ({"env": {"A\n": "x"}}, "env"),
+        ({"__yaml__": "name: x"}, "__yaml__"),
+    ],
+)
+def test_a_spec_value_outside_the_schema_is_refused_naming_the_field(as_alice, extra, field):
+    response = as_alice.post("/api/v1/jobs/", {**SPEC, **extra}, format="json")
+    _refused(response, field)
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "code"),
+    [
+        ({"gpus": "65"}, "gpus", "out_of_range"),
+        ({"memory": "100TiB"}, "memory", "out_of_range"),
+        ({"cpu": 0.0015}, "cpu", "out_of_range"),
+        ({"max_runtime": "0s"}, "max_runtime", "out_of_range"),
+        ({"gpu_memory": "1GiB"}, "gpus", "incompatible"),
+        ({"memory": "1GiB", "memory_mib": 1024}, "memory", "incompatible"),
+        ({"gpus": 0}, "gpus", "incompatible"),
+        ({"gpu_models": ["H100-80GB"]}, "gpu_models", "cannot_run"),
+        ({"priority": "urgent"}, "priority", "unknown_priority"),
+    ],
+)
+def test_a_spec_the_schema_allows_but_a_rule_refuses_says_which_rule(as_alice, extra, field, code):
+    response = as_alice.post("/api/v1/jobs/", {**SPEC, **extra}, format="json")
+    _refused(response, field, code)
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"name": 2024, "command": ["python", 3, "run.py"]},
+        {"gpus": "1", "nodes": "1", "cpu": 0.5, "memory": " 2 GiB ", "max_runtime": "1h 30m"},
+        {"gpus": None, "gpu_memory": "10GiB", "compute_pct": "25", "topology": None, "env": None},
+        {"min_compute_capability": "8.0", "gpu_models": "A100-80GB", "preemptible": False, "workdir": ""},
+    ],
+)
+def test_the_written_forms_the_schema_states_are_taken(as_alice, extra):
+    response = as_alice.post("/api/v1/jobs/", {**SPEC, **extra}, format="json")
+    assert response.status_code == 201, response.content
+
+
+def test_the_submit_schema_names_every_field_the_spec_reader_takes(as_alice):
+    from scheduling.jobs.spec import ALIASES, SPEC_FIELDS
+
+    schema = as_alice.get("/api/schema/?format=json").json()
+    body = schema["components"]["schemas"]["JobSubmitRequest"]
+    assert set(body["properties"]) == set(SPEC_FIELDS) | set(ALIASES)
+    assert body["additionalProperties"] is False and body["required"] == ["name", "command"]
+
+
+def test_a_token_name_is_counted_once_trimmed_as_the_schema_says(as_alice):
+    response = as_alice.post("/api/v1/tokens/", {"name": "\u0085" + "0" * 100}, format="json")
+    assert response.status_code == 201 and response.json()["name"] == "0" * 100
+    _refused(as_alice.post("/api/v1/tokens/", {"name": " \r "}, format="json"), "name")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import itertools
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -34,6 +35,7 @@ from quotas.services import idempotency_record_create
 from scheduling.agents import joblogs
 from scheduling.errors import ServiceError
 from scheduling.jobs.api import serializers as s
+from scheduling.jobs.api import spec_schema  # noqa: F401 - registers the submit body's schema
 from scheduling.jobs.api.filtersets import JobFilterSet, QueueFilterSet
 from scheduling.jobs.chargeback import GROUPS, MAX_WINDOW, usage_rows
 from scheduling.jobs.documents import MAX_DEPTH, MAX_SPEC_BYTES, MAX_VALUES
@@ -61,6 +63,13 @@ class SpecJSONParser(SafeJSONParser):
     max_values = MAX_VALUES
 
 
+@dataclass(frozen=True)
+class YamlDocument:
+    """A YAML body, unread: its own type, so no JSON body can pass for one."""
+
+    raw: bytes
+
+
 class YamlParser(BaseParser):
     """Job specs posted as YAML (`Content-Type: application/yaml`); parsed by scheduling.jobs.spec."""
 
@@ -68,7 +77,7 @@ class YamlParser(BaseParser):
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
         # One byte past the limit is enough for the spec reader to refuse it; the rest is never read.
-        return {"__yaml__": stream.read(MAX_SPEC_BYTES + 1) if stream is not None else b""}
+        return YamlDocument(stream.read(MAX_SPEC_BYTES + 1) if stream is not None else b"")
 
 
 def _resolve_team(*, user: Any, slug: str | None) -> Team:
@@ -182,10 +191,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     def _submit(self, request: Request) -> Response:
         data = request.data
-        if isinstance(data, dict) and "__yaml__" in data:
-            parsed = spec_from_text(data["__yaml__"])
-        else:
-            parsed = spec_from_mapping(data)
+        parsed = spec_from_text(data.raw) if isinstance(data, YamlDocument) else spec_from_mapping(data)
         team = _resolve_team(user=request.user, slug=parsed.team)
         try:
             job = job_submit(submitter=request.user, team=team, spec=parsed.spec)
