@@ -3,8 +3,11 @@ give it, all in the one error format of portal.api_support."""
 
 from __future__ import annotations
 
+from drf_spectacular.contrib.django_filters import DjangoFilterExtension
 from drf_spectacular.openapi import AutoSchema
 from rest_framework import serializers
+
+from portal.api_params import text_pattern, trimmed_text_pattern
 
 
 class ErrorDetailSerializer(serializers.Serializer):
@@ -19,8 +22,24 @@ class ErrorSerializer(serializers.Serializer):
     error = ErrorDetailSerializer()
 
 
+# The codes of a 400 for a request every part of which the schema allows: what no schema can state. Any other 400
+# (code `invalid`, mostly) is for input the schema itself refuses.
+RULE_CODES = {
+    "out_of_range": "a quantity as written (20TiB, 0s, a digit string) beyond the bound `error.limit` names",
+    "incompatible": "fields that do not go together (a field under two names, whole GPUs and a slice, since not "
+    "before until)",
+    "cannot_run": "this cluster can never run it (no such GPU model, more GPUs than any node has)",
+    "unknown_priority": "no priority class of that name",
+    "priority_not_granted": "the team may not use that priority class",
+    "beyond_team_limit": "more than the team may ever hold",
+    "too_many_tokens": "the user already holds as many live tokens as one may",
+}
+
 _WHY = {
-    "400": "Refused input: `error.field` names the field, `error.limit` the bound where there is one.",
+    "400": "Refused input: `error.field` names the field, `error.limit` the bound where there is one. "
+    "`error.code` is `invalid` for input this schema refuses; for a request the schema allows, one of: "
+    + "; ".join(f"`{code}`: {why}" for code, why in RULE_CODES.items())
+    + ".",
     "401": "No valid credentials (a bearer token or a session).",
     "403": "Signed in, but not allowed to do this.",
     "404": "No such object (or not yours to see), or a page past the end of a list.",
@@ -33,6 +52,38 @@ _WHY = {
 
 
 class TesseraAutoSchema(AutoSchema):
+    _direction = "response"
+
+    def _map_basic_serializer(self, serializer, direction):
+        outer, self._direction = self._direction, direction
+        try:
+            return super()._map_basic_serializer(serializer, direction)
+        finally:
+            self._direction = outer
+
+    def _insert_field_validators(self, field, schema):
+        """Text a serializer takes, as DRF's CharField reads it: no NUL, and trimmed (unless told not to) before
+        its length is counted and a blank one refused."""
+        had_pattern = "pattern" in schema
+        super()._insert_field_validators(field, schema)
+        if (
+            self._direction == "request"
+            and isinstance(field, serializers.CharField)
+            and not field.read_only
+            and schema.get("type") == "string"
+            and not had_pattern
+            and "pattern" not in schema
+            and "format" not in schema
+        ):
+            if field.trim_whitespace:
+                schema.pop("minLength", None)
+                schema.pop("maxLength", None)
+                schema["pattern"] = trimmed_text_pattern(
+                    min_length=field.min_length, max_length=field.max_length, blank=field.allow_blank
+                )
+            else:
+                schema["pattern"] = text_pattern(blank=True)
+
     def _get_response_bodies(self, direction="response"):
         responses = super()._get_response_bodies(direction)
         codes = ["400", "401", "403", "404", "405", "406", "429"]
@@ -44,3 +95,21 @@ class TesseraAutoSchema(AutoSchema):
                 response["description"] = _WHY[code]
                 responses[code] = response
         return responses
+
+
+class StrictFilterExtension(DjangoFilterExtension):
+    """Query parameters of the list filters as portal.api_params reads them: a filter that carries a
+    `query_schema` (text without NUL, strict booleans, ids, moments) is documented with exactly that schema."""
+
+    target_class = "portal.api_params.FilterBackend"
+    priority = 1
+
+    def resolve_filter_field(self, auto_schema, model, filterset_class, field_name, filter_field):
+        parameters = super().resolve_filter_field(
+            auto_schema, model, filterset_class, field_name, filter_field
+        )
+        schema = getattr(filter_field, "query_schema", None)
+        if schema is not None:
+            for parameter in parameters:
+                parameter["schema"] = dict(schema)
+        return parameters

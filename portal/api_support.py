@@ -143,23 +143,19 @@ class BoundedPagination(PageNumberPagination):
                 p["schema"] = {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_SIZE}
         return parameters
 
+    last_page_strings = ()  # `?page=last` is not a page number: the schema says an integer, and so does this
+
+    def get_page_number(self, request: Any, paginator: Any) -> int:
+        from portal.api_params import int_param  # it builds on ApiError, defined here
+
+        return int_param(request, self.page_query_param, low=1, high=None, default=1)
+
     def get_page_size(self, request: Any) -> int:
-        raw = request.query_params.get(self.page_size_query_param)
-        if raw is None:
-            return self.page_size
-        try:
-            size = int(raw)
-        except ValueError:
-            raise ApiError(
-                f"page_size must be a whole number (got {raw!r}).", field="page_size", limit=MAX_PAGE_SIZE
-            ) from None
-        if size < 1 or size > MAX_PAGE_SIZE:
-            raise ApiError(
-                f"page_size must be between 1 and {MAX_PAGE_SIZE} (got {size}).",
-                field="page_size",
-                limit=MAX_PAGE_SIZE,
-            )
-        return size
+        from portal.api_params import int_param
+
+        return int_param(
+            request, self.page_size_query_param, low=1, high=MAX_PAGE_SIZE, default=self.page_size
+        )
 
 
 class ClientAddressThrottleMixin:

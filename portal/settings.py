@@ -199,7 +199,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_SCHEMA_CLASS": "portal.api_schema.TesseraAutoSchema",
-    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_FILTER_BACKENDS": ["portal.api_params.FilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "portal.api_support.BoundedPagination",
     "DEFAULT_PARSER_CLASSES": [
         "portal.parsers.SafeJSONParser",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import django_filters
 from django.contrib.auth import authenticate
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, serializers, status, throttling, viewsets
@@ -13,6 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from portal.api_params import IdFilter, StrictFilterSet, TextFilter
 from portal.api_support import ApiError, ClientAddressThrottleMixin
 from quotas.api.authentication import BearerTokenAuthentication
 from quotas.api.serializers import (
@@ -82,11 +82,11 @@ def team_summary(
     }
 
 
-class TeamFilterSet(django_filters.FilterSet):
+class TeamFilterSet(StrictFilterSet):
     """By slug, or by parent team id (an id with no team matches nothing; it is not an error)."""
 
-    slug = django_filters.CharFilter()
-    parent = django_filters.NumberFilter(field_name="parent_id")
+    slug = TextFilter(help_text="Team slug.")
+    parent = IdFilter(field_name="parent_id", help_text="The parent team's id.")
 
     class Meta:
         model = Team

@@ -526,6 +526,9 @@ def _event_data(payload: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+MAX_MESSAGE_ID_CHARS = 64  # the agent's own are 32 (a uuid4 in hex)
+
+
 def node_event(*, node_id: int, payload: dict[str, Any], message_id: str = "") -> Outcome:
     """Agent events: prevented neighbour interference (memory watchdog), GPU health changes, MPS trouble.
     An event about a job is refused unless the job's current attempt is placed on this node and still active;
@@ -533,6 +536,9 @@ def node_event(*, node_id: int, payload: dict[str, Any], message_id: str = "") -
     once: a repeat is a no-op."""
     kind = _text(payload.get("kind") or "")[:_EVENT_TEXT_CHARS]
     data = _event_data(payload)
+    if len(message_id) > MAX_MESSAGE_ID_CHARS:
+        # The stored id is what makes a repeat a no-op: a longer one could not be matched when it came again.
+        return Outcome(False, f"a message id is at most {MAX_MESSAGE_ID_CHARS} characters")
     with transaction.atomic():
         node = Node.objects.get(pk=node_id)
         if kind == "prevented_neighbour_interference":
@@ -563,7 +569,7 @@ def node_event(*, node_id: int, payload: dict[str, Any], message_id: str = "") -
                     f"Used {data.get('used_mib')} MiB on {node.name} against a {data.get('limit_mib')} MiB "
                     "slice: stopped before it could push its neighbours out of memory."
                 ),
-                data={**data, "node": node.name, "attempt": attempt, "message_id": message_id[:64]},
+                data={**data, "node": node.name, "attempt": attempt, "message_id": message_id},
             )
             return Outcome(True, changed=True)
         if kind == "gpu_health":

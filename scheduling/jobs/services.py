@@ -75,8 +75,14 @@ class JobSpec:
     workdir: str = ""
 
 
-def _refuse(message: str, field_name: str) -> None:
-    raise ServiceError(message, field=field_name)
+# A spec well formed field by field can still be refused: this cluster can never run it, its fields do not go
+# together, or its team may not (the codes a 400 may carry: portal/api_schema.py).
+CANNOT_RUN = "cannot_run"
+INCOMPATIBLE = "incompatible"
+
+
+def _refuse(message: str, field_name: str, code: str = CANNOT_RUN) -> None:
+    raise ServiceError(message, field=field_name, code=code)
 
 
 def allowed_gpu_models(*, spec: JobSpec, models: list[inventory.GpuModelRow]) -> list[inventory.GpuModelRow]:
@@ -115,9 +121,13 @@ def job_spec_validate(*, spec: JobSpec) -> list[inventory.GpuModelRow]:
         _refuse(f"compute_pct is a share of one GPU: at most 100 (got {spec.compute_pct}).", "compute_pct")
     is_slice = spec.gpu_memory_mib > 0 or spec.compute_pct > 0
     if spec.gpus and is_slice:
-        _refuse("Ask for whole GPUs (gpus) or one slice (gpu_memory / compute_pct), not both.", "gpus")
+        _refuse(
+            "Ask for whole GPUs (gpus) or one slice (gpu_memory / compute_pct), not both.",
+            "gpus",
+            INCOMPATIBLE,
+        )
     if spec.nodes > 1 and spec.gpus == 0:
-        _refuse("A multi-node (gang) job needs whole GPUs on each node: set gpus.", "nodes")
+        _refuse("A multi-node (gang) job needs whole GPUs on each node: set gpus.", "nodes", INCOMPATIBLE)
     if spec.topology not in Topology.values:
         _refuse(f"topology must be one of {', '.join(Topology.values)} (got {spec.topology!r}).", "topology")
     if spec.max_runtime_s is not None and spec.max_runtime_s <= 0:
@@ -197,8 +207,12 @@ def _priority_class_grant(*, spec: JobSpec, team: Team, allowance: TeamAllowance
     if not spec.priority:
         if allowance.default_class is None:
             if not allowance.known_classes:
-                _refuse("No priority class exists; an admin must create one.", "priority")
-            _refuse(f"Team {team.slug} may use no priority class; an admin must grant it one.", "priority")
+                _refuse("No priority class exists; an admin must create one.", "priority", "unknown_priority")
+            _refuse(
+                f"Team {team.slug} may use no priority class; an admin must grant it one.",
+                "priority",
+                "priority_not_granted",
+            )
         return allowance.grant_of(allowance.default_class.name)
     grant = allowance.grant_of(spec.priority)
     if grant is None:
@@ -206,6 +220,7 @@ def _priority_class_grant(*, spec: JobSpec, team: Team, allowance: TeamAllowance
             _refuse(
                 f"Unknown priority {spec.priority!r}; known: {', '.join(allowance.known_classes)}.",
                 "priority",
+                "unknown_priority",
             )
         raise ServiceError(
             f"priority {spec.priority} is not granted to team {team.slug}; team {team.slug} may use: "
@@ -308,6 +323,7 @@ def job_spec_validate_for_team(*, spec: JobSpec, team: Team, allowance: TeamAllo
             f"priority class {priority_class.name} is never preempted; drop preemptible or choose another "
             "priority.",
             field="preemptible",
+            code=INCOMPATIBLE,
         )
     _refuse_beyond_team_limits(spec=spec, team=team, allowance=allowance, grant=grant, models=models)
     return priority_class

@@ -16,6 +16,8 @@ from typing import Any
 from scheduling.choices import Topology
 from scheduling.jobs.documents import SpecError, check_shape, load_document
 from scheduling.jobs.services import (
+    CANNOT_RUN,
+    INCOMPATIBLE,
     MAX_CHECKPOINT_INTERVAL_S,
     MAX_GANG_NODES,
     MAX_GPUS_PER_JOB_NODE,
@@ -91,15 +93,36 @@ _BYTES_PER_UNIT = {
     "tib": 1024**4,
 }
 _SECONDS_PER_UNIT = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
-_QUANTITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|min|m|sec|s)", re.IGNORECASE)
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# The written forms, ASCII only (a Unicode digit or space is no part of a quantity); the API's schema states the
+# same patterns (scheduling/jobs/api/spec_schema.py).
+DIGITS = r"[0-9]+"
+SIZE = (
+    r" *[0-9]+(\.[0-9]+)? *("
+    + "|".join("".join(f"[{c.lower()}{c.upper()}]" for c in unit) for unit in _BYTES_PER_UNIT if unit)
+    + ") *"
+)
+DURATION = r" *([0-9]+(\.[0-9]+)?|([0-9]+(\.[0-9]+)? *([dDhHsS]|[mM]([iI][nN])?|[sS][eE][cC]) *)+) *"
+CPU = r" *[0-9]+(\.[0-9]+)?m? *"
+DECIMAL = r" *[0-9]+(\.[0-9]+)? *"
+ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_QUANTITY = re.compile(r" *([0-9]+(?:\.[0-9]+)?) *([A-Za-z]*) *")
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?) *(d|h|min|m|sec|s)", re.IGNORECASE)
+
+
+# Beyond "invalid" (against the schema), a bound the schema cannot state for a quantity as written ("20TiB", "0s",
+# a digit string); portal/api_schema.py lists every code a 400 may carry.
+OUT_OF_RANGE = "out_of_range"
 
 
 @dataclass(frozen=True, kw_only=True)
 class ParsedSpec:
     team: str | None
     spec: JobSpec
+
+
+def _absent(value: Any, *also: Any) -> bool:
+    """None, or one of `also` (compared as values: False is not 0 here)."""
+    return value is None or (not isinstance(value, bool) and value in also)
 
 
 def _shown(value: Any) -> str:
@@ -114,18 +137,31 @@ def _shown(value: Any) -> str:
 def _int_in(field: str, value: Any, *, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str | float):
         raise SpecError(f"{field} must be a whole number (got {_shown(value)}).", field=field)
-    try:
-        number = value if isinstance(value, int | float) else int(value.strip())
-    except ValueError:
-        raise SpecError(f"{field} must be a whole number (got {_shown(value)}).", field=field) from None
+    if isinstance(value, str) and not re.fullmatch(DIGITS, value):
+        raise SpecError(f"{field} must be a whole number (got {_shown(value)}).", field=field)
+    if isinstance(value, str):
+        digits = value.lstrip("0") or "0"
+        number = int(digits) if len(digits) <= 20 else high + 1  # int() refuses more than 4300 digits
+    else:
+        number = value
     if isinstance(number, float):
         if not number.is_integer():  # NaN and infinities too
             raise SpecError(f"{field} must be a whole number (got {_shown(value)}).", field=field)
         number = int(number)
     if number < low:
-        raise SpecError(f"{field} must be at least {low} (got {_shown(number)}).", field=field, limit=low)
+        raise SpecError(
+            f"{field} must be at least {low} (got {_shown(number)}).",
+            field=field,
+            limit=low,
+            code=OUT_OF_RANGE,
+        )
     if number > high:
-        raise SpecError(f"{field} must be at most {high} (got {_shown(number)}).", field=field, limit=high)
+        raise SpecError(
+            f"{field} must be at most {high} (got {_shown(number)}).",
+            field=field,
+            limit=high,
+            code=OUT_OF_RANGE,
+        )
     return number
 
 
@@ -138,7 +174,7 @@ def parse_memory_mib(value: Any, *, field: str = "memory", high: int = MAX_HOST_
             f"{field} needs a unit, e.g. '{value}GiB' or '{value}MiB' (or give {field}_mib as a number).",
             field=field,
         )
-    match = _QUANTITY.match(str(value))
+    match = _QUANTITY.fullmatch(value) if isinstance(value, str) else None
     unit = match.group(2).lower() if match else ""
     if not match or unit not in _BYTES_PER_UNIT:
         raise SpecError(
@@ -149,7 +185,10 @@ def parse_memory_mib(value: Any, *, field: str = "memory", high: int = MAX_HOST_
     mib = math.ceil(Decimal(match.group(1)) * _BYTES_PER_UNIT[unit] / (1024**2))
     if mib > high:
         raise SpecError(
-            f"{field} must be at most {high} MiB (got {_shown(value)}).", field=field, limit=f"{high}MiB"
+            f"{field} must be at most {high} MiB (got {_shown(value)}).",
+            field=field,
+            limit=f"{high}MiB",
+            code=OUT_OF_RANGE,
         )
     return int(mib)
 
@@ -163,10 +202,10 @@ def _duration_seconds(value: Any, *, field: str) -> float:
             return float(value)
         except OverflowError:  # an int beyond any float: certainly over the limit
             return math.inf
-    text = str(value).strip().replace(" ", "")
-    if re.fullmatch(r"\d+(\.\d+)?", text):
+    text = str(value).strip(" ")
+    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", text):
         return float(text)
-    if text and _DURATION_PART.sub("", text) == "":
+    if isinstance(value, str) and re.fullmatch(DURATION, value):
         return sum(float(n) * _SECONDS_PER_UNIT[u.lower()] for n, u in _DURATION_PART.findall(text))
     raise SpecError(
         f"{field} must be a duration such as '2h', '30m', '90s' or '1h30m' (got {_shown(value)}).",
@@ -178,12 +217,15 @@ def parse_duration_s(value: Any, *, field: str = "max_runtime") -> int:
     """'2h' -> 7200, '30m' -> 1800, '90s' -> 90, '1h30m' -> 5400, 3600 -> 3600 (a bare number is seconds)."""
     seconds = _duration_seconds(value, field=field)
     if seconds <= 0:
-        raise SpecError(f"{field} must be positive (got {_shown(value)}).", field=field, limit=1)
+        raise SpecError(
+            f"{field} must be positive (got {_shown(value)}).", field=field, limit=1, code=OUT_OF_RANGE
+        )
     if seconds > MAX_RUNTIME_S:
         raise SpecError(
             f"{field} must be at most {MAX_RUNTIME_S} s (365 days) (got {_shown(value)}).",
             field=field,
             limit=MAX_RUNTIME_S,
+            code=OUT_OF_RANGE,
         )
     return math.ceil(seconds)
 
@@ -194,13 +236,18 @@ def parse_checkpoint_interval_s(value: Any, *, field: str = "checkpoint_interval
     # Whole up to float error: '1.1m' is 66 s, though 1.1 * 60 is 66.00000000000001.
     whole = round(seconds) if math.isfinite(seconds) else None
     if whole is None or abs(seconds - whole) > 1e-6:
-        raise SpecError(f"{field} must be a whole number of seconds (got {_shown(value)}).", field=field)
+        raise SpecError(
+            f"{field} must be a whole number of seconds (got {_shown(value)}).",
+            field=field,
+            code=OUT_OF_RANGE,
+        )
     low, high = MIN_CHECKPOINT_INTERVAL_S, MAX_CHECKPOINT_INTERVAL_S
     if not low <= whole <= high:
         raise SpecError(
             f"{field} must be between {low} s (1m) and {high} s (7d) (got {_shown(value)}).",
             field=field,
             limit=low if whole < low else high,
+            code=OUT_OF_RANGE,
         )
     return whole
 
@@ -214,9 +261,11 @@ def parse_cpu_milli(value: Any, *, field: str = "cpu") -> int:
             f"{field} must be at most {MAX_CPU_MILLI // 1000} cores (got {_shown(value)}).",
             field=field,
             limit=MAX_CPU_MILLI // 1000,
+            code=OUT_OF_RANGE,
         )
-    text = str(value).strip()
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)(m?)", text)
+    # A number is cores as Decimal reads its digits (0.5, 1e-3); text is cores or millicores as written.
+    text = format(Decimal(str(value)), "f") if isinstance(value, int | float) else value
+    match = re.fullmatch(r" *([0-9]+(?:\.[0-9]+)?)(m?) *", text) if isinstance(text, str) else None
     if not match:
         raise SpecError(
             f"{field} must be cores such as '4' or '0.5', or millicores such as '500m' (got {_shown(value)}).",
@@ -224,27 +273,31 @@ def parse_cpu_milli(value: Any, *, field: str = "cpu") -> int:
         )
     milli = Decimal(match.group(1)) if match.group(2) else Decimal(match.group(1)) * 1000
     if milli != milli.to_integral_value():
-        raise SpecError(f"{field} is counted in whole millicores (got {_shown(value)}).", field=field)
+        raise SpecError(
+            f"{field} is counted in whole millicores (got {_shown(value)}).",
+            field=field,
+            limit="1m",
+            code=OUT_OF_RANGE,
+        )
     if milli < 1:
-        raise SpecError(f"{field} must be at least 1m (got {_shown(value)}).", field=field, limit="1m")
+        raise SpecError(
+            f"{field} must be at least 1m (got {_shown(value)}).", field=field, limit="1m", code=OUT_OF_RANGE
+        )
     if milli > MAX_CPU_MILLI:
         raise SpecError(
             f"{field} must be at most {MAX_CPU_MILLI // 1000} cores (got {_shown(value)}).",
             field=field,
             limit=MAX_CPU_MILLI // 1000,
+            code=OUT_OF_RANGE,
         )
     return int(milli)
 
 
 def _bool(field: str, value: Any) -> bool:
+    """A boolean as JSON and YAML write one (YAML's yes/no/on/off are booleans already); text is refused."""
     if isinstance(value, bool):
         return value
-    text = str(value).strip().lower()
-    if text in {"true", "yes", "1", "on"}:
-        return True
-    if text in {"false", "no", "0", "off"}:
-        return False
-    raise SpecError(f"{field} must be true or false (got {value!r}).", field=field)
+    raise SpecError(f"{field} must be true or false (got {_shown(value)}).", field=field)
 
 
 def _str(field: str, value: Any, *, high: int) -> str:
@@ -261,7 +314,10 @@ def _str(field: str, value: Any, *, high: int) -> str:
         ) from None
     if len(text) > high:
         raise SpecError(
-            f"{field} must be at most {high} characters (got {len(text)}).", field=field, limit=high
+            f"{field} must be at most {high} characters (got {len(text)}).",
+            field=field,
+            limit=high,
+            code=OUT_OF_RANGE,
         )
     return text
 
@@ -294,10 +350,11 @@ def _env(value: Any) -> dict[str, str]:
             f"env may hold at most {MAX_ENV_VARS} variables (got {len(value)}).",
             field="env",
             limit=MAX_ENV_VARS,
+            code=OUT_OF_RANGE,
         )
     env = {}
     for name, raw in value.items():
-        if not isinstance(name, str) or not _ENV_NAME.match(name):
+        if not isinstance(name, str) or not re.fullmatch(ENV_NAME, name):
             raise SpecError(f"env name {name!r} is not a valid variable name.", field="env")
         if isinstance(raw, dict | list) or raw is None:
             raise SpecError(f"env {name} must be a plain value.", field="env")
@@ -316,14 +373,19 @@ def _gpu_models(value: Any) -> tuple[str, ...]:
         )
     if len(items) > MAX_GPU_MODELS:
         raise SpecError(
-            f"gpu_models may list at most {MAX_GPU_MODELS} models.", field="gpu_models", limit=MAX_GPU_MODELS
+            f"gpu_models may list at most {MAX_GPU_MODELS} models.",
+            field="gpu_models",
+            limit=MAX_GPU_MODELS,
+            code=OUT_OF_RANGE,
         )
     return tuple(v.strip() for v in items)
 
 
 def _compute_capability(value: Any) -> Decimal:
     try:
-        number = Decimal(value if isinstance(value, int) else str(value).strip())
+        if isinstance(value, bool) or (isinstance(value, str) and not re.fullmatch(DECIMAL, value)):
+            raise InvalidOperation
+        number = Decimal(value if isinstance(value, int) else str(value).strip(" "))
     except InvalidOperation:
         raise SpecError(
             f"min_compute_capability must be a number such as 8.0 (got {_shown(value)}).",
@@ -334,6 +396,7 @@ def _compute_capability(value: Any) -> Decimal:
             f"min_compute_capability must be between 0 and 99.9 (got {_shown(value)}).",
             field="min_compute_capability",
             limit="99.9",
+            code=OUT_OF_RANGE,
         )
     return number.quantize(Decimal("0.1"))
 
@@ -343,11 +406,12 @@ def _refuse_odd_numbers(field: str, value: Any) -> None:
     (str() of one past 4300 digits raises): refuse them wherever they sit in a field."""
     if isinstance(value, float) and not math.isfinite(value):
         raise SpecError(f"{field} must be a finite number (got {value!r}).", field=field)
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SPEC_INT:
+    if isinstance(value, int | float) and not isinstance(value, bool) and abs(value) > MAX_SPEC_INT:
         raise SpecError(
             f"{field} must be a number of at most {MAX_SPEC_INT} (got {_shown(value)}).",
             field=field,
             limit=MAX_SPEC_INT,
+            code=OUT_OF_RANGE,
         )
     if isinstance(value, dict):
         for item in value.values():
@@ -371,7 +435,9 @@ def spec_from_mapping(data: Any) -> ParsedSpec:
                 f"Unknown field {key!r}; a spec may have: {', '.join(SPEC_FIELDS)}.", field=str(key)
             )
         if name in fields:
-            raise SpecError(f"{name} is given twice ({key!r} is another name for it).", field=name)
+            raise SpecError(
+                f"{name} is given twice ({key!r} is another name for it).", field=name, code=INCOMPATIBLE
+            )
         _refuse_odd_numbers(name, value)
         # Unit-free aliases carry the model's units directly.
         if key in ("gpu_memory_mib", "min_gpu_memory_mib", "memory_mib"):
@@ -396,21 +462,21 @@ def spec_from_mapping(data: Any) -> ParsedSpec:
         raise SpecError("command must not be empty.", field="command")
     if fields.get("gpus") is not None:
         kwargs["gpus"] = _int_in("gpus", fields["gpus"], low=0, high=MAX_GPUS_PER_JOB_NODE)
-    if fields.get("gpu_memory") not in (None, 0, "0"):
+    if not _absent(fields.get("gpu_memory"), 0, "0"):
         kwargs["gpu_memory_mib"] = parse_memory_mib(
             fields["gpu_memory"], field="gpu_memory", high=MAX_GPU_MEMORY_MIB
         )
     if fields.get("compute_pct") is not None:
         kwargs["compute_pct"] = _int_in("compute_pct", fields["compute_pct"], low=0, high=100)
     kwargs["gpu_models"] = _gpu_models(fields.get("gpu_models"))
-    if fields.get("min_gpu_memory") not in (None, 0, "0"):
+    if not _absent(fields.get("min_gpu_memory"), 0, "0"):
         kwargs["min_gpu_memory_mib"] = parse_memory_mib(
             fields["min_gpu_memory"], field="min_gpu_memory", high=MAX_GPU_MEMORY_MIB
         )
     if fields.get("min_compute_capability") is not None:
         kwargs["min_compute_capability"] = _compute_capability(fields["min_compute_capability"])
     if fields.get("topology") is not None:
-        topology = str(fields["topology"]).strip().lower()
+        topology = fields["topology"]
         if topology not in Topology.values:
             raise SpecError(
                 f"topology must be one of {', '.join(Topology.values)} (got {fields['topology']!r}).",
@@ -424,7 +490,7 @@ def spec_from_mapping(data: Any) -> ParsedSpec:
     if fields.get("memory") is not None:
         kwargs["memory_mib"] = parse_memory_mib(fields["memory"], field="memory")
         if kwargs["memory_mib"] < 1:
-            raise SpecError("memory must be at least 1MiB.", field="memory", limit="1MiB")
+            raise SpecError("memory must be at least 1MiB.", field="memory", limit="1MiB", code=OUT_OF_RANGE)
     if fields.get("priority") not in (None, ""):
         kwargs["priority"] = _str("priority", fields["priority"], high=50).strip()
     if fields.get("preemptible") is not None:
@@ -444,6 +510,7 @@ def spec_from_mapping(data: Any) -> ParsedSpec:
         raise SpecError(
             "Ask for GPUs: set gpus (whole cards) or gpu_memory and/or compute_pct (a slice of one card).",
             field="gpus",
+            code=INCOMPATIBLE,
         )
     team = fields.get("team")
     return ParsedSpec(
@@ -522,4 +589,5 @@ def spec_check_card_limits(spec: JobSpec) -> None:
             f"gpu_memory {spec.gpu_memory_mib} MiB is more than the largest allowed GPU has ({largest} MiB).",
             field="gpu_memory",
             limit=f"{largest}MiB",
+            code=CANNOT_RUN,
         )

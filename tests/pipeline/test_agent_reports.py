@@ -187,3 +187,12 @@ def test_an_event_about_a_job_that_has_ended_is_refused(node, running, alice):
     outcome = node_event(node_id=node.pk, payload=_interference(running), message_id="m-19")
     assert not outcome.ok
     assert running.events.count() == before
+
+
+def test_an_event_with_a_message_id_too_long_to_store_is_refused_not_recorded_again_and_again(node, running):
+    # The id is what makes a repeat a no-op; one longer than the stored id (64) could not be matched again.
+    before = running.events.count()
+    for _ in range(3):
+        outcome = node_event(node_id=node.pk, payload=_interference(running), message_id="m-" + "7" * 100)
+        assert not outcome.ok and "64" in outcome.error
+    assert running.events.count() == before

@@ -1,57 +1,31 @@
-"""Filters for job lists: by state, team, user, priority class, and "mine"."""
+"""Filters for job lists: by state, team, user, priority class, "mine" and submit time (portal.api_params says
+how each value is read)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import django_filters
 from django.db.models import QuerySet
-from rest_framework.exceptions import ValidationError
 
+from portal.api_params import MOMENT_HELP, MomentFilter, StrictFilterSet, TextFilter
 from scheduling.choices import JobState
 from scheduling.jobs.models import Job
 
-EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
-LATEST = datetime(9999, 1, 1, tzinfo=UTC)
 
-
-class BoundedIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
-    """An ISO date-time between 1970 and 9999: far-off years with odd offsets are refused, not crashed on."""
-
-    def __init__(self, *args, param: str, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.param = param  # the query parameter, for the error
-
-    def filter(self, qs: QuerySet, value: datetime | None) -> QuerySet:
-        if value is not None:
-            try:
-                in_range = EARLIEST <= value.astimezone(UTC) <= LATEST
-            except (OverflowError, ValueError):
-                in_range = False
-            if not in_range:
-                raise ValidationError(
-                    {self.param: [f"Give a date-time between {EARLIEST.year} and {LATEST.year}."]}
-                )
-            # In UTC: Python takes offsets up to 24 h, PostgreSQL refuses those beyond 15:59.
-            value = value.astimezone(UTC)
-        return super().filter(qs, value)
-
-
-class JobFilterSet(django_filters.FilterSet):
+class JobFilterSet(StrictFilterSet):
     state = django_filters.MultipleChoiceFilter(choices=JobState.choices, help_text="Repeat for several.")
-    team = django_filters.CharFilter(field_name="team__slug", help_text="Team slug.")
-    user = django_filters.CharFilter(field_name="submitter__username", help_text="Submitter's username.")
-    priority = django_filters.CharFilter(field_name="priority_class__name", help_text="Priority class name.")
+    team = TextFilter(field_name="team__slug", help_text="Team slug.")
+    user = TextFilter(field_name="submitter__username", help_text="Submitter's username.")
+    priority = TextFilter(field_name="priority_class__name", help_text="Priority class name.")
     mine = django_filters.ChoiceFilter(
         method="filter_mine",
         choices=[(v, v) for v in ("true", "false")],
         help_text="true: only jobs you submitted; false: only others'. Anything else is refused (400).",
     )
-    submitted_after = BoundedIsoDateTimeFilter(
-        param="submitted_after", field_name="submitted_at", lookup_expr="gte"
+    submitted_after = MomentFilter(
+        field_name="submitted_at", lookup_expr="gte", help_text=f"Submitted at or after. {MOMENT_HELP}"
     )
-    submitted_before = BoundedIsoDateTimeFilter(
-        param="submitted_before", field_name="submitted_at", lookup_expr="lt"
+    submitted_before = MomentFilter(
+        field_name="submitted_at", lookup_expr="lt", help_text=f"Submitted before. {MOMENT_HELP}"
     )
 
     class Meta:
@@ -67,9 +41,9 @@ class JobFilterSet(django_filters.FilterSet):
         return queryset.exclude(submitter=user)
 
 
-class QueueFilterSet(django_filters.FilterSet):
-    team = django_filters.CharFilter(field_name="team__slug", help_text="Team slug.")
-    priority = django_filters.CharFilter(field_name="priority_class__name")
+class QueueFilterSet(StrictFilterSet):
+    team = TextFilter(field_name="team__slug", help_text="Team slug.")
+    priority = TextFilter(field_name="priority_class__name", help_text="Priority class name.")
 
     class Meta:
         model = Job

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from datetime import UTC, datetime, time, timedelta
+import itertools
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import Prefetch
 from django.utils import timezone
-from django.utils.dateparse import parse_date, parse_datetime
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, mixins, status, viewsets
@@ -25,6 +26,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from portal.api_params import MOMENT_HELP, MOMENT_SCHEMA, TEXT_SCHEMA, int_param, moment_param, query_value
 from portal.api_support import ApiError, CsvRenderer, SubmitRateThrottle
 from portal.parsers import SafeJSONParser
 from quotas.models import Team
@@ -33,7 +35,8 @@ from quotas.services import idempotency_record_create
 from scheduling.agents import joblogs
 from scheduling.errors import ServiceError
 from scheduling.jobs.api import serializers as s
-from scheduling.jobs.api.filtersets import EARLIEST, LATEST, JobFilterSet, QueueFilterSet
+from scheduling.jobs.api import spec_schema  # noqa: F401 - registers the submit body's schema
+from scheduling.jobs.api.filtersets import JobFilterSet, QueueFilterSet
 from scheduling.jobs.chargeback import GROUPS, MAX_WINDOW, usage_rows
 from scheduling.jobs.documents import MAX_DEPTH, MAX_SPEC_BYTES, MAX_VALUES
 from scheduling.jobs.models import Job, Slice
@@ -46,6 +49,8 @@ MAX_IDEMPOTENCY_KEY_CHARS = 200
 
 
 USAGE_MEASURES = ("gpu_hours", "gpu_memory_gib_hours", "jobs")  # after the group columns
+# Every way to write group_by: one to three of GROUPS, each at most once, in any order.
+USAGE_GROUPINGS = [",".join(p) for n in (1, 2, 3) for p in itertools.permutations(GROUPS, n)]
 
 
 MAX_LOG_TAIL_LINES = 10_000
@@ -58,6 +63,13 @@ class SpecJSONParser(SafeJSONParser):
     max_values = MAX_VALUES
 
 
+@dataclass(frozen=True)
+class YamlDocument:
+    """A YAML body, unread: its own type, so no JSON body can pass for one."""
+
+    raw: bytes
+
+
 class YamlParser(BaseParser):
     """Job specs posted as YAML (`Content-Type: application/yaml`); parsed by scheduling.jobs.spec."""
 
@@ -65,7 +77,7 @@ class YamlParser(BaseParser):
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
         # One byte past the limit is enough for the spec reader to refuse it; the rest is never read.
-        return {"__yaml__": stream.read(MAX_SPEC_BYTES + 1) if stream is not None else b""}
+        return YamlDocument(stream.read(MAX_SPEC_BYTES + 1) if stream is not None else b"")
 
 
 def _resolve_team(*, user: Any, slug: str | None) -> Team:
@@ -179,10 +191,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     def _submit(self, request: Request) -> Response:
         data = request.data
-        if isinstance(data, dict) and "__yaml__" in data:
-            parsed = spec_from_text(data["__yaml__"])
-        else:
-            parsed = spec_from_mapping(data)
+        parsed = spec_from_text(data.raw) if isinstance(data, YamlDocument) else spec_from_mapping(data)
         team = _resolve_team(user=request.user, slug=parsed.team)
         try:
             job = job_submit(submitter=request.user, team=team, spec=parsed.spec)
@@ -248,24 +257,24 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def logs(self, request: Request, pk: str | None = None) -> Response:
         """The job's output: the tail by default, or bytes from an offset (follow with next_offset)."""
         job = self.get_object()
-        stream = request.query_params.get("stream", "stdout")
+        stream = query_value(request, "stream") or "stdout"
         if stream not in joblogs.STREAMS:
             raise ApiError(f"stream must be one of {', '.join(joblogs.STREAMS)}.", field="stream")
-        encoding = request.query_params.get("encoding") or "text"
+        encoding = query_value(request, "encoding") or "text"
         if encoding not in s.LOG_ENCODINGS:
             raise ApiError(
                 f"encoding must be one of {', '.join(s.LOG_ENCODINGS)} (got {encoding[:40]!r}).",
                 field="encoding",
             )
-        offset = _int_param(request, "offset", low=0, high=2**62, default=None)
+        offset = int_param(request, "offset", low=0, high=2**62, default=None)
         if offset is not None:
-            limit = _int_param(
+            limit = int_param(
                 request, "limit_bytes", low=1, high=joblogs.MAX_READ_BYTES, default=joblogs.MAX_READ_BYTES
             )
             data, size = joblogs.log_read(job_id=job.pk, stream=stream, offset=offset, limit_bytes=limit)
             start = min(offset, size)
         else:
-            lines = _int_param(request, "tail", low=0, high=MAX_LOG_TAIL_LINES, default=100)
+            lines = int_param(request, "tail", low=0, high=MAX_LOG_TAIL_LINES, default=100)
             data, size = joblogs.log_tail(job_id=job.pk, stream=stream, lines=lines)
             start = size - len(data)
         body = {
@@ -284,19 +293,6 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return Response(s.JobLogSerializer(body).data)
 
 
-def _int_param(request: Request, name: str, *, low: int, high: int, default: int | None) -> int | None:
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ApiError(f"{name} must be a whole number (got {raw!r}).", field=name) from None
-    if value < low or value > high:
-        raise ApiError(f"{name} must be between {low} and {high} (got {value}).", field=name, limit=high)
-    return value
-
-
 class QueueView(generics.GenericAPIView):
     """Pending jobs in the engine's order. Other teams' entries are anonymous: no id, name, user or reason text."""
 
@@ -313,39 +309,6 @@ class QueueView(generics.GenericAPIView):
         return self.get_paginated_response(s.QueueEntrySerializer(entries, many=True).data)
 
 
-def _moment(raw: str | None, *, name: str) -> datetime | None:
-    """The query parameter as an aware datetime between 1970 and 9999 (as BoundedIsoDateTimeFilter), or None."""
-    if raw in (None, ""):
-        return None
-    try:
-        moment = parse_datetime(raw) if "T" in raw or " " in raw else None
-    except ValueError:  # well formed but no such moment, e.g. 2026-02-30T00:00
-        moment = None
-    if moment is None:
-        try:
-            day = parse_date(raw)
-        except ValueError:
-            day = None
-        if day is None:
-            raise ApiError(
-                f"{name} must be a date (2026-01-31) or an ISO date-time (got {raw!r}).", field=name
-            )
-        moment = datetime.combine(day, time.min)
-    if timezone.is_naive(moment):
-        moment = moment.replace(tzinfo=UTC)
-    try:
-        in_range = EARLIEST <= moment.astimezone(UTC) <= LATEST
-    except (OverflowError, ValueError):  # year 1 with a positive offset falls before datetime.min
-        in_range = False
-    if not in_range:
-        raise ApiError(
-            f"{name} must be between {EARLIEST.year} and {LATEST.year} (got {raw!r}).",
-            field=name,
-            limit=f"{EARLIEST.year}..{LATEST.year}",
-        )
-    return moment.astimezone(UTC)  # Python takes offsets up to 24 h, PostgreSQL refuses those beyond 15:59
-
-
 class UsageView(APIView):
     """GPU-hours in whole-GPU equivalents by team, user and/or day, as JSON or CSV (?format=csv).
 
@@ -356,13 +319,17 @@ class UsageView(APIView):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("since", str, description="Date or date-time; default 30 days ago."),
-            OpenApiParameter("until", str, description="Date or date-time (exclusive); default now."),
             OpenApiParameter(
-                "group_by", str, description="Comma list of team, user, day (default team,user,day)."
+                "since", MOMENT_SCHEMA, description=f"Default 30 days before until. {MOMENT_HELP}"
             ),
-            OpenApiParameter("team", str, description="Only this team (slug)."),
-            OpenApiParameter("user", str, description="Only this user."),
+            OpenApiParameter("until", MOMENT_SCHEMA, description=f"Exclusive; default now. {MOMENT_HELP}"),
+            OpenApiParameter(
+                "group_by",
+                {"type": "string", "enum": USAGE_GROUPINGS},
+                description="Comma list of team, user, day, each at most once (default team,user,day).",
+            ),
+            OpenApiParameter("team", TEXT_SCHEMA, description="Only this team (slug)."),
+            OpenApiParameter("user", TEXT_SCHEMA, description="Only this user."),
             OpenApiParameter("format", str, enum=["json", "csv"]),
         ],
         responses={
@@ -372,33 +339,34 @@ class UsageView(APIView):
     )
     def get(self, request: Request) -> Response:
         # An empty ?format= reaches here (DRF's negotiation answers a format it has no renderer for with 404).
-        chosen = request.query_params.get("format")
+        chosen = query_value(request, "format")
         if chosen is not None and chosen not in ("json", "csv"):
             raise ApiError(f"format must be json or csv (got {chosen!r}).", field="format")
         now = timezone.now()
-        until = _moment(request.query_params.get("until"), name="until") or now
-        since = _moment(request.query_params.get("since"), name="since") or until - timedelta(days=30)
+        until = moment_param(request, "until") or now
+        since = moment_param(request, "since") or until - timedelta(days=30)
         if since >= until:
-            raise ApiError("since must be before until.", field="since")
+            raise ApiError("since must be before until.", code="incompatible", field="since")
         if until - since > MAX_WINDOW:
             raise ApiError(
                 f"The window may span at most {MAX_WINDOW.days} days.",
+                code="out_of_range",
                 field="since",
                 limit=f"{MAX_WINDOW.days}d",
             )
-        raw_groups = request.query_params.get("group_by") or ",".join(GROUPS)
-        group_by = tuple(g.strip() for g in raw_groups.split(",") if g.strip())
-        unknown = [g for g in group_by if g not in GROUPS]
-        if unknown or not group_by or len(set(group_by)) != len(group_by):
+        raw_groups = query_value(request, "group_by") or ",".join(GROUPS)
+        if raw_groups not in USAGE_GROUPINGS:
             raise ApiError(
-                f"group_by takes a comma list of {', '.join(GROUPS)} (got {raw_groups!r}).", field="group_by"
+                f"group_by takes a comma list of {', '.join(GROUPS)}, each at most once (got {raw_groups[:60]!r}).",
+                field="group_by",
             )
+        group_by = tuple(raw_groups.split(","))
         self.csv_columns = [g for g in GROUPS if g in group_by] + list(USAGE_MEASURES)
         jobs = jobs_visible_to(user=request.user)
-        if request.query_params.get("team"):
-            jobs = jobs.filter(team__slug=request.query_params["team"])
-        if request.query_params.get("user"):
-            jobs = jobs.filter(submitter__username=request.query_params["user"])
+        if team := query_value(request, "team"):
+            jobs = jobs.filter(team__slug=team)
+        if user := query_value(request, "user"):
+            jobs = jobs.filter(submitter__username=user)
         rows = usage_rows(jobs=jobs, since=since, until=min(until, now), group_by=group_by)
         data = s.UsageRowSerializer(rows, many=True).data
         headers = {}
