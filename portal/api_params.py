@@ -89,9 +89,9 @@ def int_param(request: Any, name: str, *, low: int, high: int | None, default: i
     raw = query_value(request, name)
     if raw is None:
         return default
-    try:
-        value = int(raw) if raw.isascii() else None
-    except ValueError:
+    try:  # digits as written: int() would also take " 5", "+5", "5_0" and other scripts' digits
+        value = int(raw) if re.fullmatch(r"-?[0-9]+", raw) else None
+    except ValueError:  # more than 4300 digits
         value = None
     if value is None:
         raise ApiError(f"{name} must be a whole number (got {raw[:40]!r}).", field=name)

@@ -106,7 +106,7 @@ def test_a_parent_team_id_must_be_a_whole_number(as_alice, value):
     _refused(as_alice.get(f"/api/v1/teams/?parent={value}"), "parent")
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "last", "x"])
+@pytest.mark.parametrize("value", ["0", "-1", "last", "x", "%2B1", "%201", "1_0"])
 def test_a_page_is_a_whole_number_from_1(as_alice, value):
     _refused(as_alice.get(f"/api/v1/jobs/?page={value}"), "page")
 
