@@ -535,10 +535,12 @@ def usage(argv: Sequence[str]) -> int:
 
     def handle(args: argparse.Namespace) -> int:
         client = Client.from_config()
+        # "team, user" as people type it; the API takes the list written without spaces.
+        groups = [g.strip() for g in args.by.split(",") if g.strip()]
         params = {
             "since": args.since,
             "until": args.until,
-            "group_by": args.by,
+            "group_by": ",".join(groups),
             "team": args.team,
             "user": args.user,
         }
@@ -551,7 +553,6 @@ def usage(argv: Sequence[str]) -> int:
         if args.json:
             _print_json(rows)
             return ExitCode.OK
-        groups = [g.strip() for g in args.by.split(",") if g.strip()]
         print(
             table(
                 [

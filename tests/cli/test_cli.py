@@ -200,6 +200,8 @@ def test_usage_nodes_and_top_once_print_tables(logged_in):
     usage = logged_in("usage")
     assert usage.returncode == 0 and "GPU_HOURS" in usage.stdout and "Total: 0.00 GPU-hours" in usage.stdout
     assert logged_in("usage", "--csv").stdout.strip() == "team,user,gpu_hours,gpu_memory_gib_hours,jobs"
+    spaced = logged_in("usage", "--by", "team, user")  # as people type it
+    assert spaced.returncode == 0 and "Total: 0.00 GPU-hours" in spaced.stdout, spaced.stderr
     from asgiref.sync import async_to_sync
 
     from scheduling.agents.live_metrics import live_metrics_store
