@@ -46,10 +46,6 @@ class ApplyResult:
     relabelled: int = 0  # running jobs whose "on borrowed capacity" label changed with their team's standing
 
 
-def _job_nodes(job_id: int) -> set[str]:
-    return set(Slice.objects.filter(job_id=job_id).values_list("gpu__node__name", flat=True))
-
-
 def _fault_point(name: str, detail: str = "") -> None:
     """Fault injection for the failure tests: TESSERA_FAULT_<NAME>_DELAY_S pauses the cycle here, inside its
     transaction, so a test can kill the worker mid-write. Unset (always, in production) it does nothing."""
@@ -146,9 +142,15 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
         placement_nodes = {a.node for p in decisions.placements for a in p.assignments}
         eviction_ids = [int(e.job_id) for e in decisions.evictions]
         placement_ids = [int(p.job_id) for p in decisions.placements]
-        victim_nodes = set(
-            Slice.objects.filter(job_id__in=eviction_ids).values_list("gpu__node__name", flat=True)
-        )
+        # What each victim holds, read once: the nodes to tell and the GPUs its preemptor waits for.
+        victim_nodes_of: dict[int, set[str]] = {}
+        victim_pct_of: dict[int, int] = {}
+        for job_id, node_name, pct in Slice.objects.filter(job_id__in=eviction_ids).values_list(
+            "job_id", "gpu__node__name", "compute_pct"
+        ):
+            victim_nodes_of.setdefault(job_id, set()).add(node_name)
+            victim_pct_of[job_id] = victim_pct_of.get(job_id, 0) + pct
+        victim_nodes = set().union(*victim_nodes_of.values())
         nodes = {n.name: n for n in lock_objects.nodes_for_update(names=placement_nodes | victim_nodes)}
         jobs = {j.pk: j for j in lock_objects.jobs_for_update(ids=eviction_ids + placement_ids)}
         # A gang with a failed member is ending already (failed): evicting it would requeue a failed job.
@@ -159,11 +161,12 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
             job = jobs.get(int(ev.job_id))
             if job is None or job.state not in ACTIVE_STATES or job.pk in ending:
                 continue
-            on_nodes = _job_nodes(job.pk)
+            on_nodes = victim_nodes_of.get(job.pk, set())
             for_whom = freed.setdefault(int(ev.preemptor_id), _Freed(code=ev.code or "preempted"))
-            held_pct = sum(Slice.objects.filter(job_id=job.pk).values_list("compute_pct", flat=True))
             team = job.team.slug
-            for_whom.gpus_by_team[team] = for_whom.gpus_by_team.get(team, 0.0) + held_pct / 100
+            for_whom.gpus_by_team[team] = (
+                for_whom.gpus_by_team.get(team, 0.0) + victim_pct_of.get(job.pk, 0) / 100
+            )
             for_whom.grace_s = max(for_whom.grace_s, ev.grace_s)
             verb = "Reclaimed for" if ev.code == "reclaimed" else "Preempted by"
             job_transition(

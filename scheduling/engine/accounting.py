@@ -403,10 +403,35 @@ def running_charges(ctx: CycleContext) -> dict[str, tuple[int, int]]:
     return charges
 
 
+def standing(
+    ctx: CycleContext, jobs: Iterable[Job], assignments: Mapping[str, tuple[Assignment, ...]]
+) -> set[str]:
+    """Which of these jobs run on borrowed capacity, holding these assignments: per team, jobs in guarantee order
+    fill the all-models guarantee (`borrowed_ids`); for a team with per-GPU-model rows, they also fill each
+    model's guarantee with what they hold on that model, and a job beyond one of those is borrowed too."""
+    jobs = list(jobs)
+    charges = {job.id: charge_of(assignments.get(job.id, ())) for job in jobs}
+    borrowed = borrowed_ids(ctx.snapshot.quotas, jobs, charges)
+    limited = model_limited_teams(ctx)
+    if not limited:
+        return borrowed
+    per_model: dict[tuple[str, str], dict[str, tuple[int, int]]] = {}
+    for job in jobs:
+        if job.team in limited:
+            for model, charge in charges_by_model(ctx, assignments.get(job.id, ())).items():
+                per_model.setdefault((job.team, model), {})[job.id] = charge
+    by_id = {job.id: job for job in jobs}
+    for (team, model), model_charges in per_model.items():
+        row = ctx.snapshot.quotas[team].for_model(model)
+        if row is not None:
+            holders = [by_id[job_id] for job_id in model_charges]
+            borrowed |= borrowed_ids({team: row}, holders, model_charges)
+    return borrowed
+
+
 def running_borrowed(ctx: CycleContext) -> set[str]:
     """The snapshot's running jobs on borrowed capacity, as the teams stand at the start of the cycle
-    (`borrowed_ids`). A team counted per GPU model also borrows where a placement went beyond a per-model
-    guarantee (the job's `borrowed` flag as placed). Do not change the set returned."""
+    (`standing`). Do not change the set returned."""
     known = ctx.cache.get("accounting.running_borrowed")
     if known is None:
         snap = ctx.snapshot
@@ -415,11 +440,7 @@ def running_borrowed(ctx: CycleContext) -> set[str]:
         if memo is not None and memo[0] is snap.quotas:
             known = memo[1]
         else:
-            known = borrowed_ids(snap.quotas, snap.running, running_charges(ctx))
-            for job in snap.running:
-                quota = snap.quotas.get(job.team)
-                if job.borrowed and quota is not None and quota.per_model:
-                    known.add(job.id)
+            known = standing(ctx, snap.running, {job.id: job.assignments for job in snap.running})
             kept["borrowed"] = (snap.quotas, known)
         ctx.cache["accounting.running_borrowed"] = known
     return known

@@ -13,12 +13,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-from scheduling.engine.accounting import borrowed_ids, effective_quotas, running_charges
+from scheduling.engine.accounting import effective_quotas, standing
 from scheduling.engine.actions import get_action
 from scheduling.engine.framework import Profile
 from scheduling.engine.pending import explain_pending
 from scheduling.engine.profiles import check_profile
-from scheduling.engine.resources import charge_of
 from scheduling.engine.session import Session
 from scheduling.engine.state import EngineState, load_plugins
 from scheduling.engine.types import Decisions, Job, Snapshot
@@ -113,22 +112,15 @@ def run_cycle(snapshot: Snapshot, profile: Profile) -> Decisions:
 
 def _borrowed_after(session: Session) -> set[str]:
     """The running and placed jobs on borrowed capacity once the decisions hold: the teams' standing after the
-    cycle (`accounting.borrowed_ids`), and where a per-model guarantee was passed, the placement's own flag."""
+    cycle (`accounting.standing`)."""
     snap, evicted = session.snap, session.evicted
-    charges = dict(running_charges(session.ctx))
     jobs = [j for j in snap.running if j.id not in evicted]
     if snap.focus:
         # A what-if wants its placements' labels, not the whole cluster's: only the teams that placed are ranked.
         placed_teams = {j.team for j in session.placed_jobs}
         jobs = [j for j in jobs if j.team in placed_teams]
+    assignments = {j.id: j.assignments for j in jobs}
     for job, placement in zip(session.placed_jobs, session.placements, strict=True):
-        charges[job.id] = charge_of(placement.assignments)
+        assignments[job.id] = placement.assignments
         jobs.append(job)
-    borrowed = borrowed_ids(snap.quotas, jobs, charges)
-    for job in snap.running:
-        if job.id not in evicted and job.borrowed and job.team in session.restricted:
-            borrowed.add(job.id)
-    for job, placement in zip(session.placed_jobs, session.placements, strict=True):
-        if placement.borrowed and job.team in session.restricted:
-            borrowed.add(job.id)
-    return borrowed
+    return standing(session.ctx, jobs, assignments)

@@ -153,6 +153,12 @@ def work_lost_s(now: float, v: Job) -> float:
     return max(0.0, ran) * max(comp, 1) / WHOLE_GPU_MILLI
 
 
+def work_then_count(s: Session, chosen: list[Holding]) -> tuple:
+    """A victim set's cost as reclaim and share weigh it: the work it throws away, then how many jobs."""
+    now = s.snap.now
+    return (sum(work_lost_s(now, v.job) for v in chosen), len(chosen))
+
+
 # The cost of a node the job fits on without evicting anything: below every rule's cost.
 _FREE: tuple = (-float("inf"),)
 

@@ -19,7 +19,7 @@ from scheduling.engine.accounting import (
     within_guarantee,
 )
 from scheduling.engine.actions.base import Action
-from scheduling.engine.eviction import Victims, evict_for_blocked, work_lost_s
+from scheduling.engine.eviction import Victims, evict_for_blocked, work_lost_s, work_then_count
 from scheduling.engine.session import Holding, Session
 from scheduling.engine.types import Job
 
@@ -90,8 +90,7 @@ class BorrowingMore:
         return (-over, work_lost_s(s.snap.now, v.job), v.job.priority, v.job.id)
 
     def cost(self, s: Session, chosen: list[Holding]) -> tuple:
-        now = s.snap.now
-        return (sum(work_lost_s(now, v.job) for v in chosen), len(chosen))
+        return work_then_count(s, chosen)
 
 
 class Share(Action):
