@@ -40,6 +40,7 @@ INSTALLED_APPS = [
     "portal",
     "quotas",
     "scheduling",
+    "scheduling.history",
     "frontend",
 ]
 
@@ -157,10 +158,19 @@ TESSERA_CYCLE_MAX_S = env.float("TESSERA_CYCLE_MAX_S", default=120.0)
 TESSERA_WATCHDOG_INTERVAL_S = env.float("TESSERA_WATCHDOG_INTERVAL_S", default=5.0)
 # Engine profile parameters to override, as JSON, e.g. {"min_runtime_s": 60} (docs/engine.md lists them).
 TESSERA_SCHEDULER_PARAMS = env.json("TESSERA_SCHEDULER_PARAMS", default={})
+# History (scheduling/history): rollups each minute, kept this many days (docs/operations.md, "History").
+TESSERA_HISTORY_RETENTION_DAYS = env.int("TESSERA_HISTORY_RETENTION_DAYS", default=30)
+TESSERA_HISTORY_INTERVAL_S = env.float("TESSERA_HISTORY_INTERVAL_S", default=60.0)
 # Beat must run once; both tasks are safe to run twice anyway (RELIABILITY.md, "two beats").
 CELERY_BEAT_SCHEDULE = {
     "scheduling-cycle": {"task": "scheduling.tasks.cycle_tick", "schedule": TESSERA_CYCLE_INTERVAL_S},
     "node-watchdog": {"task": "scheduling.tasks.node_watchdog_task", "schedule": TESSERA_WATCHDOG_INTERVAL_S},
+    "history-record": {
+        "task": "scheduling.tasks.history_record_task",
+        "schedule": TESSERA_HISTORY_INTERVAL_S,
+    },
+    "history-usage": {"task": "scheduling.tasks.history_usage_task", "schedule": 300.0},
+    "history-maintain": {"task": "scheduling.tasks.history_maintain_task", "schedule": 3600.0},
 }
 
 # --- Auth, API --------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from scheduling.cycle import requests, runner, watchdog
+from scheduling.history import recorder
 
 
 @shared_task(name=requests.RUN_CYCLE_TASK, ignore_result=True)
@@ -27,3 +28,21 @@ def node_watchdog_task() -> dict:
     Safe to run twice at once (two beats): every step re-checks its condition under row locks.
     """
     return watchdog.watchdog_run()
+
+
+@shared_task(ignore_result=True)
+def history_record_task() -> bool:
+    """This minute's history rows (a second run of the same minute writes nothing)."""
+    return recorder.history_record()
+
+
+@shared_task(ignore_result=True)
+def history_usage_task() -> int:
+    """The last two hours' GPU-seconds per team, user and model, from the jobs' own records."""
+    return recorder.usage_hours_roll()
+
+
+@shared_task(ignore_result=True)
+def history_maintain_task() -> dict:
+    """The next days' partitions; history older than the retention period dropped."""
+    return recorder.history_maintain()

@@ -29,11 +29,13 @@ from agent import protocol
 from scheduling.agents import live_metrics
 from scheduling.agents import reports as agent_services
 from scheduling.cycle.desired_state import DesiredState, desired_state_for_node, desired_version_raise
+from scheduling.history.recorder import gpu_events_record
 from scheduling.inventory.models import Node
 from scheduling.inventory.services import node_authenticate
 from scheduling.realtime import groups
 
 log = logging.getLogger(__name__)
+MAX_GPUS_PER_SAMPLE = 64
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_WRONG_NODE = 4403
@@ -387,6 +389,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
         )
 
     async def on_metrics(self, payload: dict) -> None:
+        gpus = payload.get("gpus")
+        if isinstance(gpus, list) and any(isinstance(g, dict) and g.get("xid_events") for g in gpus):
+            # XID events are kept whatever the throttle below drops: each one matters.
+            try:
+                await db(gpu_events_record)(
+                    node_id=self.node_id, gpus=[g for g in gpus[:MAX_GPUS_PER_SAMPLE] if isinstance(g, dict)]
+                )
+            except Exception as exc:
+                log.warning("node %s: XID events not kept (%s)", self.node_name, exc)
         now = time.monotonic()
         if now - self.last_metrics_at < METRICS_PUBLISH_INTERVAL_S:
             return

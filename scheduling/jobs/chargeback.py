@@ -21,7 +21,7 @@ from scheduling.jobs.models import Job, JobEvent
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.jobs.usage import slice_share
 
-GROUPS = ("team", "user", "day")
+GROUPS = ("team", "user", "day", "model", "hour")  # day or hour, not both
 MAX_WINDOW = timedelta(days=366)
 
 
@@ -29,6 +29,13 @@ MAX_WINDOW = timedelta(days=366)
 class Holding:
     gpu_equivalents: float
     gpu_memory_mib: int
+    gpu_model: str = ""  # the model of the cards it held; "" when not known
+
+
+@dataclass(frozen=True)
+class Card:
+    memory_mib: int
+    model: str
 
 
 def _card_memory_mib(job: Job, models: list[GpuModel]) -> int | None:
@@ -40,19 +47,38 @@ def _card_memory_mib(job: Job, models: list[GpuModel]) -> int | None:
     return min((m.memory_mib for m in allowed), default=None)
 
 
-def _holding_from_assignments(assignments: list, cards: dict[tuple[str, int], int]) -> Holding | None:
-    total, memory = 0.0, 0
+def _holding_from_assignments(assignments: list, cards: dict[tuple[str, int], Card]) -> Holding | None:
+    total, memory, model = 0.0, 0, ""
     for assignment in assignments:
         try:
             node, index, memory_mib, compute_milli = assignment
-            card_mib = cards[(str(node), int(index))]
+            card = cards[(str(node), int(index))]
         except (KeyError, TypeError, ValueError):
             return None
         total += slice_share(
-            memory_mib=int(memory_mib), compute_pct=int(compute_milli) / 10, gpu_memory_mib=card_mib
+            memory_mib=int(memory_mib), compute_pct=int(compute_milli) / 10, gpu_memory_mib=card.memory_mib
         )
         memory += int(memory_mib)
-    return Holding(total, memory) if assignments else None
+        model = model or card.model
+    return Holding(total, memory, model) if assignments else None
+
+
+def _model_of(job: Job) -> str:
+    """The model of the cards a job holds now, else the one model it asked for ("" when neither tells)."""
+    live = [s.gpu.model.name for s in job.slices.all()]
+    if live:
+        return live[0]
+    return job.gpu_models[0] if job.gpu_models and len(job.gpu_models) == 1 else ""
+
+
+def cards_by_place() -> dict[tuple[str, int], Card]:
+    """(node name, GPU index) -> the card there: what a placement event's assignments are read against."""
+    return {
+        (node, index): Card(mib, model)
+        for node, index, mib, model in Gpu.objects.values_list(
+            "node__name", "index", "memory_mib", "model__name"
+        )
+    }
 
 
 def job_holding(
@@ -60,7 +86,7 @@ def job_holding(
     *,
     placement_data: dict | None,
     models: list[GpuModel],
-    cards: dict[tuple[str, int], int] | None = None,
+    cards: dict[tuple[str, int], Card] | None = None,
 ) -> Holding:
     data = placement_data or {}
     if isinstance(data.get("gpus"), list) and cards is not None:
@@ -68,17 +94,18 @@ def job_holding(
         if recorded is not None:
             return recorded
     card_mib = data.get("gpu_memory_mib") or _card_memory_mib(job, models)
+    model = _model_of(job)
     if job.gpus:
-        cards = job.gpus * job.nodes
-        equivalents = float(data.get("gpu_equivalents") or cards)
-        return Holding(equivalents, cards * (card_mib or 0))
+        count = job.gpus * job.nodes
+        equivalents = float(data.get("gpu_equivalents") or count)
+        return Holding(equivalents, count * (card_mib or 0), model)
     memory = job.gpu_memory_mib or (card_mib or 0) * job.compute_pct // 100
     if "gpu_equivalents" in data:
-        return Holding(float(data["gpu_equivalents"]), memory)
+        return Holding(float(data["gpu_equivalents"]), memory, model)
     share = slice_share(
         memory_mib=job.gpu_memory_mib, compute_pct=job.compute_pct, gpu_memory_mib=card_mib or 0
     )
-    return Holding(share, memory)
+    return Holding(share, memory, model)
 
 
 def _split_by_day(start: datetime, end: datetime) -> list[tuple[date, float]]:
@@ -93,24 +120,35 @@ def _split_by_day(start: datetime, end: datetime) -> list[tuple[date, float]]:
     return pieces
 
 
+def _split_by_hour(start: datetime, end: datetime) -> list[tuple[datetime, float]]:
+    """(UTC hour, seconds) pieces of an interval."""
+    pieces = []
+    cursor = start.astimezone(UTC)
+    end = end.astimezone(UTC)
+    while cursor < end:
+        hour = cursor.replace(minute=0, second=0, microsecond=0)
+        piece_end = min(end, hour + timedelta(hours=1))
+        pieces.append((hour, (piece_end - cursor).total_seconds()))
+        cursor = piece_end
+    return pieces
+
+
 def usage_rows(
     *, jobs: QuerySet[Job], since: datetime, until: datetime, group_by: tuple[str, ...]
 ) -> list[dict]:
-    """Rows of {group fields..., gpu_hours, gpu_memory_gib_hours, jobs}, sorted by the group fields."""
+    """Rows of {group fields..., gpu_hours, gpu_memory_gib_hours, jobs}, sorted by the group fields. Groups:
+    team, user, day or hour (UTC), model (of the cards held; "" when not known)."""
     candidates = (
         jobs.filter(Q(finished_at__isnull=True) | Q(finished_at__gte=since), submitted_at__lt=until)
         .exclude(placed_at__isnull=True, attempt=0)
         .select_related("team", "submitter")
-        .prefetch_related("slices__gpu")
+        .prefetch_related("slices__gpu__model")
     )
     by_id = {job.pk: job for job in candidates}
     if not by_id:
         return []
     models = list(GpuModel.objects.all())
-    cards = {
-        (node, index): mib
-        for node, index, mib in Gpu.objects.values_list("node__name", "index", "memory_mib")
-    }
+    cards = cards_by_place()
     active = list(ACTIVE_STATES)
     events = (
         JobEvent.objects.filter(job_id__in=by_id.keys(), at__lt=until)
@@ -127,10 +165,11 @@ def usage_rows(
             return
         job = by_id[job_id]
         holding = job_holding(job, placement_data=data, models=models, cards=cards)
-        for day, seconds in _split_by_day(start, end):
-            key = tuple(
-                {"team": job.team.slug, "user": job.submitter.username, "day": day}[g] for g in group_by
-            )
+        pieces = _split_by_hour(start, end) if "hour" in group_by else _split_by_day(start, end)
+        for when, seconds in pieces:
+            fields = {"team": job.team.slug, "user": job.submitter.username, "model": holding.gpu_model}
+            fields["hour" if "hour" in group_by else "day"] = when
+            key = tuple(fields[g] for g in group_by)
             entry = totals[key]
             entry[0] += holding.gpu_equivalents * seconds / 3600
             entry[1] += holding.gpu_memory_mib / 1024 * seconds / 3600

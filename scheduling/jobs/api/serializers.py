@@ -229,6 +229,9 @@ class UsageRowSerializer(serializers.Serializer):
     team = serializers.CharField(required=False)
     user = serializers.CharField(required=False)
     day = serializers.DateField(required=False)
+    model = serializers.CharField(
+        required=False, help_text="GPU model of the cards held; empty when not known."
+    )
     gpu_hours = serializers.FloatField(help_text="Whole-GPU-equivalent hours: a quarter card for 4 h is 1.0.")
     gpu_memory_gib_hours = serializers.FloatField()
     jobs = serializers.IntegerField()

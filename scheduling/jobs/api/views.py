@@ -37,7 +37,7 @@ from scheduling.errors import ServiceError
 from scheduling.jobs.api import serializers as s
 from scheduling.jobs.api import spec_schema  # noqa: F401 - registers the submit body's schema
 from scheduling.jobs.api.filtersets import JobFilterSet, QueueFilterSet
-from scheduling.jobs.chargeback import GROUPS, MAX_WINDOW, usage_rows
+from scheduling.jobs.chargeback import MAX_WINDOW, usage_rows
 from scheduling.jobs.documents import MAX_DEPTH, MAX_SPEC_BYTES, MAX_VALUES
 from scheduling.jobs.models import Job, Slice
 from scheduling.jobs.selectors import can_cancel_job, jobs_visible_to, queue, queue_entries
@@ -49,8 +49,11 @@ MAX_IDEMPOTENCY_KEY_CHARS = 200
 
 
 USAGE_MEASURES = ("gpu_hours", "gpu_memory_gib_hours", "jobs")  # after the group columns
-# Every way to write group_by: one to three of GROUPS, each at most once, in any order.
-USAGE_GROUPINGS = [",".join(p) for n in (1, 2, 3) for p in itertools.permutations(GROUPS, n)]
+# What the usage API groups by (the model: of the cards held), and by default.
+USAGE_GROUPS = ("team", "user", "day", "model")
+USAGE_DEFAULT_GROUPS = "team,user,day"
+# Every way to write group_by: one to four of USAGE_GROUPS, each at most once, in any order.
+USAGE_GROUPINGS = [",".join(p) for n in (1, 2, 3, 4) for p in itertools.permutations(USAGE_GROUPS, n)]
 
 
 MAX_LOG_TAIL_LINES = 10_000
@@ -326,7 +329,7 @@ class UsageView(APIView):
             OpenApiParameter(
                 "group_by",
                 {"type": "string", "enum": USAGE_GROUPINGS},
-                description="Comma list of team, user, day, each at most once (default team,user,day).",
+                description="Comma list of team, user, day, model, each at most once (default team,user,day).",
             ),
             OpenApiParameter("team", TEXT_SCHEMA, description="Only this team (slug)."),
             OpenApiParameter("user", TEXT_SCHEMA, description="Only this user."),
@@ -354,14 +357,14 @@ class UsageView(APIView):
                 field="since",
                 limit=f"{MAX_WINDOW.days}d",
             )
-        raw_groups = query_value(request, "group_by") or ",".join(GROUPS)
+        raw_groups = query_value(request, "group_by") or USAGE_DEFAULT_GROUPS
         if raw_groups not in USAGE_GROUPINGS:
             raise ApiError(
-                f"group_by takes a comma list of {', '.join(GROUPS)}, each at most once (got {raw_groups[:60]!r}).",
+                f"group_by takes a comma list of {', '.join(USAGE_GROUPS)}, each at most once (got {raw_groups[:60]!r}).",
                 field="group_by",
             )
         group_by = tuple(raw_groups.split(","))
-        self.csv_columns = [g for g in GROUPS if g in group_by] + list(USAGE_MEASURES)
+        self.csv_columns = [g for g in USAGE_GROUPS if g in group_by] + list(USAGE_MEASURES)
         jobs = jobs_visible_to(user=request.user)
         if team := query_value(request, "team"):
             jobs = jobs.filter(team__slug=team)

@@ -29,6 +29,7 @@ from agent import procfs
 from scheduling.choices import LinkKind
 from scheduling.cycle import requests, runner
 from scheduling.cycle.watchdog import lost_jobs_check, nodes_check, preemptions_check
+from scheduling.history import recorder
 from scheduling.inventory.models import GpuLink, Node
 
 log = logging.getLogger("tessera.demo")
@@ -196,8 +197,16 @@ def _stop_demo_jobs(root: Path) -> None:
 
 
 def _scheduling_step(state: dict) -> None:
-    """Run what is due: cycles while requested (or every interval), the watchdog every interval."""
+    """Run what is due: cycles while requested (or every interval), the watchdog and the history every interval."""
     now = time.monotonic()
+    if now - state["history_at"] >= settings.TESSERA_HISTORY_INTERVAL_S:
+        state["history_at"] = now
+        recorder.history_record()
+        state["usage_rolls"] += 1
+        if state["usage_rolls"] % 5 == 1:
+            recorder.usage_hours_roll()
+        if state["usage_rolls"] % 60 == 1:
+            recorder.history_maintain()
     if now - state["watchdog_at"] >= settings.TESSERA_WATCHDOG_INTERVAL_S:
         state["watchdog_at"] = now
         if nodes_check() or lost_jobs_check() or preemptions_check():
@@ -208,7 +217,7 @@ def _scheduling_step(state: dict) -> None:
 
 
 async def scheduling_loop() -> None:
-    state = {"cycle_at": 0.0, "watchdog_at": 0.0}
+    state = {"cycle_at": 0.0, "watchdog_at": 0.0, "history_at": 0.0, "usage_rolls": 0}
     step = sync_to_async(_scheduling_step, thread_sensitive=True)
     while True:
         try:

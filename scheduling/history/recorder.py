@@ -1,0 +1,394 @@
+"""Writes the history rollups: each minute the cluster as it stands, each few minutes the hours' GPU-seconds from
+the jobs' own records, XID / ECC events as agents report them. Safe to run twice: a minute is claimed by its
+`ClusterMinute` row, so a second recorder of the same minute writes nothing."""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import connection, transaction
+from django.db.models import Count
+
+from quotas.models import Quota, Team
+from scheduling.agents.live_metrics import IDLE_UTIL_PCT, live_metrics_for_nodes
+from scheduling.choices import GpuHealth, JobState, NodeState
+from scheduling.cycle.selectors import borrowed_by_team, fair_shares_gpus
+from scheduling.engine import types as eng
+from scheduling.history.models import (
+    ClusterMinute,
+    GpuEvent,
+    GpuFiveMinute,
+    ModelMinute,
+    NodeMinute,
+    TeamMinute,
+    UsageHour,
+)
+from scheduling.history.partitions import history_prune, partitions_ensure
+from scheduling.inventory.models import Gpu, GpuModel, Node
+from scheduling.jobs.chargeback import usage_rows
+from scheduling.jobs.models import Job, Slice
+from scheduling.jobs.states import ACTIVE_STATES
+from scheduling.jobs.usage import allocations_by_team, job_held_milli, slice_share
+
+log = logging.getLogger(__name__)
+
+MILLI = eng.WHOLE_GPU_MILLI
+GPU_WINDOW_MIN = 5
+READY_STATES = (NodeState.READY, NodeState.DRAINING)
+
+
+def _minute(now: datetime) -> datetime:
+    return now.astimezone(UTC).replace(second=0, microsecond=0)
+
+
+def _greatest() -> str:
+    return "GREATEST" if connection.vendor == "postgresql" else "MAX"
+
+
+@dataclass
+class _GpuRow:
+    pk: int
+    node_id: int
+    index: int
+    model_id: int
+    memory_mib: int
+    allocated_memory_mib: int
+    allocated_compute_pct: int
+    health: str
+
+    @property
+    def allocated_milli(self) -> int:
+        share = slice_share(
+            memory_mib=self.allocated_memory_mib,
+            compute_pct=self.allocated_compute_pct,
+            gpu_memory_mib=self.memory_mib,
+        )
+        return round(share * MILLI)
+
+
+def history_record(*, now: datetime | None = None) -> bool:
+    """Write this minute's rows. Returns False when another recorder already wrote them."""
+    at = _minute(now or datetime.now(UTC))
+    partitions_ensure(days=[at.date()])
+    nodes = list(Node.objects.values_list("pk", "name", "state"))
+    gpus = [
+        _GpuRow(*row)
+        for row in Gpu.objects.values_list(
+            "pk",
+            "node_id",
+            "index",
+            "model_id",
+            "memory_mib",
+            "allocated_memory_mib",
+            "allocated_compute_pct",
+            "health",
+        )
+    ]
+    live = live_metrics_for_nodes(node_names=[name for _, name, _ in nodes])
+    name_of = {pk: name for pk, name, _ in nodes}
+    state_of = {pk: state for pk, _, state in nodes}
+    sample_of: dict[int, dict[str, Any]] = {}
+    for g in gpus:
+        found = live.get(name_of.get(g.node_id, ""), {}).get(g.index)
+        if found is not None:
+            sample_of[g.pk] = found
+    with transaction.atomic():
+        if not _claim(at, _queue_counts(nodes)):
+            return False
+        NodeMinute.objects.bulk_create(_node_rows(at, nodes, gpus, sample_of), batch_size=2000)
+        _gpu_windows_add(at, gpus, sample_of)
+        ModelMinute.objects.bulk_create(_model_rows(at, gpus, state_of, sample_of))
+        TeamMinute.objects.bulk_create(_team_rows(at))
+        _idle_add(at, sample_of)
+    return True
+
+
+def _claim(at: datetime, counts: dict[str, int]) -> bool:
+    """Insert the minute's ClusterMinute row; False when it is there already (another recorder has the minute)."""
+    table = ClusterMinute._meta.db_table
+    columns = ", ".join(counts)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (at, {columns}) VALUES (%s{', %s' * len(counts)}) "
+            "ON CONFLICT (at) DO NOTHING RETURNING at",
+            [at, *counts.values()],
+        )
+        return cursor.fetchone() is not None
+
+
+def _queue_counts(nodes: list[tuple]) -> dict[str, int]:
+    counts = dict(
+        Job.objects.filter(state__in=[JobState.PENDING, *ACTIVE_STATES])
+        .values_list("state")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return {
+        "pending_jobs": counts.get(JobState.PENDING, 0),
+        "running_jobs": sum(counts.get(s, 0) for s in ACTIVE_STATES),
+        "ready_nodes": sum(1 for _, _, state in nodes if state in READY_STATES),
+        "nodes": len(nodes),
+    }
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 2) if values else None
+
+
+def _node_rows(at, nodes, gpus, sample_of) -> list[NodeMinute]:
+    by_node: dict[int, list[_GpuRow]] = defaultdict(list)
+    for g in gpus:
+        by_node[g.node_id].append(g)
+    rows = []
+    for pk, _name, state in nodes:
+        cards = by_node.get(pk, [])
+        samples = [sample_of[g.pk] for g in cards if g.pk in sample_of]
+        util = [s["util_pct"] for s in samples if s.get("util_pct") is not None]
+        used = [s["memory_used_mib"] for s in samples if s.get("memory_used_mib") is not None]
+        power = [s["power_w"] for s in samples if s.get("power_w") is not None]
+        temps = [s["temperature_c"] for s in samples if s.get("temperature_c") is not None]
+        rows.append(
+            NodeMinute(
+                node_id=pk,
+                at=at,
+                state=state,
+                gpus=len(cards),
+                allocated_milli=sum(g.allocated_milli for g in cards),
+                util_pct=_mean(util),
+                memory_used_mib=sum(used) if used else None,
+                memory_allocated_mib=sum(g.allocated_memory_mib for g in cards),
+                memory_mib=sum(g.memory_mib for g in cards),
+                power_w=round(sum(power), 1) if power else None,
+                temperature_max_c=max(temps) if temps else None,
+            )
+        )
+    return rows
+
+
+def _gpu_windows_add(at: datetime, gpus: list[_GpuRow], sample_of: dict[int, dict]) -> None:
+    """Add this minute's sample of each sampled GPU into its 5-minute window (one upsert statement a batch)."""
+    window = at.replace(minute=at.minute - at.minute % GPU_WINDOW_MIN)
+    rows = []
+    for g in gpus:
+        s = sample_of.get(g.pk)
+        if s is None:
+            continue
+        rows.append(
+            (
+                g.pk,
+                window,
+                g.node_id,
+                1,
+                float(s.get("util_pct") or 0.0),
+                s.get("memory_used_mib"),
+                g.allocated_memory_mib,
+                s.get("temperature_c"),
+                float(s.get("power_w") or 0.0),
+                float(s.get("sm_clock_mhz") or 0.0),
+                s.get("ecc_uncorrected_volatile"),
+            )
+        )
+    if not rows:
+        return
+    table, top = GpuFiveMinute._meta.db_table, _greatest()
+
+    def most(column: str) -> str:
+        return f"{top}(COALESCE({table}.{column}, EXCLUDED.{column}), COALESCE(EXCLUDED.{column}, {table}.{column}))"
+
+    sql = f"""INSERT INTO {table} (gpu_id, at, node_id, samples, util_pct_sum, memory_used_mib_max,
+                  memory_allocated_mib, temperature_c_max, power_w_sum, sm_clock_mhz_sum, ecc_uncorrected)
+              VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+              ON CONFLICT (gpu_id, at) DO UPDATE SET
+                samples = {table}.samples + 1,
+                util_pct_sum = {table}.util_pct_sum + EXCLUDED.util_pct_sum,
+                memory_used_mib_max = {most("memory_used_mib_max")},
+                memory_allocated_mib = {most("memory_allocated_mib")},
+                temperature_c_max = {most("temperature_c_max")},
+                power_w_sum = {table}.power_w_sum + EXCLUDED.power_w_sum,
+                sm_clock_mhz_sum = {table}.sm_clock_mhz_sum + EXCLUDED.sm_clock_mhz_sum,
+                ecc_uncorrected = COALESCE(EXCLUDED.ecc_uncorrected, {table}.ecc_uncorrected)"""
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, rows)
+
+
+def _model_rows(at, gpus: list[_GpuRow], state_of, sample_of) -> list[ModelMinute]:
+    totals: dict[int, dict[str, int]] = {}
+    for g in gpus:
+        t = totals.setdefault(
+            g.model_id,
+            {
+                "gpus": 0,
+                "ready_gpus": 0,
+                "allocated_milli": 0,
+                "used_milli": 0,
+                "free_gpus": 0,
+                "stranded_milli": 0,
+            },
+        )
+        ready = state_of.get(g.node_id) in READY_STATES and g.health != GpuHealth.FAILED
+        held = g.allocated_milli
+        t["gpus"] += 1
+        t["ready_gpus"] += int(ready)
+        t["allocated_milli"] += held
+        util = (sample_of.get(g.pk) or {}).get("util_pct")
+        if util is not None:
+            t["used_milli"] += round(min(100.0, max(0.0, util)) * MILLI / 100)
+        if ready and not g.allocated_memory_mib and not g.allocated_compute_pct:
+            t["free_gpus"] += 1
+        elif ready and held < MILLI:
+            t["stranded_milli"] += MILLI - held
+    return [ModelMinute(at=at, model_id=model_id, **t) for model_id, t in totals.items()]
+
+
+def _milli(gpus) -> int | None:
+    return None if gpus is None else round(float(gpus) * MILLI)
+
+
+def _team_rows(at: datetime) -> list[TeamMinute]:
+    allocations = allocations_by_team()
+    borrowed = borrowed_by_team(allocations=allocations)
+    shares = fair_shares_gpus()
+    quotas = {
+        team_id: (g, limit)
+        for team_id, g, limit in Quota.objects.filter(gpu_model__isnull=True).values_list(
+            "team_id", "guaranteed_gpus", "limit_gpus"
+        )
+    }
+    smallest_card = min(GpuModel.objects.values_list("memory_mib", flat=True), default=0)
+    pending: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    for team_id, gpus, nodes, pct, memory_mib in Job.objects.filter(state=JobState.PENDING).values_list(
+        "team_id", "gpus", "nodes", "compute_pct", "gpu_memory_mib"
+    ):
+        entry = pending[team_id]
+        entry[0] += 1
+        entry[1] += job_held_milli(
+            gpus=gpus, nodes=nodes, compute_pct=pct, gpu_memory_mib=memory_mib, card_memory_mib=smallest_card
+        )
+    rows = []
+    # Teams that run work or hold a quota (an organisation with a quota of its own counts too).
+    for team_id in (
+        Team.objects.filter(children__isnull=True)
+        .values_list("pk", flat=True)
+        .union(Quota.objects.values_list("team_id", flat=True))
+    ):
+        alloc = allocations.get(team_id)
+        guaranteed, limit = quotas.get(team_id, (0, None))
+        waiting = pending.get(team_id, [0, 0])
+        rows.append(
+            TeamMinute(
+                at=at,
+                team_id=team_id,
+                guaranteed_milli=_milli(guaranteed) or 0,
+                limit_milli=_milli(limit),
+                held_milli=round(alloc.gpus * MILLI) if alloc else 0,
+                borrowed_milli=round(borrowed[team_id].gpus * MILLI) if team_id in borrowed else 0,
+                fair_share_milli=_milli(shares.get(team_id)),
+                pending_jobs=waiting[0],
+                pending_milli=waiting[1],
+                running_jobs=alloc.running_jobs if alloc else 0,
+            )
+        )
+    return rows
+
+
+def _idle_add(at: datetime, sample_of: dict[int, dict]) -> None:
+    """A minute of each running slice on a card under the idle threshold counts as idle-allocated GPU time."""
+    idle: dict[tuple[int, int, int], float] = defaultdict(float)
+    for gpu_id, team_id, user_id, model_id, memory_mib, pct, card_mib in Slice.objects.filter(
+        job__state=JobState.RUNNING
+    ).values_list(
+        "gpu_id",
+        "job__team_id",
+        "job__submitter_id",
+        "gpu__model_id",
+        "memory_mib",
+        "compute_pct",
+        "gpu__memory_mib",
+    ):
+        util = (sample_of.get(gpu_id) or {}).get("util_pct")
+        if util is None or util >= IDLE_UTIL_PCT:
+            continue
+        share = slice_share(memory_mib=memory_mib, compute_pct=pct, gpu_memory_mib=card_mib)
+        idle[(team_id, user_id, model_id)] += share * 60
+    if not idle:
+        return
+    hour = at.replace(minute=0)
+    table = UsageHour._meta.db_table
+    sql = f"""INSERT INTO {table} (hour, team_id, user_id, model_id, gpu_seconds, gpu_memory_gib_seconds,
+                  idle_gpu_seconds) VALUES (%s, %s, %s, %s, 0, 0, %s)
+              ON CONFLICT (hour, team_id, user_id, model_id)
+              DO UPDATE SET idle_gpu_seconds = {table}.idle_gpu_seconds + EXCLUDED.idle_gpu_seconds"""
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, [(hour, *key, round(seconds, 3)) for key, seconds in idle.items()])
+
+
+def usage_hours_roll(*, now: datetime | None = None, hours: int = 2) -> int:
+    """Recompute the GPU-seconds of the last `hours` hours (this one included, up to now) from the jobs' own
+    records, as the usage API counts them. Returns the rows written."""
+    now = (now or datetime.now(UTC)).astimezone(UTC)
+    since = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=hours - 1)
+    rows = usage_rows(
+        jobs=Job.objects.all(), since=since, until=now, group_by=("team", "user", "model", "hour")
+    )
+    if not rows:
+        return 0
+    team_ids = dict(Team.objects.filter(slug__in={r["team"] for r in rows}).values_list("slug", "pk"))
+    user_ids = dict(
+        get_user_model().objects.filter(username__in={r["user"] for r in rows}).values_list("username", "pk")
+    )
+    model_ids = dict(GpuModel.objects.values_list("name", "pk"))
+    table = UsageHour._meta.db_table
+    sql = f"""INSERT INTO {table} (hour, team_id, user_id, model_id, gpu_seconds, gpu_memory_gib_seconds,
+                  idle_gpu_seconds) VALUES (%s, %s, %s, %s, %s, %s, 0)
+              ON CONFLICT (hour, team_id, user_id, model_id) DO UPDATE SET
+                gpu_seconds = EXCLUDED.gpu_seconds, gpu_memory_gib_seconds = EXCLUDED.gpu_memory_gib_seconds"""
+    values = [
+        (
+            r["hour"],
+            team_ids[r["team"]],
+            user_ids[r["user"]],
+            model_ids.get(r["model"], 0),
+            round(r["gpu_hours"] * 3600, 3),
+            round(r["gpu_memory_gib_hours"] * 3600, 3),
+        )
+        for r in rows
+        if r["team"] in team_ids and r["user"] in user_ids
+    ]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, values)
+    return len(values)
+
+
+def gpu_events_record(*, node_id: int, gpus: list[dict[str, Any]], at: datetime | None = None) -> int:
+    """Keep the XID events of an agent's sample, one row each (they are rare; each one matters)."""
+    at = at or datetime.now(UTC)
+    uuids = {str(g.get("uuid")) for g in gpus if g.get("xid_events")}
+    if not uuids:
+        return 0
+    ids = dict(Gpu.objects.filter(node_id=node_id, uuid__in=uuids).values_list("uuid", "pk"))
+    rows = [
+        GpuEvent(
+            at=at,
+            node_id=node_id,
+            gpu_id=ids.get(str(g.get("uuid"))),
+            gpu_uuid=str(g.get("uuid"))[:80],
+            kind="xid",
+            code=int(x),
+        )
+        for g in gpus
+        for x in (g.get("xid_events") or [])[:16]
+        if isinstance(x, int) and not isinstance(x, bool)
+    ]
+    GpuEvent.objects.bulk_create(rows)
+    return len(rows)
+
+
+def history_maintain(*, now: datetime | None = None) -> dict[str, int]:
+    """The periodic upkeep: next days' partitions, and what is older than the retention period dropped."""
+    return history_prune(now=now or datetime.now(UTC), retention_days=settings.TESSERA_HISTORY_RETENTION_DAYS)

@@ -1,0 +1,367 @@
+"""Reads of the history rollups for the portal's charts and tables. Every read is one indexed, aggregating query
+(the database buckets and sums; Python only shapes the answer), so a 30-day page of a 1,000-node cluster reads
+kilobytes, not the millions of rows behind it.
+
+Times are UTC. `step_s` is the width of a chart's bucket: each bucket is the mean of the rows in it (a minute
+table read at step 3600 gives hourly means). Series come as columns for uPlot: `t` (Unix seconds) and one list
+per measure, None where a bucket has no row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db import connection
+
+from quotas.models import PriorityClass, Team
+from scheduling.choices import JobState
+from scheduling.engine import types as eng
+from scheduling.history.models import (
+    ClusterMinute,
+    GpuEvent,
+    GpuFiveMinute,
+    ModelMinute,
+    NodeMinute,
+    TeamMinute,
+    UsageHour,
+)
+from scheduling.inventory.models import Gpu, GpuModel
+from scheduling.jobs.models import Job, JobEvent
+
+MILLI = eng.WHOLE_GPU_MILLI
+# Windows the pages offer, and the bucket each is drawn with (about 150-350 points a series).
+WINDOWS = {
+    "1h": (timedelta(hours=1), 60),
+    "6h": (timedelta(hours=6), 120),
+    "24h": (timedelta(hours=24), 300),
+    "7d": (timedelta(days=7), 3600),
+    "30d": (timedelta(days=30), 3 * 3600),
+}
+
+
+@dataclass(frozen=True)
+class Window:
+    name: str
+    since: datetime
+    until: datetime
+    step_s: int
+
+
+def window(name: str, *, now: datetime | None = None, default: str = "24h") -> Window:
+    """The named window ending now (an unknown name gives the default)."""
+    name = name if name in WINDOWS else default
+    span, step = WINDOWS[name]
+    until = (now or datetime.now(UTC)).astimezone(UTC)
+    return Window(name, until - span, until, step)
+
+
+def _epoch(column: str) -> str:
+    if connection.vendor == "postgresql":
+        return f"EXTRACT(EPOCH FROM {column})"
+    return f"CAST(strftime('%%s', {column}) AS INTEGER)"
+
+
+def _bucket(column: str, step_s: int) -> str:
+    return f"(FLOOR({_epoch(column)} / {int(step_s)}) * {int(step_s)})"
+
+
+def _fetch(sql: str, params: Sequence[Any]) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def _least() -> str:
+    return "LEAST" if connection.vendor == "postgresql" else "MIN"
+
+
+def _marks(values: Collection) -> str:
+    return ", ".join(["%s"] * len(values))
+
+
+def _columns(rows: list[tuple], names: Sequence[str], *, w: Window) -> dict[str, list]:
+    """Rows of (bucket, *measures) into uPlot columns over every bucket of the window (gaps as None)."""
+    found = {int(r[0]): r[1:] for r in rows}
+    first = math.floor(w.since.timestamp() / w.step_s) * w.step_s
+    ts = list(range(first, int(w.until.timestamp()) + 1, w.step_s))
+    out: dict[str, list] = {"t": ts}
+    for i, name in enumerate(names):
+        out[name] = [
+            None if found.get(t) is None or found[t][i] is None else round(float(found[t][i]), 3) for t in ts
+        ]
+    return out
+
+
+# --- capacity -------------------------------------------------------------------------------------------------
+CAPACITY_MEASURES = ("ready_gpus", "allocated_gpus", "used_gpus", "free_gpus", "stranded_gpus")
+
+
+def capacity_series(*, w: Window) -> list[dict[str, Any]]:
+    """Per GPU model over the window: ready, allocated, used (utilisation summed), wholly free, and free capacity
+    stranded on partly used cards, in GPUs."""
+    table = ModelMinute._meta.db_table
+    rows = _fetch(
+        f"""SELECT model_id, {_bucket("at", w.step_s)} AS b, AVG(ready_gpus), AVG(allocated_milli) / {MILLI},
+                   AVG(used_milli) / {MILLI}, AVG(free_gpus), AVG(stranded_milli) / {MILLI}
+            FROM {table} WHERE at >= %s AND at < %s GROUP BY model_id, b ORDER BY model_id, b""",
+        [w.since, w.until],
+    )
+    names = dict(GpuModel.objects.values_list("pk", "name"))
+    by_model: dict[int, list[tuple]] = {}
+    for model_id, *rest in rows:
+        by_model.setdefault(model_id, []).append(tuple(rest))
+    return sorted(
+        (
+            {"model": names.get(model_id, f"model {model_id}"), **_columns(r, CAPACITY_MEASURES, w=w)}
+            for model_id, r in by_model.items()
+        ),
+        key=lambda s: s["model"],
+    )
+
+
+def node_heatmap(*, node_ids: Collection[int], w: Window) -> dict[int, dict[int, float | None]]:
+    """node id -> bucket (Unix s) -> mean utilisation (%) of its GPUs; the per-node heatmap's cells."""
+    if not node_ids:
+        return {}
+    table = NodeMinute._meta.db_table
+    rows = _fetch(
+        f"""SELECT node_id, {_bucket("at", w.step_s)} AS b, AVG(util_pct) FROM {table}
+            WHERE node_id IN ({_marks(node_ids)}) AND at >= %s AND at < %s GROUP BY node_id, b""",
+        [*node_ids, w.since, w.until],
+    )
+    out: dict[int, dict[int, float | None]] = {}
+    for node_id, b, util in rows:
+        out.setdefault(node_id, {})[int(b)] = None if util is None else round(float(util), 1)
+    return out
+
+
+def node_series(*, node_id: int, w: Window) -> dict[str, list]:
+    """One node over the window: allocated and used GPUs, memory allocated and used (GiB), power (W)."""
+    table = NodeMinute._meta.db_table
+    rows = _fetch(
+        f"""SELECT {_bucket("at", w.step_s)} AS b, AVG(allocated_milli) / {MILLI}, AVG(util_pct) * AVG(gpus) / 100,
+                   AVG(memory_allocated_mib) / 1024, AVG(memory_used_mib) / 1024, AVG(power_w)
+            FROM {table} WHERE node_id = %s AND at >= %s AND at < %s GROUP BY b ORDER BY b""",
+        [node_id, w.since, w.until],
+    )
+    return _columns(
+        rows, ("allocated_gpus", "used_gpus", "memory_allocated_gib", "memory_used_gib", "power_w"), w=w
+    )
+
+
+GPU_MEASURES = (
+    "util_pct",
+    "memory_used_gib",
+    "memory_allocated_gib",
+    "temperature_c",
+    "power_w",
+    "sm_clock_mhz",
+)
+
+
+def gpu_series(*, node_id: int, w: Window) -> list[dict[str, Any]]:
+    """Each GPU of a node over the window (5-minute windows, coarser for long ranges): the DCGM set."""
+    step = max(w.step_s, 300)
+    table = GpuFiveMinute._meta.db_table
+    rows = _fetch(
+        f"""SELECT gpu_id, {_bucket("at", step)} AS b,
+                   SUM(util_pct_sum) / SUM(samples), MAX(memory_used_mib_max) / 1024.0,
+                   MAX(memory_allocated_mib) / 1024.0, MAX(temperature_c_max), SUM(power_w_sum) / SUM(samples),
+                   SUM(sm_clock_mhz_sum) / SUM(samples)
+            FROM {table} WHERE node_id = %s AND at >= %s AND at < %s AND samples > 0
+            GROUP BY gpu_id, b ORDER BY gpu_id, b""",
+        [node_id, w.since, w.until],
+    )
+    index_of = dict(Gpu.objects.filter(node_id=node_id).values_list("pk", "index"))
+    stepped = Window(w.name, w.since, w.until, step)
+    by_gpu: dict[int, list[tuple]] = {}
+    for gpu_id, *rest in rows:
+        by_gpu.setdefault(gpu_id, []).append(tuple(rest))
+    return sorted(
+        (
+            {"gpu_id": gpu_id, "index": index_of.get(gpu_id), **_columns(r, GPU_MEASURES, w=stepped)}
+            for gpu_id, r in by_gpu.items()
+        ),
+        key=lambda s: (s["index"] is None, s["index"] or 0),
+    )
+
+
+def gpu_events(*, node_id: int, w: Window, limit: int = 100) -> list[GpuEvent]:
+    return list(
+        GpuEvent.objects.filter(node_id=node_id, at__gte=w.since, at__lt=w.until).order_by("-at", "-id")[
+            :limit
+        ]
+    )
+
+
+# --- teams ----------------------------------------------------------------------------------------------------
+TEAM_MEASURES = (
+    "guaranteed_gpus",
+    "limit_gpus",
+    "held_gpus",
+    "borrowed_gpus",
+    "pending_gpus",
+    "fair_share_gpus",
+)
+
+
+def team_series(*, team_id: int, w: Window) -> dict[str, list]:
+    table = TeamMinute._meta.db_table
+    rows = _fetch(
+        f"""SELECT {_bucket("at", w.step_s)} AS b, AVG(guaranteed_milli) / {MILLI}, AVG(limit_milli) / {MILLI},
+                   AVG(held_milli) / {MILLI}, AVG(borrowed_milli) / {MILLI}, AVG(pending_milli) / {MILLI},
+                   AVG(fair_share_milli) / {MILLI}
+            FROM {table} WHERE team_id = %s AND at >= %s AND at < %s GROUP BY b ORDER BY b""",
+        [team_id, w.since, w.until],
+    )
+    return _columns(rows, TEAM_MEASURES, w=w)
+
+
+def quota_satisfaction(*, team_id: int, since: datetime, until: datetime) -> float | None:
+    """The seed's quota satisfaction rate from the minute rows: of what the team was owed within its guarantee
+    (the smaller of its guarantee and what it held or asked for), the part it held. None: it was owed nothing."""
+    table = TeamMinute._meta.db_table
+    table, least = TeamMinute._meta.db_table, _least()
+    owed = f"{least}(guaranteed_milli, held_milli + pending_milli)"
+    rows = _fetch(
+        f"SELECT SUM({owed}), SUM({least}(held_milli, {owed})) FROM {table} "
+        "WHERE team_id = %s AND at >= %s AND at < %s",
+        [team_id, since, until],
+    )
+    owed, met = rows[0] if rows else (None, None)
+    return None if not owed else round(float(met) / float(owed), 4)
+
+
+def _wait_expr() -> str:
+    return f"({_epoch('started_at')} - {_epoch('submitted_at')})"
+
+
+def wait_stats(
+    *, since: datetime, until: datetime, team_ids: Collection[int] | None = None
+) -> dict[str, Any]:
+    """Jobs that started in the window: how many, and their wait from submit to start (mean, p95, in s).
+    Two indexed queries: the count and mean, then the p95 row by offset (no percentile function needed)."""
+    table = Job._meta.db_table
+    where = "started_at >= %s AND started_at < %s"
+    params: list[Any] = [since, until]
+    if team_ids is not None:
+        if not team_ids:
+            return {"jobs": 0, "wait_mean_s": None, "wait_p95_s": None}
+        where += f" AND team_id IN ({_marks(team_ids)})"
+        params += list(team_ids)
+    count, mean = _fetch(f"SELECT COUNT(*), AVG({_wait_expr()}) FROM {table} WHERE {where}", params)[0]
+    if not count:
+        return {"jobs": 0, "wait_mean_s": None, "wait_p95_s": None}
+    offset = max(0, math.ceil(0.95 * count) - 1)
+    p95 = _fetch(
+        f"SELECT {_wait_expr()} AS w FROM {table} WHERE {where} ORDER BY w LIMIT 1 OFFSET {offset}", params
+    )[0][0]
+    return {"jobs": int(count), "wait_mean_s": round(float(mean), 1), "wait_p95_s": round(float(p95), 1)}
+
+
+def wait_series(*, w: Window, step_s: int = 86400) -> dict[str, list]:
+    """Mean wait from submit to start of the jobs that started in each bucket (s), and how many started."""
+    table = Job._meta.db_table
+    rows = _fetch(
+        f"""SELECT {_bucket("started_at", step_s)} AS b, AVG({_wait_expr()}), COUNT(*) FROM {table}
+            WHERE started_at >= %s AND started_at < %s GROUP BY b ORDER BY b""",
+        [w.since, w.until],
+    )
+    return _columns(rows, ("wait_mean_s", "started_jobs"), w=Window(w.name, w.since, w.until, step_s))
+
+
+def priority_inversions(*, team_id: int, since: datetime, until: datetime) -> int:
+    """The team's jobs that started in the window while an earlier-submitted job of the team at a higher
+    priority was still waiting (jobs with a declared max runtime excepted: they are backfill), as the simulator
+    counts them."""
+    job, pc = Job._meta.db_table, PriorityClass._meta.db_table
+    rows = _fetch(
+        f"""SELECT COUNT(*) FROM {job} j JOIN {pc} p ON p.id = j.priority_class_id
+            WHERE j.team_id = %s AND j.started_at >= %s AND j.started_at < %s AND j.max_runtime_s IS NULL
+              AND EXISTS (
+                SELECT 1 FROM {job} k JOIN {pc} kp ON kp.id = k.priority_class_id
+                WHERE k.team_id = j.team_id AND kp.value > p.value AND k.submitted_at < j.submitted_at
+                  AND (k.started_at IS NULL OR k.started_at > j.started_at)
+                  AND (k.finished_at IS NULL OR k.finished_at > j.started_at))""",
+        [team_id, since, until],
+    )
+    return int(rows[0][0])
+
+
+def preemptions_suffered(*, team_id: int, since: datetime, until: datetime) -> int:
+    return JobEvent.objects.filter(
+        job__team_id=team_id, to_state=JobState.PREEMPTED, at__gte=since, at__lt=until
+    ).count()
+
+
+# --- usage ----------------------------------------------------------------------------------------------------
+USAGE_GROUPS = ("team", "user", "model")
+
+
+def usage_totals(
+    *, since: datetime, until: datetime, group: str, team_ids: Collection[int] | None = None
+) -> list[dict[str, Any]]:
+    """GPU-hours and idle-allocated GPU-hours by team, user or model from the hourly rows (hours that start in
+    the window), largest first. `team_ids`: only these teams (None: all)."""
+    if group not in USAGE_GROUPS:
+        raise ValueError(f"group is one of {', '.join(USAGE_GROUPS)}")
+    column = {"team": "team_id", "user": "user_id", "model": "model_id"}[group]
+    table = UsageHour._meta.db_table
+    where, params = "hour >= %s AND hour < %s", [since, until]
+    if team_ids is not None:
+        if not team_ids:
+            return []
+        where += f" AND team_id IN ({_marks(team_ids)})"
+        params += list(team_ids)
+    rows = _fetch(
+        f"""SELECT {column}, SUM(gpu_seconds) / 3600, SUM(idle_gpu_seconds) / 3600 FROM {table}
+            WHERE {where} GROUP BY {column} ORDER BY 2 DESC""",
+        params,
+    )
+    ids = [r[0] for r in rows]
+    if group == "team":
+        names = dict(Team.objects.filter(pk__in=ids).values_list("pk", "slug"))
+    elif group == "user":
+        names = dict(get_user_model().objects.filter(pk__in=ids).values_list("pk", "username"))
+    else:
+        names = dict(GpuModel.objects.filter(pk__in=ids).values_list("pk", "name"))
+    return [
+        {
+            group: names.get(key, "(unknown)" if key else "(model not known)"),
+            "gpu_hours": round(float(hours or 0), 3),
+            "idle_gpu_hours": round(float(idle or 0), 3),
+        }
+        for key, hours, idle in rows
+    ]
+
+
+def usage_series(
+    *, w: Window, step_s: int = 86400, team_ids: Collection[int] | None = None
+) -> dict[str, list]:
+    """GPU-hours per bucket (a day by default) over the window, with the idle-allocated part."""
+    table = UsageHour._meta.db_table
+    where, params = "hour >= %s AND hour < %s", [w.since, w.until]
+    if team_ids is not None:
+        where += f" AND team_id IN ({_marks(team_ids) or 'NULL'})"
+        params += list(team_ids)
+    rows = _fetch(
+        f"""SELECT {_bucket("hour", step_s)} AS b, SUM(gpu_seconds) / 3600, SUM(idle_gpu_seconds) / 3600
+            FROM {table} WHERE {where} GROUP BY b ORDER BY b""",
+        params,
+    )
+    return _columns(rows, ("gpu_hours", "idle_gpu_hours"), w=Window(w.name, w.since, w.until, step_s))
+
+
+def queue_series(*, w: Window) -> dict[str, list]:
+    table = ClusterMinute._meta.db_table
+    rows = _fetch(
+        f"""SELECT {_bucket("at", w.step_s)} AS b, AVG(pending_jobs), MAX(pending_jobs), AVG(running_jobs)
+            FROM {table} WHERE at >= %s AND at < %s GROUP BY b ORDER BY b""",
+        [w.since, w.until],
+    )
+    return _columns(rows, ("pending_jobs", "pending_jobs_max", "running_jobs"), w=w)
