@@ -1,6 +1,9 @@
-from django.urls import path
+from django.urls import path, re_path
 
-from frontend import jobs, views
+from frontend import jobs, team_page, views
+
+# A team slug: `ai-lab` or `ai-lab/training` (quotas.models.slug_path_validator).
+TEAM = r"(?P<slug>[a-z0-9][a-z0-9-]*(?:/[a-z0-9][a-z0-9-]*)?)"
 
 app_name = "frontend"
 urlpatterns = [
@@ -16,6 +19,9 @@ urlpatterns = [
     path("jobs/<int:job_id>/", jobs.job_detail, name="job"),
     path("jobs/<int:job_id>/logs/<str:stream>/", jobs.job_log_download, name="job_log"),
     path("queue/", views.queue, name="queue"),
+    path("teams/", team_page.team_list, name="teams"),
+    re_path(rf"^teams/{TEAM}/$", team_page.team_detail, name="team"),
+    re_path(rf"^teams/{TEAM}/chargeback\.csv$", team_page.team_chargeback_csv, name="team_chargeback_csv"),
     path("favicon.ico", views.favicon, name="favicon"),
     path("healthz", views.healthz, name="healthz"),
 ]

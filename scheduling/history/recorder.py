@@ -272,11 +272,8 @@ def _team_rows(at: datetime) -> list[TeamMinute]:
         )
     rows = []
     # Teams that run work or hold a quota (an organisation with a quota of its own counts too).
-    for team_id in (
-        Team.objects.filter(children__isnull=True)
-        .values_list("pk", flat=True)
-        .union(Quota.objects.values_list("team_id", flat=True))
-    ):
+    leaves = set(Team.objects.filter(children__isnull=True).values_list("pk", flat=True))
+    for team_id in sorted(leaves | set(quotas)):
         alloc = allocations.get(team_id)
         guaranteed, limit = quotas.get(team_id, (0, None))
         waiting = pending.get(team_id, [0, 0])

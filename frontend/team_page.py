@@ -1,0 +1,215 @@
+"""A team's page (/teams/<slug>/): its quota and what it holds, borrows and lends now and over time, the seed's
+figures for it, its members' GPU-hours and a chargeback table with CSV export.
+
+What a team holds and borrows are aggregates every signed-in user may see (as /api/v1/cluster/ shows them); its
+members, their hours and the chargeback are for its members and staff only.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import UTC, date, datetime, time, timedelta
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils import timezone
+
+from quotas.models import Membership, Team
+from quotas.selectors import team_by_slug, team_ids_for_user
+from scheduling.cycle.selectors import borrowed_by_team, fair_shares_gpus
+from scheduling.cycle.snapshot import engine_quotas
+from scheduling.history import selectors as history
+from scheduling.jobs.chargeback import MAX_WINDOW, usage_rows
+from scheduling.jobs.models import Job
+from scheduling.jobs.usage import allocations_by_team
+
+TEAM_WINDOWS = ("24h", "7d", "30d")
+CHARGEBACK_GROUPS = ("team", "user", "model")
+CHARGEBACK_COLUMNS = (*CHARGEBACK_GROUPS, "gpu_hours", "gpu_memory_gib_hours", "jobs")
+DEFAULT_CHARGEBACK_DAYS = 30
+
+
+def _team_or_404(slug: str) -> Team:
+    team = team_by_slug(slug=slug)
+    if team is None:
+        raise Http404(f"No team {slug}.")
+    return team
+
+
+def _may_see_people(user, team: Team) -> bool:
+    return user.is_staff or team.pk in team_ids_for_user(user=user)
+
+
+def _date_param(request: HttpRequest, name: str, default: date) -> tuple[date, str | None]:
+    raw = (request.GET.get(name) or "").strip()
+    if not raw:
+        return default, None
+    try:
+        return date.fromisoformat(raw), None
+    except ValueError:
+        return default, f"{name} must be a date such as 2026-11-01 (got {raw[:30]!r})."
+
+
+def chargeback_range(request: HttpRequest) -> tuple[date, date, list[str]]:
+    """The chargeback's first and last day (UTC, both included) from ?since= and ?until=, with errors to show
+    (a bad value falls back to the default and says so; nothing is silently clamped)."""
+    today = timezone.now().astimezone(UTC).date()
+    until, e1 = _date_param(request, "until", today)
+    since, e2 = _date_param(request, "since", until - timedelta(days=DEFAULT_CHARGEBACK_DAYS - 1))
+    errors = [e for e in (e1, e2) if e]
+    if since > until:
+        errors.append("since must be on or before until.")
+        since = until - timedelta(days=DEFAULT_CHARGEBACK_DAYS - 1)
+    if (until - since) + timedelta(days=1) > MAX_WINDOW:
+        errors.append(f"The range may span at most {MAX_WINDOW.days} days.")
+        since = until - timedelta(days=DEFAULT_CHARGEBACK_DAYS - 1)
+    return since, until, errors
+
+
+def chargeback_rows(*, team: Team, since: date, until: date) -> list[dict]:
+    """GPU-hours by team, user and GPU model over the days, as /api/v1/usage/?group_by=team,user,model counts
+    them (the same function)."""
+    start = datetime.combine(since, time.min, tzinfo=UTC)
+    end = min(datetime.combine(until + timedelta(days=1), time.min, tzinfo=UTC), timezone.now())
+    if end <= start:
+        return []
+    return usage_rows(jobs=Job.objects.filter(team=team), since=start, until=end, group_by=CHARGEBACK_GROUPS)
+
+
+def _now(team: Team) -> dict:
+    allocations = allocations_by_team()
+    alloc = allocations.get(team.pk)
+    borrowed = borrowed_by_team(allocations=allocations, quotas=engine_quotas()).get(team.pk)
+    quotas = list(team.quotas.select_related("gpu_model", "default_priority_class"))
+    overall = next((q for q in quotas if q.gpu_model_id is None), None)
+    guaranteed = float(overall.guaranteed_gpus) if overall else 0.0
+    held = round(alloc.gpus, 3) if alloc else 0.0
+    return {
+        "quotas": quotas,
+        "overall": overall,
+        "guaranteed_gpus": guaranteed,
+        "limit_gpus": float(overall.limit_gpus) if overall and overall.limit_gpus is not None else None,
+        "held_gpus": held,
+        "borrowed_gpus": round(borrowed.gpus, 3) if borrowed else 0.0,
+        "unused_guarantee_gpus": round(max(0.0, guaranteed - held), 3),
+        "fair_share_gpus": fair_shares_gpus().get(team.pk),
+        "running_jobs": alloc.running_jobs if alloc else 0,
+        "pending_jobs": alloc.pending_jobs if alloc else 0,
+    }
+
+
+def _chart(series: dict[str, list], lines: list[tuple[str, str]], unit: str) -> str:
+    return json.dumps(
+        {
+            "t": series["t"],
+            "unit": unit,
+            "series": [{"key": k, "label": label, "values": series[k]} for k, label in lines],
+        }
+    )
+
+
+@login_required
+def team_list(request: HttpRequest) -> HttpResponse:
+    """The teams: each with its guarantee and what it holds and borrows now (everyone's to see); the viewer's
+    own marked."""
+    allocations = allocations_by_team()
+    borrowed = borrowed_by_team(allocations=allocations, quotas=engine_quotas())
+    mine = team_ids_for_user(user=request.user)
+    guaranteed = dict(
+        Team.objects.filter(quotas__gpu_model__isnull=True).values_list("pk", "quotas__guaranteed_gpus")
+    )
+    rows = []
+    for team in Team.objects.select_related("parent").order_by("slug"):
+        alloc = allocations.get(team.pk)
+        rows.append(
+            {
+                "team": team,
+                "mine": team.pk in mine,
+                "guaranteed_gpus": guaranteed.get(team.pk),
+                "held_gpus": round(alloc.gpus, 3) if alloc else 0.0,
+                "borrowed_gpus": round(borrowed[team.pk].gpus, 3) if team.pk in borrowed else 0.0,
+                "running_jobs": alloc.running_jobs if alloc else 0,
+                "pending_jobs": alloc.pending_jobs if alloc else 0,
+            }
+        )
+    return render(request, "frontend/teams/list.html", {"nav": "teams", "rows": rows})
+
+
+@login_required
+def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    team = _team_or_404(slug)
+    if request.GET.get("part") == "now":
+        return render(request, "frontend/teams/_now.html", {"team": team, "now": _now(team)})
+    w = history.window(request.GET.get("window", ""), default="7d")
+    if w.name not in TEAM_WINDOWS:
+        w = history.window("7d")
+    people = _may_see_people(request.user, team)
+    series = history.team_series(team_id=team.pk, w=w)
+    context = {
+        "nav": "teams",
+        "team": team,
+        "children": list(team.children.order_by("slug")),
+        "now": _now(team),
+        "window": w,
+        "windows": TEAM_WINDOWS,
+        "chart": _chart(
+            series,
+            [
+                ("held_gpus", "Held"),
+                ("guaranteed_gpus", "Guaranteed"),
+                ("borrowed_gpus", "Borrowed"),
+                ("pending_gpus", "Asked for by pending jobs"),
+            ],
+            "GPUs",
+        ),
+        "figures": {
+            "quota_satisfaction": history.quota_satisfaction(team_id=team.pk, since=w.since, until=w.until),
+            **history.wait_stats(since=w.since, until=w.until, team_ids=[team.pk]),
+            "priority_inversions": history.priority_inversions(team_id=team.pk, since=w.since, until=w.until),
+            "preemptions_suffered": history.preemptions_suffered(
+                team_id=team.pk, since=w.since, until=w.until
+            ),
+        },
+        "may_see_people": people,
+    }
+    if people:
+        hours = {
+            r["user"]: r
+            for r in history.usage_totals(since=w.since, until=w.until, group="user", team_ids=[team.pk])
+        }
+        members = Membership.objects.filter(team=team).select_related("user").order_by("user__username")
+        context["members"] = [
+            {"membership": m, "hours": hours.get(m.user.username, {"gpu_hours": 0.0, "idle_gpu_hours": 0.0})}
+            for m in members
+        ]
+        since, until, errors = chargeback_range(request)
+        context.update(
+            chargeback=chargeback_rows(team=team, since=since, until=until),
+            chargeback_since=since,
+            chargeback_until=until,
+            chargeback_errors=errors,
+        )
+    return render(request, "frontend/teams/detail.html", context)
+
+
+@login_required
+def team_chargeback_csv(request: HttpRequest, slug: str) -> HttpResponse:
+    team = _team_or_404(slug)
+    if not _may_see_people(request.user, team):
+        raise Http404(f"No team {slug}.")  # as the usage API: another team's people are not there to see
+    since, until, errors = chargeback_range(request)
+    if errors:
+        return HttpResponse(" ".join(errors), status=400, content_type="text/plain; charset=utf-8")
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=CHARGEBACK_COLUMNS, lineterminator="\r\n", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(chargeback_rows(team=team, since=since, until=until))
+    name = f"tessera-chargeback-{team.slug.replace('/', '-')}-{since}-{until}.csv"
+    return HttpResponse(
+        out.getvalue(),
+        content_type="text/csv; charset=utf-8",
+        headers={"Content-Disposition": f'attachment; filename="{name}"'},
+    )
