@@ -45,6 +45,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "portal.metrics.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -158,6 +159,11 @@ TESSERA_CYCLE_MAX_S = env.float("TESSERA_CYCLE_MAX_S", default=120.0)
 TESSERA_WATCHDOG_INTERVAL_S = env.float("TESSERA_WATCHDOG_INTERVAL_S", default=5.0)
 # Engine profile parameters to override, as JSON, e.g. {"min_runtime_s": 60} (docs/engine.md lists them).
 TESSERA_SCHEDULER_PARAMS = env.json("TESSERA_SCHEDULER_PARAMS", default={})
+# /metrics (portal/metrics.py): a bearer token, or client addresses allowed without one.
+TESSERA_METRICS_TOKEN = env.str("TESSERA_METRICS_TOKEN", default="")
+TESSERA_METRICS_ALLOW_NETWORKS = env.list(
+    "TESSERA_METRICS_ALLOW_NETWORKS", default=["127.0.0.1/32", "::1/128"]
+)
 # History (scheduling/history): rollups each minute, kept this many days (docs/operations.md, "History").
 TESSERA_HISTORY_RETENTION_DAYS = env.int("TESSERA_HISTORY_RETENTION_DAYS", default=30)
 TESSERA_HISTORY_INTERVAL_S = env.float("TESSERA_HISTORY_INTERVAL_S", default=60.0)

@@ -3,8 +3,11 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from portal.metrics import metrics_view
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include("portal.api_urls")),
+    path("metrics", metrics_view, name="metrics"),
     path("", include("frontend.urls")),
 ]

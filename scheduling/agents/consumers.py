@@ -32,6 +32,7 @@ from scheduling.cycle.desired_state import DesiredState, desired_state_for_node,
 from scheduling.history.recorder import gpu_events_record
 from scheduling.inventory.models import Node
 from scheduling.inventory.services import node_authenticate
+from scheduling.observability.instruments import AGENT_REPORTS
 from scheduling.realtime import groups
 
 log = logging.getLogger(__name__)
@@ -291,6 +292,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             # database heartbeats never pile up ahead of the job reports (nor keep a stale backlog alive).
             self.heartbeat_latest = payload
             self.heartbeat_due.set()
+            AGENT_REPORTS.labels("heartbeat", "ok").inc()
             return
         handler = getattr(self, f"on_{kind}", None)
         if handler is None:
@@ -313,6 +315,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         except Exception as exc:  # one bad report must not drop the node's connection (nor come back forever)
             log.exception("node %s: %s failed", self.node_name, kind)
             outcome = agent_services.Outcome(False, f"portal error: {type(exc).__name__}")
+        AGENT_REPORTS.labels(kind, "ok" if outcome is None or outcome.ok else "refused").inc()
         # Reliable messages are always acked; others only when refused, so the agent can log why.
         if kind in protocol.RELIABLE or (outcome is not None and not outcome.ok):
             ok = outcome.ok if outcome is not None else True

@@ -180,3 +180,4 @@ def cluster_summary() -> dict[str, Any]:
         "models": sorted(models.values(), key=lambda m: m["model"]),
         "teams": team_rows,
     }
+

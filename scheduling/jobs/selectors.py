@@ -267,3 +267,13 @@ def gangs_failing(*, job_ids: Iterable[int]) -> set[int]:
         .filter(attempt=F("job__attempt"))
         .values_list("job_id", flat=True)
     )
+
+
+def placed_waits(*, job_ids: list[int]) -> list[tuple[str, str, float]]:
+    """(team slug, priority class, seconds from submit to placement) of these placed jobs, in one query."""
+    rows = Job.objects.filter(pk__in=job_ids, placed_at__isnull=False).values_list(
+        "team__slug", "priority_class__name", "submitted_at", "placed_at"
+    )
+    return [
+        (slug, pc, max(0.0, (placed - submitted).total_seconds())) for slug, pc, submitted, placed in rows
+    ]

@@ -185,11 +185,18 @@ class Cluster:
                 "DATABASE_URL": database_url(),
                 "REDIS_URL": self.redis_url,
                 "TESSERA_LOG_DIR": str(self.root / "portal-logs"),
+                # Shared by daphne and the worker, as in production: /metrics sums both processes' counters.
+                "PROMETHEUS_MULTIPROC_DIR": str(self._prometheus_dir()),
                 "DJANGO_SETTINGS_MODULE": "portal.settings",
                 "PYTHONUNBUFFERED": "1",
             }
         )
         return env
+
+    def _prometheus_dir(self) -> Path:
+        path = self.root / "prometheus"
+        path.mkdir(exist_ok=True)
+        return path
 
     def _proc(self, name: str, argv: list[str], **extra: str) -> Proc:
         proc = Proc(name, argv, {**self.env, **extra}, self.root / f"{name}.log")

@@ -1,0 +1,1 @@
+"""What Tessera tells a monitoring system: Prometheus metrics (scheduler, GPUs, agents, API)."""
