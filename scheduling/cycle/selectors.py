@@ -180,4 +180,3 @@ def cluster_summary() -> dict[str, Any]:
         "models": sorted(models.values(), key=lambda m: m["model"]),
         "teams": team_rows,
     }
-
