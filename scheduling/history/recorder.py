@@ -34,7 +34,7 @@ from scheduling.inventory.models import Gpu, GpuModel, Node
 from scheduling.jobs.chargeback import usage_rows
 from scheduling.jobs.models import Job, Slice
 from scheduling.jobs.states import ACTIVE_STATES
-from scheduling.jobs.usage import allocations_by_team, job_held_milli, slice_share
+from scheduling.jobs.usage import allocations_by_team, pending_demand_milli, slice_share
 
 log = logging.getLogger(__name__)
 
@@ -260,23 +260,14 @@ def _team_rows(at: datetime) -> list[TeamMinute]:
             "team_id", "guaranteed_gpus", "limit_gpus"
         )
     }
-    smallest_card = min(GpuModel.objects.values_list("memory_mib", flat=True), default=0)
-    pending: dict[int, list[int]] = defaultdict(lambda: [0, 0])
-    for team_id, gpus, nodes, pct, memory_mib in Job.objects.filter(state=JobState.PENDING).values_list(
-        "team_id", "gpus", "nodes", "compute_pct", "gpu_memory_mib"
-    ):
-        entry = pending[team_id]
-        entry[0] += 1
-        entry[1] += job_held_milli(
-            gpus=gpus, nodes=nodes, compute_pct=pct, gpu_memory_mib=memory_mib, card_memory_mib=smallest_card
-        )
+    pending = pending_demand_milli()
     rows = []
     # Teams that run work or hold a quota (an organisation with a quota of its own counts too).
     leaves = set(Team.objects.filter(children__isnull=True).values_list("pk", flat=True))
     for team_id in sorted(leaves | set(quotas)):
         alloc = allocations.get(team_id)
         guaranteed, limit = quotas.get(team_id, (0, None))
-        waiting = pending.get(team_id, [0, 0])
+        waiting = pending.get(team_id, (0, 0))
         rows.append(
             TeamMinute(
                 at=at,

@@ -19,7 +19,7 @@ from django.db.models import Q
 from quotas.models import Team
 from scheduling.choices import JobState
 from scheduling.engine import types as eng
-from scheduling.inventory.models import Gpu, Node
+from scheduling.inventory.models import Gpu, GpuModel, Node
 from scheduling.jobs.models import Job, JobEvent, Slice
 from scheduling.jobs.states import ACTIVE_STATES, LIVE_STATES
 
@@ -160,3 +160,19 @@ def allocations_by_team() -> dict[int, TeamAllocation]:
         elif state == JobState.PENDING:
             out[team_id].pending_jobs += 1
     return out
+
+
+def pending_demand_milli() -> dict[int, tuple[int, int]]:
+    """team id -> (pending jobs, milli-GPU they ask for). A slice asking for memory is counted against the
+    smallest card in the catalogue (the most it could weigh); whole GPUs count 1000 each."""
+    smallest_card = min(GpuModel.objects.values_list("memory_mib", flat=True), default=0)
+    out: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    for team_id, gpus, nodes, pct, memory_mib in Job.objects.filter(state=JobState.PENDING).values_list(
+        "team_id", "gpus", "nodes", "compute_pct", "gpu_memory_mib"
+    ):
+        entry = out[team_id]
+        entry[0] += 1
+        entry[1] += job_held_milli(
+            gpus=gpus, nodes=nodes, compute_pct=pct, gpu_memory_mib=memory_mib, card_memory_mib=smallest_card
+        )
+    return {team_id: (n, milli) for team_id, (n, milli) in out.items()}

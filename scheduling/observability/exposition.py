@@ -31,7 +31,7 @@ from scheduling.history.models import GpuEvent
 from scheduling.inventory.models import Gpu, Node
 from scheduling.jobs.models import Job, Slice
 from scheduling.jobs.states import ACTIVE_STATES, LIVE_STATES
-from scheduling.jobs.usage import allocations_by_team
+from scheduling.jobs.usage import allocations_by_team, pending_demand_milli
 
 GPU_RESOURCE = "nvidia.com/gpu"
 ALL_FLAVORS = "all"
@@ -92,12 +92,14 @@ class SchedulerCollector(Collector):
         )
         team_gpus = _gauge(
             "tessera_team_gpus",
-            "Per team, in GPUs: held, guaranteed, borrowed (beyond the guarantee), fair_share.",
+            "Per team, in GPUs: held, guaranteed, borrowed (beyond the guarantee), pending (asked for by its "
+            "waiting jobs), fair_share.",
             ["team", "kind"],
         )
         allocations = allocations_by_team()
         borrowed = borrowed_by_team(allocations=allocations, quotas=engine_quotas())
         shares = fair_shares_gpus()
+        waiting = pending_demand_milli()
         for quota in Quota.objects.select_related("gpu_model"):
             slug, cohort = cohort_of.get(quota.team_id, (str(quota.team_id), ""))
             flavor = quota.gpu_model.name if quota.gpu_model_id else ALL_FLAVORS
@@ -118,6 +120,7 @@ class SchedulerCollector(Collector):
             team_gpus.add_metric(
                 [slug, "borrowed"], round(borrowed[team_id].gpus, 3) if team_id in borrowed else 0.0
             )
+            team_gpus.add_metric([slug, "pending"], waiting.get(team_id, (0, 0))[1] / 1000)
             if team_id in shares:
                 team_gpus.add_metric([slug, "fair_share"], round(shares[team_id], 3))
         yield from (usage, nominal, borrowing, team_gpus)

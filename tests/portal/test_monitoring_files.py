@@ -1,0 +1,62 @@
+"""The shipped alert rules pass promtool, and every metric the rules and the Grafana dashboard name is one the
+portal exports (a renamed metric would silently empty a panel or never fire an alert)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from scheduling.observability.exposition import metrics_text
+
+MONITORING = Path(__file__).resolve().parents[2] / "docs" / "monitoring"
+NAME = re.compile(r"\b((?:tessera|kueue)_[a-z_]+|DCGM_FI_[A-Z_]+)\b")
+SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
+
+pytestmark = pytest.mark.django_db
+
+
+def _exported() -> set[str]:
+    names = set()
+    for family in text_string_to_metric_families(metrics_text().decode()):
+        names.add(family.name)
+        names.update(s.name for s in family.samples)
+    return names
+
+
+def _named(text: str) -> set[str]:
+    return set(NAME.findall(text))
+
+
+def _base(name: str) -> str:
+    for suffix in SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def test_the_alert_rules_pass_promtool():
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian's prometheus package has it)")
+    checked = subprocess.run(
+        [promtool, "check", "rules", str(MONITORING / "alerts.yml")], capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 5 rules found" in checked.stdout
+
+
+def test_every_metric_the_rules_and_the_dashboard_name_is_exported(node):
+    exported = {_base(n) for n in _exported()}
+    rules = _named((MONITORING / "alerts.yml").read_text())
+    dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text())
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p.get("targets", []))
+    named = rules | _named(exprs)
+    assert {"tessera_scheduler_last_cycle_timestamp_seconds", "DCGM_FI_DEV_XID_ERRORS"} <= named
+    missing = {n for n in named if _base(n) not in exported}
+    assert not missing, f"named but not exported: {sorted(missing)}"
