@@ -24,4 +24,5 @@ urlpatterns = [
     re_path(rf"^teams/{TEAM}/chargeback\.csv$", team_page.team_chargeback_csv, name="team_chargeback_csv"),
     path("favicon.ico", views.favicon, name="favicon"),
     path("healthz", views.healthz, name="healthz"),
+    path("readyz", views.readyz, name="readyz"),
 ]

@@ -9,12 +9,12 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.templatetags.static import static
 from django.views.decorators.cache import cache_control
 
+from portal.health import readiness
 from quotas.selectors import team_slugs_visible_to
 from scheduling.inventory import selectors as inventory_selectors
 from scheduling.jobs import selectors as job_selectors
@@ -85,9 +85,15 @@ def queue(request: HttpRequest) -> HttpResponse:
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1")
+    """Liveness: this process answers. (Whether it can do its work is /readyz's question.)"""
     return JsonResponse({"status": "ok"})
+
+
+def readyz(request: HttpRequest) -> JsonResponse:
+    """Readiness: the database, Redis, a recent scheduling cycle and beat, each check's state; 503 when one
+    fails."""
+    answer = readiness()
+    return JsonResponse(answer, status=200 if answer["ready"] else 503)
 
 
 @cache_control(max_age=86400)

@@ -1,7 +1,8 @@
 """Health checks of the portal's processes, for container healthchecks (docker-compose.yml):
 `python -m portal.health web|worker|beat`. Exit status 0 when healthy, 1 with one line saying why otherwise.
 
-- web: the portal answers /healthz (which queries the database).
+- web: the portal answers /healthz (the process is alive) or, given --url .../readyz, is ready (database, Redis,
+  a recent scheduling cycle, beat: `readiness`).
 - worker: this host's Celery worker answers a ping through the broker.
 - beat: beat sent its periodic cycle request recently. Beat keeps no state a probe could read, so every process
   notes in Redis when it publishes that task (`beat_note_publish`, connected in portal.celery); only beat does.
@@ -42,9 +43,19 @@ def check_web(*, url: str, timeout_s: float) -> str | None:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - a URL the operator set
             body = json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:  # /readyz answers 503 with what failed
+        return f"{url}: {exc.code} {_failed_checks(exc)}"
     except (OSError, ValueError) as exc:
         return f"{url}: {exc}"
-    return None if body.get("status") == "ok" else f"{url} answered {body!r}"
+    return None if body.get("status") == "ok" or body.get("ready") is True else f"{url} answered {body!r}"
+
+
+def _failed_checks(error: urllib.error.HTTPError) -> str:
+    try:
+        checks = json.loads(error.read() or b"{}").get("checks", {})
+    except (OSError, ValueError):
+        return ""
+    return "; ".join(f"{name}: {c.get('detail')}" for name, c in checks.items() if not c.get("ok"))
 
 
 def check_worker(*, node: str, timeout_s: float) -> str | None:
@@ -75,6 +86,63 @@ def check_beat(*, max_age_s: float) -> str | None:
     if age_s > max_age_s:
         return f"beat last sent its periodic cycle request {age_s:.0f} s ago (more than {max_age_s:g} s)"
     return None
+
+
+def readiness() -> dict[str, Any]:
+    """What /readyz answers: each check's state, and ready when all hold. The database answers; Redis answers
+    (where it is used); a scheduling cycle started within three cycle intervals; beat sent its periodic request
+    within three intervals (where beat is used: with Redis). Embedded, the cycle loop runs inside the server."""
+    from django.conf import settings
+    from django.db import connection
+
+    checks: dict[str, dict[str, Any]] = {}
+
+    def check(name: str, fn) -> None:
+        started = time.monotonic()
+        try:
+            problem = fn()
+        except Exception as exc:  # noqa: BLE001 - a check that cannot run is a failed check, said plainly
+            problem = f"{type(exc).__name__}: {exc}"
+        checks[name] = {
+            "ok": problem is None,
+            "detail": problem or "ok",
+            "ms": round((time.monotonic() - started) * 1000, 1),
+        }
+
+    def database() -> str | None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return None
+
+    def redis() -> str | None:
+        from scheduling.coordination import redis_client
+
+        r = redis_client()
+        if r is None:
+            return None
+        r.ping()
+        return None
+
+    interval_s = float(settings.TESSERA_CYCLE_INTERVAL_S)
+    max_age_s = 3 * interval_s + 10
+
+    def cycle() -> str | None:
+        from scheduling.cycle.models import SchedulerLease
+
+        lease = SchedulerLease.objects.filter(pk=1).only("issued_at").first()
+        if lease is None or lease.issued_at is None:
+            return "no scheduling cycle has run yet: the scheduler is not running"
+        age_s = time.time() - lease.issued_at.timestamp()
+        if age_s > max_age_s:
+            return f"no scheduling cycle for {age_s:.0f} s (more than {max_age_s:g} s): the scheduler is not running"
+        return None
+
+    check("database", database)
+    check("redis", redis)
+    check("cycle", cycle)
+    if settings.REDIS_URL:
+        check("beat", lambda: check_beat(max_age_s=max_age_s))
+    return {"ready": all(c["ok"] for c in checks.values()), "checks": checks}
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -39,3 +39,38 @@ def test_a_missing_web_or_worker_is_unhealthy_and_says_why(pipe):
     worker = _health(pipe, "worker", "--node", f"nobody@{socket.gethostname()}", "--timeout-s", "1")
     assert web.returncode == 1 and "unhealthy: http://127.0.0.1:9/healthz" in web.stderr
     assert worker.returncode == 1 and f"worker nobody@{socket.gethostname()} did not answer" in worker.stderr
+
+
+def test_readyz_is_ready_while_all_runs_and_says_the_scheduler_stopped_when_the_worker_does(pipe):
+    import requests
+
+    from tests.pipeline.harness import wait_for
+
+    url = f"http://127.0.0.1:{pipe.port}/readyz"
+    ready = requests.get(url, timeout=10)
+    assert ready.status_code == 200, ready.text
+    assert {name: c["ok"] for name, c in ready.json()["checks"].items()} == {
+        "database": True,
+        "redis": True,
+        "cycle": True,
+        "beat": True,
+    }
+    pipe.procs["worker"].stop()
+    try:
+        # Cycles every second here: three intervals (+10 s) without one and the portal is not ready.
+        wait_for(
+            "/readyz to say the scheduler stopped",
+            lambda: requests.get(url, timeout=10).status_code == 503,
+            timeout_s=40,
+        )
+        answer = requests.get(url, timeout=10).json()
+        assert answer["ready"] is False and answer["checks"]["database"]["ok"]
+        assert "the scheduler is not running" in answer["checks"]["cycle"]["detail"]
+        web = _health(pipe, "web", "--url", url, "--timeout-s", "5")
+        assert web.returncode == 1 and "cycle: no scheduling cycle for" in web.stderr
+        assert requests.get(f"http://127.0.0.1:{pipe.port}/healthz", timeout=10).status_code == 200  # alive
+    finally:
+        pipe.start_worker()
+    wait_for(
+        "/readyz to be ready again", lambda: requests.get(url, timeout=10).status_code == 200, timeout_s=40
+    )
