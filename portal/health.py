@@ -127,15 +127,9 @@ def readiness() -> dict[str, Any]:
     max_age_s = 3 * interval_s + 10
 
     def cycle() -> str | None:
-        from scheduling.cycle.models import SchedulerLease
+        from scheduling.cycle.liveness import scheduler_stall
 
-        lease = SchedulerLease.objects.filter(pk=1).only("issued_at").first()
-        if lease is None or lease.issued_at is None:
-            return "no scheduling cycle has run yet: the scheduler is not running"
-        age_s = time.time() - lease.issued_at.timestamp()
-        if age_s > max_age_s:
-            return f"no scheduling cycle for {age_s:.0f} s (more than {max_age_s:g} s): the scheduler is not running"
-        return None
+        return scheduler_stall(fresh=True)
 
     check("database", database)
     check("redis", redis)

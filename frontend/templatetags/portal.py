@@ -9,7 +9,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from scheduling.jobs.models import Job
-from scheduling.jobs.selectors import job_request_fields
+from scheduling.jobs.selectors import job_request_fields, pending_reason
 from scheduling.jobs.states import TERMINAL_STATES
 
 register = template.Library()
@@ -141,3 +141,10 @@ def elapsed(value: datetime | None) -> str:
     if value is None:
         return ""
     return _time(value, "elapsed", "since ", duration((timezone.now() - value).total_seconds()))
+
+
+@register.filter
+def why_pending(job: Job) -> str:
+    """Why a pending job waits, as scheduling.jobs.selectors.pending_reason tells it (the scheduler's own state
+    included)."""
+    return pending_reason(job)[1] or "Waiting for the next scheduling cycle."

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from quotas.selectors import team_ids_administered_by, team_ids_for_user
 from scheduling.choices import GangMemberOutcome, JobState
+from scheduling.cycle.liveness import SCHEDULER_STALLED, scheduler_stall
 from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
 
 
@@ -125,8 +126,8 @@ def queue_entries(*, user: AbstractBaseUser, jobs: list[Job]) -> list[dict[str, 
                 "gpu_equivalents": _request_gpu_equivalents(job),
                 "submitted_at": job.submitted_at,
                 "wait_s": int((now - job.submitted_at).total_seconds()),
-                "pending_reason_code": job.pending_reason_code,
-                "pending_reason": job.pending_reason if mine else None,
+                "pending_reason_code": pending_reason(job)[0],
+                "pending_reason": pending_reason(job)[1] if mine else None,
                 "estimated_start_at": job.estimated_start_at,
             }
         )
@@ -277,3 +278,13 @@ def placed_waits(*, job_ids: list[int]) -> list[tuple[str, str, float]]:
     return [
         (slug, pc, max(0.0, (placed - submitted).total_seconds())) for slug, pc, submitted, placed in rows
     ]
+
+
+def pending_reason(job: Job) -> tuple[str, str]:
+    """(code, sentence) of why a job waits, as people are told it: what the last cycle said, unless the scheduler
+    is not running at all; then that (scheduling.cycle.liveness)."""
+    if job.state == JobState.PENDING and (
+        stall := scheduler_stall(waiting_since=job.submitted_at.timestamp())
+    ):
+        return SCHEDULER_STALLED, stall
+    return job.pending_reason_code, job.pending_reason

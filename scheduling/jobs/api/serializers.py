@@ -13,7 +13,7 @@ from rest_framework import serializers
 
 from scheduling.choices import JobState
 from scheduling.jobs.models import Job, JobEvent
-from scheduling.jobs.selectors import can_cancel_job, job_request_fields
+from scheduling.jobs.selectors import can_cancel_job, job_request_fields, pending_reason
 from scheduling.jobs.services import job_spec_of
 from scheduling.jobs.spec import spec_to_mapping
 
@@ -57,12 +57,19 @@ class JobSerializer(serializers.Serializer):
     started_at = serializers.DateTimeField(read_only=True, allow_null=True)
     finished_at = serializers.DateTimeField(read_only=True, allow_null=True)
     exit_code = serializers.IntegerField(read_only=True, allow_null=True)
-    pending_reason_code = serializers.CharField(read_only=True, allow_blank=True)
-    pending_reason = serializers.CharField(read_only=True, allow_blank=True)
+    pending_reason_code = serializers.SerializerMethodField()
+    pending_reason = serializers.SerializerMethodField()
     queue_position = serializers.IntegerField(
         read_only=True, allow_null=True, help_text="Place in the queue at the last scheduling cycle."
     )
     estimated_start_at = serializers.DateTimeField(read_only=True, allow_null=True)
+
+    def get_pending_reason_code(self, job: Job) -> str:
+        """Why it waits, as a code; scheduler_stalled when no scheduling cycle ran for three intervals."""
+        return pending_reason(job)[0]
+
+    def get_pending_reason(self, job: Job) -> str:
+        return pending_reason(job)[1]
 
     @extend_schema_field(JobRequestSerializer)
     def get_request(self, job: Job) -> dict[str, Any]:
@@ -99,8 +106,8 @@ def job_payload(job: Job) -> dict[str, Any]:
         "started_at": _moment(job.started_at),
         "finished_at": _moment(job.finished_at),
         "exit_code": job.exit_code,
-        "pending_reason_code": job.pending_reason_code,
-        "pending_reason": job.pending_reason,
+        "pending_reason_code": pending_reason(job)[0],
+        "pending_reason": pending_reason(job)[1],
         "queue_position": job.queue_position,
         "estimated_start_at": _moment(job.estimated_start_at),
     }
