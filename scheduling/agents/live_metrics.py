@@ -34,6 +34,7 @@ GPU_FIELDS: dict[str, type] = {
     "memory_total_mib": int,
     "power_w": float,
     "temperature_c": int,
+    "sm_clock_mhz": int,
     "health": str,
 }
 
