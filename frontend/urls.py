@@ -1,6 +1,6 @@
 from django.urls import path
 
-from frontend import jobs, views
+from frontend import cluster, jobs, views
 
 app_name = "frontend"
 urlpatterns = [
@@ -16,6 +16,9 @@ urlpatterns = [
     path("jobs/<int:job_id>/", jobs.job_detail, name="job"),
     path("jobs/<int:job_id>/logs/<str:stream>/", jobs.job_log_download, name="job_log"),
     path("queue/", views.queue, name="queue"),
+    path("cluster/", cluster.cluster, name="cluster"),
+    path("cluster/<str:name>/", cluster.node, name="node"),
+    path("cluster/<str:name>/state/", cluster.node_state, name="node_state"),
     path("favicon.ico", views.favicon, name="favicon"),
     path("healthz", views.healthz, name="healthz"),
 ]
