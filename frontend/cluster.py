@@ -28,15 +28,15 @@ TEAM_PALETTE = [
     "#1f77b4",
     "#ff7f0e",
     "#2ca02c",
-    "#d62728",
     "#9467bd",
     "#8c564b",
     "#e377c2",
     "#17becf",
     "#bcbd22",
     "#393b79",
-    "#ad494a",
     "#637939",
+    "#e7ba52",
+    "#843c39",
 ]
 # What a staff member may do to a node in each state: (target state, button label).
 STATE_ACTIONS = {
@@ -91,9 +91,16 @@ def cluster(request: HttpRequest) -> HttpResponse:
     group is opened and re-fetched on events; `?part=summaries` the groups' rows, re-fetched on events."""
     part = request.GET.get("part")
     wanted = request.GET.get("group")
-    groups = cluster_map.cluster_groups()
+    # A group's part needs only which nodes are in it; the rows need everyone's samples for their means.
+    groups = cluster_map.cluster_groups(with_util=part != "group")
     context = _common(request)
     context["groups"] = groups
+    context["totals"] = {
+        "nodes": sum(g.nodes for g in groups),
+        "gpus": sum(g.gpus for g in groups),
+        "allocated_gpus": round(sum(g.allocated_gpus for g in groups), 1),
+        "free_whole_gpus": sum(g.free_whole_gpus for g in groups),
+    }
     if part == "summaries":
         return render(request, "frontend/cluster/_summaries.html", context)
     if part == "group":
@@ -114,12 +121,6 @@ def cluster(request: HttpRequest) -> HttpResponse:
         {
             "opened": opened,
             "legend": legend,
-            "totals": {
-                "nodes": sum(g.nodes for g in groups),
-                "gpus": sum(g.gpus for g in groups),
-                "allocated_gpus": round(sum(g.allocated_gpus for g in groups), 1),
-                "free_whole_gpus": sum(g.free_whole_gpus for g in groups),
-            },
             "palette": TEAM_PALETTE,
         }
     )

@@ -26,7 +26,7 @@ from scheduling.jobs.usage import slice_share
 
 # A group of at most this many nodes starts open on the map; larger ones open on request, a page at a time.
 OPEN_GROUP_MAX_NODES = 12
-GROUP_PAGE_NODES = 120
+GROUP_PAGE_NODES = 64
 # A node whose agent was last heard longer ago than this many heartbeat intervals reads "agent silent".
 SILENT_AFTER_HEARTBEATS = 2
 

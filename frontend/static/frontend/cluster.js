@@ -114,7 +114,7 @@
               : words.replace(/(utilisation [^,]+)/, "$1, " + used);
           }
           cell.setAttribute("aria-label", words);
-          cell.title = words;
+          if (cell.title) cell.title = words;
         });
       });
     });
@@ -176,6 +176,10 @@
       window.tessera.refresh(body);
     });
     document.addEventListener("tessera:refreshed", function () { updateLegend(); tickHeartbeats(); });
+    document.addEventListener("mouseover", function (e) { // a cell's hover text is its aria-label
+      const cell = e.target.closest && e.target.closest(".gpu-cell[aria-label]");
+      if (cell && !e.target.closest(".gpu-slice")) cell.title = cell.getAttribute("aria-label");
+    });
     document.addEventListener("tessera:message", function (e) {
       const msg = e.detail || {};
       if (msg.type === "gpu.metrics") onSample(msg);
