@@ -8,8 +8,13 @@ Prints JSON.
 - `push_to_dom_p95_ms`: daphne with Redis channels and Chromium with `--pages` job pages open on one job; a state
   change is committed and each page's DOM is watched until it shows it: commit to DOM, every page, p95;
   `push_part_refreshed_p95_ms`: until the page's re-requested part (with the new event) is in the DOM.
+- `cluster_map_render_ms`: the cluster map (/cluster/) in Chromium over daphne, navigation start to the load event
+  (p95 of several loads), with MPS cards shared by slices of two teams, NVLink groups of four and a live sample
+  of every GPU in Redis; `cluster_map_group_open_ms`: opening the largest group until its first page of node
+  tiles is drawn. `--only cluster-map` runs just these (and the map's server times).
 
     .venv/bin/python -m bench.portal --nodes 1000 --pending 10000 --pages 100
+    .venv/bin/python -m bench.portal --only cluster-map --pending 0
 """
 
 from __future__ import annotations
@@ -256,21 +261,7 @@ def push_to_dom(*, env: dict, people: dict, pages: int, changes: int) -> dict:
     from scheduling.jobs.services import job_transition
 
     port = free_port()
-    server = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "daphne"),
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "portal.asgi:application",
-        ],
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    server = _daphne(env, port)
     latencies: list[float] = []  # commit -> the new state shown
     refreshed: list[float] = []  # commit -> the job's whole live part re-rendered (its events list)
     try:
@@ -343,6 +334,189 @@ def push_to_dom(*, env: dict, people: dict, pages: int, changes: int) -> dict:
     return {"state_shown": summary_ms(latencies), "part_refreshed": summary_ms(refreshed)}
 
 
+def share_cards_and_sample(*, nodes: int, gpus_per_node: int, redis_url: str) -> dict:
+    """For the cluster map: on every MPS node (every fifth), cards 0-3 shared by the slice already there (halved)
+    and one of another team; and a live sample of every GPU in Redis (kept 10 min, long enough to measure)."""
+    import redis
+    from django.db import connection
+
+    from scheduling.agents.live_metrics import live_metrics_key
+    from scheduling.choices import JobState, SharingMode
+    from scheduling.inventory.models import Gpu, Node
+    from scheduling.jobs.models import Job, Slice
+
+    shared = list(
+        Slice.objects.filter(gpu__sharing_mode=SharingMode.MPS, gpu__index__lt=4).select_related("job", "gpu")
+    )
+    donor = (
+        Job.objects.filter(state=JobState.RUNNING).exclude(team=shared[0].job.team).first()
+        if shared
+        else None
+    )
+    if shared and donor is not None:
+        Slice.objects.filter(pk__in=[sl.pk for sl in shared]).update(memory_mib=40960, compute_pct=50)
+        extra = [
+            Job(
+                team=donor.team,
+                submitter=donor.submitter,
+                name=f"serve-{k}",
+                command="python serve.py",
+                gpus=0,
+                gpu_memory_mib=20480,
+                compute_pct=25,
+                priority_class=donor.priority_class,
+                state=JobState.RUNNING,
+                started_at=donor.started_at,
+                placed_at=donor.placed_at,
+                attempt=1,
+            )
+            for k in range(len(shared))
+        ]
+        Job.objects.bulk_create(extra, batch_size=2000)
+        Slice.objects.bulk_create(
+            (
+                Slice(job=j, gpu=sl.gpu, memory_mib=20480, compute_pct=25)
+                for j, sl in zip(extra, shared, strict=True)
+            ),
+            batch_size=2000,
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {Gpu._meta.db_table} SET allocated_memory_mib = 61440, allocated_compute_pct = 75 "
+                "WHERE id = ANY(%s)",
+                [[sl.gpu_id for sl in shared]],
+            )
+    rng = random.Random(11)
+    r = redis.Redis.from_url(redis_url)
+    pipe = r.pipeline()
+    now = time.time()
+    for name in Node.objects.values_list("name", flat=True):
+        gpus = [
+            {
+                "index": g,
+                "uuid": f"{name}-{g}",
+                "util_pct": round(rng.uniform(0, 100), 1),
+                "mem_util_pct": round(rng.uniform(0, 60), 1),
+                "memory_used_mib": rng.randrange(0, 81920),
+                "memory_total_mib": 81920,
+                "power_w": round(rng.uniform(60, 400), 1),
+                "temperature_c": rng.randrange(30, 80),
+                "sm_clock_mhz": rng.choice([210, 1410, 1980]),
+                "health": "ok",
+            }
+            for g in range(gpus_per_node)
+        ]
+        pipe.set(live_metrics_key(name), json.dumps({"sampled_at": now, "gpus": gpus}), ex=600)
+    pipe.execute()
+    return {"shared_cards": len(shared)}
+
+
+def cluster_map_times(*, env: dict, people: dict, loads: int, requests: int) -> dict:
+    """The map's server times (in process) and, in Chromium over daphne, navigation start to the load event of
+    /cluster/ and the time to open the largest group."""
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+    from django.utils import timezone
+    from playwright.sync_api import sync_playwright
+
+    from scheduling.inventory.cluster_map import cluster_groups
+    from scheduling.inventory.models import Node
+
+    client = Client()
+    client.force_login(people["alice"])
+    biggest = max(cluster_groups(), key=lambda g: g.nodes).name
+    time_requests(client, "GET", "/cluster/", 2)
+    out: dict = {
+        "page_server": summary_ms(time_requests(client, "GET", "/cluster/", requests)),
+        "group_part_server": summary_ms(
+            time_requests(client, "GET", f"/cluster/?group={biggest}&part=group", requests)
+        ),
+        "node_page_server": summary_ms(time_requests(client, "GET", "/cluster/node-0001/", requests)),
+        "group": biggest,
+    }
+    users = get_user_model()
+    if not users.objects.filter(username="root").exists():
+        users.objects.create_user(username="root", password="root-pw", is_staff=True)
+    port = free_port()
+    server = _daphne(env, port)
+    loaded: list[float] = []
+    opened: list[float] = []
+    try:
+        wait_http(port)
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+        with sync_playwright() as p:
+            browser = p.chromium.launch(
+                executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"]
+            )
+            context = browser.new_context(
+                base_url=f"http://127.0.0.1:{port}", viewport={"width": 1280, "height": 800}
+            )
+            page = context.new_page()
+            page.goto("/login/")
+            page.fill("#id_username", "alice")
+            page.fill("#id_password", "alice-pw")
+            page.click("button[type=submit]")
+            page.wait_for_url("**/jobs/")
+            page.goto("/cluster/")  # warm the server's and the browser's caches
+            for _ in range(loads):
+                page.goto("/cluster/", wait_until="load")
+                page.wait_for_selector("details.group")
+                loaded.append(
+                    page.evaluate(
+                        "(() => { const n = performance.getEntriesByType('navigation')[0];"
+                        " return n.loadEventEnd - n.startTime; })()"
+                    )
+                    / 1000
+                )
+                selector = f"details.group[data-group={json.dumps(biggest)}]"
+                t0 = time.perf_counter()
+                page.click(f"{selector} > summary")
+                page.wait_for_selector(f"{selector} .node-tile .gpu-cell")
+                page.evaluate("() => new Promise(r => requestAnimationFrame(() => r()))")
+                opened.append(time.perf_counter() - t0)
+            out["tiles_on_open"] = page.locator(
+                f"details.group[data-group={json.dumps(biggest)}] .node-tile"
+            ).count()
+            # A picture as staff see it (every team's slices named), for the docs.
+            staff = browser.new_context(
+                base_url=f"http://127.0.0.1:{port}", viewport={"width": 1280, "height": 800}
+            ).new_page()
+            staff.goto("/login/")
+            staff.fill("#id_username", "root")
+            staff.fill("#id_password", "root-pw")
+            staff.click("button[type=submit]")
+            staff.wait_for_url("**/jobs/")
+            Node.objects.update(last_heartbeat_at=timezone.now())  # as if the agents were there
+            staff.goto(f"/cluster/?group={biggest}")
+            staff.wait_for_selector(".node-tile .gpu-cell")
+            staff.screenshot(path=str(ROOT / "test-artifacts" / "bench-cluster-map.png"), full_page=False)
+            browser.close()
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+    out["render"] = summary_ms(loaded)
+    out["group_open"] = summary_ms(opened)
+    return out
+
+
+def _daphne(env: dict, port: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "daphne"),
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "portal.asgi:application",
+        ],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 def free_port() -> int:
     import socket
 
@@ -401,6 +575,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=60, help="timed requests per page")
     parser.add_argument("--pages", type=int, default=100, help="browser pages for push_to_dom (0: skip)")
     parser.add_argument("--changes", type=int, default=8, help="state changes pushed to the pages")
+    parser.add_argument(
+        "--map-loads", type=int, default=10, help="loads of the cluster map timed in Chromium"
+    )
+    parser.add_argument(
+        "--only",
+        choices=("all", "cluster-map"),
+        default="all",
+        help="cluster-map: only the cluster map's figures",
+    )
     args = parser.parse_args(argv)
     env = {
         **os.environ,
@@ -429,8 +612,21 @@ def main(argv: list[str] | None = None) -> int:
         nodes=args.nodes, gpus_per_node=args.gpus_per_node, pending=args.pending, running=running
     )
     built_s = time.perf_counter() - t0
-    times = server_times(people, args.requests)
-    push = push_to_dom(env=env, people=people, pages=args.pages, changes=args.changes) if args.pages else None
+    only_map = args.only == "cluster-map"
+    times = {} if only_map else server_times(people, args.requests)
+    push = (
+        push_to_dom(env=env, people=people, pages=args.pages, changes=args.changes)
+        if args.pages and not only_map
+        else None
+    )
+    (ROOT / "test-artifacts").mkdir(exist_ok=True)
+    shared = share_cards_and_sample(
+        nodes=args.nodes, gpus_per_node=args.gpus_per_node, redis_url=args.redis_url
+    )
+    cluster_map = cluster_map_times(
+        env=env, people=people, loads=args.map_loads, requests=max(5, args.requests // 3)
+    )
+    cluster_map.update(shared)
     result = {
         "benchmark": "portal",
         "cluster": {
@@ -441,20 +637,29 @@ def main(argv: list[str] | None = None) -> int:
             "built_s": round(built_s, 1),
         },
         "machine": {"cpus": os.cpu_count(), "loadavg_1m": round(os.getloadavg()[0], 2)},
-        "jobs_page_p95_ms": times["jobs_page"]["p95"],
-        "queue_page_p95_ms": times["queue_page"]["p95"],
-        "job_page_p95_ms": times["job_page"]["p95"],
-        "whatif_p95_ms": times["whatif"]["p95"],
-        "whatif_cold_ms": times["whatif_cold"]["max"],
+        "jobs_page_p95_ms": times["jobs_page"]["p95"] if times else None,
+        "queue_page_p95_ms": times["queue_page"]["p95"] if times else None,
+        "job_page_p95_ms": times["job_page"]["p95"] if times else None,
+        "whatif_p95_ms": times["whatif"]["p95"] if times else None,
+        "whatif_cold_ms": times["whatif_cold"]["max"] if times else None,
+        "cluster_map_render_ms": cluster_map["render"]["p95"],
+        "cluster_map_group_open_ms": cluster_map["group_open"]["p95"],
         "push_to_dom_p95_ms": push["state_shown"]["p95"] if push else None,
         "push_part_refreshed_p95_ms": push["part_refreshed"]["p95"] if push else None,
-        "detail": {**times, "push_to_dom": push, "pages": args.pages, "changes": args.changes},
+        "detail": {
+            **times,
+            "push_to_dom": push,
+            "pages": args.pages,
+            "changes": args.changes,
+            "cluster_map": cluster_map,
+        },
         "targets": {
             "jobs_page_p95_ms": 150,
             "queue_page_p95_ms": 150,
             "job_page_p95_ms": 100,
             "push_to_dom_p95_ms": 1000,
             "whatif_p95_ms": 300,
+            "cluster_map_render_ms": 1000,
         },
     }
     json.dump(result, sys.stdout, indent=2)

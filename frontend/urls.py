@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from frontend import jobs, team_page, views
+from frontend import cluster, jobs, team_page, views
 
 # A team slug: `ai-lab` or `ai-lab/training` (quotas.models.slug_path_validator).
 TEAM = r"(?P<slug>[a-z0-9][a-z0-9-]*(?:/[a-z0-9][a-z0-9-]*)?)"
@@ -22,6 +22,9 @@ urlpatterns = [
     path("teams/", team_page.team_list, name="teams"),
     re_path(rf"^teams/{TEAM}/$", team_page.team_detail, name="team"),
     re_path(rf"^teams/{TEAM}/chargeback\.csv$", team_page.team_chargeback_csv, name="team_chargeback_csv"),
+    path("cluster/", cluster.cluster, name="cluster"),
+    path("cluster/<str:name>/", cluster.node, name="node"),
+    path("cluster/<str:name>/state/", cluster.node_state, name="node_state"),
     path("favicon.ico", views.favicon, name="favicon"),
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),

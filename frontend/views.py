@@ -14,10 +14,10 @@ from django.shortcuts import redirect, render
 from django.templatetags.static import static
 from django.views.decorators.cache import cache_control
 
-from portal.health import readiness
 from quotas.selectors import team_slugs_visible_to
 from scheduling.inventory import selectors as inventory_selectors
 from scheduling.jobs import selectors as job_selectors
+from scheduling.observability.readiness import readiness
 
 QUEUE_PAGE_SIZE = 50
 

@@ -20,9 +20,7 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-BEAT_TICK_TASK = "scheduling.tasks.cycle_tick"
-BEAT_MARK_KEY = "tessera:beat:last_tick"
-BEAT_MARK_TTL_S = 24 * 3600
+from scheduling.coordination import BEAT_MARK_KEY, BEAT_MARK_TTL_S, BEAT_TICK_TASK
 
 
 def beat_note_publish(sender: str | None = None, **_: Any) -> None:
@@ -70,75 +68,6 @@ def check_worker(*, node: str, timeout_s: float) -> str | None:
     return None
 
 
-def check_beat(*, max_age_s: float) -> str | None:
-    from scheduling.coordination import redis_client
-
-    r = redis_client()
-    if r is None:
-        return "no REDIS_URL: beat runs only with Redis"
-    try:
-        raw = r.get(BEAT_MARK_KEY)
-    except Exception as exc:  # noqa: BLE001
-        return f"cannot reach Redis: {type(exc).__name__}: {exc}"
-    if raw is None:
-        return "beat has not sent its periodic cycle request yet"
-    age_s = time.time() - float(raw)
-    if age_s > max_age_s:
-        return f"beat last sent its periodic cycle request {age_s:.0f} s ago (more than {max_age_s:g} s)"
-    return None
-
-
-def readiness() -> dict[str, Any]:
-    """What /readyz answers: each check's state, and ready when all hold. The database answers; Redis answers
-    (where it is used); a scheduling cycle started within three cycle intervals; beat sent its periodic request
-    within three intervals (where beat is used: with Redis). Embedded, the cycle loop runs inside the server."""
-    from django.conf import settings
-    from django.db import connection
-
-    checks: dict[str, dict[str, Any]] = {}
-
-    def check(name: str, fn) -> None:
-        started = time.monotonic()
-        try:
-            problem = fn()
-        except Exception as exc:  # noqa: BLE001 - a check that cannot run is a failed check, said plainly
-            problem = f"{type(exc).__name__}: {exc}"
-        checks[name] = {
-            "ok": problem is None,
-            "detail": problem or "ok",
-            "ms": round((time.monotonic() - started) * 1000, 1),
-        }
-
-    def database() -> str | None:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-        return None
-
-    def redis() -> str | None:
-        from scheduling.coordination import redis_client
-
-        r = redis_client()
-        if r is None:
-            return None
-        r.ping()
-        return None
-
-    interval_s = float(settings.TESSERA_CYCLE_INTERVAL_S)
-    max_age_s = 3 * interval_s + 10
-
-    def cycle() -> str | None:
-        from scheduling.cycle.liveness import scheduler_stall
-
-        return scheduler_stall(fresh=True)
-
-    check("database", database)
-    check("redis", redis)
-    check("cycle", cycle)
-    if settings.REDIS_URL:
-        check("beat", lambda: check_beat(max_age_s=max_age_s))
-    return {"ready": all(c["ok"] for c in checks.values()), "checks": checks}
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m portal.health", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="process", required=True)
@@ -176,6 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_age_s = args.max_age_s
             if max_age_s is None:
                 max_age_s = 3 * float(settings.TESSERA_CYCLE_INTERVAL_S) + 10
+            from scheduling.observability.readiness import check_beat
+
             problem = check_beat(max_age_s=max_age_s)
     if problem is not None:
         print(f"unhealthy: {problem}", file=sys.stderr)

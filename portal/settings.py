@@ -141,6 +141,9 @@ TESSERA_NODE_LOST_AFTER_S = env.float("TESSERA_NODE_LOST_AFTER_S", default=50.0)
 # preemption grace and TESSERA_FENCE_MARGIN_S have all passed since the node's last heartbeat, so a placement never
 # runs twice. Outages shorter than this stop nothing (Kubernetes waits 5 min before evicting a silent node's pods).
 TESSERA_AGENT_FENCE_AFTER_S = env.float("TESSERA_AGENT_FENCE_AFTER_S", default=600.0)
+# The heartbeat interval the agents are run with (their --heartbeat-s): the cluster map calls a node's agent silent
+# after two of them.
+TESSERA_AGENT_HEARTBEAT_S = env.float("TESSERA_AGENT_HEARTBEAT_S", default=5.0)
 TESSERA_FENCE_MARGIN_S = env.float("TESSERA_FENCE_MARGIN_S", default=30.0)
 # Threads (each with its own database connection) that handle the agents' reports in one portal process.
 TESSERA_AGENT_DB_THREADS = env.int("TESSERA_AGENT_DB_THREADS", default=4)

@@ -5,7 +5,7 @@ from django.http import HttpRequest
 
 from scheduling.choices import ActorKind, NodeState
 from scheduling.inventory import services as inventory_services
-from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node
+from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node, NodeStateChange
 from scheduling.jobs import services as job_services
 from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
 from scheduling.jobs.states import IllegalTransition
@@ -207,6 +207,24 @@ class JobEventAdmin(admin.ModelAdmin):
     list_display = ("at", "job", "from_state", "to_state", "actor_kind", "actor", "code")
     list_filter = ("to_state", "actor_kind", "code")
     search_fields = ("job__name", "message", "actor__username")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(NodeStateChange)
+class NodeStateChangeAdmin(admin.ModelAdmin):
+    """Who cordoned, drained or uncordoned which node, and why: append-only, as the jobs' audit trail."""
+
+    list_display = ("at", "node", "from_state", "to_state", "actor", "reason")
+    list_filter = ("to_state",)
+    search_fields = ("node__name", "reason", "actor__username")
 
     def has_add_permission(self, request):
         return False

@@ -5,7 +5,7 @@ fencing lease, each node's desired-state sync).
 """
 
 from scheduling.cycle.models import NodeSync, SchedulerLease
-from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node
+from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node, NodeStateChange
 from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "Job",
     "JobEvent",
     "Node",
+    "NodeStateChange",
     "NodeSync",
     "SchedulerLease",
     "Slice",

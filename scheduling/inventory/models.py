@@ -4,10 +4,12 @@ Each Gpu row is also the allocation ledger: `allocated_memory_mib` and `allocate
 `allocated = allocated + x` updates, and CHECK constraints make the database itself refuse an over-commit.
 """
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import F, Q
+from django.utils import timezone
 
 from scheduling.choices import GpuHealth, LinkKind, NodeState, SharingMode
 
@@ -141,3 +143,26 @@ class GpuLink(models.Model):
     def __str__(self) -> str:
         label = f"NV{self.nvlink_count}" if self.kind == LinkKind.NVLINK else self.kind
         return f"{self.gpu_a} <-{label}-> {self.gpu_b}"
+
+
+class NodeStateChange(models.Model):
+    """One change of a node's state by a person (cordon, drain, uncordon), with why: the node's audit trail."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="state_changes")
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    from_state = models.CharField(max_length=20, choices=NodeState.choices)
+    to_state = models.CharField(max_length=20, choices=NodeState.choices)
+    reason = models.CharField(max_length=500)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["node", "-at"], name="nodestatechange_node_at")]
+        constraints = [
+            models.CheckConstraint(condition=~Q(reason=""), name="nodestatechange_reason_given"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node} {self.from_state} -> {self.to_state}"

@@ -396,6 +396,7 @@ def test_the_newest_gpu_sample_reaches_the_rest_cluster_view_typed_and_for_a_whi
         "memory_total_mib": 81920,
         "power_w": None,
         "temperature_c": None,
+        "sm_clock_mhz": None,
         "health": "ok",
     }
     assert by_node["a100-01"]["gpus"][0]["metrics"] is None  # its agent never reported

@@ -117,6 +117,7 @@
   function stopPolling() { if (pollTimer) { clearInterval(pollTimer); pollTimer = null; } }
 
   function onMessage(msg) {
+    document.dispatchEvent(new CustomEvent("tessera:message", { detail: msg })); // page scripts (cluster.js)
     if (msg.type === "hello") return;
     if (msg.type === "job.metrics") { onMetrics(msg); return; }
     if (msg.type === "gpu.metrics") return;
@@ -288,6 +289,7 @@
     }
   }
 
+  window.tessera = { refresh: refresh, localiseTimes: localiseTimes }; // for page scripts (cluster.js)
   document.addEventListener("DOMContentLoaded", function () {
     localiseTimes();
     setInterval(function () { localiseTimes(); }, 5000);

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from scheduling.inventory.services import NODE_STATE_REASON_MAX, SETTABLE_NODE_STATES
+
 
 class SliceHolderSerializer(serializers.Serializer):
     job_id = serializers.IntegerField(allow_null=True)
@@ -25,6 +27,7 @@ class GpuMetricsSerializer(serializers.Serializer):
     memory_total_mib = serializers.IntegerField(allow_null=True)
     power_w = serializers.FloatField(allow_null=True)
     temperature_c = serializers.IntegerField(allow_null=True)
+    sm_clock_mhz = serializers.IntegerField(allow_null=True, help_text="SM clock (MHz).")
     health = serializers.CharField(allow_null=True)
 
 
@@ -89,3 +92,21 @@ class ClusterSerializer(serializers.Serializer):
     running_jobs = serializers.IntegerField()
     models = ModelCapacitySerializer(many=True)
     teams = TeamAggregateSerializer(many=True, help_text="Anonymous aggregates per team: no jobs, no people.")
+
+
+class NodeStateRequestSerializer(serializers.Serializer):
+    state = serializers.ChoiceField(
+        choices=list(SETTABLE_NODE_STATES),
+        help_text="cordoned: place no new work; draining: the same, while its jobs finish; ready: uncordon.",
+    )
+    reason = serializers.CharField(
+        max_length=NODE_STATE_REASON_MAX, help_text="Why: kept in the node's audit trail."
+    )
+
+
+class NodeStateChangeSerializer(serializers.Serializer):
+    at = serializers.DateTimeField()
+    actor = serializers.CharField(allow_null=True, source="actor.username", default=None)
+    from_state = serializers.CharField()
+    to_state = serializers.CharField()
+    reason = serializers.CharField()

@@ -2,53 +2,51 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from dataclasses import asdict
 from typing import Any
 
 from django.db.models import Prefetch
 from drf_spectacular.utils import extend_schema
-from rest_framework import viewsets
+from rest_framework import status, viewsets
+from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from quotas.selectors import team_ids_for_user
+from portal.api_support import ApiError
 from scheduling.agents.live_metrics import live_metrics_for_nodes
-from scheduling.choices import LinkKind
 from scheduling.cycle.selectors import cluster_summary
 from scheduling.inventory.api import serializers as s
-from scheduling.inventory.models import Gpu, GpuLink, Node
+from scheduling.inventory.cluster_map import nvlink_peers, slice_holder, visible_team_ids
+from scheduling.inventory.models import Gpu, Node, NodeStateChange
+from scheduling.inventory.services import node_set_state
 from scheduling.jobs.models import Slice
-
-
-def _visible_team_ids(user: Any) -> set[int] | None:
-    """None means all (staff)."""
-    return None if user.is_staff else team_ids_for_user(user=user)
 
 
 def _node_payload(
     node: Node,
     *,
     links: dict[int, list[int]],
-    mine_ids: set[int] | None,
+    visible: set[int] | None,
     metrics: dict[int, dict[str, Any]],
 ) -> dict[str, Any]:
     gpus = []
     for gpu in node.gpus.all():
-        holders = []
-        for sl in gpu.slices.all():
-            mine = mine_ids is None or sl.job.team_id in mine_ids
-            holders.append(
-                {
-                    "job_id": sl.job_id if mine else None,
-                    "job_name": sl.job.name if mine else None,
-                    "user": sl.job.submitter.username if mine else None,
-                    "team": sl.job.team.slug if mine else None,
-                    "mine": mine,
-                    "memory_mib": sl.memory_mib,
-                    "compute_pct": sl.compute_pct,
-                }
+        holders = [
+            asdict(
+                slice_holder(
+                    visible=visible,
+                    team_id=sl.job.team_id,
+                    team_slug=sl.job.team.slug,
+                    job_id=sl.job_id,
+                    job_name=sl.job.name,
+                    username=sl.job.submitter.username,
+                    memory_mib=sl.memory_mib,
+                    compute_pct=sl.compute_pct,
+                )
             )
+            for sl in gpu.slices.all()
+        ]
         gpus.append(
             {
                 "index": gpu.index,
@@ -100,19 +98,13 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
         )
 
     def _payloads(self, nodes: list[Node]) -> list[dict[str, Any]]:
-        gpu_ids = [g.pk for n in nodes for g in n.gpus.all()]
         index_of = {g.pk: g.index for n in nodes for g in n.gpus.all()}
-        links: dict[int, list[int]] = defaultdict(list)
-        for a, b in GpuLink.objects.filter(gpu_a_id__in=gpu_ids, kind=LinkKind.NVLINK).values_list(
-            "gpu_a_id", "gpu_b_id"
-        ):
-            if a in index_of and b in index_of:
-                links[a].append(index_of[b])
-                links[b].append(index_of[a])
-        mine_ids = _visible_team_ids(self.request.user)
+        peers = nvlink_peers(gpu_ids=index_of)
+        links = {pk: [index_of[p] for p in found if p in index_of] for pk, found in peers.items()}
+        visible = visible_team_ids(self.request.user)
         metrics = live_metrics_for_nodes(node_names=[n.name for n in nodes])
         return [
-            _node_payload(n, links=links, mine_ids=mine_ids, metrics=metrics.get(n.name, {})) for n in nodes
+            _node_payload(n, links=links, visible=visible, metrics=metrics.get(n.name, {})) for n in nodes
         ]
 
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -123,6 +115,36 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
 
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return Response(s.NodeSerializer(self._payloads([self.get_object()])[0]).data)
+
+    @extend_schema(request=s.NodeStateRequestSerializer, responses={200: s.NodeSerializer})
+    @action(detail=True, methods=["post"], url_path="state")
+    def set_state(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Cordon, drain or uncordon the node, with a reason for its audit trail. Staff only."""
+        if not request.user.is_staff:
+            raise ApiError(
+                "Only staff may cordon, drain or uncordon a node.",
+                code="permission_denied",
+                status_code=status.HTTP_403_FORBIDDEN,
+            )
+        body = s.NodeStateRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        node = self.get_object()
+        node_set_state(
+            node=node,
+            state=body.validated_data["state"],
+            actor=request.user,
+            reason=body.validated_data["reason"],
+        )
+        return Response(s.NodeSerializer(self._payloads([self.get_object()])[0]).data)
+
+    @extend_schema(responses={200: s.NodeStateChangeSerializer(many=True)})
+    @action(detail=True, methods=["get"], url_path="state-changes")
+    def state_changes(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """The node's audit trail: who cordoned, drained or uncordoned it, when and why; newest first."""
+        node = self.get_object()
+        changes = NodeStateChange.objects.filter(node=node).select_related("actor").order_by("-at", "-id")
+        page = self.paginate_queryset(changes)
+        return self.get_paginated_response(s.NodeStateChangeSerializer(page, many=True).data)
 
 
 class ClusterView(APIView):

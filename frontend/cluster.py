@@ -1,0 +1,166 @@
+"""The cluster map (/cluster/): nodes grouped by pool, one aggregated row per group that opens into node tiles
+with one cell per GPU; a node's page (/cluster/<name>/) with its live per-GPU table and state-change audit trail;
+and cordon / drain / uncordon for staff.
+
+Reads go through scheduling.inventory.cluster_map (the REST node view's tenancy rule), the write through
+scheduling.inventory.services.node_set_state, as the API's POST /api/v1/cluster/nodes/<name>/state/ does.
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_POST
+
+from scheduling.errors import ServiceError
+from scheduling.inventory import cluster_map
+from scheduling.inventory.models import Node
+from scheduling.inventory.services import NODE_STATE_REASON_MAX, node_set_state
+
+# Distinct colours for teams' slices (hues apart, readable against white); a team's is fixed by its slug.
+TEAM_PALETTE = [
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+    "#393b79",
+    "#637939",
+    "#e7ba52",
+    "#843c39",
+]
+# What a staff member may do to a node in each state: (target state, button label).
+STATE_ACTIONS = {
+    "ready": [("cordoned", "Cordon"), ("draining", "Drain")],
+    "cordoned": [("ready", "Uncordon"), ("draining", "Drain")],
+    "draining": [("ready", "Uncordon"), ("cordoned", "Cordon")],
+    "lost": [("ready", "Mark ready"), ("cordoned", "Cordon")],
+}
+
+
+def _legend(tiles: list[cluster_map.NodeTile]) -> list[tuple[str, str]]:
+    return [(team, team_colour(team)) for team in cluster_map.team_colours(tiles)]
+
+
+def team_colour(slug: str | None) -> str:
+    if not slug:
+        return ""
+    return TEAM_PALETTE[cluster_map.team_colour_index(slug, len(TEAM_PALETTE))]
+
+
+def _groups_context(request: HttpRequest, groups: list[cluster_map.GroupSummary]) -> dict[str, dict]:
+    """group name -> its open part's context (a page of its tiles), read for all of them at once."""
+    wanted_group = request.GET.get("group")
+    pages = {
+        g.name: Paginator(g.node_ids, cluster_map.GROUP_PAGE_NODES).get_page(
+            request.GET.get("page") if g.name == wanted_group else 1
+        )
+        for g in groups
+    }
+    wanted = [pk for page in pages.values() for pk in page.object_list]
+    by_id = {t.id: t for t in cluster_map.node_tiles(user=request.user, node_ids=wanted)}
+    out = {}
+    for g in groups:
+        tiles = [by_id[pk] for pk in pages[g.name].object_list if pk in by_id]
+        out[g.name] = {"group": g, "tiles": tiles, "page": pages[g.name], "legend": _legend(tiles)}
+    return out
+
+
+def _common(request: HttpRequest) -> dict:
+    return {
+        "nav": "cluster",
+        "can_set_state": request.user.is_staff,
+        "state_actions": STATE_ACTIONS,
+        "reason_max": NODE_STATE_REASON_MAX,
+        "silent_after_s": cluster_map.SILENT_AFTER_HEARTBEATS * cluster_map.heartbeat_interval_s(),
+    }
+
+
+@login_required
+def cluster(request: HttpRequest) -> HttpResponse:
+    """The map. `?group=<name>&part=group` is one group's tiles (a page of them, `page=`), fetched when the
+    group is opened and re-fetched on events; `?part=summaries` the groups' rows, re-fetched on events."""
+    part = request.GET.get("part")
+    wanted = request.GET.get("group")
+    # A group's part needs only which nodes are in it; the rows need everyone's samples for their means.
+    groups = cluster_map.cluster_groups(with_util=part != "group")
+    context = _common(request)
+    context["groups"] = groups
+    context["totals"] = {
+        "nodes": sum(g.nodes for g in groups),
+        "gpus": sum(g.gpus for g in groups),
+        "allocated_gpus": round(sum(g.allocated_gpus for g in groups), 1),
+        "free_whole_gpus": sum(g.free_whole_gpus for g in groups),
+    }
+    if part == "summaries":
+        return render(request, "frontend/cluster/_summaries.html", context)
+    if part == "group":
+        group = next((g for g in groups if g.name == wanted), None)
+        if group is None:
+            raise Http404("No such group.")
+        context.update(_groups_context(request, [group])[group.name])
+        return render(request, "frontend/cluster/_group.html", context)
+    # Small groups start open, as many as fit in one page's worth of tiles; the one asked for always.
+    to_open, budget = [], cluster_map.GROUP_PAGE_NODES
+    for group in groups:
+        if group.name == wanted or (group.starts_open and group.nodes <= budget):
+            to_open.append(group)
+            budget -= min(group.nodes, cluster_map.GROUP_PAGE_NODES)
+    opened = _groups_context(request, to_open)
+    legend = sorted({entry for ctx in opened.values() for entry in ctx["legend"]})
+    context.update(
+        {
+            "opened": opened,
+            "legend": legend,
+            "palette": TEAM_PALETTE,
+        }
+    )
+    return render(request, "frontend/cluster/map.html", context)
+
+
+@login_required
+def node(request: HttpRequest, name: str) -> HttpResponse:
+    """One node: its live per-GPU table (temperature, power, SM clock, memory, health, slices) and audit
+    trail. `?part=gpus` is the table alone, re-fetched on events and every few seconds."""
+    found = cluster_map.node_tiles(user=request.user, names=[name])
+    if not found:
+        raise Http404("No such node.")
+    tile = found[0]
+    context = _common(request)
+    context.update({"tile": tile, "legend": _legend(found), "tiles": found})
+    if request.GET.get("part") == "gpus":
+        return render(request, "frontend/cluster/_node_gpus.html", context)
+    node_row = Node.objects.get(pk=tile.id)
+    context["changes"] = cluster_map.node_state_changes(node=node_row)
+    context["group_name"] = cluster_map.tile_group(tile)
+    return render(request, "frontend/cluster/node.html", context)
+
+
+@login_required
+@require_POST
+def node_state(request: HttpRequest, name: str) -> HttpResponse:
+    """Cordon, drain or uncordon, from the map or the node's page: staff only (403 and nothing changed for
+    anyone else), with a reason, through the same service as the API."""
+    if not request.user.is_staff:
+        raise PermissionDenied("Only staff may cordon, drain or uncordon a node.")
+    node_row = get_object_or_404(Node, name=name)
+    state = request.POST.get("state", "")
+    try:
+        node_set_state(node=node_row, state=state, actor=request.user, reason=request.POST.get("reason", ""))
+    except ServiceError as exc:
+        messages.error(request, f"{name} not changed: {exc.message}")
+    else:
+        messages.success(request, f"{name} is now {node_row.get_state_display().lower()}.")
+    back = request.POST.get("next") or reverse("frontend:node", args=[name])
+    if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):
+        back = reverse("frontend:node", args=[name])
+    return redirect(back)

@@ -1,0 +1,73 @@
+"""Readiness: whether this portal can do its work now, each check's state (/readyz, and the web container's
+healthcheck with --url .../readyz). Liveness is /healthz: the process answers."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+from scheduling.coordination import BEAT_MARK_KEY, redis_client
+from scheduling.cycle.liveness import scheduler_stall
+
+
+def check_beat(*, max_age_s: float) -> str | None:
+    r = redis_client()
+    if r is None:
+        return "no REDIS_URL: beat runs only with Redis"
+    try:
+        raw = r.get(BEAT_MARK_KEY)
+    except Exception as exc:  # noqa: BLE001
+        return f"cannot reach Redis: {type(exc).__name__}: {exc}"
+    if raw is None:
+        return "beat has not sent its periodic cycle request yet"
+    age_s = time.time() - float(raw)
+    if age_s > max_age_s:
+        return f"beat last sent its periodic cycle request {age_s:.0f} s ago (more than {max_age_s:g} s)"
+    return None
+
+
+def readiness() -> dict[str, Any]:
+    """What /readyz answers: each check's state, and ready when all hold. The database answers; Redis answers
+    (where it is used); a scheduling cycle started within three cycle intervals; beat sent its periodic request
+    within three intervals (where beat is used: with Redis). Embedded, the cycle loop runs inside the server."""
+    checks: dict[str, dict[str, Any]] = {}
+
+    def check(name: str, fn) -> None:
+        started = time.monotonic()
+        try:
+            problem = fn()
+        except Exception as exc:  # noqa: BLE001 - a check that cannot run is a failed check, said plainly
+            problem = f"{type(exc).__name__}: {exc}"
+        checks[name] = {
+            "ok": problem is None,
+            "detail": problem or "ok",
+            "ms": round((time.monotonic() - started) * 1000, 1),
+        }
+
+    def database() -> str | None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return None
+
+    def redis() -> str | None:
+        r = redis_client()
+        if r is None:
+            return None
+        r.ping()
+        return None
+
+    interval_s = float(settings.TESSERA_CYCLE_INTERVAL_S)
+    max_age_s = 3 * interval_s + 10
+
+    def cycle() -> str | None:
+        return scheduler_stall(fresh=True)
+
+    check("database", database)
+    check("redis", redis)
+    check("cycle", cycle)
+    if settings.REDIS_URL:
+        check("beat", lambda: check_beat(max_age_s=max_age_s))
+    return {"ready": all(c["ok"] for c in checks.values()), "checks": checks}
