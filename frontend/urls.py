@@ -1,6 +1,6 @@
 from django.urls import path
 
-from frontend import jobs, views
+from frontend import fairness, jobs, teams, views
 
 app_name = "frontend"
 urlpatterns = [
@@ -16,6 +16,12 @@ urlpatterns = [
     path("jobs/<int:job_id>/", jobs.job_detail, name="job"),
     path("jobs/<int:job_id>/logs/<str:stream>/", jobs.job_log_download, name="job_log"),
     path("queue/", views.queue, name="queue"),
+    path("teams/", teams.teams, name="teams"),
+    # Team slugs hold a '/' (ai-lab/training): a path converter, with the fixed ends after it.
+    path("teams/<path:slug>/quota/preview/", teams.team_quota_preview, name="team_quota_preview"),
+    path("teams/<path:slug>/quota/undo/<int:change_id>/", teams.team_quota_undo, name="team_quota_undo"),
+    path("teams/<path:slug>/quota/", teams.team_quota, name="team_quota"),
+    path("fairness/", fairness.fairness, name="fairness"),
     path("favicon.ico", views.favicon, name="favicon"),
     path("healthz", views.healthz, name="healthz"),
 ]

@@ -174,7 +174,7 @@ def amount_words(name: str, value: Any) -> str:
     if value is None:
         return "no limit" if name.startswith("limit_") else "none"
     if name.endswith("_mib"):
-        return f"{Decimal(int(value)) / 1024:f}".rstrip("0").rstrip(".") + " GiB"
+        return f"{(Decimal(int(value)) / 1024).normalize():f} GiB"
     if name.endswith("_gpus"):
         return f"{Decimal(str(value)).normalize():f} GPUs"
     return f"{Decimal(str(value)).normalize():f}" if name == "fair_share_weight" else str(value)
