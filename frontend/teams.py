@@ -9,6 +9,8 @@ reason.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
@@ -174,6 +176,21 @@ def _team(slug: str) -> Team:
     return team
 
 
+def _forbidden_as_page(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """A refusal of who may edit (PermissionDenied, the service's QuotaForbidden included) as the portal's own
+    403 page, saying why, instead of the bare one."""
+
+    @functools.wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            return view(request, *args, **kwargs)
+        except PermissionDenied as exc:
+            context = {"nav": "teams", "why": getattr(exc, "message", None) or str(exc)}
+            return render(request, "frontend/teams/forbidden.html", context, status=403)
+
+    return wrapped
+
+
 def _editable_team(request: HttpRequest, slug: str) -> Team:
     team = _team(slug)
     if not quota_may_edit(actor=request.user, team=team):
@@ -292,6 +309,7 @@ def teams(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
+@_forbidden_as_page
 def team_quota(request: HttpRequest, slug: str) -> HttpResponse:
     team = _editable_team(request, slug)
     scope = request.POST.get("scope") or request.GET.get("scope") or ALL_MODELS
@@ -332,6 +350,7 @@ def _expected(name: str, text: str) -> Any:
 
 
 @login_required
+@_forbidden_as_page
 @require_POST
 def team_quota_preview(request: HttpRequest, slug: str) -> HttpResponse:
     """The engine's answer to "what if the quota were this?" on the what-if snapshot; nothing is saved."""
@@ -353,6 +372,7 @@ def team_quota_preview(request: HttpRequest, slug: str) -> HttpResponse:
 
 
 @login_required
+@_forbidden_as_page
 @require_POST
 def team_quota_undo(request: HttpRequest, slug: str, change_id: int) -> HttpResponse:
     team = _editable_team(request, slug)

@@ -176,7 +176,8 @@ def amount_words(name: str, value: Any) -> str:
     if name.endswith("_mib"):
         return f"{(Decimal(int(value)) / 1024).normalize():f} GiB"
     if name.endswith("_gpus"):
-        return f"{Decimal(str(value)).normalize():f} GPUs"
+        count = Decimal(str(value)).normalize()
+        return f"{count:f} GPU" if count == 1 else f"{count:f} GPUs"
     return f"{Decimal(str(value)).normalize():f}" if name == "fair_share_weight" else str(value)
 
 

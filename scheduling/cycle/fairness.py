@@ -93,7 +93,7 @@ class Fairness:
     borrowed_gpus: float
     orgs: list[TeamFairness]  # top-level rows (an organisation with children, or a team of its own)
     loans: list[Loan]
-    scale_gpus: float  # the largest number a bar shows, for one scale across the page
+    scale_gpus: float  # what a full bar is: the cluster's GPUs (or the most any row holds)
 
     @property
     def teams(self) -> list[TeamFairness]:
@@ -192,14 +192,9 @@ def fairness() -> Fairness:
             orgs.append(_sum(children, slug, name))
         elif pk in rows:
             orgs.append(rows[pk])
-    scale = max(
-        [1.0]
-        + [
-            max(t.held_gpus, t.guaranteed_gpus or 0.0, t.fair_share_gpus or 0.0)
-            for org in orgs
-            for t in [org, *org.children]
-        ]
-    )
+    # One scale for every bar: the cluster (or the most any row holds). A guarantee larger than the cluster
+    # (an over-committed one) is drawn at the right edge rather than squashing every other bar.
+    scale = max([1.0, float(capacity)] + [t.held_gpus for org in orgs for t in [org, *org.children]])
     return Fairness(
         capacity_gpus=capacity,
         guaranteed_gpus=round(guaranteed, 3),
