@@ -24,6 +24,7 @@ from quotas.selectors import team_by_slug, team_slugs_visible_to
 from scheduling.agents import joblogs
 from scheduling.agents.live_metrics import IDLE_WARN_AFTER_S, job_usage
 from scheduling.choices import JobState
+from scheduling.cycle.fairness import why_ahead
 from scheduling.cycle.whatif import job_whatif
 from scheduling.errors import ServiceError
 from scheduling.inventory.selectors import gpu_model_rows
@@ -100,6 +101,9 @@ def _right_size(job, peak_mib: int | None) -> dict | None:
 @login_required
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = _job_or_404(request, job_id)
+    if request.GET.get("part") == "ahead":
+        # Loaded after the page (it reads the what-if snapshot): how the teams ahead of a pending job stand.
+        return render(request, "frontend/jobs/_ahead.html", {"job": job, "ahead": why_ahead(job=job)})
     events = job_selectors.job_events(job=job)
     usage = job_usage(job_ids=[job.pk]).get(job.pk)
     context = {

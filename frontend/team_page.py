@@ -112,33 +112,6 @@ def _chart(series: dict[str, list], lines: list[tuple[str, str]], unit: str) -> 
 
 
 @login_required
-def team_list(request: HttpRequest) -> HttpResponse:
-    """The teams: each with its guarantee and what it holds and borrows now (everyone's to see); the viewer's
-    own marked."""
-    allocations = allocations_by_team()
-    borrowed = borrowed_by_team(allocations=allocations, quotas=engine_quotas())
-    mine = team_ids_for_user(user=request.user)
-    guaranteed = dict(
-        Team.objects.filter(quotas__gpu_model__isnull=True).values_list("pk", "quotas__guaranteed_gpus")
-    )
-    rows = []
-    for team in Team.objects.select_related("parent").order_by("slug"):
-        alloc = allocations.get(team.pk)
-        rows.append(
-            {
-                "team": team,
-                "mine": team.pk in mine,
-                "guaranteed_gpus": guaranteed.get(team.pk),
-                "held_gpus": round(alloc.gpus, 3) if alloc else 0.0,
-                "borrowed_gpus": round(borrowed[team.pk].gpus, 3) if team.pk in borrowed else 0.0,
-                "running_jobs": alloc.running_jobs if alloc else 0,
-                "pending_jobs": alloc.pending_jobs if alloc else 0,
-            }
-        )
-    return render(request, "frontend/teams/list.html", {"nav": "teams", "rows": rows})
-
-
-@login_required
 def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
     team = _team_or_404(slug)
     if request.GET.get("part") == "now":

@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from frontend import cluster, jobs, team_page, views
+from frontend import cluster, fairness, jobs, team_page, teams, views
 
 # A team slug: `ai-lab` or `ai-lab/training` (quotas.models.slug_path_validator).
 TEAM = r"(?P<slug>[a-z0-9][a-z0-9-]*(?:/[a-z0-9][a-z0-9-]*)?)"
@@ -19,12 +19,17 @@ urlpatterns = [
     path("jobs/<int:job_id>/", jobs.job_detail, name="job"),
     path("jobs/<int:job_id>/logs/<str:stream>/", jobs.job_log_download, name="job_log"),
     path("queue/", views.queue, name="queue"),
-    path("teams/", team_page.team_list, name="teams"),
+    path("teams/", teams.teams, name="teams"),
+    # Team slugs hold a '/' (ai-lab/training): a path converter, with the fixed ends after it.
+    path("teams/<path:slug>/quota/preview/", teams.team_quota_preview, name="team_quota_preview"),
+    path("teams/<path:slug>/quota/undo/<int:change_id>/", teams.team_quota_undo, name="team_quota_undo"),
+    path("teams/<path:slug>/quota/", teams.team_quota, name="team_quota"),
     re_path(rf"^teams/{TEAM}/$", team_page.team_detail, name="team"),
     re_path(rf"^teams/{TEAM}/chargeback\.csv$", team_page.team_chargeback_csv, name="team_chargeback_csv"),
     path("cluster/", cluster.cluster, name="cluster"),
     path("cluster/<str:name>/", cluster.node, name="node"),
     path("cluster/<str:name>/state/", cluster.node_state, name="node_state"),
+    path("fairness/", fairness.fairness, name="fairness"),
     path("favicon.ico", views.favicon, name="favicon"),
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),

@@ -33,6 +33,9 @@ RULE_CODES = {
     "priority_not_granted": "the team may not use that priority class",
     "beyond_team_limit": "more than the team may ever hold",
     "too_many_tokens": "the user already holds as many live tokens as one may",
+    "unknown_gpu_model": "no GPU model of that name",
+    "quota_rule": "a quota that breaks a rule between its fields (a limit below its guarantee)",
+    "required": "a value that may not be left out or blank (a quota change's reason)",
 }
 
 _WHY = {

@@ -19,6 +19,7 @@ from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from portal.client_address import client_address
+from quotas.errors import QuotaRefused
 from scheduling.errors import ServiceError
 from scheduling.jobs.states import IllegalTransition
 
@@ -84,6 +85,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
                 limit=exc.limit,
             ),
             status=status.HTTP_403_FORBIDDEN if exc.code == "not_member" else status.HTTP_400_BAD_REQUEST,
+        )
+    if isinstance(exc, QuotaRefused):
+        return Response(
+            error_body(code=exc.code, message=exc.message, field=exc.field, limit=exc.limit),
+            status=exc.status_code,
         )
     if isinstance(exc, IllegalTransition):
         return Response(

@@ -1,6 +1,7 @@
 """Admin site for teams and quotas. Quota and priority class grant edits go through their services, so each one
 is audited."""
 
+from django import forms
 from django.contrib import admin
 from django.http import HttpRequest
 
@@ -9,10 +10,33 @@ from quotas.choices import ChangeSource
 from quotas.models import Membership, PriorityClass, Quota, QuotaChange, Team, TeamPriorityClass
 
 
+class QuotaReasonForm(forms.ModelForm):
+    """A quota's fields and the reason for changing them, which `quota_save` requires of a person and keeps in
+    the audit trail."""
+
+    reason = forms.CharField(
+        max_length=services.NOTE_MAX_CHARS,
+        required=False,
+        help_text="Why (required for a change; kept in the audit trail).",
+    )
+
+    class Meta:
+        model = Quota
+        fields = ("team", *services.QUOTA_AUDITED_FIELDS)
+
+    def clean(self):
+        data = super().clean()
+        changed = [name for name in self.changed_data if name != "reason"]
+        if changed and not (data.get("reason") or "").strip():
+            self.add_error("reason", "Say why: a reason is required for a quota change.")
+        return data
+
+
 class QuotaInline(admin.TabularInline):
     model = Quota
+    form = QuotaReasonForm
     extra = 0
-    fields = services.QUOTA_AUDITED_FIELDS
+    fields = (*services.QUOTA_AUDITED_FIELDS, "reason")
 
 
 class PriorityClassGrantInline(admin.TabularInline):
@@ -58,6 +82,7 @@ class TeamAdmin(admin.ModelAdmin):
         if formset.model not in (Quota, TeamPriorityClass):
             return super().save_formset(request, form, formset, change)
         objects = formset.save(commit=False)
+        reasons = {id(f.instance): f.cleaned_data.get("reason", "") for f in formset.forms if f.cleaned_data}
         for obj in formset.deleted_objects:
             if isinstance(obj, Quota):
                 services.quota_delete(quota=obj, actor=request.user, source=ChangeSource.ADMIN)
@@ -65,7 +90,9 @@ class TeamAdmin(admin.ModelAdmin):
                 services.priority_class_grant_delete(grant=obj, actor=request.user, source=ChangeSource.ADMIN)
         for obj in objects:
             if isinstance(obj, Quota):
-                services.quota_save(quota=obj, actor=request.user, source=ChangeSource.ADMIN)
+                services.quota_save(
+                    quota=obj, actor=request.user, source=ChangeSource.ADMIN, note=reasons.get(id(obj), "")
+                )
             else:
                 services.priority_class_grant_save(grant=obj, actor=request.user, source=ChangeSource.ADMIN)
         formset.save_m2m()
@@ -85,9 +112,12 @@ class QuotaAdmin(admin.ModelAdmin):
     )
     list_filter = ("gpu_model", "default_priority_class")
     search_fields = ("team__slug",)
+    form = QuotaReasonForm
 
     def save_model(self, request, obj, form, change):
-        services.quota_save(quota=obj, actor=request.user, source=ChangeSource.ADMIN)
+        services.quota_save(
+            quota=obj, actor=request.user, source=ChangeSource.ADMIN, note=form.cleaned_data.get("reason", "")
+        )
 
     def delete_model(self, request, obj):
         services.quota_delete(quota=obj, actor=request.user, source=ChangeSource.ADMIN)
@@ -99,10 +129,10 @@ class QuotaAdmin(admin.ModelAdmin):
 
 @admin.register(QuotaChange)
 class QuotaChangeAdmin(admin.ModelAdmin):
-    list_display = ("changed_at", "team", "actor", "source", "changes")
+    list_display = ("changed_at", "team", "actor", "source", "changes", "note")
     list_filter = ("source", "team")
     search_fields = ("team__slug", "actor__username", "note")
-    readonly_fields = ("team", "quota", "actor", "source", "changed_at", "changes", "note")
+    readonly_fields = ("team", "quota", "actor", "source", "changed_at", "changes", "note", "undo_of")
 
     def has_add_permission(self, request):
         return False

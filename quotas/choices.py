@@ -11,4 +11,5 @@ class Role(models.TextChoices):
 class ChangeSource(models.TextChoices):
     ADMIN = "admin", "Admin site"
     API = "api", "API"
+    PORTAL = "portal", "Portal"
     SYSTEM = "system", "System"

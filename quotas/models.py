@@ -211,7 +211,15 @@ class QuotaChange(models.Model):
     changed_at = models.DateTimeField(auto_now_add=True)
     # {"field": {"old": ..., "new": ...}}; a created quota has old None, a deleted one new None.
     changes = models.JSONField()
-    note = models.CharField(max_length=300, blank=True)
+    note = models.CharField(max_length=300, blank=True, help_text="Why: the reason given with the change.")
+    undo_of = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="undone_by",
+        help_text="The change this one undoes.",
+    )
 
     class Meta:
         ordering = ["-changed_at", "-id"]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from rest_framework import serializers
 
-from quotas.models import ApiToken, PriorityClass, Team
+from quotas.models import ApiToken, PriorityClass, QuotaChange, Team
 
 
 class PriorityClassSerializer(serializers.ModelSerializer):
@@ -153,3 +155,109 @@ class WhoamiSerializer(serializers.Serializer):
     is_staff = serializers.BooleanField()
     auth = serializers.CharField(help_text="How this request authenticated: token or session.")
     teams = MembershipBriefSerializer(many=True)
+
+
+class QuotaEditSerializer(serializers.Serializer):
+    """A change to one of a team's quota rows: the fields given change, the others stay."""
+
+    gpu_model = serializers.CharField(
+        required=False,
+        allow_null=True,
+        default=None,
+        max_length=100,
+        help_text="The per-GPU-model row to change (its model's name); null or absent: the all-models quota.",
+    )
+    guaranteed_gpus = serializers.DecimalField(max_digits=9, decimal_places=3, min_value=0, required=False)
+    limit_gpus = serializers.DecimalField(
+        max_digits=9,
+        decimal_places=3,
+        min_value=0,
+        required=False,
+        allow_null=True,
+        help_text="null: no limit.",
+    )
+    guaranteed_gpu_memory_mib = serializers.IntegerField(min_value=0, max_value=2**53, required=False)
+    limit_gpu_memory_mib = serializers.IntegerField(
+        min_value=0, max_value=2**53, required=False, allow_null=True, help_text="null: no limit."
+    )
+    fair_share_weight = serializers.DecimalField(
+        max_digits=6, decimal_places=2, min_value=Decimal("0.01"), required=False
+    )
+    default_priority_class = serializers.CharField(
+        required=False, allow_null=True, max_length=50, help_text="A priority class's name; null: none set."
+    )
+
+
+class QuotaChangeRequestSerializer(QuotaEditSerializer):
+    reason = serializers.CharField(
+        help_text="Why (required; kept in the audit trail, at most 300 characters: a longer one is refused with "
+        "code out_of_range)."
+    )
+
+
+class UndoRequestSerializer(serializers.Serializer):
+    reason = serializers.CharField(
+        help_text="Why (required; at most 300 characters with 'undo of change #N: ')."
+    )
+
+
+class QuotaChangeSerializer(serializers.ModelSerializer):
+    actor = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    gpu_model = serializers.SerializerMethodField()
+    changes = serializers.DictField(
+        child=serializers.DictField(allow_null=True),
+        help_text='{"field": {"old": ..., "new": ...}}; memory in MiB, GPUs and weights as decimal strings.',
+    )
+
+    class Meta:
+        model = QuotaChange
+        fields = ["id", "changed_at", "actor", "source", "gpu_model", "changes", "note", "undo_of"]
+
+    def get_gpu_model(self, change: QuotaChange) -> str | None:
+        return change.quota.gpu_model.name if change.quota and change.quota.gpu_model_id else None
+
+
+class QuotaSavedSerializer(serializers.Serializer):
+    change = QuotaChangeSerializer(allow_null=True, help_text="null: nothing changed.")
+    quota = QuotaSummarySerializer()
+
+
+class CapacityLineSerializer(serializers.Serializer):
+    scope = serializers.CharField()
+    gpus = serializers.IntegerField()
+    memory_mib = serializers.IntegerField()
+    guaranteed_gpus_before = serializers.FloatField()
+    guaranteed_gpus_after = serializers.FloatField()
+    guaranteed_memory_mib_before = serializers.IntegerField()
+    guaranteed_memory_mib_after = serializers.IntegerField()
+    over_committed = serializers.BooleanField()
+
+
+class JobChangeSerializer(serializers.Serializer):
+    job_id = serializers.IntegerField(allow_null=True, help_text="null for another team's job (anonymous).")
+    team = serializers.CharField()
+    gpus = serializers.FloatField()
+    memory_mib = serializers.IntegerField()
+
+
+class TeamStandingSerializer(serializers.Serializer):
+    guaranteed_gpus = serializers.FloatField()
+    held_gpus = serializers.FloatField()
+    borrowed_gpus = serializers.FloatField()
+
+
+class QuotaImpactSerializer(serializers.Serializer):
+    team = serializers.CharField()
+    scope = serializers.CharField()
+    capacity = CapacityLineSerializer(many=True)
+    before = TeamStandingSerializer()
+    after = TeamStandingSerializer()
+    becomes_borrowed = JobChangeSerializer(many=True)
+    stops_borrowed = JobChangeSerializer(many=True)
+    would_start = JobChangeSerializer(many=True)
+    would_not_start = JobChangeSerializer(many=True)
+    would_be_evicted = JobChangeSerializer(many=True)
+    refused = serializers.CharField(
+        allow_null=True,
+        help_text="Why saving this change would be refused for the caller (null: it would not).",
+    )

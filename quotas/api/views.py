@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth import authenticate
+from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, serializers, status, throttling, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -20,15 +22,82 @@ from quotas.api.serializers import (
     ApiTokenCreateSerializer,
     ApiTokenSerializer,
     PriorityClassSerializer,
+    QuotaChangeRequestSerializer,
+    QuotaChangeSerializer,
+    QuotaEditSerializer,
+    QuotaImpactSerializer,
+    QuotaSavedSerializer,
     TeamSerializer,
+    UndoRequestSerializer,
     WhoamiSerializer,
 )
-from quotas.models import ApiToken, Membership, PriorityClass, Team
-from quotas.selectors import TeamAllowance, team_allowances
+from quotas.choices import ChangeSource
+from quotas.errors import QuotaForbidden, QuotaRefused
+from quotas.models import ApiToken, Membership, PriorityClass, Quota, QuotaChange, Team
+from quotas.selectors import TeamAllowance, team_allowances, team_ids_for_user
+from quotas.services import (
+    quota_change_check,
+    quota_change_undo,
+    quota_may_edit,
+    quota_save,
+)
 from quotas.tokens import TokenLimitReached, api_token_create, api_token_revoke
+from scheduling.cycle.quota_whatif import quota_impact
 from scheduling.cycle.selectors import Borrowed, borrowed_by_team, fair_shares_gpus, queue_shares
 from scheduling.cycle.snapshot import engine_quotas
+from scheduling.inventory.models import GpuModel
 from scheduling.jobs.usage import TeamAllocation, allocations_by_team
+
+EDITABLE_FIELDS = (
+    "guaranteed_gpus",
+    "limit_gpus",
+    "guaranteed_gpu_memory_mib",
+    "limit_gpu_memory_mib",
+    "fair_share_weight",
+)
+
+
+def _quota_dict(q: Quota) -> dict:
+    return {
+        "gpu_model": q.gpu_model.name if q.gpu_model_id else None,
+        "guaranteed_gpus": float(q.guaranteed_gpus),
+        "limit_gpus": float(q.limit_gpus) if q.limit_gpus is not None else None,
+        "guaranteed_gpu_memory_mib": q.guaranteed_gpu_memory_mib,
+        "limit_gpu_memory_mib": q.limit_gpu_memory_mib,
+        "fair_share_weight": float(q.fair_share_weight),
+        "default_priority_class": q.default_priority_class.name if q.default_priority_class_id else None,
+    }
+
+
+def _edited_row(team: Team, data: dict) -> Quota:
+    """The team's row for `data["gpu_model"]` (a new one when it has none) with the given fields set."""
+    model = None
+    if data.get("gpu_model"):
+        model = GpuModel.objects.filter(name=data["gpu_model"]).first()
+        if model is None:
+            raise ApiError(
+                f"No GPU model {data['gpu_model']!r}.", code="unknown_gpu_model", field="gpu_model"
+            )
+    row = Quota.objects.filter(team=team, gpu_model=model).select_related("team", "gpu_model").first()
+    row = row or Quota(team=team, gpu_model=model)
+    for name in EDITABLE_FIELDS:
+        if name in data:
+            setattr(row, name, data[name])
+    if "default_priority_class" in data:
+        name = data["default_priority_class"]
+        pc = PriorityClass.objects.filter(name=name).first() if name else None
+        if name and pc is None:
+            raise ApiError(
+                f"No priority class {name!r}.", code="unknown_priority", field="default_priority_class"
+            )
+        row.default_priority_class = pc
+    return row
+
+
+def _refusal(exc: DjangoValidationError) -> ApiError:
+    """A model's refusal (a limit below its guarantee) as the API says it: the field and the bound."""
+    name, messages = next(iter(exc.message_dict.items()))
+    return ApiError(messages[0], code="quota_rule", field=None if name == "__all__" else name)
 
 
 def team_summary(
@@ -146,6 +215,129 @@ class TeamViewSet(viewsets.ReadOnlyModelViewSet):
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         team = self._with_summaries([self.get_object()])[0]
         return Response(self.get_serializer(team).data)
+
+    # -- quota changes: any team by id (a team admin of another team gets 403 from the service, not 404) ------
+
+    def _quota_team(self, pk: str | None) -> Team:
+        team = Team.objects.filter(pk=int(pk)).first() if pk and pk.isdigit() else None
+        if team is None:
+            raise NotFound("No such team.")
+        if not quota_may_edit(actor=self.request.user, team=team):
+            raise QuotaForbidden(f"Only staff and team admins of {team.slug} may change its quota.")
+        return team
+
+    @extend_schema(
+        request=QuotaChangeRequestSerializer,
+        responses={200: QuotaSavedSerializer},
+        description="Change one of the team's quota rows (the all-models one, or `gpu_model`'s), through the same "
+        "service as the portal and the admin site: staff any team; a team admin only lowers their own team's "
+        "guarantees, limits and weight, and sets its default priority class (docs/api.md).",
+    )
+    @action(detail=True, methods=["patch"], url_path="quotas")
+    def quotas(self, request: Request, pk: str | None = None) -> Response:
+        team = self._quota_team(pk)
+        incoming = QuotaChangeRequestSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        row = _edited_row(team, incoming.validated_data)
+        try:
+            change = quota_save(
+                quota=row, actor=request.user, source=ChangeSource.API, note=incoming.validated_data["reason"]
+            )
+        except DjangoValidationError as exc:
+            raise _refusal(exc) from None
+        row = Quota.objects.select_related("gpu_model", "default_priority_class").get(pk=row.pk)
+        return Response(QuotaSavedSerializer({"change": change, "quota": _quota_dict(row)}).data)
+
+    @extend_schema(
+        request=QuotaEditSerializer,
+        responses={200: QuotaImpactSerializer},
+        description="What the change would do, saving nothing: guarantees against capacity per GPU model, running "
+        "jobs that would become (or stop being) borrowed, pending jobs that would start, work that would be "
+        "reclaimed. Other teams' jobs are anonymous (job_id null) unless the caller is staff.",
+    )
+    @action(detail=True, methods=["post"], url_path="quota-preview")
+    def quota_preview(self, request: Request, pk: str | None = None) -> Response:
+        team = self._quota_team(pk)
+        incoming = QuotaEditSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        row = _edited_row(team, incoming.validated_data)
+        refused = None
+        try:
+            quota_change_check(quota=row, actor=request.user)
+        except QuotaRefused as exc:
+            refused = exc.message
+        except DjangoValidationError as exc:
+            raise _refusal(exc) from None
+        impact = quota_impact(row=row)
+        visible = None
+        if not request.user.is_staff:
+            ids = team_ids_for_user(user=request.user)
+            visible = set(Team.objects.filter(pk__in=ids).values_list("slug", flat=True))
+
+        def jobs(changes) -> list[dict]:
+            return [
+                {
+                    "job_id": c.job_id if visible is None or c.team in visible else None,
+                    "team": c.team,
+                    "gpus": c.gpus,
+                    "memory_mib": c.memory_mib,
+                }
+                for c in changes
+            ]
+
+        data = {
+            "team": impact.team,
+            "scope": impact.scope,
+            "capacity": [
+                {**line.__dict__, "over_committed": line.over_committed} for line in impact.capacity
+            ],
+            "before": impact.before.__dict__,
+            "after": impact.after.__dict__,
+            **{
+                name: jobs(getattr(impact, name))
+                for name in (
+                    "becomes_borrowed",
+                    "stops_borrowed",
+                    "would_start",
+                    "would_not_start",
+                    "would_be_evicted",
+                )
+            },
+            "refused": refused,
+        }
+        return Response(QuotaImpactSerializer(data).data)
+
+    @extend_schema(responses={200: QuotaChangeSerializer(many=True)})
+    @action(detail=True, methods=["get"], url_path="quota-changes")
+    def quota_changes(self, request: Request, pk: str | None = None) -> Response:
+        """The team's quota audit trail, newest first (members of the team, and staff)."""
+        team = self.get_object()
+        changes = QuotaChange.objects.filter(team=team).select_related("actor", "quota__gpu_model")
+        page = self.paginate_queryset(changes)
+        data = QuotaChangeSerializer(page if page is not None else changes, many=True).data
+        return self.get_paginated_response(data) if page is not None else Response(data)
+
+    @extend_schema(request=UndoRequestSerializer, responses={200: QuotaChangeSerializer})
+    @action(detail=True, methods=["post"], url_path=r"quota-changes/(?P<change_id>[0-9]+)/undo")
+    def undo_quota_change(self, request: Request, pk: str | None = None, change_id: str = "") -> Response:
+        """Undo one change: its inverse through the same service, itself audited ("undo of change #N"); 409 when
+        the quota changed since."""
+        team = self._quota_team(pk)
+        change = QuotaChange.objects.filter(team=team, pk=int(change_id)).first()
+        if change is None:
+            raise NotFound("No such change of this team's quota.")
+        incoming = UndoRequestSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        try:
+            undone = quota_change_undo(
+                change=change,
+                actor=request.user,
+                reason=incoming.validated_data["reason"],
+                source=ChangeSource.API,
+            )
+        except DjangoValidationError as exc:
+            raise _refusal(exc) from None
+        return Response(QuotaChangeSerializer(undone).data)
 
 
 class PriorityClassViewSet(viewsets.ReadOnlyModelViewSet):

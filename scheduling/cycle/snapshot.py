@@ -89,19 +89,21 @@ def _class_limits() -> dict[str, tuple[eng.ClassLimit, ...]]:
     return out
 
 
+def engine_shares(q: QuotaRow) -> dict[str, int | None]:
+    """A quota row's guarantee and limit in engine units (MiB; GPUs x 1000 = milli-GPU)."""
+    return {
+        "guaranteed_gpu_memory_mib": int(q.guaranteed_gpu_memory_mib),
+        "limit_gpu_memory_mib": None if q.limit_gpu_memory_mib is None else int(q.limit_gpu_memory_mib),
+        "guaranteed_compute_milli": int(q.guaranteed_gpus * eng.WHOLE_GPU_MILLI),
+        "limit_compute_milli": None if q.limit_gpus is None else int(q.limit_gpus * eng.WHOLE_GPU_MILLI),
+    }
+
+
 def engine_quotas() -> dict[str, eng.Quota]:
     """Per team, its all-models quota with its per-GPU-model rows attached (`Quota.per_model`) and its per-class
     limits (`Quota.class_limits`); the engine enforces all three. A team with only per-model rows or per-class
     limits gets the all-models defaults (no guarantee, no limit)."""
-
-    def shares(q: QuotaRow) -> dict[str, int | None]:
-        return {
-            "guaranteed_gpu_memory_mib": int(q.guaranteed_gpu_memory_mib),
-            "limit_gpu_memory_mib": None if q.limit_gpu_memory_mib is None else int(q.limit_gpu_memory_mib),
-            "guaranteed_compute_milli": int(q.guaranteed_gpus * eng.WHOLE_GPU_MILLI),
-            "limit_compute_milli": None if q.limit_gpus is None else int(q.limit_gpus * eng.WHOLE_GPU_MILLI),
-        }
-
+    shares = engine_shares
     all_models: dict[str, QuotaRow] = {}
     per_model: dict[str, list[eng.ModelQuota]] = {}
     for q in QuotaRow.objects.select_related("team", "gpu_model").order_by("team__slug", "gpu_model__name"):

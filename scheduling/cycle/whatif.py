@@ -92,6 +92,11 @@ def _snapshot() -> eng.Snapshot:
         return _cached.snapshot
 
 
+def current_snapshot() -> eng.Snapshot:
+    """The snapshot what-ifs are asked on (read again as described above): advice, not a decision."""
+    return _snapshot()
+
+
 @dataclass(frozen=True)
 class WhatIf:
     """The answer: `verdict` is "now", "later", "waits" (no start can be estimated) or "never"."""

@@ -46,7 +46,7 @@ def test_the_service_names_the_field_of_a_limit_below_the_guarantee(teams):
 def test_the_service_records_each_changed_field_with_old_and_new_values(teams, admin_user):
     quota = Quota.objects.get(team=teams["inference"])
     quota.guaranteed_gpu_memory_mib = 80 * 1024
-    change = quota_save(quota=quota, actor=admin_user, source="api")
+    change = quota_save(quota=quota, actor=admin_user, source="api", note="more memory for serving")
     assert change.changes == {"guaranteed_gpu_memory_mib": {"old": 64 * 1024, "new": 80 * 1024}}
     assert change.actor == admin_user
     assert quota_save(quota=quota, actor=admin_user) is None, "an unchanged save records nothing"
@@ -72,11 +72,12 @@ def test_an_admin_quota_edit_leaves_an_audit_record_visible_on_the_team_page(cli
         "limit_gpus": "2",
         "fair_share_weight": "1",
         "default_priority_class": quota.default_priority_class_id,
+        "reason": "a second serving model",
     }
     response = client.post(url, form)
     assert response.status_code == 302, response.content.decode()[:2000]
     change = QuotaChange.objects.filter(team=teams["inference"], actor=admin_user).get()
-    assert change.source == "admin"
+    assert change.source == "admin" and change.note == "a second serving model"
     assert change.changes["guaranteed_gpu_memory_mib"] == {"old": 64 * 1024, "new": 96 * 1024}
     team_page = client.get(f"/admin/quotas/team/{teams['inference'].pk}/change/").content.decode()
     assert "Quota changes (audit trail)" in team_page
@@ -148,9 +149,31 @@ def test_a_quota_edit_through_the_team_inline_is_audited(client, admin_user, tea
         fs.formset.prefix for fs in page.context["inline_admin_formsets"] if fs.formset.model is Quota
     )
     data[f"{quota_prefix}-0-guaranteed_gpus"] = "6"
+    data[f"{quota_prefix}-0-reason"] = "the spring training push"
     response = client.post(f"/admin/quotas/team/{team.pk}/change/", data)
     assert response.status_code == 302, response.context["errors"] if response.context else response
     quota.refresh_from_db()
     assert quota.guaranteed_gpus == Decimal("6")
     change = QuotaChange.objects.get(team=team, actor=admin_user)
     assert change.changes["guaranteed_gpus"] == {"old": "4", "new": "6"}
+    assert change.note == "the spring training push"
+
+
+@pytest.mark.django_db
+def test_the_admin_form_asks_for_a_reason_and_saves_nothing_without_one(client, admin_user, teams):
+    quota = Quota.objects.get(team=teams["inference"])
+    client.force_login(admin_user)
+    form = {
+        "team": quota.team_id,
+        "gpu_model": "",
+        "guaranteed_gpu_memory_mib": 96 * 1024,
+        "limit_gpu_memory_mib": 128 * 1024,
+        "guaranteed_gpus": "1",
+        "limit_gpus": "2",
+        "fair_share_weight": "1",
+        "default_priority_class": quota.default_priority_class_id,
+    }
+    response = client.post(f"/admin/quotas/quota/{quota.pk}/change/", form)
+    assert response.status_code == 200
+    assert "reason is required" in response.context["adminform"].form.errors["reason"][0]
+    assert not QuotaChange.objects.filter(actor=admin_user).exists()
