@@ -1,6 +1,6 @@
 from django.urls import path
 
-from frontend import jobs, views
+from frontend import history, jobs, views
 
 app_name = "frontend"
 urlpatterns = [
@@ -16,6 +16,8 @@ urlpatterns = [
     path("jobs/<int:job_id>/", jobs.job_detail, name="job"),
     path("jobs/<int:job_id>/logs/<str:stream>/", jobs.job_log_download, name="job_log"),
     path("queue/", views.queue, name="queue"),
+    path("history/", history.history_page, name="history"),
+    path("capacity/", history.capacity_page, name="capacity"),
     path("favicon.ico", views.favicon, name="favicon"),
     path("healthz", views.healthz, name="healthz"),
 ]

@@ -17,9 +17,11 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import connection
+from django.db.models import Count, Min
 
 from quotas.models import PriorityClass, Team
-from scheduling.choices import JobState
+from scheduling.agents.live_metrics import live_metrics_for_nodes
+from scheduling.choices import GpuHealth, JobState, NodeState
 from scheduling.engine import types as eng
 from scheduling.history.models import (
     ClusterMinute,
@@ -30,7 +32,7 @@ from scheduling.history.models import (
     TeamMinute,
     UsageHour,
 )
-from scheduling.inventory.models import Gpu, GpuModel
+from scheduling.inventory.models import Gpu, GpuModel, Node
 from scheduling.jobs.models import Job, JobEvent
 
 MILLI = eng.WHOLE_GPU_MILLI
@@ -365,3 +367,141 @@ def queue_series(*, w: Window) -> dict[str, list]:
         [w.since, w.until],
     )
     return _columns(rows, ("pending_jobs", "pending_jobs_max", "running_jobs"), w=w)
+
+
+def usage_daily(
+    *, w: Window, group: str, team_ids: Collection[int] | None = None, step_s: int = 86400
+) -> dict[int, dict[int, float]]:
+    """GPU-hours per bucket (a day by default) for each team, user or model id: id -> bucket (Unix s) -> hours.
+    One query; the page names the ids and stacks them. `team_ids`: only these teams' rows (None: all)."""
+    if group not in USAGE_GROUPS:
+        raise ValueError(f"group is one of {', '.join(USAGE_GROUPS)}")
+    column = {"team": "team_id", "user": "user_id", "model": "model_id"}[group]
+    table = UsageHour._meta.db_table
+    where, params = "hour >= %s AND hour < %s", [w.since, w.until]
+    if team_ids is not None:
+        if not team_ids:
+            return {}
+        where += f" AND team_id IN ({_marks(team_ids)})"
+        params += list(team_ids)
+    rows = _fetch(
+        f"""SELECT {column}, {_bucket("hour", step_s)} AS b, SUM(gpu_seconds) / 3600 FROM {table}
+            WHERE {where} GROUP BY {column}, b""",
+        params,
+    )
+    out: dict[int, dict[int, float]] = {}
+    for key, b, hours in rows:
+        out.setdefault(key, {})[int(b)] = round(float(hours or 0), 3)
+    return out
+
+
+# --- capacity now, pools and the pool heatmap -------------------------------------------------------------------
+def capacity_now() -> list[dict[str, Any]]:
+    """Per GPU model as the inventory stands: cards, ready, allocated, used (utilisation summed over the cards
+    with a live sample; None where none has one), wholly free, and free capacity stranded on partly allocated
+    ready cards, in GPUs. One aggregating query, plus the live samples."""
+    gpu, node, model = Gpu._meta.db_table, Node._meta.db_table, GpuModel._meta.db_table
+    ready = f"n.state IN ('{NodeState.READY}', '{NodeState.DRAINING}') AND g.health <> '{GpuHealth.FAILED}'"
+    share = (
+        f"{_least()}(1.0, CASE WHEN g.memory_mib > 0 THEN "
+        f"{_greatest()}(1.0 * g.allocated_memory_mib / g.memory_mib, g.allocated_compute_pct / 100.0) "
+        "ELSE g.allocated_compute_pct / 100.0 END)"
+    )
+    rows = _fetch(
+        f"""SELECT m.id, m.name, COUNT(*), SUM(CASE WHEN {ready} THEN 1 ELSE 0 END), SUM({share}),
+                   SUM(CASE WHEN {ready} AND g.allocated_memory_mib = 0 AND g.allocated_compute_pct = 0
+                       THEN 1 ELSE 0 END),
+                   SUM(CASE WHEN {ready} AND (g.allocated_memory_mib > 0 OR g.allocated_compute_pct > 0)
+                       THEN 1 - {share} ELSE 0 END)
+            FROM {gpu} g JOIN {node} n ON n.id = g.node_id JOIN {model} m ON m.id = g.model_id
+            GROUP BY m.id, m.name ORDER BY m.name""",
+        [],
+    )
+    used = _used_now_by_model()
+    return [
+        {
+            "model": name,
+            "gpus": int(gpus),
+            "ready_gpus": int(ready_n or 0),
+            "allocated_gpus": round(float(alloc or 0), 2),
+            "used_gpus": None if model_id not in used else round(used[model_id], 2),
+            "free_gpus": int(free or 0),
+            "stranded_gpus": round(float(stranded or 0), 2),
+        }
+        for model_id, name, gpus, ready_n, alloc, free, stranded in rows
+    ]
+
+
+def _greatest() -> str:
+    return "GREATEST" if connection.vendor == "postgresql" else "MAX"
+
+
+def _used_now_by_model() -> dict[int, float]:
+    """GPU model id -> utilisation summed over its cards' newest live samples (2 cards at 50 % = 1.0)."""
+    live = live_metrics_for_nodes(node_names=Node.objects.values_list("name", flat=True))
+    if not live:
+        return {}
+    used: dict[int, float] = {}
+    for name, index, model_id in Gpu.objects.filter(node__name__in=list(live)).values_list(
+        "node__name", "index", "model_id"
+    ):
+        util = (live.get(name, {}).get(index) or {}).get("util_pct")
+        if util is not None:
+            used[model_id] = used.get(model_id, 0.0) + min(100.0, max(0.0, float(util))) / 100
+    return used
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Nodes drawn as one row of the heatmap: those labelled `pool=<name>`, else those of one GPU model."""
+
+    name: str
+    node_ids: tuple[int, ...]
+    gpus: int
+
+
+def node_pools() -> list[Pool]:
+    """The cluster's pools, by name: a node's `pool` label, else its GPU model (nodes without GPUs: "no GPUs")."""
+    model_of = dict(
+        Gpu.objects.values("node_id").annotate(m=Min("model__name")).values_list("node_id", "m").order_by()
+    )
+    gpus_of = dict(
+        Gpu.objects.values("node_id").annotate(n=Count("id")).values_list("node_id", "n").order_by()
+    )
+    members: dict[str, list[int]] = {}
+    for pk, labels in Node.objects.order_by("name").values_list("pk", "labels"):
+        pool = (labels or {}).get("pool") if isinstance(labels, dict) else None
+        members.setdefault(str(pool or model_of.get(pk) or "no GPUs"), []).append(pk)
+    return sorted(
+        (Pool(name, tuple(ids), sum(gpus_of.get(i, 0) for i in ids)) for name, ids in members.items()),
+        key=lambda p: p.name,
+    )
+
+
+def pool_heatmap(*, pools: Sequence[Pool], w: Window) -> dict[str, dict[int, tuple[float | None, float]]]:
+    """pool name -> bucket (Unix s) -> (mean utilisation %, allocated %) of the pool's cards, weighting each
+    node by its GPUs. One aggregating query: the node -> pool map travels as a VALUES list. A pool of one node
+    is that node's row (the per-node heatmap)."""
+    pairs = [(node_id, i) for i, p in enumerate(pools) for node_id in p.node_ids]
+    if not pairs:
+        return {}
+    table = NodeMinute._meta.db_table
+    values = ", ".join(["(%s, %s)"] * len(pairs))
+    # A few nodes (one page of a pool): name them, so their rows are read by the (node_id, at) key.
+    few = f"AND m.node_id IN ({_marks(pairs)})" if len(pairs) <= 200 else ""
+    rows = _fetch(
+        f"""WITH pool_of(node_id, pool) AS (VALUES {values})
+            SELECT p.pool, {_bucket("m.at", w.step_s)} AS b,
+                   SUM(m.util_pct * m.gpus) / NULLIF(SUM(CASE WHEN m.util_pct IS NULL THEN 0 ELSE m.gpus END), 0),
+                   SUM(m.allocated_milli) * {100 / MILLI} / NULLIF(SUM(m.gpus), 0)
+            FROM {table} m JOIN pool_of p ON p.node_id = m.node_id
+            WHERE m.at >= %s AND m.at < %s {few} GROUP BY p.pool, b""",
+        [*(v for pair in pairs for v in pair), w.since, w.until, *([n for n, _ in pairs] if few else [])],
+    )
+    out: dict[str, dict[int, tuple[float | None, float]]] = {}
+    for pool, b, util, alloc in rows:
+        out.setdefault(pools[pool].name, {})[int(b)] = (
+            None if util is None else round(float(util), 1),
+            round(float(alloc or 0), 1),
+        )
+    return out
