@@ -30,8 +30,8 @@ from scheduling.jobs.states import ACTIVE_STATES
 
 HISTORY_WINDOWS = ("7d", "30d")
 CAPACITY_WINDOWS = ("24h", "7d")
-# Heatmap columns: half-hours over a day, 3-hour blocks over a week (48 and 56 cells a row).
-HEATMAP_STEP_S = {"24h": 1800, "7d": 3 * 3600}
+# Heatmap columns: hours over a day, 3-hour blocks over a week (24 and 56 cells a row), from hourly node rows.
+HEATMAP_STEP_S = {"24h": 3600, "7d": 3 * 3600}
 HEATMAP_NODES_PER_PAGE = 50
 STACK_GROUPS = ("team", "user", "model")
 STACK_MAX_SERIES = 8  # the largest keys get a colour each, the rest are "others"
@@ -65,9 +65,10 @@ def history_page(request: HttpRequest) -> HttpResponse:
     stack = _choice(request.GET.get("by"), STACK_GROUPS)
     user = request.user
     own = None if user.is_staff else team_ids_for_user(user=user)
-    teams = history.usage_totals(since=w.since, until=w.until, group="team")
+    breakdown = history.usage_by_team_user_model(since=w.since, until=w.until)
+    teams = _totals_by(breakdown, "team")
     total_hours = sum(r["gpu_hours"] for r in teams)
-    users = history.usage_totals(since=w.since, until=w.until, group="user", team_ids=own)
+    users = _totals_by([r for r in breakdown if own is None or r[0] in own], "user")
     if own is not None:
         own_hours = sum(r["gpu_hours"] for r in users)
         others = round(total_hours - own_hours, 3)
@@ -85,7 +86,7 @@ def history_page(request: HttpRequest) -> HttpResponse:
         "staff": user.is_staff,
         "teams": _with_share(teams, total_hours),
         "users": _with_share(users, total_hours),
-        "models": _with_share(history.usage_totals(since=w.since, until=w.until, group="model"), total_hours),
+        "models": _with_share(_totals_by(breakdown, "model"), total_hours),
         "total_hours": round(total_hours, 1),
         "waits": waits,
         "own_waits": history.wait_stats(since=w.since, until=w.until, team_ids=own) if own else None,
@@ -97,6 +98,22 @@ def history_page(request: HttpRequest) -> HttpResponse:
     if request.GET.get("part") == "now":
         return render(request, "frontend/history/_history_now.html", context)
     return render(request, "frontend/history/history.html", context)
+
+
+def _totals_by(rows: list[tuple], group: str) -> list[dict]:
+    """GPU-hours by team, user or model from the (team, user, model) sums, largest first, named."""
+    position = STACK_GROUPS.index(group)
+    sums: dict[int, list[float]] = {}
+    for row in rows:
+        entry = sums.setdefault(row[position], [0.0, 0.0])
+        entry[0] += row[3]
+        entry[1] += row[4]
+    names = _names(group, list(sums))
+    unknown = "(model not known)" if group == "model" else "(unknown)"
+    return [
+        {group: names.get(key, unknown), "gpu_hours": round(h, 3), "idle_gpu_hours": round(i, 3)}
+        for key, (h, i) in sorted(sums.items(), key=lambda kv: -kv[1][0])
+    ]
 
 
 def _with_share(rows: list[dict], total: float) -> list[dict]:
@@ -168,7 +185,7 @@ def _wait_chart(*, w: history.Window) -> dict[str, Any]:
         title="Mean queue time of the jobs started each day",
         t=s["t"],
         series=[{"label": "mean wait", "values": minutes}],
-        y_label="Minutes from submit to start",
+        y_label="Minutes waited",
         unit="min",
         kind="bars",
         x_label="Day (UTC)",

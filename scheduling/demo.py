@@ -24,6 +24,7 @@ from scheduling.history.models import (
     ClusterMinute,
     GpuFiveMinute,
     ModelMinute,
+    NodeHour,
     NodeMinute,
     TeamMinute,
     UsageHour,
@@ -375,7 +376,13 @@ def history_backfill(*, days: int, now: datetime | None = None, seed: int = 7) -
         "pk", "node_id", "model_id", "memory_mib", "sharing_mode"
     ):
         gpus[node_id].append((pk, model_id, memory_mib, sharing))
-    teams = {t.slug: t.pk for t in Team.objects.filter(slug__in=HISTORY_TEAM_WEIGHTS)}
+    weights = dict(HISTORY_TEAM_WEIGHTS)
+    teams = {t.slug: t.pk for t in Team.objects.filter(slug__in=weights)}
+    if not teams:  # not the demo's teams: every team with members, in equal parts
+        teams = dict(
+            Team.objects.filter(memberships__isnull=False).distinct().values_list("slug", "pk").order_by("slug")
+        )
+        weights = {slug: 1 / len(teams) for slug in teams}
     members = defaultdict(list)
     for team_id, user_id in Membership.objects.filter(team_id__in=teams.values()).values_list(
         "team_id", "user_id"
@@ -387,6 +394,7 @@ def history_backfill(*, days: int, now: datetime | None = None, seed: int = 7) -
     phase = {pk: rng.uniform(-1.5, 1.5) for pk, _ in nodes}
     node_rows, gpu_rows, model_rows, team_rows, cluster_rows = [], [], [], [], []
     held_by_hour_model: dict[tuple[datetime, int], float] = defaultdict(float)  # GPU-seconds
+    node_hours: dict[tuple[int, datetime], list] = {}
     minutes = int((now - start).total_seconds() // 60)
     # The load moves in 5-minute steps (the GPU windows' width); each minute of a step repeats its rows.
     for first in range(0, minutes, 5):
@@ -414,6 +422,11 @@ def history_backfill(*, days: int, now: datetime | None = None, seed: int = 7) -
                 int(38 + max(utils) * 0.35),
             )
             node_rows += [(pk, at, NodeState.READY, *node, *node_rest) for at in span]
+            hour = node_hours.setdefault((pk, window.replace(minute=0)), [0, len(cards), 0, 0.0, 0])
+            hour[0] += len(span)
+            hour[2] += node[1] * len(span)
+            hour[3] += node[2] * len(span)
+            hour[4] += len(span)
             n = len(span)
             for i, (gpu_id, model_id, card_mib, sharing) in enumerate(cards):
                 held, util = i < busy, utils[i]
@@ -449,7 +462,7 @@ def history_backfill(*, days: int, now: datetime | None = None, seed: int = 7) -
         for at in span:
             model_rows += [(at, model_id, *t) for model_id, t in per_model.items()]
             cluster_rows.append((at, pending, round(total_held / 2), len(nodes), len(nodes)))
-        for slug, weight in HISTORY_TEAM_WEIGHTS.items():
+        for slug, weight in weights.items():
             if slug not in teams:
                 continue
             team_id = teams[slug]
@@ -470,7 +483,7 @@ def history_backfill(*, days: int, now: datetime | None = None, seed: int = 7) -
             team_rows += [(at, *row) for at in span]
     usage_rows = []
     for (hour, model_id), seconds in held_by_hour_model.items():
-        for slug, weight in HISTORY_TEAM_WEIGHTS.items():
+        for slug, weight in weights.items():
             people = members.get(teams.get(slug), [])
             for n, user_id in enumerate(people):
                 share = (
@@ -506,6 +519,11 @@ def history_backfill(*, days: int, now: datetime | None = None, seed: int = 7) -
                 "temperature_max_c",
             ),
             node_rows,
+        )
+        _insert(
+            NodeHour,
+            ("node_id", "hour", "minutes", "gpus", "allocated_milli_sum", "util_pct_sum", "util_minutes"),
+            [(*key, *v) for key, v in node_hours.items()],
         )
         _insert(
             GpuFiveMinute,

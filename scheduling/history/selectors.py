@@ -28,6 +28,7 @@ from scheduling.history.models import (
     GpuEvent,
     GpuFiveMinute,
     ModelMinute,
+    NodeHour,
     NodeMinute,
     TeamMinute,
     UsageHour,
@@ -68,8 +69,19 @@ def _epoch(column: str) -> str:
     return f"CAST(strftime('%%s', {column}) AS INTEGER)"
 
 
-def _bucket(column: str, step_s: int) -> str:
+def _bucket_key(column: str, step_s: int) -> str:
+    """What rows are grouped by: the bucket's start (PostgreSQL's date_bin, twice as fast as arithmetic on the
+    numeric EXTRACT gives), or its Unix second on SQLite."""
+    if connection.vendor == "postgresql":
+        return f"date_bin(INTERVAL '{int(step_s)} seconds', {column}, TIMESTAMPTZ 'epoch')"
     return f"(FLOOR({_epoch(column)} / {int(step_s)}) * {int(step_s)})"
+
+
+def _bucket(column: str, step_s: int) -> str:
+    """The bucket's start in Unix seconds, computed once per group (GROUP BY the _bucket_key)."""
+    if connection.vendor == "postgresql":
+        return f"EXTRACT(EPOCH FROM {_bucket_key(column, step_s)})"
+    return _bucket_key(column, step_s)
 
 
 def _fetch(sql: str, params: Sequence[Any]) -> list[tuple]:
@@ -110,7 +122,7 @@ def capacity_series(*, w: Window) -> list[dict[str, Any]]:
     rows = _fetch(
         f"""SELECT model_id, {_bucket("at", w.step_s)} AS b, AVG(ready_gpus), AVG(allocated_milli) / {MILLI},
                    AVG(used_milli) / {MILLI}, AVG(free_gpus), AVG(stranded_milli) / {MILLI}
-            FROM {table} WHERE at >= %s AND at < %s GROUP BY model_id, b ORDER BY model_id, b""",
+            FROM {table} WHERE at >= %s AND at < %s GROUP BY model_id, {_bucket_key("at", w.step_s)} ORDER BY model_id, b""",
         [w.since, w.until],
     )
     names = dict(GpuModel.objects.values_list("pk", "name"))
@@ -133,7 +145,7 @@ def node_heatmap(*, node_ids: Collection[int], w: Window) -> dict[int, dict[int,
     table = NodeMinute._meta.db_table
     rows = _fetch(
         f"""SELECT node_id, {_bucket("at", w.step_s)} AS b, AVG(util_pct) FROM {table}
-            WHERE node_id IN ({_marks(node_ids)}) AND at >= %s AND at < %s GROUP BY node_id, b""",
+            WHERE node_id IN ({_marks(node_ids)}) AND at >= %s AND at < %s GROUP BY node_id, {_bucket_key("at", w.step_s)}""",
         [*node_ids, w.since, w.until],
     )
     out: dict[int, dict[int, float | None]] = {}
@@ -148,7 +160,7 @@ def node_series(*, node_id: int, w: Window) -> dict[str, list]:
     rows = _fetch(
         f"""SELECT {_bucket("at", w.step_s)} AS b, AVG(allocated_milli) / {MILLI}, AVG(util_pct) * AVG(gpus) / 100,
                    AVG(memory_allocated_mib) / 1024, AVG(memory_used_mib) / 1024, AVG(power_w)
-            FROM {table} WHERE node_id = %s AND at >= %s AND at < %s GROUP BY b ORDER BY b""",
+            FROM {table} WHERE node_id = %s AND at >= %s AND at < %s GROUP BY {_bucket_key("at", w.step_s)} ORDER BY b""",
         [node_id, w.since, w.until],
     )
     return _columns(
@@ -176,7 +188,7 @@ def gpu_series(*, node_id: int, w: Window) -> list[dict[str, Any]]:
                    MAX(memory_allocated_mib) / 1024.0, MAX(temperature_c_max), SUM(power_w_sum) / SUM(samples),
                    SUM(sm_clock_mhz_sum) / SUM(samples)
             FROM {table} WHERE node_id = %s AND at >= %s AND at < %s AND samples > 0
-            GROUP BY gpu_id, b ORDER BY gpu_id, b""",
+            GROUP BY gpu_id, {_bucket_key("at", step)} ORDER BY gpu_id, b""",
         [node_id, w.since, w.until],
     )
     index_of = dict(Gpu.objects.filter(node_id=node_id).values_list("pk", "index"))
@@ -218,7 +230,7 @@ def team_series(*, team_id: int, w: Window) -> dict[str, list]:
         f"""SELECT {_bucket("at", w.step_s)} AS b, AVG(guaranteed_milli) / {MILLI}, AVG(limit_milli) / {MILLI},
                    AVG(held_milli) / {MILLI}, AVG(borrowed_milli) / {MILLI}, AVG(pending_milli) / {MILLI},
                    AVG(fair_share_milli) / {MILLI}
-            FROM {table} WHERE team_id = %s AND at >= %s AND at < %s GROUP BY b ORDER BY b""",
+            FROM {table} WHERE team_id = %s AND at >= %s AND at < %s GROUP BY {_bucket_key("at", w.step_s)} ORDER BY b""",
         [team_id, w.since, w.until],
     )
     return _columns(rows, TEAM_MEASURES, w=w)
@@ -243,6 +255,12 @@ def _wait_expr() -> str:
     return f"({_epoch('started_at')} - {_epoch('submitted_at')})"
 
 
+def _wait_mean() -> str:
+    if connection.vendor == "postgresql":
+        return "EXTRACT(EPOCH FROM AVG(started_at - submitted_at))"
+    return f"AVG({_wait_expr()})"
+
+
 def wait_stats(
     *, since: datetime, until: datetime, team_ids: Collection[int] | None = None
 ) -> dict[str, Any]:
@@ -256,12 +274,18 @@ def wait_stats(
             return {"jobs": 0, "wait_mean_s": None, "wait_p95_s": None}
         where += f" AND team_id IN ({_marks(team_ids)})"
         params += list(team_ids)
-    count, mean = _fetch(f"SELECT COUNT(*), AVG({_wait_expr()}) FROM {table} WHERE {where}", params)[0]
+    count, mean = _fetch(f"SELECT COUNT(*), {_wait_mean()} FROM {table} WHERE {where}", params)[0]
     if not count:
         return {"jobs": 0, "wait_mean_s": None, "wait_p95_s": None}
-    offset = max(0, math.ceil(0.95 * count) - 1)
+    # The p95 row counted from the top (the ceil(0.95 n)-th smallest): the database keeps a heap of the
+    # longest 5 % instead of sorting every wait. On PostgreSQL the wait is interval arithmetic, read from the
+    # (started_at) index that carries submitted_at.
+    from_top = count - max(1, math.ceil(0.95 * count))
+    wait = "(started_at - submitted_at)" if connection.vendor == "postgresql" else _wait_expr()
+    seconds = f"EXTRACT(EPOCH FROM {wait})" if connection.vendor == "postgresql" else wait
     p95 = _fetch(
-        f"SELECT {_wait_expr()} AS w FROM {table} WHERE {where} ORDER BY w LIMIT 1 OFFSET {offset}", params
+        f"SELECT {seconds} FROM {table} WHERE {where} ORDER BY {wait} DESC LIMIT 1 OFFSET {int(from_top)}",
+        params,
     )[0][0]
     return {"jobs": int(count), "wait_mean_s": round(float(mean), 1), "wait_p95_s": round(float(p95), 1)}
 
@@ -270,8 +294,8 @@ def wait_series(*, w: Window, step_s: int = 86400) -> dict[str, list]:
     """Mean wait from submit to start of the jobs that started in each bucket (s), and how many started."""
     table = Job._meta.db_table
     rows = _fetch(
-        f"""SELECT {_bucket("started_at", step_s)} AS b, AVG({_wait_expr()}), COUNT(*) FROM {table}
-            WHERE started_at >= %s AND started_at < %s GROUP BY b ORDER BY b""",
+        f"""SELECT {_bucket("started_at", step_s)} AS b, {_wait_mean()}, COUNT(*) FROM {table}
+            WHERE started_at >= %s AND started_at < %s GROUP BY {_bucket_key("started_at", step_s)} ORDER BY b""",
         [w.since, w.until],
     )
     return _columns(rows, ("wait_mean_s", "started_jobs"), w=Window(w.name, w.since, w.until, step_s))
@@ -353,7 +377,7 @@ def usage_series(
         params += list(team_ids)
     rows = _fetch(
         f"""SELECT {_bucket("hour", step_s)} AS b, SUM(gpu_seconds) / 3600, SUM(idle_gpu_seconds) / 3600
-            FROM {table} WHERE {where} GROUP BY b ORDER BY b""",
+            FROM {table} WHERE {where} GROUP BY {_bucket_key("hour", step_s)} ORDER BY b""",
         params,
     )
     return _columns(rows, ("gpu_hours", "idle_gpu_hours"), w=Window(w.name, w.since, w.until, step_s))
@@ -363,10 +387,23 @@ def queue_series(*, w: Window) -> dict[str, list]:
     table = ClusterMinute._meta.db_table
     rows = _fetch(
         f"""SELECT {_bucket("at", w.step_s)} AS b, AVG(pending_jobs), MAX(pending_jobs), AVG(running_jobs)
-            FROM {table} WHERE at >= %s AND at < %s GROUP BY b ORDER BY b""",
+            FROM {table} WHERE at >= %s AND at < %s GROUP BY {_bucket_key("at", w.step_s)} ORDER BY b""",
         [w.since, w.until],
     )
     return _columns(rows, ("pending_jobs", "pending_jobs_max", "running_jobs"), w=w)
+
+
+def usage_by_team_user_model(*, since: datetime, until: datetime) -> list[tuple[int, int, int, float, float]]:
+    """(team id, user id, model id, GPU-hours, idle-allocated GPU-hours) for the hours that start in the window:
+    one scan of the hourly rows that the history page sums by team, user and model (a row per person and card
+    model they used, not per hour)."""
+    table = UsageHour._meta.db_table
+    rows = _fetch(
+        f"""SELECT team_id, user_id, model_id, SUM(gpu_seconds) / 3600, SUM(idle_gpu_seconds) / 3600
+            FROM {table} WHERE hour >= %s AND hour < %s GROUP BY team_id, user_id, model_id""",
+        [since, until],
+    )
+    return [(t, u, m, float(h or 0), float(i or 0)) for t, u, m, h, i in rows]
 
 
 def usage_daily(
@@ -386,7 +423,7 @@ def usage_daily(
         params += list(team_ids)
     rows = _fetch(
         f"""SELECT {column}, {_bucket("hour", step_s)} AS b, SUM(gpu_seconds) / 3600 FROM {table}
-            WHERE {where} GROUP BY {column}, b""",
+            WHERE {where} GROUP BY {column}, {_bucket_key("hour", step_s)}""",
         params,
     )
     out: dict[int, dict[int, float]] = {}
@@ -479,24 +516,26 @@ def node_pools() -> list[Pool]:
 
 
 def pool_heatmap(*, pools: Sequence[Pool], w: Window) -> dict[str, dict[int, tuple[float | None, float]]]:
-    """pool name -> bucket (Unix s) -> (mean utilisation %, allocated %) of the pool's cards, weighting each
-    node by its GPUs. One aggregating query: the node -> pool map travels as a VALUES list. A pool of one node
-    is that node's row (the per-node heatmap)."""
+    """pool name -> bucket (Unix s, whole hours) -> (mean utilisation %, allocated %) of the pool's cards,
+    weighting each node by its GPUs, from the hourly node rows. One aggregating query: the node -> pool map
+    travels as a VALUES list. A pool of one node is that node's row (the per-node heatmap)."""
     pairs = [(node_id, i) for i, p in enumerate(pools) for node_id in p.node_ids]
     if not pairs:
         return {}
-    table = NodeMinute._meta.db_table
+    table = NodeHour._meta.db_table
     values = ", ".join(["(%s, %s)"] * len(pairs))
-    # A few nodes (one page of a pool): name them, so their rows are read by the (node_id, at) key.
-    few = f"AND m.node_id IN ({_marks(pairs)})" if len(pairs) <= 200 else ""
+    # A few nodes (one page of a pool): name them, so their rows are read by the (node_id, hour) key.
+    few = f"AND h.node_id IN ({_marks(pairs)})" if len(pairs) <= 200 else ""
+    step = max(3600, w.step_s)
+    since = datetime.fromtimestamp(math.floor(w.since.timestamp() / step) * step, UTC)
     rows = _fetch(
         f"""WITH pool_of(node_id, pool) AS (VALUES {values})
-            SELECT p.pool, {_bucket("m.at", w.step_s)} AS b,
-                   SUM(m.util_pct * m.gpus) / NULLIF(SUM(CASE WHEN m.util_pct IS NULL THEN 0 ELSE m.gpus END), 0),
-                   SUM(m.allocated_milli) * {100 / MILLI} / NULLIF(SUM(m.gpus), 0)
-            FROM {table} m JOIN pool_of p ON p.node_id = m.node_id
-            WHERE m.at >= %s AND m.at < %s {few} GROUP BY p.pool, b""",
-        [*(v for pair in pairs for v in pair), w.since, w.until, *([n for n, _ in pairs] if few else [])],
+            SELECT p.pool, {_bucket("h.hour", step)} AS b,
+                   SUM(h.util_pct_sum * h.gpus) / NULLIF(SUM(h.util_minutes * h.gpus), 0),
+                   SUM(h.allocated_milli_sum) * {100 / MILLI} / NULLIF(SUM(h.minutes * h.gpus), 0)
+            FROM {table} h JOIN pool_of p ON p.node_id = h.node_id
+            WHERE h.hour >= %s AND h.hour < %s {few} GROUP BY p.pool, {_bucket_key("h.hour", step)}""",
+        [*(v for pair in pairs for v in pair), since, w.until, *([n for n, _ in pairs] if few else [])],
     )
     out: dict[str, dict[int, tuple[float | None, float]]] = {}
     for pool, b, util, alloc in rows:

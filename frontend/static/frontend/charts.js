@@ -37,6 +37,8 @@
     raw.forEach(function (values, i) {
       sums.push(values.map(function (v, k) { return (v || 0) + (i ? sums[i - 1][k] : 0); }));
     });
+    // An empty day draws no sliver of a bar.
+    sums.forEach(function (row) { row.forEach(function (v, k) { if (!v) row[k] = null; }); });
     const order = raw.map(function (_, i) { return raw.length - 1 - i; });
     return { order: order, data: order.map(function (i) { return sums[i]; }), raw: order.map(function (i) { return raw[i]; }) };
   }
