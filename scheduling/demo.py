@@ -380,7 +380,10 @@ def history_backfill(*, days: int, now: datetime | None = None, seed: int = 7) -
     teams = {t.slug: t.pk for t in Team.objects.filter(slug__in=weights)}
     if not teams:  # not the demo's teams: every team with members, in equal parts
         teams = dict(
-            Team.objects.filter(memberships__isnull=False).distinct().values_list("slug", "pk").order_by("slug")
+            Team.objects.filter(memberships__isnull=False)
+            .distinct()
+            .values_list("slug", "pk")
+            .order_by("slug")
         )
         weights = {slug: 1 / len(teams) for slug in teams}
     members = defaultdict(list)

@@ -36,9 +36,7 @@ def _chart(page: str, element_id: str) -> dict:
     return json.loads(page[start : page.index("</script>", start)])
 
 
-def test_a_member_sees_other_teams_as_teams_and_their_users_only_as_other_teams(
-    alice, bob, teams, node
-):
+def test_a_member_sees_other_teams_as_teams_and_their_users_only_as_other_teams(alice, bob, teams, node):
     model = Gpu.objects.filter(node=node).first().model_id
     _usage(teams["training"], alice, model, hours_ago=2, gpu_hours=10)
     _usage(teams["inference"], bob, model, hours_ago=3, gpu_hours=4)
@@ -90,3 +88,15 @@ def test_capacity_shows_now_by_model_and_a_heatmap_row_per_pool_then_per_node(al
     per_node = _signed_in(alice).get("/capacity/?pool=training-pool&window=7d").content.decode()
     assert node.name in per_node and "Nodes 1–1 of 1" in per_node
     assert 'id="capacity-now"' in _signed_in(alice).get("/capacity/?part=now").content.decode()
+
+
+def test_the_demo_writes_a_day_of_generated_history_once(db):
+    from scheduling.demo import load_demo
+    from scheduling.history.models import ClusterMinute, NodeHour, NodeMinute
+
+    load_demo(history_days=1)
+    counts = (ClusterMinute.objects.count(), NodeMinute.objects.count(), UsageHour.objects.count())
+    assert counts[0] == 1440 and counts[1] == 1440 * 6 and counts[2] > 0
+    assert NodeHour.objects.filter(minutes=60).exists()
+    load_demo(history_days=1)  # history is there: nothing twice
+    assert (ClusterMinute.objects.count(), NodeMinute.objects.count(), UsageHour.objects.count()) == counts
