@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -517,6 +518,223 @@ def _daphne(env: dict, port: int) -> subprocess.Popen:
     )
 
 
+# --- history and capacity pages -------------------------------------------------------------------------------
+HISTORY_USERS = 200  # researchers across the four teams, each hour's usage rows come from these
+
+
+def build_history(
+    *, people: dict, usage_days: int, node_days: int, finished_jobs: int, seed: float = 0.42
+) -> dict:
+    """30 days of rollups at cluster size, generated inside PostgreSQL (INSERT ... SELECT generate_series): the
+    queue each minute, each GPU model and team each minute, hourly usage for every team x user x model that
+    ran that hour, `finished_jobs` jobs started over the window (for queue times), and `node_days` days of node
+    minutes (and one day of GPU 5-minute windows, to measure its size). Returns what was written and how long
+    it took, with each table's size per day."""
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+
+    from quotas.models import Membership, Team
+    from scheduling.history.models import (
+        ClusterMinute,
+        GpuFiveMinute,
+        ModelMinute,
+        NodeHour,
+        NodeMinute,
+        TeamMinute,
+        UsageHour,
+    )
+    from scheduling.history.partitions import partitions_ensure
+    from scheduling.inventory.models import Gpu, GpuModel, Node
+    from scheduling.jobs.models import Job
+
+    t0 = time.perf_counter()
+    users = get_user_model()
+    users.objects.bulk_create(users(username=f"researcher-{i:03d}") for i in range(HISTORY_USERS))
+    teams = list(Team.objects.filter(children__isnull=True).order_by("slug"))
+    Membership.objects.bulk_create(
+        Membership(user=u, team=teams[k % len(teams)])
+        for k, u in enumerate(users.objects.filter(username__startswith="researcher-").order_by("pk"))
+    )
+    # Pools: nodes carry a `pool` label, eight pools of 125 nodes at 1,000 nodes.
+    nodes = list(Node.objects.order_by("name"))
+    for k, n in enumerate(nodes):
+        n.labels = {"pool": f"pool-{k * 8 // len(nodes) + 1}"}
+    Node.objects.bulk_update(nodes, ["labels"], batch_size=2000)
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    since = now - timedelta(days=usage_days)
+    node_since = now - timedelta(days=node_days)
+    partitions_ensure(days=[(since + timedelta(days=d)).date() for d in range(usage_days + 2)])
+    # A working-day curve: 0.55 +- 0.35 with the hour of the day (UTC), as in the demo's generated history.
+    load = "(0.55 + 0.35 * sin(2 * pi() * (EXTRACT(HOUR FROM {t}) - 9) / 24))"
+    timings = {}
+    job = Job._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT setseed(%s)", [seed])
+
+        def run(name: str, sql: str, params: list) -> None:
+            t = time.perf_counter()
+            cursor.execute(sql, params)
+            timings[name] = round(time.perf_counter() - t, 1)
+
+        run(
+            "cluster_minute",
+            f"""INSERT INTO {ClusterMinute._meta.db_table} (at, pending_jobs, running_jobs, ready_nodes, nodes)
+                SELECT t, (10000 * {load.format(t="t")})::int, (7900 * {load.format(t="t")})::int, 1000, 1000
+                FROM generate_series(%s::timestamptz, %s::timestamptz - interval '1 minute', interval '1 minute') t""",
+            [since, now],
+        )
+        run(
+            "model_minute",
+            f"""INSERT INTO {ModelMinute._meta.db_table}
+                  (at, model_id, gpus, ready_gpus, allocated_milli, used_milli, free_gpus, stranded_milli)
+                SELECT t, m.id, m.n, m.n - 8, (m.n * 1000 * {load.format(t="t")})::int,
+                       (m.n * 700 * {load.format(t="t")})::int, (m.n * (1 - {load.format(t="t")}) * 0.8)::int,
+                       (m.n * 30 * random())::int
+                FROM generate_series(%s::timestamptz, %s::timestamptz - interval '1 minute', interval '1 minute') t
+                CROSS JOIN (SELECT model_id AS id, COUNT(*) AS n FROM {Gpu._meta.db_table} GROUP BY model_id) m""",
+            [since, now],
+        )
+        run(
+            "team_minute",
+            f"""INSERT INTO {TeamMinute._meta.db_table} (at, team_id, guaranteed_milli, limit_milli, held_milli,
+                  borrowed_milli, fair_share_milli, pending_jobs, pending_milli, running_jobs)
+                SELECT t, tm.id, 1600000, NULL, (1975000 * {load.format(t="t")})::int, 0, NULL,
+                       (2500 * {load.format(t="t")})::int, (2500000 * {load.format(t="t")})::int,
+                       (1975 * {load.format(t="t")})::int
+                FROM generate_series(%s::timestamptz, %s::timestamptz - interval '1 minute', interval '1 minute') t
+                CROSS JOIN (SELECT id FROM {Team._meta.db_table} WHERE id = ANY(%s)) tm""",
+            [since, now, [t.pk for t in teams]],
+        )
+        # Each hour, about 60 % of the researchers ran something, on one or both GPU models.
+        run(
+            "usage_hour",
+            f"""INSERT INTO {UsageHour._meta.db_table}
+                  (hour, team_id, user_id, model_id, gpu_seconds, gpu_memory_gib_seconds, idle_gpu_seconds)
+                SELECT h, ms.team_id, ms.user_id, m.id, g, g * 70, g * 0.1 * random()
+                FROM generate_series(%s::timestamptz, %s::timestamptz - interval '1 hour', interval '1 hour') h
+                CROSS JOIN (SELECT user_id, team_id FROM {Membership._meta.db_table}) ms
+                CROSS JOIN (SELECT id FROM {GpuModel._meta.db_table}) m
+                CROSS JOIN LATERAL (SELECT 3600 * 40 * random() * {load.format(t="h")} AS g) v
+                WHERE random() < 0.6""",
+            [since, now],
+        )
+        template = people["job"].pk
+        columns = [f.column for f in Job._meta.concrete_fields if f.column != "id"]
+        override = {
+            "name": "'finished-' || k",
+            "state": "'succeeded'",
+            "team_id": f"(ARRAY{[t.pk for t in teams]})[1 + k %% {len(teams)}]",
+            "submitted_at": "s.started - s.wait",
+            "placed_at": "s.started",
+            "started_at": "s.started",
+            "finished_at": "s.started + interval '1 hour'",
+            "exit_code": "0",
+            "queue_position": "NULL",
+            "pending_reason_code": "''",
+            "pending_reason": "''",
+        }
+        select = ", ".join(override.get(c, f"j.{c}") for c in columns)
+        run(
+            "jobs",
+            f"""INSERT INTO {job} ({", ".join(columns)})
+                SELECT {select} FROM {job} j CROSS JOIN generate_series(1, %s) k
+                CROSS JOIN LATERAL (SELECT %s::timestamptz + (random() * %s) * interval '1 second' AS started,
+                    (CASE WHEN random() < 0.1 THEN 7200 ELSE 300 END * random()) * interval '1 second' AS wait
+                    WHERE k > 0) s
+                WHERE j.id = %s""",
+            [finished_jobs, since, usage_days * 86400, template],
+        )
+        run(
+            "node_minute",
+            f"""INSERT INTO {NodeMinute._meta.db_table} (node_id, at, state, gpus, allocated_milli, util_pct,
+                  memory_used_mib, memory_allocated_mib, memory_mib, power_w, temperature_max_c)
+                SELECT n.id, t, 'ready', 8, a * 1000, LEAST(100, a * 12 * random()), a * 60000, a * 81920, 655360,
+                       400 + a * 300 * random(), 40 + a * 5
+                FROM generate_series(%s::timestamptz, %s::timestamptz - interval '1 minute', interval '1 minute') t
+                CROSS JOIN {Node._meta.db_table} n
+                CROSS JOIN LATERAL (SELECT LEAST(8, GREATEST(0, round(8 * {load.format(t="t")}
+                                    + (n.id %% 7 - 3) * 0.3)))::int AS a WHERE n.id > 0) v""",
+            [node_since, now],
+        )
+        run(
+            "node_hour",
+            f"""INSERT INTO {NodeHour._meta.db_table} (node_id, hour, minutes, gpus, allocated_milli_sum,
+                  util_pct_sum, util_minutes)
+                SELECT n.id, t, 60, 8, 60 * a * 1000, 60 * LEAST(100, a * 12 * (0.5 + 0.5 * random())), 60
+                FROM generate_series(%s::timestamptz, %s::timestamptz, interval '1 hour') t
+                CROSS JOIN {Node._meta.db_table} n
+                CROSS JOIN LATERAL (SELECT LEAST(8, GREATEST(0, round(8 * {load.format(t="t")}
+                                    + (n.id %% 7 - 3) * 0.3)))::int AS a WHERE n.id > 0) v""",
+            [since.replace(minute=0), now.replace(minute=0)],
+        )
+        day = now - timedelta(days=1)
+        run(
+            "gpu_five_minute_1d",
+            f"""INSERT INTO {GpuFiveMinute._meta.db_table} (gpu_id, at, node_id, samples, util_pct_sum,
+                  memory_used_mib_max, memory_allocated_mib, temperature_c_max, power_w_sum, sm_clock_mhz_sum,
+                  ecc_uncorrected)
+                SELECT g.id, t, g.node_id, 5, 5 * 100 * random(), 60000, 81920, 60, 5 * 400, 5 * 1410, 0
+                FROM generate_series(%s::timestamptz, %s::timestamptz - interval '5 minutes', interval '5 minutes') t
+                CROSS JOIN {Gpu._meta.db_table} g""",
+            [day, now],
+        )
+        cursor.execute("ANALYZE")
+
+        def size(table: str) -> int:
+            """Bytes with indexes, summed over a partitioned table's partitions."""
+            cursor.execute(
+                "SELECT COALESCE(SUM(pg_total_relation_size(relid)), pg_total_relation_size(%s::regclass)) "
+                "FROM pg_partition_tree(%s::regclass) WHERE isleaf",
+                [table, table],
+            )
+            return int(cursor.fetchone()[0])
+
+        def rows(table: str) -> int:
+            cursor.execute(f"SELECT COUNT(*) FROM {table}")
+            return int(cursor.fetchone()[0])
+
+        days_of = {
+            NodeMinute: node_days,
+            NodeHour: usage_days,
+            GpuFiveMinute: 1,
+            ModelMinute: usage_days,
+            TeamMinute: usage_days,
+            ClusterMinute: usage_days,
+            UsageHour: usage_days,
+        }
+        tables = {}
+        for model, days in days_of.items():
+            table = model._meta.db_table
+            total = size(table)
+            tables[table] = {
+                "rows": rows(table),
+                "days": days,
+                "mib": round(total / 2**20, 2),
+                "mib_per_day": round(total / 2**20 / days, 2),
+            }
+        tables[job] = {"rows": rows(job), "finished_jobs_added": finished_jobs}
+    return {"built_s": round(time.perf_counter() - t0, 1), "insert_s": timings, "tables": tables}
+
+
+def history_times(people: dict, requests: int) -> dict:
+    from django.test import Client
+
+    client = Client()
+    client.force_login(people["alice"])
+    time_requests(client, "GET", "/history/?window=30d", 2)
+    time_requests(client, "GET", "/capacity/", 2)
+    pages = {
+        "history_30d": "/history/?window=30d",
+        "history_30d_by_user": "/history/?window=30d&by=user",
+        "history_7d": "/history/?window=7d",
+        "capacity_24h": "/capacity/",
+        "capacity_7d": "/capacity/?window=7d",
+        "capacity_pool_7d": "/capacity/?window=7d&pool=pool-1",
+        "capacity_now_part": "/capacity/?part=now",
+    }
+    return {name: summary_ms(time_requests(client, "GET", path, requests)) for name, path in pages.items()}
+
+
 def free_port() -> int:
     import socket
 
@@ -578,11 +796,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--map-loads", type=int, default=10, help="loads of the cluster map timed in Chromium"
     )
+    parser.add_argument("--history-days", type=int, default=30, help="days of history rollups (0: skip)")
+    parser.add_argument(
+        "--history-node-days",
+        type=int,
+        default=7,
+        help="days of node minutes (the capacity page reads at most 7; 30 would take ~20 min to generate here)",
+    )
+    parser.add_argument("--history-jobs", type=int, default=100_000, help="finished jobs over the window")
+    parser.add_argument("--history-requests", type=int, default=20, help="timed requests per history page")
     parser.add_argument(
         "--only",
-        choices=("all", "cluster-map"),
+        choices=("all", "cluster-map", "history"),
         default="all",
-        help="cluster-map: only the cluster map's figures",
+        help="cluster-map: only the cluster map's figures; history: only the history and capacity pages'",
     )
     args = parser.parse_args(argv)
     env = {
@@ -612,21 +839,32 @@ def main(argv: list[str] | None = None) -> int:
         nodes=args.nodes, gpus_per_node=args.gpus_per_node, pending=args.pending, running=running
     )
     built_s = time.perf_counter() - t0
-    only_map = args.only == "cluster-map"
-    times = {} if only_map else server_times(people, args.requests)
+    only = args.only
+    times = server_times(people, args.requests) if only == "all" else None
     push = (
         push_to_dom(env=env, people=people, pages=args.pages, changes=args.changes)
-        if args.pages and not only_map
+        if args.pages and only == "all"
         else None
     )
     (ROOT / "test-artifacts").mkdir(exist_ok=True)
-    shared = share_cards_and_sample(
-        nodes=args.nodes, gpus_per_node=args.gpus_per_node, redis_url=args.redis_url
-    )
-    cluster_map = cluster_map_times(
-        env=env, people=people, loads=args.map_loads, requests=max(5, args.requests // 3)
-    )
-    cluster_map.update(shared)
+    cluster_map = None
+    if only in ("all", "cluster-map"):
+        shared = share_cards_and_sample(
+            nodes=args.nodes, gpus_per_node=args.gpus_per_node, redis_url=args.redis_url
+        )
+        cluster_map = cluster_map_times(
+            env=env, people=people, loads=args.map_loads, requests=max(5, args.requests // 3)
+        )
+        cluster_map.update(shared)
+    built_history = hist = None
+    if args.history_days and only in ("all", "history"):
+        built_history = build_history(
+            people=people,
+            usage_days=args.history_days,
+            node_days=min(args.history_node_days, args.history_days),
+            finished_jobs=args.history_jobs,
+        )
+        hist = history_times(people, args.history_requests)
     result = {
         "benchmark": "portal",
         "cluster": {
@@ -642,18 +880,31 @@ def main(argv: list[str] | None = None) -> int:
         "job_page_p95_ms": times["job_page"]["p95"] if times else None,
         "whatif_p95_ms": times["whatif"]["p95"] if times else None,
         "whatif_cold_ms": times["whatif_cold"]["max"] if times else None,
-        "cluster_map_render_ms": cluster_map["render"]["p95"],
-        "cluster_map_group_open_ms": cluster_map["group_open"]["p95"],
+        "cluster_map_render_ms": cluster_map["render"]["p95"] if cluster_map else None,
+        "cluster_map_group_open_ms": cluster_map["group_open"]["p95"] if cluster_map else None,
         "push_to_dom_p95_ms": push["state_shown"]["p95"] if push else None,
         "push_part_refreshed_p95_ms": push["part_refreshed"]["p95"] if push else None,
+        "history_page_p95_ms": hist["history_30d"]["p95"] if hist else None,
+        "capacity_page_p95_ms": hist["capacity_24h"]["p95"] if hist else None,
+        "history": {
+            "usage_days": args.history_days,
+            "node_minute_days": min(args.history_node_days, args.history_days),
+            "note": "node minutes for the capacity page's longest window (7 d), not 30: generating 43 M rows "
+            "would take far past this benchmark's budget here; the history page reads no node rows",
+            "build": built_history,
+            "pages": hist,
+        }
+        if hist
+        else None,
         "detail": {
-            **times,
+            **(times or {}),
             "push_to_dom": push,
             "pages": args.pages,
             "changes": args.changes,
             "cluster_map": cluster_map,
         },
         "targets": {
+            "history_page_p95_ms": 300,
             "jobs_page_p95_ms": 150,
             "queue_page_p95_ms": 150,
             "job_page_p95_ms": 100,

@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from frontend import cluster, fairness, jobs, team_page, teams, views
+from frontend import cluster, fairness, history, jobs, team_page, teams, views
 
 # A team slug: `ai-lab` or `ai-lab/training` (quotas.models.slug_path_validator).
 TEAM = r"(?P<slug>[a-z0-9][a-z0-9-]*(?:/[a-z0-9][a-z0-9-]*)?)"
@@ -30,6 +30,8 @@ urlpatterns = [
     path("cluster/<str:name>/", cluster.node, name="node"),
     path("cluster/<str:name>/state/", cluster.node_state, name="node_state"),
     path("fairness/", fairness.fairness, name="fairness"),
+    path("history/", history.history_page, name="history"),
+    path("capacity/", history.capacity_page, name="capacity"),
     path("favicon.ico", views.favicon, name="favicon"),
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),

@@ -18,6 +18,7 @@ from scheduling.history.models import (
     GpuEvent,
     GpuFiveMinute,
     ModelMinute,
+    NodeHour,
     NodeMinute,
     TeamMinute,
     UsageHour,
@@ -27,6 +28,7 @@ PARTITIONED = (NodeMinute, GpuFiveMinute)
 # Pruned by delete: model -> its time field.
 DELETED = (
     (ModelMinute, "at"),
+    (NodeHour, "hour"),
     (TeamMinute, "at"),
     (ClusterMinute, "at"),
     (UsageHour, "hour"),

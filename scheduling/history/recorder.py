@@ -25,6 +25,7 @@ from scheduling.history.models import (
     GpuEvent,
     GpuFiveMinute,
     ModelMinute,
+    NodeHour,
     NodeMinute,
     TeamMinute,
     UsageHour,
@@ -101,7 +102,9 @@ def history_record(*, now: datetime | None = None) -> bool:
     with transaction.atomic():
         if not _claim(at, _queue_counts(nodes)):
             return False
-        NodeMinute.objects.bulk_create(_node_rows(at, nodes, gpus, sample_of), batch_size=2000)
+        node_rows = _node_rows(at, nodes, gpus, sample_of)
+        NodeMinute.objects.bulk_create(node_rows, batch_size=2000)
+        _node_hours_add(at, node_rows)
         _gpu_windows_add(at, gpus, sample_of)
         ModelMinute.objects.bulk_create(_model_rows(at, gpus, state_of, sample_of))
         TeamMinute.objects.bulk_create(_team_rows(at))
@@ -169,6 +172,25 @@ def _node_rows(at, nodes, gpus, sample_of) -> list[NodeMinute]:
             )
         )
     return rows
+
+
+def _node_hours_add(at: datetime, rows: list[NodeMinute]) -> None:
+    """Add this minute of each node into its hour (the heatmap's rows; one upsert statement a batch)."""
+    table, hour = NodeHour._meta.db_table, at.replace(minute=0)
+    sql = f"""INSERT INTO {table} (node_id, hour, minutes, gpus, allocated_milli_sum, util_pct_sum, util_minutes)
+              VALUES (%s, %s, 1, %s, %s, %s, %s)
+              ON CONFLICT (node_id, hour) DO UPDATE SET
+                minutes = {table}.minutes + 1, gpus = EXCLUDED.gpus,
+                allocated_milli_sum = {table}.allocated_milli_sum + EXCLUDED.allocated_milli_sum,
+                util_pct_sum = {table}.util_pct_sum + EXCLUDED.util_pct_sum,
+                util_minutes = {table}.util_minutes + EXCLUDED.util_minutes"""
+    values = [
+        (r.node_id, hour, r.gpus, r.allocated_milli, r.util_pct or 0.0, int(r.util_pct is not None))
+        for r in rows
+    ]
+    if values:
+        with connection.cursor() as cursor:
+            cursor.executemany(sql, values)
 
 
 def _gpu_windows_add(at: datetime, gpus: list[_GpuRow], sample_of: dict[int, dict]) -> None:

@@ -17,20 +17,23 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import connection
+from django.db.models import Count, Min
 
 from quotas.models import PriorityClass, Team
-from scheduling.choices import JobState
+from scheduling.agents.live_metrics import live_metrics_for_nodes
+from scheduling.choices import GpuHealth, JobState, NodeState
 from scheduling.engine import types as eng
 from scheduling.history.models import (
     ClusterMinute,
     GpuEvent,
     GpuFiveMinute,
     ModelMinute,
+    NodeHour,
     NodeMinute,
     TeamMinute,
     UsageHour,
 )
-from scheduling.inventory.models import Gpu, GpuModel
+from scheduling.inventory.models import Gpu, GpuModel, Node
 from scheduling.jobs.models import Job, JobEvent
 
 MILLI = eng.WHOLE_GPU_MILLI
@@ -66,8 +69,19 @@ def _epoch(column: str) -> str:
     return f"CAST(strftime('%%s', {column}) AS INTEGER)"
 
 
-def _bucket(column: str, step_s: int) -> str:
+def _bucket_key(column: str, step_s: int) -> str:
+    """What rows are grouped by: the bucket's start (PostgreSQL's date_bin, twice as fast as arithmetic on the
+    numeric EXTRACT gives), or its Unix second on SQLite."""
+    if connection.vendor == "postgresql":
+        return f"date_bin(INTERVAL '{int(step_s)} seconds', {column}, TIMESTAMPTZ 'epoch')"
     return f"(FLOOR({_epoch(column)} / {int(step_s)}) * {int(step_s)})"
+
+
+def _bucket(column: str, step_s: int) -> str:
+    """The bucket's start in Unix seconds, computed once per group (GROUP BY the _bucket_key)."""
+    if connection.vendor == "postgresql":
+        return f"EXTRACT(EPOCH FROM {_bucket_key(column, step_s)})"
+    return _bucket_key(column, step_s)
 
 
 def _fetch(sql: str, params: Sequence[Any]) -> list[tuple]:
@@ -108,7 +122,7 @@ def capacity_series(*, w: Window) -> list[dict[str, Any]]:
     rows = _fetch(
         f"""SELECT model_id, {_bucket("at", w.step_s)} AS b, AVG(ready_gpus), AVG(allocated_milli) / {MILLI},
                    AVG(used_milli) / {MILLI}, AVG(free_gpus), AVG(stranded_milli) / {MILLI}
-            FROM {table} WHERE at >= %s AND at < %s GROUP BY model_id, b ORDER BY model_id, b""",
+            FROM {table} WHERE at >= %s AND at < %s GROUP BY model_id, {_bucket_key("at", w.step_s)} ORDER BY model_id, b""",
         [w.since, w.until],
     )
     names = dict(GpuModel.objects.values_list("pk", "name"))
@@ -131,7 +145,7 @@ def node_heatmap(*, node_ids: Collection[int], w: Window) -> dict[int, dict[int,
     table = NodeMinute._meta.db_table
     rows = _fetch(
         f"""SELECT node_id, {_bucket("at", w.step_s)} AS b, AVG(util_pct) FROM {table}
-            WHERE node_id IN ({_marks(node_ids)}) AND at >= %s AND at < %s GROUP BY node_id, b""",
+            WHERE node_id IN ({_marks(node_ids)}) AND at >= %s AND at < %s GROUP BY node_id, {_bucket_key("at", w.step_s)}""",
         [*node_ids, w.since, w.until],
     )
     out: dict[int, dict[int, float | None]] = {}
@@ -146,7 +160,7 @@ def node_series(*, node_id: int, w: Window) -> dict[str, list]:
     rows = _fetch(
         f"""SELECT {_bucket("at", w.step_s)} AS b, AVG(allocated_milli) / {MILLI}, AVG(util_pct) * AVG(gpus) / 100,
                    AVG(memory_allocated_mib) / 1024, AVG(memory_used_mib) / 1024, AVG(power_w)
-            FROM {table} WHERE node_id = %s AND at >= %s AND at < %s GROUP BY b ORDER BY b""",
+            FROM {table} WHERE node_id = %s AND at >= %s AND at < %s GROUP BY {_bucket_key("at", w.step_s)} ORDER BY b""",
         [node_id, w.since, w.until],
     )
     return _columns(
@@ -174,7 +188,7 @@ def gpu_series(*, node_id: int, w: Window) -> list[dict[str, Any]]:
                    MAX(memory_allocated_mib) / 1024.0, MAX(temperature_c_max), SUM(power_w_sum) / SUM(samples),
                    SUM(sm_clock_mhz_sum) / SUM(samples)
             FROM {table} WHERE node_id = %s AND at >= %s AND at < %s AND samples > 0
-            GROUP BY gpu_id, b ORDER BY gpu_id, b""",
+            GROUP BY gpu_id, {_bucket_key("at", step)} ORDER BY gpu_id, b""",
         [node_id, w.since, w.until],
     )
     index_of = dict(Gpu.objects.filter(node_id=node_id).values_list("pk", "index"))
@@ -216,7 +230,7 @@ def team_series(*, team_id: int, w: Window) -> dict[str, list]:
         f"""SELECT {_bucket("at", w.step_s)} AS b, AVG(guaranteed_milli) / {MILLI}, AVG(limit_milli) / {MILLI},
                    AVG(held_milli) / {MILLI}, AVG(borrowed_milli) / {MILLI}, AVG(pending_milli) / {MILLI},
                    AVG(fair_share_milli) / {MILLI}
-            FROM {table} WHERE team_id = %s AND at >= %s AND at < %s GROUP BY b ORDER BY b""",
+            FROM {table} WHERE team_id = %s AND at >= %s AND at < %s GROUP BY {_bucket_key("at", w.step_s)} ORDER BY b""",
         [team_id, w.since, w.until],
     )
     return _columns(rows, TEAM_MEASURES, w=w)
@@ -241,6 +255,12 @@ def _wait_expr() -> str:
     return f"({_epoch('started_at')} - {_epoch('submitted_at')})"
 
 
+def _wait_mean() -> str:
+    if connection.vendor == "postgresql":
+        return "EXTRACT(EPOCH FROM AVG(started_at - submitted_at))"
+    return f"AVG({_wait_expr()})"
+
+
 def wait_stats(
     *, since: datetime, until: datetime, team_ids: Collection[int] | None = None
 ) -> dict[str, Any]:
@@ -254,22 +274,45 @@ def wait_stats(
             return {"jobs": 0, "wait_mean_s": None, "wait_p95_s": None}
         where += f" AND team_id IN ({_marks(team_ids)})"
         params += list(team_ids)
-    count, mean = _fetch(f"SELECT COUNT(*), AVG({_wait_expr()}) FROM {table} WHERE {where}", params)[0]
+    count, mean = _fetch(f"SELECT COUNT(*), {_wait_mean()} FROM {table} WHERE {where}", params)[0]
     if not count:
         return {"jobs": 0, "wait_mean_s": None, "wait_p95_s": None}
-    offset = max(0, math.ceil(0.95 * count) - 1)
+    p95 = wait_p95_s(since=since, until=until, jobs=int(count), team_ids=team_ids)
+    return {"jobs": int(count), "wait_mean_s": round(float(mean), 1), "wait_p95_s": p95}
+
+
+def wait_p95_s(
+    *, since: datetime, until: datetime, jobs: int, team_ids: Collection[int] | None = None
+) -> float | None:
+    """The 95th-percentile wait (s) of the `jobs` jobs that started in the window (a count the caller has)."""
+    if not jobs:
+        return None
+    table = Job._meta.db_table
+    where = "started_at >= %s AND started_at < %s"
+    params: list[Any] = [since, until]
+    if team_ids is not None:
+        where += f" AND team_id IN ({_marks(team_ids)})"
+        params += list(team_ids)
+    count = jobs
+    # The p95 row counted from the top (the ceil(0.95 n)-th smallest): the database keeps a heap of the
+    # longest 5 % instead of sorting every wait. On PostgreSQL the wait is interval arithmetic, read from the
+    # (started_at) index that carries submitted_at.
+    from_top = count - max(1, math.ceil(0.95 * count))
+    wait = "(started_at - submitted_at)" if connection.vendor == "postgresql" else _wait_expr()
+    seconds = f"EXTRACT(EPOCH FROM {wait})" if connection.vendor == "postgresql" else wait
     p95 = _fetch(
-        f"SELECT {_wait_expr()} AS w FROM {table} WHERE {where} ORDER BY w LIMIT 1 OFFSET {offset}", params
-    )[0][0]
-    return {"jobs": int(count), "wait_mean_s": round(float(mean), 1), "wait_p95_s": round(float(p95), 1)}
+        f"SELECT {seconds} FROM {table} WHERE {where} ORDER BY {wait} DESC LIMIT 1 OFFSET {int(from_top)}",
+        params,
+    )
+    return round(float(p95[0][0]), 1) if p95 else None
 
 
 def wait_series(*, w: Window, step_s: int = 86400) -> dict[str, list]:
     """Mean wait from submit to start of the jobs that started in each bucket (s), and how many started."""
     table = Job._meta.db_table
     rows = _fetch(
-        f"""SELECT {_bucket("started_at", step_s)} AS b, AVG({_wait_expr()}), COUNT(*) FROM {table}
-            WHERE started_at >= %s AND started_at < %s GROUP BY b ORDER BY b""",
+        f"""SELECT {_bucket("started_at", step_s)} AS b, {_wait_mean()}, COUNT(*) FROM {table}
+            WHERE started_at >= %s AND started_at < %s GROUP BY {_bucket_key("started_at", step_s)} ORDER BY b""",
         [w.since, w.until],
     )
     return _columns(rows, ("wait_mean_s", "started_jobs"), w=Window(w.name, w.since, w.until, step_s))
@@ -351,7 +394,7 @@ def usage_series(
         params += list(team_ids)
     rows = _fetch(
         f"""SELECT {_bucket("hour", step_s)} AS b, SUM(gpu_seconds) / 3600, SUM(idle_gpu_seconds) / 3600
-            FROM {table} WHERE {where} GROUP BY b ORDER BY b""",
+            FROM {table} WHERE {where} GROUP BY {_bucket_key("hour", step_s)} ORDER BY b""",
         params,
     )
     return _columns(rows, ("gpu_hours", "idle_gpu_hours"), w=Window(w.name, w.since, w.until, step_s))
@@ -361,7 +404,160 @@ def queue_series(*, w: Window) -> dict[str, list]:
     table = ClusterMinute._meta.db_table
     rows = _fetch(
         f"""SELECT {_bucket("at", w.step_s)} AS b, AVG(pending_jobs), MAX(pending_jobs), AVG(running_jobs)
-            FROM {table} WHERE at >= %s AND at < %s GROUP BY b ORDER BY b""",
+            FROM {table} WHERE at >= %s AND at < %s GROUP BY {_bucket_key("at", w.step_s)} ORDER BY b""",
         [w.since, w.until],
     )
     return _columns(rows, ("pending_jobs", "pending_jobs_max", "running_jobs"), w=w)
+
+
+def usage_by_team_user_model(*, since: datetime, until: datetime) -> list[tuple[int, int, int, float, float]]:
+    """(team id, user id, model id, GPU-hours, idle-allocated GPU-hours) for the hours that start in the window:
+    one scan of the hourly rows that the history page sums by team, user and model (a row per person and card
+    model they used, not per hour)."""
+    table = UsageHour._meta.db_table
+    rows = _fetch(
+        f"""SELECT team_id, user_id, model_id, SUM(gpu_seconds) / 3600, SUM(idle_gpu_seconds) / 3600
+            FROM {table} WHERE hour >= %s AND hour < %s GROUP BY team_id, user_id, model_id""",
+        [since, until],
+    )
+    return [(t, u, m, float(h or 0), float(i or 0)) for t, u, m, h, i in rows]
+
+
+def usage_daily(
+    *, w: Window, group: str, team_ids: Collection[int] | None = None, step_s: int = 86400
+) -> dict[int, dict[int, float]]:
+    """GPU-hours per bucket (a day by default) for each team, user or model id: id -> bucket (Unix s) -> hours.
+    One query; the page names the ids and stacks them. `team_ids`: only these teams' rows (None: all)."""
+    if group not in USAGE_GROUPS:
+        raise ValueError(f"group is one of {', '.join(USAGE_GROUPS)}")
+    column = {"team": "team_id", "user": "user_id", "model": "model_id"}[group]
+    table = UsageHour._meta.db_table
+    where, params = "hour >= %s AND hour < %s", [w.since, w.until]
+    if team_ids is not None:
+        if not team_ids:
+            return {}
+        where += f" AND team_id IN ({_marks(team_ids)})"
+        params += list(team_ids)
+    rows = _fetch(
+        f"""SELECT {column}, {_bucket("hour", step_s)} AS b, SUM(gpu_seconds) / 3600 FROM {table}
+            WHERE {where} GROUP BY {column}, {_bucket_key("hour", step_s)}""",
+        params,
+    )
+    out: dict[int, dict[int, float]] = {}
+    for key, b, hours in rows:
+        out.setdefault(key, {})[int(b)] = round(float(hours or 0), 3)
+    return out
+
+
+# --- capacity now, pools and the pool heatmap -------------------------------------------------------------------
+def capacity_now() -> list[dict[str, Any]]:
+    """Per GPU model as the inventory stands: cards, ready, allocated, used (utilisation summed over the cards
+    with a live sample; None where none has one), wholly free, and free capacity stranded on partly allocated
+    ready cards, in GPUs. One aggregating query, plus the live samples."""
+    gpu, node, model = Gpu._meta.db_table, Node._meta.db_table, GpuModel._meta.db_table
+    ready = f"n.state IN ('{NodeState.READY}', '{NodeState.DRAINING}') AND g.health <> '{GpuHealth.FAILED}'"
+    share = (
+        f"{_least()}(1.0, CASE WHEN g.memory_mib > 0 THEN "
+        f"{_greatest()}(1.0 * g.allocated_memory_mib / g.memory_mib, g.allocated_compute_pct / 100.0) "
+        "ELSE g.allocated_compute_pct / 100.0 END)"
+    )
+    rows = _fetch(
+        f"""SELECT m.id, m.name, COUNT(*), SUM(CASE WHEN {ready} THEN 1 ELSE 0 END), SUM({share}),
+                   SUM(CASE WHEN {ready} AND g.allocated_memory_mib = 0 AND g.allocated_compute_pct = 0
+                       THEN 1 ELSE 0 END),
+                   SUM(CASE WHEN {ready} AND (g.allocated_memory_mib > 0 OR g.allocated_compute_pct > 0)
+                       THEN 1 - {share} ELSE 0 END)
+            FROM {gpu} g JOIN {node} n ON n.id = g.node_id JOIN {model} m ON m.id = g.model_id
+            GROUP BY m.id, m.name ORDER BY m.name""",
+        [],
+    )
+    used = _used_now_by_model()
+    return [
+        {
+            "model": name,
+            "gpus": int(gpus),
+            "ready_gpus": int(ready_n or 0),
+            "allocated_gpus": round(float(alloc or 0), 2),
+            "used_gpus": None if model_id not in used else round(used[model_id], 2),
+            "free_gpus": int(free or 0),
+            "stranded_gpus": round(float(stranded or 0), 2),
+        }
+        for model_id, name, gpus, ready_n, alloc, free, stranded in rows
+    ]
+
+
+def _greatest() -> str:
+    return "GREATEST" if connection.vendor == "postgresql" else "MAX"
+
+
+def _used_now_by_model() -> dict[int, float]:
+    """GPU model id -> utilisation summed over its cards' newest live samples (2 cards at 50 % = 1.0)."""
+    live = live_metrics_for_nodes(node_names=Node.objects.values_list("name", flat=True))
+    if not live:
+        return {}
+    used: dict[int, float] = {}
+    for name, index, model_id in Gpu.objects.filter(node__name__in=list(live)).values_list(
+        "node__name", "index", "model_id"
+    ):
+        util = (live.get(name, {}).get(index) or {}).get("util_pct")
+        if util is not None:
+            used[model_id] = used.get(model_id, 0.0) + min(100.0, max(0.0, float(util))) / 100
+    return used
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Nodes drawn as one row of the heatmap: those labelled `pool=<name>`, else those of one GPU model."""
+
+    name: str
+    node_ids: tuple[int, ...]
+    gpus: int
+
+
+def node_pools() -> list[Pool]:
+    """The cluster's pools, by name: a node's `pool` label, else its GPU model (nodes without GPUs: "no GPUs")."""
+    model_of = dict(
+        Gpu.objects.values("node_id").annotate(m=Min("model__name")).values_list("node_id", "m").order_by()
+    )
+    gpus_of = dict(
+        Gpu.objects.values("node_id").annotate(n=Count("id")).values_list("node_id", "n").order_by()
+    )
+    members: dict[str, list[int]] = {}
+    for pk, labels in Node.objects.order_by("name").values_list("pk", "labels"):
+        pool = (labels or {}).get("pool") if isinstance(labels, dict) else None
+        members.setdefault(str(pool or model_of.get(pk) or "no GPUs"), []).append(pk)
+    return sorted(
+        (Pool(name, tuple(ids), sum(gpus_of.get(i, 0) for i in ids)) for name, ids in members.items()),
+        key=lambda p: p.name,
+    )
+
+
+def pool_heatmap(*, pools: Sequence[Pool], w: Window) -> dict[str, dict[int, tuple[float | None, float]]]:
+    """pool name -> bucket (Unix s, whole hours) -> (mean utilisation %, allocated %) of the pool's cards,
+    weighting each node by its GPUs, from the hourly node rows. One aggregating query: the node -> pool map
+    travels as a VALUES list. A pool of one node is that node's row (the per-node heatmap)."""
+    pairs = [(node_id, i) for i, p in enumerate(pools) for node_id in p.node_ids]
+    if not pairs:
+        return {}
+    table = NodeHour._meta.db_table
+    values = ", ".join(["(%s, %s)"] * len(pairs))
+    # A few nodes (one page of a pool): name them, so their rows are read by the (node_id, hour) key.
+    few = f"AND h.node_id IN ({_marks(pairs)})" if len(pairs) <= 200 else ""
+    step = max(3600, w.step_s)
+    since = datetime.fromtimestamp(math.floor(w.since.timestamp() / step) * step, UTC)
+    rows = _fetch(
+        f"""WITH pool_of(node_id, pool) AS (VALUES {values})
+            SELECT p.pool, {_bucket("h.hour", step)} AS b,
+                   SUM(h.util_pct_sum * h.gpus) / NULLIF(SUM(h.util_minutes * h.gpus), 0),
+                   SUM(h.allocated_milli_sum) * {100 / MILLI} / NULLIF(SUM(h.minutes * h.gpus), 0)
+            FROM {table} h JOIN pool_of p ON p.node_id = h.node_id
+            WHERE h.hour >= %s AND h.hour < %s {few} GROUP BY p.pool, {_bucket_key("h.hour", step)}""",
+        [*(v for pair in pairs for v in pair), since, w.until, *([n for n, _ in pairs] if few else [])],
+    )
+    out: dict[str, dict[int, tuple[float | None, float]]] = {}
+    for pool, b, util, alloc in rows:
+        out.setdefault(pools[pool].name, {})[int(b)] = (
+            None if util is None else round(float(util), 1),
+            round(float(alloc or 0), 1),
+        )
+    return out

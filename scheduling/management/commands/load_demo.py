@@ -9,8 +9,18 @@ from scheduling.demo import demo_logins, load_demo
 class Command(BaseCommand):
     help = "Load the seed case-study cluster, teams, users and some jobs. Safe to run twice."
 
-    def handle(self, *args, **options):
-        load_demo(token_dir=settings.VAR_DIR / "agent-tokens")
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--history-days",
+            type=int,
+            default=7,
+            help="days of generated past history (rollups derived from the demo's nodes and teams, with a "
+            "working-day load curve) so the History and Capacity pages show something at once; 0: none. "
+            "Skipped when history is already recorded.",
+        )
+
+    def handle(self, *args, history_days: int, **options):
+        load_demo(token_dir=settings.VAR_DIR / "agent-tokens", history_days=history_days)
         self.stdout.write(
             self.style.SUCCESS("Demo data loaded. Sign in at /login/ (staff also reach /admin/):")
         )

@@ -1,0 +1,48 @@
+"""The history and capacity pages in Chromium: with two days of generated history behind the live cluster (the
+demo's backfill), the charts are drawn (uPlot canvases with their legends and axis labels), the heatmap has a
+row per pool with its legend, and a pool opens into its nodes. Screenshots under test-artifacts/."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def with_history(cluster_for_test):
+    from scheduling.demo import history_backfill
+    from scheduling.history.models import ClusterMinute
+
+    first = ClusterMinute.objects.order_by("at").values_list("at", flat=True).first()
+    history_backfill(days=2, now=first or datetime.now(UTC))
+    return cluster_for_test
+
+
+def test_history_and_capacity_draw_their_charts_and_heatmap(browse, with_history):
+    page = browse("alice")
+    page.goto("/history/?window=7d")
+    page.wait_for_selector("[data-chart='chart-usage'] canvas")
+    assert page.locator(".chart canvas").count() == 3
+    legend = page.locator("[data-chart='chart-usage'] .u-legend").inner_text()
+    assert "pipe-lab" in legend  # the teams' series, by name
+    # uPlot draws its axes on the canvas: the labels it was given are the chart's JSON.
+    assert '"label": "GPU-hours per day"' in page.locator("#chart-usage").text_content()
+    assert page.get_by_role("table").filter(has_text="By team").count() == 1
+    browse.shots(page, "history")
+
+    page.goto("/capacity/?window=7d")
+    page.wait_for_selector("[data-chart='chart-stranded'] canvas")
+    assert page.locator(".heatmap .heat-row").count() >= 2  # the ticks and at least one pool
+    assert "90–100 %" in page.locator(".heat-legend").inner_text()
+    cell = page.locator(".heatmap .heat-cells i").last
+    assert "allocated" in cell.get_attribute("title")
+    browse.shots(page, "capacity")
+
+    page.locator(".heatmap .heat-label a").first.click()
+    page.wait_for_selector("text=All pools")
+    assert "Nodes 1–" in page.locator("#heatmap").inner_text()
+    browse.shots(page, "capacity-pool")
+    assert not page.errors

@@ -1,0 +1,102 @@
+"""The history and capacity pages through Django's test client: a member sees other teams' usage as teams, never
+their users; the window is one the page offers, whatever is asked; the heatmap's pools and their nodes."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.test import Client
+
+from scheduling.history import recorder
+from scheduling.history.models import UsageHour
+from scheduling.inventory.models import Gpu, Node
+
+pytestmark = pytest.mark.django_db
+
+
+def _signed_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _usage(team, user, model_id, *, hours_ago: int, gpu_hours: float) -> None:
+    hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=hours_ago)
+    UsageHour.objects.create(
+        hour=hour, team_id=team.pk, user_id=user.pk, model_id=model_id, gpu_seconds=gpu_hours * 3600
+    )
+
+
+def _chart(page: str, element_id: str) -> dict:
+    start = page.index(f'<script id="{element_id}" type="application/json">') + len(
+        f'<script id="{element_id}" type="application/json">'
+    )
+    return json.loads(page[start : page.index("</script>", start)])
+
+
+def test_a_member_sees_other_teams_as_teams_and_their_users_only_as_other_teams(alice, bob, teams, node):
+    model = Gpu.objects.filter(node=node).first().model_id
+    _usage(teams["training"], alice, model, hours_ago=2, gpu_hours=10)
+    _usage(teams["inference"], bob, model, hours_ago=3, gpu_hours=4)
+
+    page = _signed_in(alice).get("/history/?by=user").content.decode()
+    assert "ai-lab/inference" in page  # team totals are everyone's
+    assert "bob" not in page  # not in the tables, not in the chart
+    assert "other teams" in page
+    series = {s["label"]: sum(s["values"]) for s in _chart(page, "chart-usage")["series"]}
+    assert series == {"alice": 10.0, "other teams": 4.0}
+
+    bob_page = _signed_in(bob).get("/history/?by=user").content.decode()
+    assert "alice" not in bob_page and "bob" in bob_page
+
+
+def test_staff_see_every_user(admin_user, alice, bob, teams, node):
+    model = Gpu.objects.filter(node=node).first().model_id
+    _usage(teams["training"], alice, model, hours_ago=2, gpu_hours=10)
+    _usage(teams["inference"], bob, model, hours_ago=3, gpu_hours=4)
+    page = _signed_in(admin_user).get("/history/?window=30d&by=user").content.decode()
+    assert "alice" in page and "bob" in page and "other teams" not in page
+
+
+@pytest.mark.parametrize("query", ["?window=1y", "?window=", "?window=24h&by=nobody", "?by=<script>"])
+def test_an_unknown_window_or_grouping_falls_back_to_the_default(alice, query):
+    response = _signed_in(alice).get(f"/history/{query}")
+    assert response.status_code == 200
+    assert 'aria-current="page">Last 7 days' in response.content.decode()
+    capacity = _signed_in(alice).get(f"/capacity/{query}&pool=nowhere")
+    assert capacity.status_code == 200
+    assert 'aria-current="page">Last 24h' in capacity.content.decode()
+
+
+def test_the_pages_ask_for_sign_in(db):
+    assert Client().get("/history/").status_code == 302
+    assert Client().get("/capacity/").status_code == 302
+
+
+def test_capacity_shows_now_by_model_and_a_heatmap_row_per_pool_then_per_node(alice, node):
+    Node.objects.filter(pk=node.pk).update(labels={"pool": "training-pool"})
+    now = datetime.now(UTC)
+    for minute in range(3):
+        recorder.history_record(now=now - timedelta(minutes=minute))
+    page = _signed_in(alice).get("/capacity/").content.decode()
+    assert "A100-80GB" in page and "Now, by GPU model" in page
+    assert "training-pool" in page and "90–100 %" in page  # the pool's row and the legend
+    assert "training-pool, " in page and "0 % allocated" in page  # a cell's title says what it holds
+
+    per_node = _signed_in(alice).get("/capacity/?pool=training-pool&window=7d").content.decode()
+    assert node.name in per_node and "Nodes 1–1 of 1" in per_node
+    assert 'id="capacity-now"' in _signed_in(alice).get("/capacity/?part=now").content.decode()
+
+
+def test_the_demo_writes_a_day_of_generated_history_once(db):
+    from scheduling.demo import load_demo
+    from scheduling.history.models import ClusterMinute, NodeHour, NodeMinute
+
+    load_demo(history_days=1)
+    counts = (ClusterMinute.objects.count(), NodeMinute.objects.count(), UsageHour.objects.count())
+    assert counts[0] == 1440 and counts[1] == 1440 * 6 and counts[2] > 0
+    assert NodeHour.objects.filter(minutes=60).exists()
+    load_demo(history_days=1)  # history is there: nothing twice
+    assert (ClusterMinute.objects.count(), NodeMinute.objects.count(), UsageHour.objects.count()) == counts
