@@ -19,6 +19,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from scheduling.errors import ServiceError
+from scheduling.history import selectors as history
 from scheduling.inventory import cluster_map
 from scheduling.inventory.models import Node
 from scheduling.inventory.services import NODE_STATE_REASON_MAX, node_set_state
@@ -142,7 +143,48 @@ def node(request: HttpRequest, name: str) -> HttpResponse:
     node_row = Node.objects.get(pk=tile.id)
     context["changes"] = cluster_map.node_state_changes(node=node_row)
     context["group_name"] = cluster_map.tile_group(tile)
+    context.update(_node_history(request, node_row))
     return render(request, "frontend/cluster/node.html", context)
+
+
+NODE_WINDOWS = ("1h", "6h", "24h", "7d", "30d")
+# (key in the history, chart title, y label, unit)
+NODE_CHARTS = (
+    ("util_pct", "Utilisation", "SM utilisation", "%"),
+    ("memory_used_gib", "Memory used", "GPU memory used", "GiB"),
+    ("temperature_c", "Temperature", "Temperature", "°C"),
+    ("power_w", "Power", "Power draw", "W"),
+    ("sm_clock_mhz", "SM clock", "SM clock", "MHz"),
+)
+
+
+def _node_history(request: HttpRequest, node_row: Node) -> dict:
+    """The node's GPUs over the chosen window (the time picker), one chart per measure with a line per GPU, and
+    its XID events in the window."""
+    name = request.GET.get("window", "")
+    w = history.window(name if name in NODE_WINDOWS else "", default="24h")
+    found = history.node_gpu_history(node_id=node_row.pk, node_name=node_row.name, w=w)
+    charts = []
+    for key, title, y_label, unit in NODE_CHARTS:
+        series = [{"label": f"GPU {g['index']}", "values": g[key]} for g in found.gpus]
+        charts.append(
+            {
+                "json_id": f"chart-node-{key}",
+                "title": f"{title} over the last {w.name}",
+                "t": found.gpus[0]["t"] if found.gpus else [],
+                "series": series,
+                "y": {"label": f"{y_label} ({unit})", "unit": unit, "min": 0},
+                "kind": "line",
+            }
+        )
+    return {
+        "history_window": w,
+        "history_windows": NODE_WINDOWS,
+        "history_source": found,
+        "history_charts": charts,
+        "history_empty": not any(v is not None for g in found.gpus for k, *_ in NODE_CHARTS for v in g[k]),
+        "gpu_events": history.gpu_events(node_id=node_row.pk, w=w),
+    }
 
 
 @login_required

@@ -167,6 +167,9 @@ TESSERA_METRICS_TOKEN = env.str("TESSERA_METRICS_TOKEN", default="")
 TESSERA_METRICS_ALLOW_NETWORKS = env.list(
     "TESSERA_METRICS_ALLOW_NETWORKS", default=["127.0.0.1/32", "::1/128"]
 )
+# Where the site runs Prometheus (scraping /metrics), the node page reads GPU history from it; else from the
+# portal's own rollups.
+PROMETHEUS_URL = env.str("PROMETHEUS_URL", default="")
 # History (scheduling/history): rollups each minute, kept this many days (docs/operations.md, "History").
 TESSERA_HISTORY_RETENTION_DAYS = env.int("TESSERA_HISTORY_RETENTION_DAYS", default=30)
 TESSERA_HISTORY_INTERVAL_S = env.float("TESSERA_HISTORY_INTERVAL_S", default=60.0)

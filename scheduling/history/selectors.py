@@ -561,3 +561,32 @@ def pool_heatmap(*, pools: Sequence[Pool], w: Window) -> dict[str, dict[int, tup
             round(float(alloc or 0), 1),
         )
     return out
+
+
+@dataclass(frozen=True)
+class GpuHistory:
+    source: str  # "prometheus" or "rollups"
+    note: str  # what to tell the reader about where the figures come from
+    step_s: int
+    gpus: list[dict[str, Any]]
+
+
+def node_gpu_history(*, node_id: int, node_name: str, w: Window) -> GpuHistory:
+    """A node's GPUs over the window: from Prometheus where PROMETHEUS_URL is set (at the window's step), else
+    (or when it does not answer) from the portal's 5-minute rollups."""
+    from scheduling.history import prometheus
+
+    if prometheus.configured():
+        try:
+            found = prometheus.gpu_series(
+                node_name=node_name, since=w.since.timestamp(), until=w.until.timestamp(), step_s=w.step_s
+            )
+            return GpuHistory(
+                "prometheus", "From Prometheus (the dcgm-exporter series of /metrics).", w.step_s, found
+            )
+        except prometheus.PrometheusUnavailable as exc:
+            note = f"{exc}; showing the portal's own 5-minute history instead."
+    else:
+        note = "The portal's own history: each GPU's mean over 5-minute windows (PROMETHEUS_URL unset)."
+    step = max(w.step_s, 300)
+    return GpuHistory("rollups", note, step, gpu_series(node_id=node_id, w=w))
