@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from django.conf import settings
 from django.http import HttpRequest
 
 from scheduling.choices import JobState
@@ -13,4 +14,4 @@ _STATE_LABELS_JSON = json.dumps(dict(JobState.choices))
 
 
 def portal(request: HttpRequest) -> dict:
-    return {"state_labels_json": _STATE_LABELS_JSON}
+    return {"state_labels_json": _STATE_LABELS_JSON, "demo": getattr(settings, "TESSERA_DEMO", False)}

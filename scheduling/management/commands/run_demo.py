@@ -93,6 +93,8 @@ class Command(BaseCommand):
             from django.db import connections
 
             connections["default"].settings_dict.setdefault("OPTIONS", {})["timeout"] = 30
+        # The pages that draw history say that the demo's past was generated (load_demo --history-days).
+        settings.TESSERA_DEMO = True
         agents = [] if no_agents else self._start_agents(f"http://{host}:{port}")
         try:
             self._serve(host, port)
