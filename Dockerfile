@@ -17,9 +17,9 @@ COPY manage.py ./
 # mounted there start out owned by it.
 RUN pip install --no-cache-dir . \
  && useradd --system --uid 10001 --user-group --home-dir /var/lib/tessera --shell /usr/sbin/nologin tessera \
- && mkdir -p /var/lib/tessera/logs /var/lib/tessera-agent \
+ && mkdir -p /var/lib/tessera/logs /var/lib/tessera/metrics /var/lib/tessera-agent \
  && DJANGO_SETTINGS_MODULE=portal.settings python manage.py collectstatic --noinput -v0 \
- && chown tessera:tessera /var/lib/tessera /var/lib/tessera/logs /var/lib/tessera-agent
+ && chown tessera:tessera /var/lib/tessera /var/lib/tessera/logs /var/lib/tessera/metrics /var/lib/tessera-agent
 USER tessera
 
 EXPOSE 8000
