@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from quotas.models import Membership, Team
 from quotas.selectors import team_by_slug, team_ids_for_user
+from quotas.services import quota_may_edit
 from scheduling.cycle.selectors import borrowed_by_team, fair_shares_gpus
 from scheduling.cycle.snapshot import engine_quotas
 from scheduling.history import selectors as history
@@ -147,6 +148,7 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
             ),
         },
         "may_see_people": people,
+        "may_edit_quota": quota_may_edit(actor=request.user, team=team),
     }
     if people:
         hours = {

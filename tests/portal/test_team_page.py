@@ -90,3 +90,8 @@ def test_bad_chargeback_dates_are_named_and_nothing_breaks(alice, teams, node):
 def test_the_teams_list_links_each_team_to_its_page(alice, teams, node):
     page = _signed_in(alice).get("/teams/").content.decode()
     assert '<a href="/teams/ai-lab/training/">ai-lab/training</a>' in page
+
+
+def test_a_team_admin_gets_an_edit_quota_link_and_a_member_does_not(alice, carol, teams, node):
+    assert "/teams/ai-lab/training/quota/" in _signed_in(carol).get("/teams/ai-lab/training/").content.decode()
+    assert "/teams/ai-lab/training/quota/" not in _signed_in(alice).get("/teams/ai-lab/training/").content.decode()
