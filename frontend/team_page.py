@@ -20,6 +20,7 @@ from django.utils import timezone
 from quotas.models import Membership, Team
 from quotas.selectors import team_by_slug, team_ids_for_user
 from quotas.services import quota_may_edit
+from scheduling.cycle.fairness import fairness
 from scheduling.cycle.selectors import borrowed_by_team, fair_shares_gpus
 from scheduling.cycle.snapshot import engine_quotas
 from scheduling.history import selectors as history
@@ -88,6 +89,9 @@ def _now(team: Team) -> dict:
     overall = next((q for q in quotas if q.gpu_model_id is None), None)
     guaranteed = float(overall.guaranteed_gpus) if overall else 0.0
     held = round(alloc.gpus, 3) if alloc else 0.0
+    standing = fairness()
+    lent = round(sum(loan.gpus for loan in standing.loans if loan.lender == team.slug), 3)
+    borrowers = sorted({loan.borrower for loan in standing.loans if loan.lender == team.slug})
     return {
         "quotas": quotas,
         "overall": overall,
@@ -96,6 +100,8 @@ def _now(team: Team) -> dict:
         "held_gpus": held,
         "borrowed_gpus": round(borrowed.gpus, 3) if borrowed else 0.0,
         "unused_guarantee_gpus": round(max(0.0, guaranteed - held), 3),
+        "lent_gpus": lent,
+        "lent_to": borrowers,
         "fair_share_gpus": fair_shares_gpus().get(team.pk),
         "running_jobs": alloc.running_jobs if alloc else 0,
         "pending_jobs": alloc.pending_jobs if alloc else 0,
