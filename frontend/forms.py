@@ -50,6 +50,13 @@ class JobForm(forms.Form):
         label="Checkpoints every",
         help_text="Optional, e.g. 30m: preemption prefers jobs that lose the least work",
     )
+    notify = forms.MultipleChoiceField(
+        required=False,
+        label="Tell me when it",
+        choices=[("start", "starts"), ("end", "ends"), ("fail", "fails"), ("preempt", "is preempted")],
+        widget=forms.CheckboxSelectMultiple,
+        help_text="By email or your webhook (your notification settings); none ticked: your default",
+    )
     cpu = forms.CharField(required=False, label="CPU per node", help_text="cores (4) or millicores (500m)")
     memory = forms.CharField(required=False, label="Host memory per node", help_text="e.g. 64GiB")
     command_form = forms.ChoiceField(
@@ -130,6 +137,8 @@ class JobForm(forms.Form):
                 spec[field] = d[field]
         if d.get("gpu_models"):
             spec["gpu_models"] = list(d["gpu_models"])
+        if d.get("notify"):
+            spec["notify"] = list(d["notify"])
         return {k: v for k, v in spec.items() if v is not None}
 
     def add_spec_error(self, field: str | None, message: str) -> None:
@@ -171,4 +180,5 @@ def initial_from_job(job: Any) -> dict[str, Any]:
         "command": spec["command"],
         "env": "\n".join(f"{k}={v}" for k, v in spec.get("env", {}).items()),
         "workdir": spec.get("workdir", ""),
+        "notify": [e for e in spec.get("notify", "").split(",") if e and e != "none"],
     }

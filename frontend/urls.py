@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from frontend import cluster, fairness, history, jobs, team_page, teams, views
+from frontend import account, cluster, fairness, history, jobs, team_page, teams, views
 
 # A team slug: `ai-lab` or `ai-lab/training` (quotas.models.slug_path_validator).
 TEAM = r"(?P<slug>[a-z0-9][a-z0-9-]*(?:/[a-z0-9][a-z0-9-]*)?)"
@@ -12,6 +12,7 @@ urlpatterns = [
     path("logout/", views.SignOutView.as_view(), name="logout"),
     path("password/", views.PasswordChangeView.as_view(), name="password_change"),
     path("password/done/", views.PasswordChangeDoneView.as_view(), name="password_change_done"),
+    path("account/notifications/", account.notifications, name="notifications"),
     path("jobs/", jobs.jobs, name="jobs"),
     path("jobs/new/", jobs.job_new, name="job_new"),
     path("jobs/new/preview/", jobs.job_new_preview, name="job_new_preview"),

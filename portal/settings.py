@@ -170,6 +170,14 @@ TESSERA_METRICS_ALLOW_NETWORKS = env.list(
 # Where the site runs Prometheus (scraping /metrics), the node page reads GPU history from it; else from the
 # portal's own rollups.
 PROMETHEUS_URL = env.str("PROMETHEUS_URL", default="")
+# Notifications (scheduling/notifications): email through Django's backend, SMTP from EMAIL_URL
+# (smtp+tls://user:password@host:587); the console (the process's output) when unset, as in the demo.
+globals().update(env.email_url("EMAIL_URL", default="consolemail://"))
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="tessera@localhost")
+# The portal's address as people reach it, for links in notifications (empty: paths only).
+TESSERA_PUBLIC_URL = env.str("TESSERA_PUBLIC_URL", default="")
+# A Slack-compatible webhook told of lost nodes and GPU XID errors, besides the staff who asked.
+TESSERA_NOTIFY_ADMIN_WEBHOOK_URL = env.str("TESSERA_NOTIFY_ADMIN_WEBHOOK_URL", default="")
 # History (scheduling/history): rollups each minute, kept this many days (docs/operations.md, "History").
 TESSERA_HISTORY_RETENTION_DAYS = env.int("TESSERA_HISTORY_RETENTION_DAYS", default=30)
 TESSERA_HISTORY_INTERVAL_S = env.float("TESSERA_HISTORY_INTERVAL_S", default=60.0)
@@ -183,6 +191,7 @@ CELERY_BEAT_SCHEDULE = {
     },
     "history-usage": {"task": "scheduling.tasks.history_usage_task", "schedule": 300.0},
     "history-maintain": {"task": "scheduling.tasks.history_maintain_task", "schedule": 3600.0},
+    "notifications-due": {"task": "scheduling.tasks.notifications_due_task", "schedule": 30.0},
 }
 
 # --- Auth, API --------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ SUBMIT_FLAGS = (
     (("--time", "-t"), "max_runtime", "run-time limit, e.g. 2h, 30m, 1h30m"),
     (("--checkpoint-every",), "checkpoint_interval", "how often it checkpoints, e.g. 30m, 2h, 600 (s)"),
     (("--chdir", "-D"), "workdir", "absolute directory the job starts in on its node"),
+    (("--notify",), "notify", "tell me by email/webhook: start,end,fail,preempt, all or none"),
 )
 
 _FLAG_OF = {field: flags[0] for flags, field, _ in SUBMIT_FLAGS}

@@ -7,6 +7,7 @@ fencing lease, each node's desired-state sync).
 from scheduling.cycle.models import NodeSync, SchedulerLease
 from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node, NodeStateChange
 from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
+from scheduling.notifications.models import Notification, NotificationSettings
 
 __all__ = [
     "GangMember",
@@ -18,6 +19,8 @@ __all__ = [
     "Node",
     "NodeStateChange",
     "NodeSync",
+    "Notification",
+    "NotificationSettings",
     "SchedulerLease",
     "Slice",
 ]

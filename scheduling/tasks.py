@@ -7,6 +7,7 @@ from celery import shared_task
 
 from scheduling.cycle import requests, runner, watchdog
 from scheduling.history import recorder
+from scheduling.notifications import services as notifications
 
 
 @shared_task(name=requests.RUN_CYCLE_TASK, ignore_result=True)
@@ -46,3 +47,15 @@ def history_usage_task() -> int:
 def history_maintain_task() -> dict:
     """The next days' partitions; history older than the retention period dropped."""
     return recorder.history_maintain()
+
+
+@shared_task(name=notifications.DELIVER_TASK, ignore_result=True)
+def notification_deliver_task(notification_id: int) -> bool:
+    """Send one notification (queued after the commit that wrote it); a failure schedules its retry."""
+    return notifications.notification_deliver(notification_id=notification_id)
+
+
+@shared_task(ignore_result=True)
+def notifications_due_task() -> int:
+    """Retries that are due, and any first send the queue missed."""
+    return notifications.notifications_deliver_due()

@@ -5,6 +5,7 @@ from rest_framework.routers import DefaultRouter
 
 from scheduling.inventory.api import views as inventory
 from scheduling.jobs.api import views as jobs
+from scheduling.notifications.api import NotificationSettingsView
 
 router = DefaultRouter(trailing_slash=True)
 router.include_root_view = False
@@ -15,5 +16,6 @@ urlpatterns = [
     path("queue/", jobs.QueueView.as_view(), name="queue"),
     path("cluster/", inventory.ClusterView.as_view(), name="cluster"),
     path("usage/", jobs.UsageView.as_view(), name="usage"),
+    path("notifications/", NotificationSettingsView.as_view(), name="notifications"),
     *router.urls,
 ]

@@ -25,6 +25,7 @@ from scheduling.jobs.models import Job, JobEvent, Slice
 from scheduling.jobs.selectors import gang_first_failure
 from scheduling.jobs.services import job_transition
 from scheduling.jobs.states import ACTIVE_STATES
+from scheduling.notifications.services import admin_notify
 from scheduling.realtime import events, groups
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,13 @@ def node_mark_lost(*, node_id: int, now=None) -> list[int]:
         )
         events.publish_after_commit(
             groups.CLUSTER, {"type": "node.changed", "node": node.name, "state": NodeState.LOST}
+        )
+        silent_s = (now - (node.last_heartbeat_at or node.created_at)).total_seconds()
+        admin_notify(
+            kind="node_lost",
+            subject=f"node {node.name} lost",
+            body=f"No heartbeat from {node.name}'s agent for {silent_s:.0f} s: nothing new is placed there. "
+            f"Its {len(job_ids)} running jobs are placed elsewhere once they have surely stopped (the fence).",
         )
     log.warning(
         "node %s lost; its jobs %s are placed elsewhere only once they have surely stopped",

@@ -36,6 +36,7 @@ from scheduling.jobs.chargeback import usage_rows
 from scheduling.jobs.models import Job, Slice
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.jobs.usage import allocations_by_team, pending_demand_milli, slice_share
+from scheduling.notifications.services import admin_notify
 
 log = logging.getLogger(__name__)
 
@@ -396,6 +397,14 @@ def gpu_events_record(*, node_id: int, gpus: list[dict[str, Any]], at: datetime 
         if isinstance(x, int) and not isinstance(x, bool)
     ]
     GpuEvent.objects.bulk_create(rows)
+    if rows:
+        node = Node.objects.filter(pk=node_id).values_list("name", flat=True).first() or str(node_id)
+        codes = ", ".join(f"XID {r.code} on {r.gpu_uuid}" for r in rows[:8])
+        admin_notify(
+            kind="gpu_xid",
+            subject=f"XID error on {node}",
+            body=f"{node} reported {codes}. See /cluster/{node}/.",
+        )
     return len(rows)
 
 

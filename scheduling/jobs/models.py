@@ -42,6 +42,11 @@ class Job(models.Model):
         help_text="How often it checkpoints; empty: an eviction loses all its work. Victims that lose the least "
         "are preferred.",
     )
+    notify = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="The events its owner is told of (start, end, fail, preempt); null: the owner's default.",
+    )
     requeue_on_node_loss = models.BooleanField(
         default=True, help_text="Requeue (else fail) when its node is lost."
     )

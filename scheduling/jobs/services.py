@@ -30,6 +30,7 @@ from scheduling.inventory import selectors as inventory
 from scheduling.inventory.models import Gpu, Node
 from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
 from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES, check_transition
+from scheduling.notifications.services import job_state_notify
 from scheduling.realtime import events
 
 MAX_GPUS_PER_JOB_NODE = 64
@@ -73,6 +74,7 @@ class JobSpec:
     checkpoint_interval_s: int | None = None  # None: an eviction loses all its work
     requeue_on_node_loss: bool = True
     workdir: str = ""
+    notify: tuple[str, ...] | None = None  # start, end, fail, preempt; None: the submitter's default
 
 
 # A spec well formed field by field can still be refused: this cluster can never run it, its fields do not go
@@ -392,6 +394,7 @@ def job_from_spec(
         checkpoint_interval_s=spec.checkpoint_interval_s,
         requeue_on_node_loss=spec.requeue_on_node_loss,
         workdir=spec.workdir,
+        notify=None if spec.notify is None else list(spec.notify),
     )
 
 
@@ -417,6 +420,7 @@ def job_spec_of(job: Job) -> JobSpec:
         checkpoint_interval_s=job.checkpoint_interval_s,
         requeue_on_node_loss=job.requeue_on_node_loss,
         workdir=job.workdir,
+        notify=None if job.notify is None else tuple(job.notify),
     )
 
 
@@ -527,6 +531,7 @@ def job_transition(
         code=code,
         message=message,
     )
+    job_state_notify(job=job, from_state=from_state, to_state=to_state, message=message)
     return job
 
 

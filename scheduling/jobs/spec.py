@@ -14,6 +14,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from scheduling.choices import Topology
+from scheduling.errors import ServiceError
 from scheduling.jobs.documents import SpecError, check_shape, load_document
 from scheduling.jobs.services import (
     CANNOT_RUN,
@@ -25,6 +26,7 @@ from scheduling.jobs.services import (
     JobSpec,
     largest_slice_mib,
 )
+from scheduling.notifications.services import parse_events
 
 MAX_NAME_CHARS = 200
 MAX_COMMAND_CHARS = 64 * 1024
@@ -60,6 +62,7 @@ SPEC_FIELDS = (
     "checkpoint_interval",
     "requeue_on_node_loss",
     "workdir",
+    "notify",
 )
 ALIASES = {
     "gpu_memory_mib": "gpu_memory",
@@ -506,6 +509,11 @@ def spec_from_mapping(data: Any) -> ParsedSpec:
         kwargs["requeue_on_node_loss"] = _bool("requeue_on_node_loss", fields["requeue_on_node_loss"])
     if fields.get("workdir") not in (None, ""):
         kwargs["workdir"] = _workdir(fields["workdir"])
+    if fields.get("notify") is not None:
+        try:
+            kwargs["notify"] = tuple(parse_events(fields["notify"], field="notify"))
+        except ServiceError as exc:
+            raise SpecError(exc.message, field="notify") from None
     if not kwargs.get("gpus") and not kwargs.get("gpu_memory_mib") and not kwargs.get("compute_pct"):
         raise SpecError(
             "Ask for GPUs: set gpus (whole cards) or gpu_memory and/or compute_pct (a slice of one card).",
@@ -561,6 +569,8 @@ def spec_to_mapping(spec: JobSpec, *, team: str | None = None) -> dict[str, Any]
         out["requeue_on_node_loss"] = False
     if spec.workdir:
         out["workdir"] = spec.workdir
+    if spec.notify is not None:
+        out["notify"] = ",".join(spec.notify) or "none"
     return out
 
 

@@ -93,5 +93,10 @@ def test_the_teams_list_links_each_team_to_its_page(alice, teams, node):
 
 
 def test_a_team_admin_gets_an_edit_quota_link_and_a_member_does_not(alice, carol, teams, node):
-    assert "/teams/ai-lab/training/quota/" in _signed_in(carol).get("/teams/ai-lab/training/").content.decode()
-    assert "/teams/ai-lab/training/quota/" not in _signed_in(alice).get("/teams/ai-lab/training/").content.decode()
+    assert (
+        "/teams/ai-lab/training/quota/" in _signed_in(carol).get("/teams/ai-lab/training/").content.decode()
+    )
+    assert (
+        "/teams/ai-lab/training/quota/"
+        not in _signed_in(alice).get("/teams/ai-lab/training/").content.decode()
+    )

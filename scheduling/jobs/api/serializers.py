@@ -126,6 +126,12 @@ class JobDetailSerializer(JobSerializer):
     env = serializers.DictField(child=serializers.CharField(), read_only=True)
     requeue_on_node_loss = serializers.BooleanField(read_only=True)
     workdir = serializers.CharField(read_only=True)
+    notify = serializers.ListField(
+        child=serializers.CharField(),
+        read_only=True,
+        allow_null=True,
+        help_text="Events the submitter is told of; null: their default.",
+    )
     slices = JobSliceSerializer(many=True, read_only=True)
     spec = serializers.SerializerMethodField(help_text="The job as a spec, for 'copy & edit'.")
     can_cancel = serializers.SerializerMethodField()
@@ -170,6 +176,11 @@ class JobSubmitSerializer(serializers.Serializer):
     requeue_on_node_loss = serializers.BooleanField(required=False)
     workdir = serializers.CharField(
         required=False, help_text="Absolute directory the job starts in on its node (default: the agent's)."
+    )
+    notify = serializers.CharField(
+        required=False,
+        help_text="Tell the submitter when it starts, ends, fails or is preempted: 'start,end,fail,preempt', "
+        "'all' or 'none' (default: their own setting).",
     )
 
 

@@ -91,6 +91,8 @@ WORKDIR = {
     f"{sp.MAX_WORKDIR_CHARS} characters.",
 }
 
+_EVENT_WORDS = ["start", "end", "fail", "preempt", "all", "none"]
+_EVENT = f"({'|'.join(_EVENT_WORDS)})"
 PROPERTIES: dict[str, dict[str, Any]] = {
     "name": {"anyOf": [_text(sp.MAX_NAME_CHARS, blank=False), NUMBER]},
     "team": _nullable(
@@ -159,6 +161,16 @@ PROPERTIES: dict[str, dict[str, Any]] = {
     ),
     "requeue_on_node_loss": _nullable({"type": "boolean"}),
     "workdir": _nullable(WORKDIR),
+    "notify": _nullable(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": f"^$|^ *{_EVENT}( *, *{_EVENT})* *$"},
+                {"type": "array", "items": {"type": "string", "enum": _EVENT_WORDS}, "maxItems": 8},
+            ],
+        },
+        "Tell the submitter when the job starts, ends, fails or is preempted: a comma list of start, end, fail, "
+        "preempt (or all, none); unset: their default.",
+    ),
 }
 # The unit-free aliases (scheduling.jobs.spec.ALIASES): give a field under one name only.
 PROPERTIES.update(

@@ -31,6 +31,7 @@ from scheduling.cycle import requests, runner
 from scheduling.cycle.watchdog import lost_jobs_check, nodes_check, preemptions_check
 from scheduling.history import recorder
 from scheduling.inventory.models import GpuLink, Node
+from scheduling.notifications.services import notifications_deliver_due
 
 log = logging.getLogger("tessera.demo")
 
@@ -47,6 +48,7 @@ fi
 exec "{python}" "$@"
 """
 
+NOTIFY_EVERY_S = 5.0
 _AGENT_SHARING = {"timeslice": "time_sliced"}
 
 
@@ -201,6 +203,9 @@ def _stop_demo_jobs(root: Path) -> None:
 def _scheduling_step(state: dict) -> None:
     """Run what is due: cycles while requested (or every interval), the watchdog and the history every interval."""
     now = time.monotonic()
+    if now - state["notified_at"] >= NOTIFY_EVERY_S:
+        state["notified_at"] = now
+        notifications_deliver_due()  # the console's email backend in the demo: instant
     if now - state["history_at"] >= settings.TESSERA_HISTORY_INTERVAL_S:
         state["history_at"] = now
         recorder.history_record()
@@ -219,7 +224,7 @@ def _scheduling_step(state: dict) -> None:
 
 
 async def scheduling_loop() -> None:
-    state = {"cycle_at": 0.0, "watchdog_at": 0.0, "history_at": 0.0, "usage_rolls": 0}
+    state = {"cycle_at": 0.0, "watchdog_at": 0.0, "history_at": 0.0, "usage_rolls": 0, "notified_at": 0.0}
     step = sync_to_async(_scheduling_step, thread_sensitive=True)
     while True:
         try:

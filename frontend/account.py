@@ -1,0 +1,74 @@
+"""The signed-in user's own settings: how they are told of their jobs (/account/notifications/)."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+
+from scheduling.errors import ServiceError
+from scheduling.notifications.services import notification_settings_save, settings_of
+
+JOB_EVENT_CHOICES = [("start", "starts"), ("end", "ends"), ("fail", "fails"), ("preempt", "is preempted")]
+ADMIN_EVENT_CHOICES = [("node_lost", "a node is lost"), ("gpu_xid", "a GPU reports an XID error")]
+
+
+class NotificationForm(forms.Form):
+    job_events = forms.MultipleChoiceField(
+        required=False,
+        label="Tell me when a job of mine",
+        choices=JOB_EVENT_CHOICES,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="For jobs that say nothing themselves (tessera submit --notify, the submit form's boxes).",
+    )
+    email = forms.BooleanField(required=False, label="By email")
+    webhook_url = forms.CharField(
+        required=False,
+        max_length=500,
+        label="And to this webhook",
+        help_text="A Slack-compatible incoming webhook URL",
+    )
+    admin_events = forms.MultipleChoiceField(
+        required=False,
+        label="Staff: tell me when",
+        choices=ADMIN_EVENT_CHOICES,
+        widget=forms.CheckboxSelectMultiple,
+    )
+
+
+@login_required
+def notifications(request: HttpRequest) -> HttpResponse:
+    prefs = settings_of(request.user)
+    if request.method == "POST":
+        form = NotificationForm(request.POST)
+        if form.is_valid():
+            d = form.cleaned_data
+            try:
+                notification_settings_save(
+                    user=request.user,
+                    job_events=d["job_events"],
+                    email=d["email"],
+                    webhook_url=d["webhook_url"],
+                    admin_events=d["admin_events"] if request.user.is_staff else None,
+                )
+            except ServiceError as exc:
+                form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+            else:
+                messages.success(request, "Notification settings saved.")
+                return redirect("frontend:notifications")
+    else:
+        form = NotificationForm(
+            initial={
+                "job_events": prefs.job_events,
+                "email": prefs.email,
+                "webhook_url": prefs.webhook_url,
+                "admin_events": prefs.admin_events,
+            }
+        )
+    if not request.user.is_staff:
+        del form.fields["admin_events"]
+    return render(
+        request, "frontend/account/notifications.html", {"form": form, "email_address": request.user.email}
+    )

@@ -1,0 +1,58 @@
+"""/api/v1/notifications/: the caller's notification defaults (GET, PUT)."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from scheduling.notifications.models import ADMIN_EVENTS, JOB_EVENTS
+from scheduling.notifications.services import notification_settings_save, settings_of
+
+
+class NotificationSettingsSerializer(serializers.Serializer):
+    job_events = serializers.ListField(
+        child=serializers.ChoiceField(choices=JOB_EVENTS),
+        help_text="Told of these for jobs that name none (a job's own `notify` wins).",
+    )
+    email = serializers.BooleanField(help_text="By email to the account's address.")
+    webhook_url = serializers.CharField(
+        allow_blank=True, max_length=500, help_text="A Slack-compatible webhook."
+    )
+    admin_events = serializers.ListField(
+        child=serializers.ChoiceField(choices=ADMIN_EVENTS), required=False, help_text="Staff only."
+    )
+
+
+def _body(prefs) -> dict:
+    return {
+        "job_events": list(prefs.job_events or []),
+        "email": prefs.email,
+        "webhook_url": prefs.webhook_url,
+        "admin_events": list(prefs.admin_events or []),
+    }
+
+
+class NotificationSettingsView(APIView):
+    """How the caller is told of their jobs' starts, ends, failures and preemptions (and, for staff, of lost nodes
+    and GPU XID errors)."""
+
+    @extend_schema(responses=NotificationSettingsSerializer)
+    def get(self, request: Request) -> Response:
+        return Response(_body(settings_of(request.user)))
+
+    @extend_schema(request=NotificationSettingsSerializer, responses=NotificationSettingsSerializer)
+    def put(self, request: Request) -> Response:
+        given = NotificationSettingsSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        data = given.validated_data
+        prefs = notification_settings_save(  # a refusal (ServiceError) is the API's 400, naming the field
+            user=request.user,
+            job_events=data["job_events"],
+            email=data["email"],
+            webhook_url=data["webhook_url"],
+            admin_events=data.get("admin_events") if request.user.is_staff else None,
+        )
+        return Response(_body(prefs))

@@ -1,0 +1,248 @@
+"""Writes for notifications. A job's state change and an admin event each write outbox rows in the transaction
+that made them (cheap inserts); delivery happens after commit, in a Celery task (or the embedded loop), never
+in the scheduling cycle, and is retried with backoff: 30 s, 1, 2, 4 ... minutes, up to MAX_ATTEMPTS."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+import requests
+from celery import current_app
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.mail import send_mail
+from django.db import transaction
+from django.utils import timezone
+
+from scheduling.choices import JobState
+from scheduling.errors import ServiceError
+from scheduling.notifications.models import ADMIN_EVENTS, JOB_EVENTS, Notification, NotificationSettings
+
+log = logging.getLogger(__name__)
+
+DELIVER_TASK = "scheduling.tasks.notification_deliver_task"
+MAX_ATTEMPTS = 8
+FIRST_RETRY_S = 30
+MAX_RETRY_S = 3600
+WEBHOOK_TIMEOUT_S = 5.0
+WEBHOOK_URL_MAX = 500
+MAX_EVENT_WORDS = 8
+
+# A job state -> the event its owner may ask to hear of (sbatch --mail-type's BEGIN, END, FAIL, and preemption).
+EVENT_OF_STATE = {
+    JobState.RUNNING: "start",
+    JobState.SUCCEEDED: "end",
+    JobState.CANCELLED: "end",
+    JobState.FAILED: "fail",
+    JobState.LOST: "fail",
+    JobState.PREEMPTED: "preempt",
+}
+
+
+def parse_events(value: Any, *, field: str = "notify", allowed: tuple[str, ...] = JOB_EVENTS) -> list[str]:
+    """ "start,end" or ["start", "end"] (also "all" and "none"; "" is none) into the events, in a fixed order; an
+    unknown word is refused, naming it. Words as written: lower case, spaces around commas allowed."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        words = [] if not value.strip(" ") else [w.strip(" ") for w in value.split(",")]
+    elif isinstance(value, (list, tuple)) and all(isinstance(w, str) for w in value):
+        words = list(value)
+    else:
+        raise ServiceError(f"{field} is a comma list of {', '.join(allowed)} (or all, none).", field=field)
+    if len(words) > MAX_EVENT_WORDS:
+        raise ServiceError(
+            f"{field} names at most {MAX_EVENT_WORDS} events.", field=field, limit=str(MAX_EVENT_WORDS)
+        )
+    chosen: set[str] = set()
+    for word in words:
+        if word == "none":
+            continue
+        if word == "all":
+            chosen.update(allowed)
+        elif word in allowed:
+            chosen.add(word)
+        else:
+            raise ServiceError(
+                f"{field}: unknown event {word[:30]!r}; use {', '.join(allowed)}, all or none.", field=field
+            )
+    return [e for e in allowed if e in chosen]
+
+
+def settings_of(user: AbstractBaseUser) -> NotificationSettings:
+    found = NotificationSettings.objects.filter(user=user).first()
+    return found or NotificationSettings(user=user)
+
+
+def notification_settings_save(
+    *, user: AbstractBaseUser, job_events: Any, email: bool, webhook_url: str, admin_events: Any = None
+) -> NotificationSettings:
+    """A user's defaults. The webhook must be an http(s) URL of at most 500 characters."""
+    url = (webhook_url or "").strip()
+    if url and not (url.startswith("https://") or url.startswith("http://")):
+        raise ServiceError("webhook_url must start with https:// (or http://).", field="webhook_url")
+    if len(url) > WEBHOOK_URL_MAX:
+        raise ServiceError(
+            f"webhook_url is at most {WEBHOOK_URL_MAX} characters.",
+            field="webhook_url",
+            limit=str(WEBHOOK_URL_MAX),
+        )
+    found = settings_of(user)
+    found.job_events = parse_events(job_events, field="job_events")
+    found.email = bool(email)
+    found.webhook_url = url
+    if admin_events is not None:
+        found.admin_events = parse_events(admin_events, field="admin_events", allowed=ADMIN_EVENTS)
+    found.save()
+    return found
+
+
+def _deliver_after_commit(ids: list[int]) -> None:
+    if not ids or settings.CELERY_TASK_ALWAYS_EAGER:
+        return  # embedded: the demo loop delivers what is due, off the request and the cycle
+
+    def send() -> None:
+        for pk in ids:
+            try:
+                current_app.send_task(DELIVER_TASK, args=[pk])
+            except Exception as exc:  # the periodic sweep delivers it later
+                log.warning("notification %s not queued: %s", pk, exc)
+
+    transaction.on_commit(send)
+
+
+def _messages_for(
+    user: AbstractBaseUser, kind: str, subject: str, body: str, job_id: int | None
+) -> list[Notification]:
+    prefs = settings_of(user)
+    now = timezone.now()
+    out = []
+    if prefs.email and getattr(user, "email", ""):
+        out.append(
+            Notification(
+                user=user,
+                job_id=job_id,
+                kind=kind,
+                channel=Notification.EMAIL,
+                target=user.email,
+                subject=subject,
+                body=body,
+                next_attempt_at=now,
+            )
+        )
+    if prefs.webhook_url:
+        out.append(
+            Notification(
+                user=user,
+                job_id=job_id,
+                kind=kind,
+                channel=Notification.WEBHOOK,
+                target=prefs.webhook_url,
+                subject=subject,
+                body=body,
+                next_attempt_at=now,
+            )
+        )
+    return out
+
+
+def job_state_notify(*, job, from_state: str, to_state: str, message: str = "") -> list[Notification]:
+    """Called by job_transition: the owner's notifications for this change, if they asked for its event."""
+    kind = EVENT_OF_STATE.get(to_state)
+    if kind is None:
+        return []
+    wanted = job.notify if job.notify is not None else settings_of(job.submitter).job_events
+    if kind not in (wanted or []):
+        return []
+    words = {"start": "started", "end": to_state, "fail": to_state, "preempt": "was preempted"}[kind]
+    subject = f"[Tessera] job {job.pk} {job.name} {words}"
+    url = (
+        f"{settings.TESSERA_PUBLIC_URL.rstrip('/')}/jobs/{job.pk}/"
+        if settings.TESSERA_PUBLIC_URL
+        else f"/jobs/{job.pk}/"
+    )
+    body = (
+        f"Job {job.pk} ({job.name}, {job.team.slug}) went from {from_state} to {to_state}.\n{message}\n{url}"
+    )
+    rows = Notification.objects.bulk_create(_messages_for(job.submitter, kind, subject, body.strip(), job.pk))
+    _deliver_after_commit([r.pk for r in rows])
+    return rows
+
+
+def admin_notify(*, kind: str, subject: str, body: str) -> list[Notification]:
+    """A cluster event for staff who want it (node_lost, gpu_xid), and the site's admin webhook if set."""
+    staff = get_user_model().objects.filter(is_staff=True, is_active=True)
+    rows: list[Notification] = []
+    for user in staff:
+        if kind in settings_of(user).admin_events:
+            rows += _messages_for(user, kind, f"[Tessera] {subject}", body, None)
+    if settings.TESSERA_NOTIFY_ADMIN_WEBHOOK_URL:
+        rows.append(
+            Notification(
+                kind=kind,
+                channel=Notification.WEBHOOK,
+                target=settings.TESSERA_NOTIFY_ADMIN_WEBHOOK_URL,
+                subject=f"[Tessera] {subject}",
+                body=body,
+                next_attempt_at=timezone.now(),
+            )
+        )
+    rows = Notification.objects.bulk_create(rows)
+    _deliver_after_commit([r.pk for r in rows])
+    return rows
+
+
+def _send(n: Notification) -> None:
+    if n.channel == Notification.EMAIL:
+        send_mail(n.subject, n.body, settings.DEFAULT_FROM_EMAIL, [n.target], fail_silently=False)
+        return
+    payload = {"text": f"*{n.subject}*\n{n.body}", "tessera": {"kind": n.kind, "job_id": n.job_id}}
+    response = requests.post(n.target, json=payload, timeout=WEBHOOK_TIMEOUT_S)
+    if not 200 <= response.status_code < 300:
+        raise RuntimeError(f"the webhook answered {response.status_code}")
+
+
+def notification_deliver(*, notification_id: int) -> bool:
+    """Send one notification if still due; on failure, schedule the next attempt (or give up after the last).
+    Safe to run twice at once: the row is taken with SKIP LOCKED."""
+    with transaction.atomic():
+        n = (
+            Notification.objects.select_for_update(skip_locked=True)
+            .filter(pk=notification_id, sent_at__isnull=True, failed_at__isnull=True)
+            .first()
+        )
+        if n is None:
+            return False
+        n.attempts += 1
+        try:
+            _send(n)
+        except Exception as exc:  # noqa: BLE001 - any failure is retried, and said
+            n.last_error = f"{type(exc).__name__}: {exc}"[:300]
+            if n.attempts >= MAX_ATTEMPTS:
+                n.failed_at = timezone.now()
+                log.warning("notification %s given up after %s attempts: %s", n.pk, n.attempts, n.last_error)
+            else:
+                delay = min(MAX_RETRY_S, FIRST_RETRY_S * 2 ** (n.attempts - 1))
+                n.next_attempt_at = timezone.now() + timedelta(seconds=delay)
+            n.save(update_fields=["attempts", "last_error", "failed_at", "next_attempt_at"])
+            return False
+        n.sent_at = timezone.now()
+        n.last_error = ""
+        n.save(update_fields=["attempts", "sent_at", "last_error"])
+        return True
+
+
+def notifications_deliver_due(*, limit: int = 100) -> int:
+    """Deliver what is due (first sends the queue missed, and retries). Returns how many went."""
+    due: Iterable[int] = (
+        Notification.objects.filter(
+            sent_at__isnull=True, failed_at__isnull=True, next_attempt_at__lte=timezone.now()
+        )
+        .order_by("next_attempt_at")
+        .values_list("pk", flat=True)[:limit]
+    )
+    return sum(notification_deliver(notification_id=pk) for pk in list(due))
