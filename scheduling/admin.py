@@ -9,6 +9,7 @@ from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node, NodeStateC
 from scheduling.jobs import services as job_services
 from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
 from scheduling.jobs.states import IllegalTransition
+from scheduling.notifications.models import Notification, NotificationSettings
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -234,3 +235,27 @@ class NodeStateChangeAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(Notification)
+class NotificationAdmin(admin.ModelAdmin):
+    """The outbox: what was sent, what waits for a retry and why, what was given up on."""
+
+    list_display = ("created_at", "kind", "channel", "target", "subject", "attempts", "sent_at", "failed_at")
+    list_filter = (
+        "kind",
+        "channel",
+        ("sent_at", admin.EmptyFieldListFilter),
+        ("failed_at", admin.EmptyFieldListFilter),
+    )
+    search_fields = ("target", "subject", "last_error")
+    readonly_fields = [f.name for f in Notification._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+
+@admin.register(NotificationSettings)
+class NotificationSettingsAdmin(admin.ModelAdmin):
+    list_display = ("user", "job_events", "email", "webhook_url", "admin_events")
+    search_fields = ("user__username",)
