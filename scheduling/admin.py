@@ -202,43 +202,38 @@ class JobAdmin(admin.ModelAdmin):
 
 
 @admin.register(JobEvent)
-class JobEventAdmin(admin.ModelAdmin):
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """A record that is written by the system alone: readable, never added, changed or deleted here."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class JobEventAdmin(ReadOnlyAdmin):
     """The audit trail is append-only: readable, never editable."""
 
     list_display = ("at", "job", "from_state", "to_state", "actor_kind", "actor", "code")
     list_filter = ("to_state", "actor_kind", "code")
     search_fields = ("job__name", "message", "actor__username")
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(NodeStateChange)
-class NodeStateChangeAdmin(admin.ModelAdmin):
+class NodeStateChangeAdmin(ReadOnlyAdmin):
     """Who cordoned, drained or uncordoned which node, and why: append-only, as the jobs' audit trail."""
 
     list_display = ("at", "node", "from_state", "to_state", "actor", "reason")
     list_filter = ("to_state",)
     search_fields = ("node__name", "reason", "actor__username")
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(Notification)
-class NotificationAdmin(admin.ModelAdmin):
+class NotificationAdmin(ReadOnlyAdmin):
     """The outbox: what was sent, what waits for a retry and why, what was given up on."""
 
     list_display = ("created_at", "kind", "channel", "target", "subject", "attempts", "sent_at", "failed_at")
@@ -250,9 +245,6 @@ class NotificationAdmin(admin.ModelAdmin):
     )
     search_fields = ("target", "subject", "last_error")
     readonly_fields = [f.name for f in Notification._meta.fields]
-
-    def has_add_permission(self, request) -> bool:
-        return False
 
 
 @admin.register(NotificationSettings)

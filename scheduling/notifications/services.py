@@ -119,35 +119,25 @@ def _messages_for(
     user: AbstractBaseUser, kind: str, subject: str, body: str, job_id: int | None
 ) -> list[Notification]:
     prefs = settings_of(user)
-    now = timezone.now()
-    out = []
+    targets = []
     if prefs.email and getattr(user, "email", ""):
-        out.append(
-            Notification(
-                user=user,
-                job_id=job_id,
-                kind=kind,
-                channel=Notification.EMAIL,
-                target=user.email,
-                subject=subject,
-                body=body,
-                next_attempt_at=now,
-            )
-        )
+        targets.append((Notification.EMAIL, user.email))
     if prefs.webhook_url:
-        out.append(
-            Notification(
-                user=user,
-                job_id=job_id,
-                kind=kind,
-                channel=Notification.WEBHOOK,
-                target=prefs.webhook_url,
-                subject=subject,
-                body=body,
-                next_attempt_at=now,
-            )
+        targets.append((Notification.WEBHOOK, prefs.webhook_url))
+    now = timezone.now()
+    return [
+        Notification(
+            user=user,
+            job_id=job_id,
+            kind=kind,
+            channel=channel,
+            target=target,
+            subject=subject,
+            body=body,
+            next_attempt_at=now,
         )
-    return out
+        for channel, target in targets
+    ]
 
 
 def job_state_notify(*, job, from_state: str, to_state: str, message: str = "") -> list[Notification]:
