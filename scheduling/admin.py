@@ -201,7 +201,6 @@ class JobAdmin(admin.ModelAdmin):
     actions = (cancel_jobs, requeue_jobs)
 
 
-@admin.register(JobEvent)
 class ReadOnlyAdmin(admin.ModelAdmin):
     """A record that is written by the system alone: readable, never added, changed or deleted here."""
 
@@ -215,6 +214,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+@admin.register(JobEvent)
 class JobEventAdmin(ReadOnlyAdmin):
     """The audit trail is append-only: readable, never editable."""
 
