@@ -60,7 +60,15 @@ def simulate(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = _main(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # here, so a closed pipe is caught below rather than at exit
+    except BrokenPipeError:
+        return _reader_gone()
+    return code
+
+
+def _main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="tessera", description="Tessera: a multi-tenant GPU cluster portal."
     )
@@ -75,6 +83,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if argv else 2
     args, rest = parser.parse_known_args(argv[:1])
     return int(_load(COMMANDS[args.command][0])(argv[1:]) or 0)
+
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what `yes | head` exits with
+
+
+def _reader_gone() -> int:
+    """The reader of stdout went away (`tessera ls | head`): stop quietly, as other tools do. stdout now points
+    at /dev/null, so Python's own flush at exit finds nothing to complain about."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

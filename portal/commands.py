@@ -8,9 +8,12 @@ import base64
 import getpass
 import json
 import os
+import re
 import select
 import shlex
+import shutil
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -28,9 +31,17 @@ def _print_json(data: Any) -> None:
     sys.stdout.write("\n")
 
 
-def table(rows: list[list[Any]], headers: list[str]) -> str:
-    """A plain aligned table, like squeue's."""
+def table(rows: list[list[Any]], headers: list[str], *, wrap_last: int | None = None) -> str:
+    """A plain aligned table, like squeue's. `wrap_last`: the last column's text is wrapped at so many characters,
+    its further lines under it (whole messages, never cut)."""
     cells = [[("" if v is None else str(v)) for v in row] for row in rows]
+    if wrap_last:
+        wrapped = []
+        for row in cells:
+            lines = textwrap.wrap(row[-1], wrap_last, break_on_hyphens=False) or [""]
+            wrapped.append([*row[:-1], lines[0]])
+            wrapped += [[""] * (len(row) - 1) + [line] for line in lines[1:]]
+        cells = wrapped
     widths = [len(h) for h in headers]
     for row in cells:
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
@@ -109,6 +120,49 @@ def _shorten(text: str | None, width: int) -> str:
 SHELL_LINE, ARGV = "shell line", "argv"
 
 
+# Programs that run a script: a job running `python train.py` is named after train.py, not python.
+_RUNNER = re.compile(r"(python|pypy)[0-9.]*|bash|sh|zsh|node|Rscript|julia|perl|ruby")
+# Programs that start another (`torchrun ... train.py`, `uv run python train.py`): named after what they start.
+_LAUNCHERS = frozenset(
+    {"torchrun", "deepspeed", "accelerate", "uv", "env", "srun", "mpirun", "nohup", "time"}
+)
+_SCRIPT = re.compile(r".*/.*|.+\.(py|sh|bash|R|r|jl|js|mjs|rb|pl|ipynb)")
+_SHELL_OPERATORS = frozenset({"&&", "||", ";", "|", "&"})
+
+
+def default_job_name(command: str) -> str:
+    """The name a job gets when it names none: the script it runs, else its program. `python train.py --lr 1`
+    -> train.py; `python -m pkg.train` -> pkg.train; `torchrun --nproc-per-node 8 train.py` -> train.py;
+    `python train.py && echo done` (a shell line) -> train.py; `./run.sh` -> run.sh; `nvidia-smi` -> nvidia-smi."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):  # FOO=1 python x.py
+        words = words[1:]
+    if not words:
+        return "job"
+    program = words[0].rstrip("/").split("/")[-1] or "job"
+    rest: list[str] = []
+    for word in words[1:]:
+        if word in _SHELL_OPERATORS:
+            break
+        rest.append(word)
+    if _RUNNER.fullmatch(program):
+        for i, word in enumerate(rest):
+            if word in ("-m", "-c"):
+                return rest[i + 1] if word == "-m" and i + 1 < len(rest) else program
+            if not word.startswith("-"):
+                return word.rstrip("/").split("/")[-1] or program
+    elif program in _LAUNCHERS:
+        for i, word in enumerate(rest):
+            if _RUNNER.fullmatch(word.split("/")[-1]):
+                return default_job_name(shlex.join(rest[i:]))
+            if not word.startswith("-") and "=" not in word and _SCRIPT.fullmatch(word):
+                return word.rstrip("/").split("/")[-1] or program
+    return program
+
+
 def command_line(words: list[str]) -> tuple[str, str]:
     """The job's command line from the words after `--`, and which form they are. Several words are a program
     and its arguments, quoted so the shell runs exactly them; a single word holding whitespace is a shell line
@@ -181,16 +235,61 @@ def whoami(argv: Sequence[str]) -> int:
     args = _parser("whoami", "Who the saved token belongs to.").parse_args(argv)
 
     def handle(args: argparse.Namespace) -> int:
-        me = Client.from_config().whoami()
+        client = Client.from_config()
+        me = client.whoami()
+        mine = {t["team"] for t in me["teams"]}
+        details = {t["slug"]: t for t in client.get_all("/api/v1/teams/", limit=1000) if t["slug"] in mine}
         if args.json:
-            _print_json(me)
-        else:
-            print(me["username"] + (" (staff)" if me["is_staff"] else ""))
-            for t in me["teams"]:
-                print(f"  {t['team']}  {t['role']}")
+            _print_json(
+                {**me, "team_details": [details[t["team"]] for t in me["teams"] if t["team"] in details]}
+            )
+            return ExitCode.OK
+        print(me["username"] + (" (staff)" if me["is_staff"] else ""))
+        for t in me["teams"]:
+            print(f"  {t['team']}  {t['role']}")
+            team = details.get(t["team"])
+            if team is not None:
+                for line in _team_lines(team):
+                    print(f"    {line}")
         return ExitCode.OK
 
     return _run(handle, args)
+
+
+def _gpus(value: float | None) -> str:
+    return "no limit" if value is None else f"{value:g}"
+
+
+def _team_lines(team: dict[str, Any]) -> list[str]:
+    """A team's quotas (guaranteed / limit per GPU model), what it holds now, and its priority classes."""
+    usage = team.get("usage") or {}
+    lines = [
+        f"held now: {usage.get('gpus', 0):g} GPUs, {mib(usage.get('gpu_memory_mib'))} GPU memory; "
+        f"{usage.get('running_jobs', 0)} running, {usage.get('pending_jobs', 0)} pending"
+    ]
+    for q in team.get("quotas") or []:
+        lines.append(
+            f"quota {q['gpu_model'] or 'any model'}: {q['guaranteed_gpus']:g} GPUs guaranteed, "
+            f"limit {_gpus(q['limit_gpus'])}"
+            + (
+                f"; GPU memory limit {mib(q['limit_gpu_memory_mib'])}"
+                if q.get("limit_gpu_memory_mib")
+                else ""
+            )
+        )
+    if not team.get("quotas"):
+        lines.append("quota: none (it runs on what others do not use)")
+    classes = [
+        pc["name"]
+        + (" (not preemptible)" if not pc["preemptible"] else "")
+        + (f" (at most {pc['limit_gpus']:g} GPUs)" if pc.get("limit_gpus") is not None else "")
+        for pc in team.get("priority_classes") or []
+    ]
+    default = team.get("default_priority_class")
+    lines.append(
+        f"priority classes: {', '.join(classes) or 'none'}" + (f"; default {default}" if default else "")
+    )
+    return lines
 
 
 def _read_spec_file(path: str) -> tuple[dict[str, Any], list[str]]:
@@ -279,13 +378,15 @@ def submit(argv: Sequence[str]) -> int:
         if "command" not in spec:
             print("tessera submit: give a spec file or a command after --", file=sys.stderr)
             return ExitCode.USAGE
-        spec.setdefault(
-            "name", shlex.split(str(spec["command"]))[0].split("/")[-1] if spec["command"] else "job"
-        )
+        spec.setdefault("name", default_job_name(str(spec["command"])) if spec["command"] else "job")
         if args.dry_run:
             _print_json(spec)
             return ExitCode.OK
-        job = Client.from_config().submit(spec, idempotency_key=args.idempotency_key)
+        client = Client.from_config()
+        try:
+            job = client.submit(spec, idempotency_key=args.idempotency_key)
+        except ApiError as exc:
+            raise _team_hint(client, exc) from None
         if args.json:
             _print_json(job)
         else:
@@ -295,6 +396,18 @@ def submit(argv: Sequence[str]) -> int:
         return ExitCode.OK
 
     return _run(handle, args)
+
+
+def _team_hint(client: Client, exc: ApiError) -> ApiError:
+    """'Name the team' from the API, for a member of several teams, says how on the command line."""
+    if exc.field != "team" or not exc.message.startswith("Name the team: you belong to several"):
+        return exc
+    try:
+        teams = [t["team"] for t in client.whoami()["teams"]]
+    except ApiError:
+        return exc
+    exc.message = f"Name the team: pass -A <team> (your teams: {', '.join(teams)})."
+    return exc
 
 
 def queue(argv: Sequence[str]) -> int:
@@ -440,16 +553,28 @@ def show(argv: Sequence[str]) -> int:
                         f"{e['from_state'] or '-'} -> {e['to_state'] or '-'}",
                         e["code"],
                         e["actor"] or e["actor_kind"],
-                        _shorten(e["message"], 70),
+                        (e["message"] or "").replace("\n", " "),
                     ]
                     for e in events
                 ],
                 ["AT", "STATE", "CODE", "BY", "MESSAGE"],
+                wrap_last=_message_width(events),
             )
         )
         return ExitCode.OK
 
     return _run(handle, args)
+
+
+def _message_width(events: list[dict[str, Any]]) -> int:
+    """What is left of the terminal (80 columns when not one) for the events' messages, at least 40."""
+    used = 19 + 2  # AT
+    used += (
+        max([len("STATE")] + [len(f"{e['from_state'] or '-'} -> {e['to_state'] or '-'}") for e in events]) + 2
+    )
+    used += max([len("CODE")] + [len(e["code"] or "") for e in events]) + 2
+    used += max([len("BY")] + [len(str(e["actor"] or e["actor_kind"])) for e in events]) + 2
+    return max(40, shutil.get_terminal_size((100, 24)).columns - used)
 
 
 def cancel(argv: Sequence[str]) -> int:
@@ -470,7 +595,10 @@ def cancel(argv: Sequence[str]) -> int:
             except ApiError as exc:
                 results.append({"id": job_id, "error": {"code": exc.code, "message": exc.message}})
                 if not args.json:
-                    print(f"tessera cancel: job {job_id}: {exc}", file=sys.stderr)
+                    if f"job {job_id} " in exc.message.lower():  # "Job 7 is already cancelled."
+                        print(f"tessera cancel: {exc.message}", file=sys.stderr)
+                    else:
+                        print(f"tessera cancel: job {job_id}: {exc}", file=sys.stderr)
                 worst = worst or exc.exit_code
         if args.json:
             _print_json(results)
@@ -507,6 +635,8 @@ def logs(argv: Sequence[str]) -> int:
             out.flush()
             return body
 
+        if args.follow:
+            _wait_until_started(client, args.job_id, args.interval)
         body = read(tail=args.tail) if args.tail is not None else read(offset=0)
         offset = body["next_offset"]
         # Without --tail, read the whole log page by page; with --follow, keep going until the job is done.
@@ -517,10 +647,64 @@ def logs(argv: Sequence[str]) -> int:
             offset = body["next_offset"]
         if args.follow:
             # The job finished: print what arrived between the last poll and the end.
-            read(offset=offset)
+            body = read(offset=offset)
+        if stream == "stdout":
+            _say_why_it_failed(client, args.job_id, stdout_empty=body["size"] == 0)
         return ExitCode.OK
 
     return _run(handle, args)
+
+
+# A job in these states has not started yet (or is on its way back to the queue): `logs -f` waits, saying why.
+_NOT_STARTED = ("pending", "placed", "starting", "preempted", "lost")
+FAILED_STDERR_LINES = 20
+
+
+def _wait_until_started(client: Client, job_id: int, interval: float) -> None:
+    """Until the job runs (or ends), say on stderr where it waits and why, again each time that changes:
+    'pending: position 3, <reason>'."""
+    said = None
+    while True:
+        job = client.job(job_id)
+        if job["state"] not in _NOT_STARTED:
+            if said is not None:
+                print(f"{job['state']}: its output follows", file=sys.stderr, flush=True)
+            return
+        if job["state"] == "pending":
+            reason = job.get("pending_reason") or job.get("pending_reason_code") or "waiting for a cycle"
+            line = f"pending: position {job.get('queue_position') or '-'}, {reason}"
+        else:
+            line = f"{job['state']}: waiting for it to start"
+        if line != said:
+            print(line, file=sys.stderr, flush=True)
+            said = line
+        time.sleep(interval)
+
+
+def _say_why_it_failed(client: Client, job_id: int, *, stdout_empty: bool) -> None:
+    """A failed job's reason is often on stderr only (`jupyter: not found`): print its last lines on stderr, from
+    the stored log, else from the tail its agent sent with its final report."""
+    job = client.job(job_id)
+    if job["state"] != "failed":
+        return
+    lines = client.logs(job_id, stream="stderr", tail=FAILED_STDERR_LINES).get("text", "").splitlines()
+    if not lines:
+        for event in reversed(client.events(job_id)):
+            tail = ((event.get("data") or {}).get("log_tail") or {}).get("stderr")
+            if tail:
+                lines = [str(line) for line in tail][-FAILED_STDERR_LINES:]
+                break
+    exit_code = f", exit code {job['exit_code']}" if job.get("exit_code") is not None else ""
+    if not lines:
+        if stdout_empty:
+            print(
+                f"tessera logs: job {job_id} failed{exit_code}; stdout and stderr are empty.", file=sys.stderr
+            )
+        return
+    head = "stdout is empty; stderr has:" if stdout_empty else "its stderr ends with:"
+    print(f"tessera logs: job {job_id} failed{exit_code}; {head}", file=sys.stderr)
+    for line in lines:
+        print(f"  {line}", file=sys.stderr)
 
 
 def usage(argv: Sequence[str]) -> int:
@@ -606,6 +790,7 @@ def _nodes_table(rows: list[dict[str, Any]]) -> str:
         gpus = n["gpus"]
         models = sorted({g["model"] for g in gpus})
         used = sum(1 for g in gpus if g["allocated_memory_mib"] or g["allocated_compute_pct"])
+        conditions = n.get("conditions") or {}
         out.append(
             [
                 n["name"],
@@ -614,9 +799,14 @@ def _nodes_table(rows: list[dict[str, Any]]) -> str:
                 f"{used}/{len(gpus)}",
                 _live_util(gpus),
                 " ".join(_gpu_bar(g, 4) for g in gpus),
+                conditions.get("connection_reason", "-"),
+                _shorten(conditions.get("last_error"), 60) or "-",
             ]
         )
-    return table(out, ["NODE", "STATE", "MODEL", "USED", "UTIL", "GPUS (memory/compute allocated)"])
+    return table(
+        out,
+        ["NODE", "STATE", "MODEL", "USED", "UTIL", "GPUS (memory/compute allocated)", "AGENT", "LAST ERROR"],
+    )
 
 
 def _live_util(gpus: list[dict[str, Any]]) -> str:

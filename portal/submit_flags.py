@@ -9,7 +9,7 @@ from typing import Any
 
 SUBMIT_FLAGS = (
     # (flags, spec field, help)
-    (("--name", "-J"), "name", "job name (default: the command's first word)"),
+    (("--name", "-J"), "name", "job name (default: the script it runs, e.g. train.py, else its program)"),
     (("--team", "-A"), "team", "team slug, e.g. ai-lab/training (default: your only team)"),
     (("--gpus", "-G"), "gpus", "whole GPUs per node"),
     (("--gpu-memory",), "gpu_memory", "a slice of one GPU: memory, e.g. 10GiB"),

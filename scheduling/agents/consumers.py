@@ -316,6 +316,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
             log.exception("node %s: %s failed", self.node_name, kind)
             outcome = agent_services.Outcome(False, f"portal error: {type(exc).__name__}")
         AGENT_REPORTS.labels(kind, "ok" if outcome is None or outcome.ok else "refused").inc()
+        if outcome is not None and not outcome.ok and not outcome.retry:
+            try:  # the node's conditions show its newest refusal
+                await db(agent_services.node_error_note)(
+                    node_id=self.node_id, message=f"{kind} refused: {outcome.error}"
+                )
+            except Exception as exc:
+                log.warning("node %s: its last error not kept (%s)", self.node_name, exc)
         # Reliable messages are always acked; others only when refused, so the agent can log why.
         if kind in protocol.RELIABLE or (outcome is not None and not outcome.ok):
             ok = outcome.ok if outcome is not None else True

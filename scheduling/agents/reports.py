@@ -134,6 +134,9 @@ def node_hello(*, node_id: int, payload: dict[str, Any]) -> dict[str, Any]:
         sync.save(update_fields=["agent_version", "inventory", "connected_at"])
         if report["missing"] or report["uuid_updated"]:
             cycle_request_after_commit()
+        if report["missing"]:
+            missing = ", ".join(str(i) for i in report["missing"])
+            node_error_note(node_id=node.pk, message=f"GPU(s) {missing} missing from the agent's inventory.")
     if any(report.values()):
         log.info("node %s inventory reconciled: %s", node.name, report)
     return report
@@ -196,6 +199,19 @@ def _catch_up_started(*, node_id: int, running: Any) -> list[int]:
             "node %s: heartbeat shows jobs %s running; their start reports had not arrived", node_id, moved
         )
     return moved
+
+
+LAST_ERROR_CHARS = 500  # NodeSync.last_error
+
+
+def node_error_note(*, node_id: int, message: str) -> None:
+    """Keep the node's newest problem (a refused report, MPS unavailable, a GPU gone bad): one row update, shown
+    in the node's conditions (the API, `tessera nodes`, its tile and page)."""
+    text = _text(message)[:LAST_ERROR_CHARS]
+    if not NodeSync.objects.filter(node_id=node_id).update(last_error=text, last_error_at=timezone.now()):
+        NodeSync.objects.get_or_create(
+            node_id=node_id, defaults={"last_error": text, "last_error_at": timezone.now()}
+        )
 
 
 def node_disconnected(*, node_id: int) -> None:
@@ -574,6 +590,14 @@ def node_event(*, node_id: int, payload: dict[str, Any], message_id: str = "") -
             return Outcome(True, changed=True)
         if kind == "gpu_health":
             health = _HEALTH.get(str(payload.get("health")), GpuHealth.DEGRADED)
+            if health != GpuHealth.OK:
+                gpu = Gpu.objects.filter(node=node, uuid=data.get("gpu_uuid")).values_list("index", flat=True)
+                which = f"GPU {gpu[0]}" if gpu else f"GPU {data.get('gpu_uuid')}"
+                xids = payload.get("xid_events")
+                detail = f": {data['detail']}" if data.get("detail") else ""
+                if not detail and isinstance(xids, list) and xids:
+                    detail = f" (XID {', '.join(_text(x)[:20] for x in xids[:5])})"
+                node_error_note(node_id=node.pk, message=f"{which} reported {health}{detail}")
             updated = Gpu.objects.filter(node=node, uuid=data.get("gpu_uuid")).exclude(health=health)
             if updated.update(health=health):
                 events.publish_after_commit(
@@ -587,6 +611,9 @@ def node_event(*, node_id: int, payload: dict[str, Any], message_id: str = "") -
                 )
                 cycle_request_after_commit()
             return Outcome(True, changed=True)
+        if kind == "mps_unavailable":
+            detail = f": {data['detail']}" if data.get("detail") else ""
+            node_error_note(node_id=node.pk, message=f"MPS unavailable{detail}")
         log.info("node %s event %s: %s", node.name, kind, data)
         return Outcome(True)
 
@@ -680,6 +707,7 @@ __all__ = [
     "job_team_ids",
     "node_acked",
     "node_disconnected",
+    "node_error_note",
     "node_event",
     "node_heartbeat",
     "node_hello",

@@ -45,6 +45,10 @@ class NodeSync(models.Model):
     inventory = models.JSONField(default=dict, blank=True, help_text="The agent's last hello inventory.")
     connected_at = models.DateTimeField(null=True, blank=True)
     disconnected_at = models.DateTimeField(null=True, blank=True)
+    # The node's last problem, as the portal heard it: a refused report, MPS unavailable, a GPU's health turning
+    # bad, GPUs missing from its inventory. One row per node, overwritten: the newest one only (nodes' conditions).
+    last_error = models.CharField(max_length=500, blank=True)
+    last_error_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.node} desired v{self.desired_version} (acked v{self.acked_version})"

@@ -14,26 +14,25 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
-from django.utils import timezone
-
 from quotas.selectors import team_ids_for_user
 from scheduling.agents.live_metrics import live_metrics_for_nodes
 from scheduling.choices import GpuHealth, LinkKind, NodeState
 from scheduling.inventory.models import Gpu, GpuLink, Node, NodeStateChange
+from scheduling.inventory.selectors import (
+    SILENT_AFTER_HEARTBEATS,
+    NodeConditions,
+    heartbeat_interval_s,
+    node_conditions,
+)
 from scheduling.jobs.models import Slice
 from scheduling.jobs.usage import slice_share
 
 # A group of at most this many nodes starts open on the map; larger ones open on request, a page at a time.
 OPEN_GROUP_MAX_NODES = 12
 GROUP_PAGE_NODES = 64
-# A node whose agent was last heard longer ago than this many heartbeat intervals reads "agent silent".
-SILENT_AFTER_HEARTBEATS = 2
-
-
-def heartbeat_interval_s() -> float:
-    """How often agents are configured to send a heartbeat (the agent's --heartbeat-s)."""
-    return float(getattr(settings, "TESSERA_AGENT_HEARTBEAT_S", 5.0))
+# The heartbeat rule (SILENT_AFTER_HEARTBEATS, heartbeat_interval_s) and a node's conditions live in
+# scheduling.inventory.selectors, shared with the API and `tessera nodes`.
+__all__ = ["SILENT_AFTER_HEARTBEATS", "heartbeat_interval_s"]
 
 
 # --- Who holds a slice: one tenancy rule for the API and the pages ------------------------------------------
@@ -234,9 +233,7 @@ class NodeTile:
     name: str
     state: str
     labels: dict
-    last_heartbeat_at: datetime | None
-    heartbeat_age_s: float | None  # None: never connected
-    silent: bool
+    conditions: NodeConditions  # heartbeat age, connected or why not, last error (the API's rule)
     gpus: list[GpuCell]
     islands: list[list[GpuCell]]  # GPUs in NVLink-connected groups, in index order; a lone card is its own
 
@@ -245,22 +242,25 @@ class NodeTile:
         return NodeState(self.state).label
 
     @property
+    def last_heartbeat_at(self) -> datetime | None:
+        return self.conditions.last_heartbeat_at
+
+    @property
+    def heartbeat_age_s(self) -> float | None:  # None: never heard
+        return self.conditions.heartbeat_age_s
+
+    @property
+    def silent(self) -> bool:
+        return not self.conditions.connected
+
+    @property
+    def heartbeat_ticks(self) -> bool:
+        """Whether the page keeps counting its heartbeat age (not once its socket closed: the words say when)."""
+        return self.last_heartbeat_at is not None and self.conditions.connection in ("connected", "silent")
+
+    @property
     def heartbeat_words(self) -> str:
-        if self.heartbeat_age_s is None:
-            return "never connected"
-        age = _age_words(self.heartbeat_age_s)
-        return f"agent silent for {age}" if self.silent else f"heartbeat {age} ago"
-
-
-def _age_words(seconds: float) -> str:
-    s = max(0, int(seconds))
-    if s < 90:
-        return f"{s} s"
-    if s < 5400:
-        return f"{round(s / 60)} min"
-    if s < 172800:
-        return f"{round(s / 3600)} h"
-    return f"{round(s / 86400)} d"
+        return self.conditions.connection_reason
 
 
 def _islands(gpus: list[GpuCell], peers: dict[int, set[int]]) -> list[list[GpuCell]]:
@@ -346,15 +346,13 @@ def node_tiles(
         )
     peers = nvlink_peers(gpu_ids=cells)
     samples = live_metrics_for_nodes(node_names=[n[1] for n in nodes])
-    now = timezone.now()
-    silent_after = SILENT_AFTER_HEARTBEATS * heartbeat_interval_s()
+    conditions = node_conditions(nodes=[(n[0], n[2], n[4]) for n in nodes])
     tiles = []
-    for pk, name, state, labels, heard in nodes:
+    for pk, name, state, labels, _heard in nodes:
         gpus = by_node.get(pk, [])
         node_samples = samples.get(name, {})
         for gpu in gpus:
             gpu.sample = node_samples.get(gpu.index)
-        age = None if heard is None else max(0.0, (now - heard).total_seconds())
         islands = _islands(gpus, peers)
         for island in islands:
             for gpu in island:
@@ -365,9 +363,7 @@ def node_tiles(
                 name=name,
                 state=state,
                 labels=labels if isinstance(labels, dict) else {},
-                last_heartbeat_at=heard,
-                heartbeat_age_s=age,
-                silent=age is not None and age > silent_after,
+                conditions=conditions[pk],
                 gpus=gpus,
                 islands=islands,
             )

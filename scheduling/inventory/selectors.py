@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
 
+from django.conf import settings
 from django.db.models import Count, F, Q, QuerySet, Sum
+from django.utils import timezone
 
 from quotas.rows import fetch_rows
 from scheduling.choices import GpuHealth, LinkKind, NodeState, Topology
+from scheduling.cycle.models import NodeSync
 from scheduling.engine import types as eng
 from scheduling.engine.capacity import most_whole_gpus
 from scheduling.inventory.engine_view import engine_gpu, engine_node
@@ -214,3 +218,145 @@ def capacity_by_model() -> list[dict]:
         .order_by("model__name")
     )
     return [{**r, "model": r.pop("model__name")} for r in rows]
+
+
+# --- A node's conditions: one rule for the API, `tessera nodes` and the portal's node tiles and pages ----------
+
+# A node whose agent was last heard longer ago than this many heartbeat intervals reads "agent silent".
+SILENT_AFTER_HEARTBEATS = 2
+
+
+def heartbeat_interval_s() -> float:
+    """How often agents are configured to send a heartbeat (the agent's --heartbeat-s)."""
+    return float(getattr(settings, "TESSERA_AGENT_HEARTBEAT_S", 5.0))
+
+
+def silent_after_s() -> float:
+    return SILENT_AFTER_HEARTBEATS * heartbeat_interval_s()
+
+
+def age_words(seconds: float) -> str:
+    """'12 s', '3 min', '5 h', '2 d'."""
+    s = max(0, int(seconds))
+    if s < 90:
+        return f"{s} s"
+    if s < 5400:
+        return f"{round(s / 60)} min"
+    if s < 172800:
+        return f"{round(s / 3600)} h"
+    return f"{round(s / 86400)} d"
+
+
+class Connection:
+    """Whether a node's agent is connected, and if not, why (NodeConditions.connection)."""
+
+    CONNECTED = "connected"  # heard within SILENT_AFTER_HEARTBEATS heartbeat intervals
+    NEVER = "never_connected"  # no agent has ever said hello nor sent a heartbeat
+    SILENT = "silent"  # its socket may be open, but no heartbeat for longer than that
+    DISCONNECTED = "disconnected"  # its socket closed (and no agent has said hello since)
+
+
+@dataclass(frozen=True)
+class NodeConditions:
+    state: str  # ready, cordoned, draining, lost (Node.state)
+    heartbeat_age_s: float | None  # None: never heard
+    last_heartbeat_at: datetime | None
+    connection: str  # a Connection value
+    connected_at: datetime | None
+    disconnected_at: datetime | None
+    last_error: str | None
+    last_error_at: datetime | None
+
+    @property
+    def connected(self) -> bool:
+        return self.connection == Connection.CONNECTED
+
+    @property
+    def cordoned(self) -> bool:
+        return self.state == NodeState.CORDONED
+
+    @property
+    def draining(self) -> bool:
+        return self.state == NodeState.DRAINING
+
+    @property
+    def schedulable(self) -> bool:
+        """Whether the scheduler places new work there (ready, whatever its agent; a silent one soon is lost)."""
+        return self.state == NodeState.READY
+
+    @property
+    def connection_reason(self) -> str:
+        """Why, in words: 'heartbeat 3 s ago', 'never connected', 'agent silent for 40 s',
+        'disconnected at 2025-01-01 10:00:00 UTC (4 min ago)'. The watchdog marks a node silent for
+        TESSERA_NODE_LOST_AFTER_S lost (its state), and requeues its jobs."""
+        age = self.heartbeat_age_s
+        if self.connection == Connection.NEVER:
+            return "never connected"
+        if self.connection == Connection.DISCONNECTED:
+            at = self.disconnected_at
+            when = at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if at else "an unknown time"
+            ago = f" ({age_words((timezone.now() - at).total_seconds())} ago)" if at else ""
+            return f"disconnected at {when}{ago}"
+        if (
+            self.connection == Connection.SILENT
+        ):  # the words frontend/static/frontend/cluster.js keeps counting
+            return f"agent silent for {age_words(age or 0)}"
+        return f"heartbeat {age_words(age or 0)} ago"
+
+
+def node_condition(
+    *,
+    state: str,
+    last_heartbeat_at: datetime | None,
+    connected_at: datetime | None = None,
+    disconnected_at: datetime | None = None,
+    last_error: str = "",
+    last_error_at: datetime | None = None,
+    now: datetime | None = None,
+) -> NodeConditions:
+    """The rule, on values already read: never heard -> never connected; its socket closed after its last hello
+    -> disconnected; heard longer ago than SILENT_AFTER_HEARTBEATS intervals -> silent; else connected."""
+    now = now or timezone.now()
+    age = None if last_heartbeat_at is None else max(0.0, (now - last_heartbeat_at).total_seconds())
+    if age is None and connected_at is None:
+        connection = Connection.NEVER
+    elif disconnected_at is not None and (connected_at is None or disconnected_at >= connected_at):
+        connection = Connection.DISCONNECTED
+    elif age is None or age > silent_after_s():
+        connection = Connection.SILENT
+    else:
+        connection = Connection.CONNECTED
+    return NodeConditions(
+        state=state,
+        heartbeat_age_s=None if age is None else round(age, 1),
+        last_heartbeat_at=last_heartbeat_at,
+        connection=connection,
+        connected_at=connected_at,
+        disconnected_at=disconnected_at,
+        last_error=last_error or None,
+        last_error_at=last_error_at if last_error else None,
+    )
+
+
+def node_conditions(*, nodes: list[tuple[int, str, datetime | None]]) -> dict[int, NodeConditions]:
+    """Node id -> its conditions, for (id, state, last_heartbeat_at) already read: one query (their NodeSync)."""
+    syncs = {
+        row[0]: row[1:]
+        for row in NodeSync.objects.filter(node_id__in=[n[0] for n in nodes]).values_list(
+            "node_id", "connected_at", "disconnected_at", "last_error", "last_error_at"
+        )
+    }
+    now = timezone.now()
+    out = {}
+    for pk, state, heard in nodes:
+        connected_at, disconnected_at, last_error, last_error_at = syncs.get(pk, (None, None, "", None))
+        out[pk] = node_condition(
+            state=state,
+            last_heartbeat_at=heard,
+            connected_at=connected_at,
+            disconnected_at=disconnected_at,
+            last_error=last_error,
+            last_error_at=last_error_at,
+            now=now,
+        )
+    return out

@@ -29,7 +29,7 @@ from scheduling.errors import ServiceError
 from scheduling.inventory import selectors as inventory
 from scheduling.inventory.models import Gpu, Node
 from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
-from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES, check_transition
+from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES, IllegalTransition, check_transition
 from scheduling.notifications.services import job_state_notify
 from scheduling.realtime import events
 
@@ -647,7 +647,16 @@ def gang_members_unstarted_stop(*, job: Job) -> list[GangMember]:
 
 @transaction.atomic
 def job_cancel(*, job: Job, actor: AbstractBaseUser | None, actor_kind: str = ActorKind.USER) -> Job:
+    """Cancel a live job. An ended one is refused (IllegalTransition: the API's 409) saying so in words: "Job 7 is
+    already cancelled.", "Job 7 has already ended (succeeded): there is nothing to cancel."."""
     job = Job.objects.select_for_update().get(pk=job.pk)
+    if job.state in TERMINAL_STATES:
+        said = (
+            f"Job {job.pk} is already cancelled."
+            if job.state == JobState.CANCELLED
+            else f"Job {job.pk} has already ended ({job.state}): there is nothing to cancel."
+        )
+        raise IllegalTransition(job.pk, job.state, JobState.CANCELLED, message=said)
     return job_transition(
         job=job,
         to_state=JobState.CANCELLED,

@@ -24,10 +24,11 @@ TERMINAL_STATES = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
 
 
 class IllegalTransition(Exception):
-    def __init__(self, job_id: object, from_state: str, to_state: str):
+    def __init__(self, job_id: object, from_state: str, to_state: str, message: str | None = None):
         allowed = ", ".join(sorted(TRANSITIONS.get(from_state, ()))) or "none: it is final"
         super().__init__(
-            f"Job {job_id} cannot go from {from_state} to {to_state}; from {from_state} it may go to: {allowed}."
+            message
+            or f"Job {job_id} cannot go from {from_state} to {to_state}; from {from_state} it may go to: {allowed}."
         )
         self.from_state = from_state
         self.to_state = to_state

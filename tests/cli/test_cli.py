@@ -93,6 +93,7 @@ def test_the_first_job_in_three_commands_submit_ls_show_and_cancel(logged_in):
     assert logged_in("cancel", str(job["id"])).returncode == 0
     again = logged_in("cancel", str(job["id"]))
     assert again.returncode == ExitCode.CONFLICT
+    assert again.stderr.strip() == f"tessera cancel: Job {job['id']} is already cancelled."
     assert logged_in("ls", "--state", "cancelled", "--json").stdout.count('"id"') == 1
 
 
@@ -119,7 +120,7 @@ def test_submit_with_sbatch_like_flags_and_a_command(logged_in):
     assert result.returncode == 0, result.stderr
     job = json.loads(result.stdout)
     assert job["command"] == "python train.py --lr 3e-4"
-    assert job["name"] == "python"
+    assert job["name"] == "train.py"  # the script, not the interpreter
     assert (job["request"]["gpus"], job["request"]["max_runtime_s"]) == (2, 7200)
     assert job["request"]["checkpoint_interval_s"] == 1800
     shown = logged_in("show", str(job["id"])).stdout.splitlines()
@@ -133,7 +134,7 @@ def test_one_quoted_word_is_a_shell_line_and_separate_words_a_program_and_its_ar
     shown = logged_in("ls", "--json")
     line = next(j for j in json.loads(shown.stdout) if j["command"].startswith("python train.py"))
     assert line["command"] == "python train.py --lr 3e-4 && echo done"  # not quoted as one program name
-    assert line["name"] == "python"
+    assert line["name"] == "train.py"  # a shell line too
     words = logged_in("submit", "-G", "1", "--json", "--", "echo", "a b", "$HOME")
     assert (
         json.loads(words.stdout)["command"] == "echo 'a b' '$HOME'"
@@ -209,6 +210,7 @@ def test_usage_nodes_and_top_once_print_tables(logged_in):
 
     nodes = logged_in("nodes")
     assert nodes.returncode == 0 and "a100-01" in nodes.stdout and "8/8" not in nodes.stdout
+    assert "AGENT" in nodes.stdout and "never connected" in nodes.stdout  # the node's conditions
     assert "UTIL" in nodes.stdout and "50%" not in nodes.stdout  # no agent sample yet: "-"
     sample = [{"index": 0, "util_pct": 40}, {"index": 1, "util_pct": 60}]
     async_to_sync(live_metrics_store)(node_name="a100-01", sampled_at=1.0, gpus=sample)
@@ -254,3 +256,95 @@ def test_top_refreshes_in_a_terminal_and_quits_on_q(logged_in):
     assert screen.count(b"tessera top") >= 2
     assert b"(q to quit)" in screen
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_reader_that_stops_early_ends_ls_and_nodes_quietly(logged_in, alice, teams, submit_as):
+    """`tessera ls | head`: the reader has gone, so stop without a BrokenPipeError traceback."""
+    submit_as(alice, teams["training"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TESSERA_")}
+    env["TESSERA_CONFIG"] = str(logged_in.config)
+    for command in ("ls", "nodes"):
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # the reader is gone before the first line
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "portal.cli", command],
+                stdout=write_end,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
+                env=env,
+                timeout=60,
+            )
+        finally:
+            os.close(write_end)
+        assert done.returncode == 141, done.stderr
+        assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+
+
+def test_show_wraps_long_event_messages_whole(logged_in, alice, teams, submit_as):
+    from scheduling.jobs.models import JobEvent
+
+    job = submit_as(alice, teams["training"])
+    words = " ".join(f"word{i}" for i in range(60))
+    JobEvent.objects.create(job=job, from_state="pending", to_state="pending", code="note", message=words)
+    shown = logged_in("show", str(job.pk))
+    assert shown.returncode == 0 and "…" not in shown.stdout
+    events = shown.stdout.split("Events:")[1]
+    assert " ".join(events.split()).count(words) == 1  # every word, in order, across the wrapped lines
+
+
+def test_logs_follow_of_a_pending_job_says_where_it_waits_then_ends(logged_in, alice, teams, submit_as):
+    import time
+
+    job = submit_as(alice, teams["training"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TESSERA_")}
+    env["TESSERA_CONFIG"] = str(logged_in.config)
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "portal.cli", "logs", str(job.pk), "-f", "--interval", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
+    try:
+        first = follower.stderr.readline()
+        assert first.startswith("pending: position "), first
+        time.sleep(0.3)
+        services.job_cancel(job=job, actor=alice)
+        out, err = follower.communicate(timeout=30)
+    finally:
+        follower.kill()
+    assert follower.returncode == 0 and out == ""
+    assert "cancelled: its output follows" in err
+
+
+def test_logs_of_a_job_that_failed_at_once_prints_its_stderr(
+    logged_in, alice, teams, submit_as, settings, tmp_path
+):
+    from scheduling.agents import joblogs
+    from scheduling.choices import JobState
+    from scheduling.jobs.models import Job
+
+    settings.TESSERA_LOG_DIR = str(tmp_path / "logs")
+    job = submit_as(alice, teams["training"], command="jupyter lab")
+    joblogs.log_append(job_id=job.pk, stream="stderr", data="sh: 1: jupyter: not found\n")
+    Job.objects.filter(pk=job.pk).update(state=JobState.FAILED, exit_code=127)
+    result = logged_in("logs", str(job.pk))
+    assert result.returncode == 0 and result.stdout == ""
+    assert f"job {job.pk} failed, exit code 127; stdout is empty; stderr has:" in result.stderr
+    assert "jupyter: not found" in result.stderr
+
+
+def test_a_member_of_two_teams_is_told_how_to_name_one_and_whoami_shows_quotas(logged_in, alice, teams):
+    from quotas.services import membership_set
+
+    membership_set(user=alice, team=teams["inference"])
+    result = logged_in("submit", "-G", "1", "--", "python", "train.py")
+    assert result.returncode == ExitCode.INVALID
+    assert "pass -A <team> (your teams: ai-lab/inference, ai-lab/training)" in result.stderr, result.stderr
+    me = logged_in("whoami").stdout
+    assert "ai-lab/training" in me and "ai-lab/inference" in me
+    assert "GPUs guaranteed, limit" in me and "held now: 0 GPUs" in me
+    assert "priority classes: " in me and "default training" in me

@@ -105,6 +105,11 @@ def test_node_bs_agent_cannot_record_an_event_on_a_job_of_node_a(two_nodes):
     ack = async_to_sync(scenario)()
     assert ack["payload"]["ok"] is False and "not placed on a100-02" in ack["payload"]["error"]
     assert not JobEvent.objects.filter(job=on_a, code="prevented_neighbour_interference").exists()
+    from scheduling.cycle.models import NodeSync
+
+    # The refusal is the node's last error, which its conditions show.
+    sync = NodeSync.objects.get(node__name="a100-02")
+    assert sync.last_error.startswith("event refused: stale event: job ") and sync.last_error_at
 
 
 def test_an_event_on_its_own_job_keeps_only_known_bounded_fields(two_nodes):

@@ -50,6 +50,39 @@ class GpuSerializer(serializers.Serializer):
     )
 
 
+class NodeConditionsSerializer(serializers.Serializer):
+    heartbeat_age_s = serializers.FloatField(
+        allow_null=True, help_text="Seconds since its agent was last heard; null: never."
+    )
+    connected = serializers.BooleanField(
+        help_text="Its agent was heard within two heartbeat intervals (TESSERA_AGENT_HEARTBEAT_S) and its "
+        "socket has not closed since its last hello."
+    )
+    connection = serializers.ChoiceField(
+        choices=["connected", "never_connected", "silent", "disconnected"],
+        help_text="connected; never_connected (no agent ever spoke); silent (no heartbeat for two intervals: "
+        "after TESSERA_NODE_LOST_AFTER_S the node is lost); disconnected (its socket closed).",
+    )
+    connection_reason = serializers.CharField(
+        help_text="In words: 'heartbeat 3 s ago', 'never connected', 'agent silent for 40 s', "
+        "'disconnected at 2025-01-01 10:00:00 UTC (4 min ago)'."
+    )
+    connected_at = serializers.DateTimeField(allow_null=True, help_text="Its agent's last hello.")
+    disconnected_at = serializers.DateTimeField(allow_null=True, help_text="When its socket last closed.")
+    lost_after_s = serializers.FloatField(
+        help_text="Silent this long, the node is lost and its jobs requeued."
+    )
+    last_error = serializers.CharField(
+        allow_null=True,
+        help_text="Its newest problem: a refused report, MPS unavailable, a GPU reported degraded or failed, "
+        "GPUs missing from its inventory. null: none.",
+    )
+    last_error_at = serializers.DateTimeField(allow_null=True)
+    cordoned = serializers.BooleanField()
+    draining = serializers.BooleanField()
+    schedulable = serializers.BooleanField(help_text="The scheduler places new work there (state ready).")
+
+
 class NodeSerializer(serializers.Serializer):
     name = serializers.CharField()
     state = serializers.CharField()
@@ -59,6 +92,10 @@ class NodeSerializer(serializers.Serializer):
     allocated_memory_mib = serializers.IntegerField()
     labels = serializers.DictField()
     last_heartbeat_at = serializers.DateTimeField(allow_null=True)
+    conditions = NodeConditionsSerializer(
+        help_text="Heartbeat age, connected or why not, its last error, cordoned or draining: the rule the "
+        "portal's node tiles and `tessera nodes` show."
+    )
     gpus = GpuSerializer(many=True)
 
 

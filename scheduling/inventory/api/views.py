@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Prefetch
 from drf_spectacular.utils import extend_schema
 from rest_framework import status, viewsets
@@ -19,6 +20,7 @@ from scheduling.cycle.selectors import cluster_summary
 from scheduling.inventory.api import serializers as s
 from scheduling.inventory.cluster_map import nvlink_peers, slice_holder, visible_team_ids
 from scheduling.inventory.models import Gpu, Node, NodeStateChange
+from scheduling.inventory.selectors import NodeConditions, node_conditions
 from scheduling.inventory.services import node_set_state
 from scheduling.jobs.models import Slice
 
@@ -29,6 +31,7 @@ def _node_payload(
     links: dict[int, list[int]],
     visible: set[int] | None,
     metrics: dict[int, dict[str, Any]],
+    conditions: NodeConditions,
 ) -> dict[str, Any]:
     gpus = []
     for gpu in node.gpus.all():
@@ -73,6 +76,20 @@ def _node_payload(
         "allocated_memory_mib": node.allocated_memory_mib,
         "labels": node.labels,
         "last_heartbeat_at": node.last_heartbeat_at,
+        "conditions": {
+            "heartbeat_age_s": conditions.heartbeat_age_s,
+            "connected": conditions.connected,
+            "connection": conditions.connection,
+            "connection_reason": conditions.connection_reason,
+            "connected_at": conditions.connected_at,
+            "disconnected_at": conditions.disconnected_at,
+            "lost_after_s": float(settings.TESSERA_NODE_LOST_AFTER_S),
+            "last_error": conditions.last_error,
+            "last_error_at": conditions.last_error_at,
+            "cordoned": conditions.cordoned,
+            "draining": conditions.draining,
+            "schedulable": conditions.schedulable,
+        },
         "gpus": gpus,
     }
 
@@ -103,8 +120,12 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
         links = {pk: [index_of[p] for p in found if p in index_of] for pk, found in peers.items()}
         visible = visible_team_ids(self.request.user)
         metrics = live_metrics_for_nodes(node_names=[n.name for n in nodes])
+        conditions = node_conditions(nodes=[(n.pk, n.state, n.last_heartbeat_at) for n in nodes])
         return [
-            _node_payload(n, links=links, visible=visible, metrics=metrics.get(n.name, {})) for n in nodes
+            _node_payload(
+                n, links=links, visible=visible, metrics=metrics.get(n.name, {}), conditions=conditions[n.pk]
+            )
+            for n in nodes
         ]
 
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:

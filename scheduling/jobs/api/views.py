@@ -86,10 +86,13 @@ class YamlParser(BaseParser):
 def _resolve_team(*, user: Any, slug: str | None) -> Team:
     """The team a submit goes to. An unknown team reads like one you are not in, so slugs cannot be probed."""
     if slug is None:
-        slugs = team_slugs_for_user(user=user, limit=2)
+        slugs = team_slugs_for_user(user=user, limit=21)
         if len(slugs) != 1:
+            several = ", ".join(sorted(slugs[:20])) + (", ..." if len(slugs) > 20 else "")
             raise SpecError(
-                "Name the team (you belong to several)." if slugs else "Name the team: you belong to none.",
+                f"Name the team: you belong to several ({several})."
+                if slugs
+                else "Name the team: you belong to none.",
                 field="team",
             )
         slug = slugs[0]
