@@ -23,4 +23,4 @@ RUN pip install --no-cache-dir . \
 USER tessera
 
 EXPOSE 8000
-CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "portal.asgi:application"]
+CMD ["daphne", "-v", "0", "-b", "0.0.0.0", "-p", "8000", "portal.asgi:application"]

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 
+from agent import logformat
 from agent.config import AgentConfig, ConfigError, add_arguments, load_config
 
 
@@ -46,10 +47,11 @@ def cmd_run(config: AgentConfig) -> int:
         for d in (config.work_dir, config.work_dir / "jobs"):
             d.mkdir(exist_ok=True)
             os.chmod(d, 0o711)
-    logging.basicConfig(
+    logformat.configure(
         level=config.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        log_format=config.log_format,
         handlers=[logging.StreamHandler(), logging.FileHandler(config.work_dir / "agent.log")],
+        node=config.node_name,
     )
     url = ws_url(config.portal_url)
     agent = Agent(

@@ -32,6 +32,7 @@ class AgentConfig:
     watchdog_tolerance_mib: int = 0
     watchdog_grace_s: float = 5.0
     log_level: str = "INFO"
+    log_format: str = "text"  # text | json (agent/logformat.py)
     fence_after_s: float | None = None
     address: str | None = (
         None  # where the other members of a gang reach this host (None: the portal uses the name)
@@ -170,6 +171,7 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
         sharing_overrides=overrides,
         mps_control=pick("mps_control", "TESSERA_MPS_CONTROL"),
         log_level=environ.get("TESSERA_AGENT_LOG_LEVEL", "INFO"),
+        log_format=environ.get("TESSERA_AGENT_LOG_FORMAT") or environ.get("LOG_FORMAT") or "text",
         fence_after_s=fence_after_s,
         job_users=environ.get("TESSERA_AGENT_JOB_USERS") or None,
         uid_pool=uid_pool,

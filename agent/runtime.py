@@ -225,7 +225,15 @@ class Agent:
                 self._mps_reported = True
                 out.append(
                     self._queue(
-                        protocol.message("event", {"kind": "mps_unavailable", "detail": t.handle.mps})
+                        protocol.message(
+                            "event",
+                            {
+                                "kind": "mps_unavailable",
+                                "detail": t.handle.mps,
+                                # Expected on a simulated node: the portal says so once, not as a warning.
+                                "simulated": self.backend.name == "sim",
+                            },
+                        )
                     )
                 )
         self.backend.note_jobs(self.executor.usage_hints())

@@ -3,7 +3,7 @@
 import os
 
 from celery import Celery
-from celery.signals import before_task_publish
+from celery.signals import before_task_publish, setup_logging
 
 from portal.health import beat_note_publish
 
@@ -12,5 +12,18 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 app = Celery("tessera")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@setup_logging.connect(weak=False)
+def _portal_logging(**_) -> None:
+    """The worker and beat log as the portal does (settings.LOGGING: format, LOG_LEVEL, LOG_FORMAT). Connected,
+    this receiver replaces Celery's own setup, which would take over the root logger with its format."""
+    import logging.config
+
+    from django.conf import settings
+
+    logging.config.dictConfig(settings.LOGGING)
+
+
 # Beat's healthcheck reads when it last sent its periodic cycle request (portal.health).
 before_task_publish.connect(beat_note_publish, weak=False)

@@ -45,6 +45,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: every later line of the request carries its id (portal/logs.py).
+    "portal.logs.RequestIdMiddleware",
     "portal.metrics.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -281,11 +283,29 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 
+# One format for the portal, the Celery worker and beat (portal/celery.py) and the agent (agent/logformat.py):
+# timestamp (UTC), level, logger and the request id / job id / node where they apply; LOG_FORMAT=json writes one
+# JSON object per line. docs/operations.md, "Logs".
+LOG_FORMAT = env.str("LOG_FORMAT", default="text").strip().lower()
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "filters": {"context": {"()": "agent.logformat.ContextFilter"}},
+    "formatters": {
+        "tessera": {
+            "()": "agent.logformat.JsonFormatter" if LOG_FORMAT == "json" else "agent.logformat.TextFormatter"
+        }
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "tessera", "filters": ["context"]}
+    },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
-    # django-axes logs every sign-in at INFO; lockouts (WARNING) are what an operator needs.
-    "loggers": {"axes": {"level": "WARNING"}},
+    "loggers": {
+        # Django's default config gives `django` a console handler of its own under DEBUG: with the root's, every
+        # line would be written twice. Its records go to the root's handler only.
+        "django": {"handlers": [], "propagate": True},
+        "django.server": {"handlers": [], "propagate": True},
+        # django-axes logs every sign-in at INFO; lockouts (WARNING) are what an operator needs.
+        "axes": {"level": "WARNING"},
+    },
 }

@@ -612,10 +612,33 @@ def node_event(*, node_id: int, payload: dict[str, Any], message_id: str = "") -
                 cycle_request_after_commit()
             return Outcome(True, changed=True)
         if kind == "mps_unavailable":
-            detail = f": {data['detail']}" if data.get("detail") else ""
-            node_error_note(node_id=node.pk, message=f"MPS unavailable{detail}")
-        log.info("node %s event %s: %s", node.name, kind, data)
+            simulated = payload.get("simulated") is True
+            if not simulated:  # a simulated node has no MPS daemon by design: not an error of the node's
+                detail = f": {data['detail']}" if data.get("detail") else ""
+                node_error_note(node_id=node.pk, message=f"MPS unavailable{detail}")
+            _log_mps_unavailable(node=node.name, detail=data.get("detail", ""), simulated=simulated)
+            return Outcome(True)
+        log.info("node %s event %s: %s", node.name, kind, data, extra={"node": node.name})
         return Outcome(True)
+
+
+_simulated_mps_said = False
+
+
+def _log_mps_unavailable(*, node: str, detail: str, simulated: bool) -> None:
+    """A real node whose MPS slices are not limited is worth a warning each; simulated nodes (the demo's) have no
+    MPS daemon by design, which this process says once."""
+    global _simulated_mps_said
+    if not simulated:
+        log.warning("node %s: %s", node, detail, extra={"node": node})
+    elif not _simulated_mps_said:
+        _simulated_mps_said = True
+        log.info(
+            "simulated nodes (%s first) run MPS slices without nvidia-cuda-mps-control: their limits are not "
+            "enforced, as expected off a GPU host",
+            node,
+            extra={"node": node},
+        )
 
 
 def log_chunk_check(

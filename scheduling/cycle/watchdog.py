@@ -187,8 +187,7 @@ def lost_jobs_check(*, now=None) -> list[int]:
                 if job.state in ACTIVE_STATES:
                     _requeue_lost(job=job, node=locked, silent_for=silent_for)
                     moved.append(job.pk)
-    if moved:
-        log.warning("jobs %s of lost nodes have surely stopped: requeued or failed", moved)
+    # Each requeue or failure is logged once, by job_transition, with its reason.
     return moved
 
 

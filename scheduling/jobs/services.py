@@ -7,6 +7,7 @@ for one card cannot both win; the CHECK constraints on Gpu are the last guard.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -32,6 +33,8 @@ from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
 from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES, IllegalTransition, check_transition
 from scheduling.notifications.services import job_state_notify
 from scheduling.realtime import events
+
+log = logging.getLogger("tessera.jobs")
 
 MAX_GPUS_PER_JOB_NODE = 64
 
@@ -443,11 +446,22 @@ def job_submit(*, submitter: AbstractBaseUser, team: Team, spec: JobSpec) -> Job
         message=f"Submitted by {submitter} to {team.slug}.",
     )
     _insert_job_and_event(job=job, event=event)
+    _log_change_on_commit(
+        job_id=job.id, from_state="", to_state=job.state, code="submitted", message=event.message
+    )
     events.job_changed(
         job_id=job.id, team_id=team.id, submitter_id=submitter.pk, state=job.state, code="submitted"
     )
     cycle_request_after_commit()
     return job
+
+
+def _log_change_on_commit(*, job_id: int, from_state: str, to_state: str, code: str, message: str) -> None:
+    """The one log line of a job's state change (every change goes through job_submit or job_transition), written
+    once it is committed: a change rolled back (a placement the ledger refused) never happened."""
+    arrow = f"{from_state} -> {to_state}" if from_state else to_state
+    text = f"job {job_id}: {arrow} ({code or 'no code'})" + (f": {message}" if message else "")
+    transaction.on_commit(lambda: log.info("%s", text, extra={"job_id": job_id}))
 
 
 def job_transition(
@@ -514,6 +528,7 @@ def job_transition(
         message=message,
         data=data or {},
     )
+    _log_change_on_commit(job_id=job.pk, from_state=from_state, to_state=to_state, code=code, message=message)
     if from_state in ACTIVE_STATES and to_state not in ACTIVE_STATES:
         # The agents running it must stop it: their desired state changed.
         for node_name in set(Slice.objects.filter(job=job).values_list("gpu__node__name", flat=True)):

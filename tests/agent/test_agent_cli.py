@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -168,7 +169,13 @@ def test_the_agent_process_connects_reports_and_stops_on_sigterm(tmp_path):
     hello = next(m for m in seen[1:] if m["type"] == "hello")["payload"]
     assert hello["node"] == "sim-a100-01" and len(hello["inventory"]["gpus"]) == 6
     assert any(m.get("type") == "ack" and m["payload"]["desired_version"] == 1 for m in seen[1:])
-    assert (tmp_path / "wd/agent.log").exists()
+    # Every line: UTC timestamp, level, logger and the node (agent/logformat.py, as the portal writes them).
+    lines = (tmp_path / "wd/agent.log").read_text().splitlines()
+    line_format = re.compile(
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR) tessera\.agent[\w.]* "
+        r"\[node=sim-a100-01\]: \S"
+    )
+    assert lines and all(line_format.match(line) for line in lines), lines
 
 
 def test_an_agent_killed_with_sigkill_and_restarted_adopts_its_job_and_never_runs_it_twice(tmp_path):
@@ -258,3 +265,27 @@ def test_an_agent_killed_with_sigkill_and_restarted_adopts_its_job_and_never_run
                 st = procfs.read_stat(member)
                 if st is not None and st.session == pid:
                     os.kill(member, signal.SIGKILL)
+
+
+def test_log_format_json_makes_the_agent_write_one_json_object_per_line(tmp_path):
+    import io
+    import logging
+
+    from agent import logformat
+
+    assert load_config(_args(), {"LOG_FORMAT": "json"}).log_format == "json"
+    assert (
+        load_config(_args(), {"LOG_FORMAT": "json", "TESSERA_AGENT_LOG_FORMAT": "text"}).log_format == "text"
+    )
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    buf = io.StringIO()
+    try:
+        logformat.configure(level="INFO", log_format="json", handlers=[logging.StreamHandler(buf)], node="n1")
+        logging.getLogger("tessera.agent").info("job %s started", 5, extra={"job_id": 5})
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+    line = json.loads(buf.getvalue())
+    assert line["ts"].endswith("Z") and (line["level"], line["logger"]) == ("INFO", "tessera.agent")
+    assert (line["message"], line["job_id"], line["node"]) == ("job 5 started", 5, "n1")

@@ -196,3 +196,20 @@ def test_an_event_with_a_message_id_too_long_to_store_is_refused_not_recorded_ag
         outcome = node_event(node_id=node.pk, payload=_interference(running), message_id="m-" + "7" * 100)
         assert not outcome.ok and "64" in outcome.error
     assert running.events.count() == before
+
+
+def test_unenforced_mps_is_a_warning_per_real_node_and_said_once_for_simulated_ones(
+    node, caplog, monkeypatch
+):
+    import logging
+
+    from scheduling.agents import reports
+
+    monkeypatch.setattr(reports, "_simulated_mps_said", False)
+    caplog.set_level(logging.INFO, logger="scheduling.agents.reports")
+    detail = "nvidia-cuda-mps-control not found; MPS limits are not enforced"
+    for simulated in (True, True, False, False):
+        payload = {"kind": "mps_unavailable", "detail": detail, "simulated": simulated}
+        assert node_event(node_id=node.pk, payload=payload).ok
+    said = [(r.levelname, r.node) for r in caplog.records if "MPS" in r.getMessage()]
+    assert said == [("INFO", node.name), ("WARNING", node.name), ("WARNING", node.name)]

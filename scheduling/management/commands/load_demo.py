@@ -1,5 +1,7 @@
 """Load the demo cluster, teams, people and jobs (idempotent)."""
 
+import logging
+
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
@@ -20,7 +22,14 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, history_days: int, **options):
-        load_demo(token_dir=settings.VAR_DIR / "agent-tokens", history_days=history_days)
+        # The seed's jobs are made, not run: their state changes (a line each) would hide the logins below.
+        jobs_log = logging.getLogger("tessera.jobs")
+        level = jobs_log.level
+        jobs_log.setLevel(logging.WARNING)
+        try:
+            load_demo(token_dir=settings.VAR_DIR / "agent-tokens", history_days=history_days)
+        finally:
+            jobs_log.setLevel(level)
         self.stdout.write(
             self.style.SUCCESS("Demo data loaded. Sign in at /login/ (staff also reach /admin/):")
         )

@@ -49,6 +49,23 @@ exec "{python}" "$@"
 """
 
 NOTIFY_EVERY_S = 5.0
+# The examples (docs/examples/) also run `torchrun train.py ...` and `jupyter lab`: on the agents' PATH these play
+# a missing script (torchrun) or a notebook server (jupyter, when this machine has none) the same way.
+DEMO_TORCHRUN = """#!/bin/sh
+# Tessera demo stand-in: plays torchrun with a missing demo script; runs the real torchrun otherwise.
+for a in "$@"; do
+  case "$a" in *.py) [ -e "$a" ] || exec python "$a";; esac
+done
+exec "{real}" "$@"
+"""
+DEMO_JUPYTER = """#!/bin/sh
+# Tessera demo stand-in: plays a notebook server when this machine has no Jupyter.
+echo "[demo] jupyter $* is simulated here: a notebook server for a few minutes"
+i=1; while [ $i -le 36 ]; do echo "[demo] notebook kernel idle ($i/36)"; sleep 5; i=$((i+1)); done
+echo "[demo] done"; exit 0
+"""
+STAND_INS = ("python", "torchrun", "jupyter")
+
 _AGENT_SHARING = {"timeslice": "time_sliced"}
 
 
@@ -117,12 +134,16 @@ class Command(BaseCommand):
         root = Path(settings.VAR_DIR) / "demo-agents"
         bin_dir = root / "bin"
         bin_dir.mkdir(parents=True, exist_ok=True)
-        stand_in = bin_dir / "python"
-        stand_in.write_text(DEMO_PYTHON.replace("{python}", shutil.which("python3") or sys.executable))
-        stand_in.chmod(0o755)
-        agent_bin = Path(sys.executable).parent / "tessera-agent"
-        argv0 = [str(agent_bin)] if agent_bin.exists() else [sys.executable, "-m", "agent.cli"]
-        env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+        write_stand_ins(bin_dir)
+        # The agents run this checkout's agent package, as the portal runs this checkout (an installed
+        # `tessera-agent` may be another's: a shared virtual environment).
+        argv0 = [sys.executable, "-m", "agent.cli"]
+        python_path = os.pathsep.join(p for p in (str(settings.BASE_DIR), os.environ.get("PYTHONPATH")) if p)
+        env = {
+            **os.environ,
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PYTHONPATH": python_path,
+        }
         # Simulated nodes on this machine: jobs run as the user running the demo (as root the agents would give
         # each job a user of its own, who may not run this checkout's Python).
         env.setdefault("TESSERA_AGENT_JOB_USERS", "agent")
@@ -170,6 +191,10 @@ class Command(BaseCommand):
 
         from portal.asgi import application
 
+        logging.getLogger("daphne.server").addFilter(_WithoutHttp2Note())
+        # One line per request would bury the scheduling lines: the demo shows the 4xx and 5xx ones (portal/logs.py).
+        logging.getLogger("tessera.access").setLevel(logging.WARNING)
+
         def ready() -> None:
             asyncio.ensure_future(scheduling_loop(), loop=twisted_loop)
             self.stdout.write(
@@ -181,6 +206,33 @@ class Command(BaseCommand):
             endpoints=build_endpoint_description_strings(host=host, port=port),
             ready_callable=ready,
         ).run()
+
+
+def write_stand_ins(bin_dir: Path) -> None:
+    """The demo agents' PATH: `python` and `torchrun` stand-ins always (they run what exists), `jupyter` only when
+    this machine has none."""
+    real_torchrun = shutil.which("torchrun")
+    scripts = {
+        "python": DEMO_PYTHON.replace("{python}", shutil.which("python3") or sys.executable),
+        "torchrun": DEMO_TORCHRUN.replace(
+            '"{real}"', f'"{real_torchrun}"' if real_torchrun else "python -m torch.distributed.run"
+        ),
+        "jupyter": None if shutil.which("jupyter") else DEMO_JUPYTER,
+    }
+    for name, text in scripts.items():
+        path = bin_dir / name
+        if text is None:
+            path.unlink(missing_ok=True)
+            continue
+        path.write_text(text)
+        path.chmod(0o755)
+
+
+class _WithoutHttp2Note(logging.Filter):
+    """daphne says at every start that HTTP/2 is off (no h2 extras): nothing a demo user can act on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("HTTP/2 support")
 
 
 def _stop_demo_jobs(root: Path) -> None:
