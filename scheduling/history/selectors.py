@@ -274,7 +274,7 @@ def waits(
 ) -> dict[str, Any]:
     """Jobs that started in the window: how many, and their wait from submit to start: the mean (exact) and the
     p95 (s; from the histogram of waits, within 10 %), with per-bucket columns (`series`: the mean wait and the
-    jobs started each `step_s`, a day by default) when `step_s` is given. `team_ids`: only these teams' jobs.
+    jobs started each `step_s` seconds) when `step_s` is given. `team_ids`: only these teams' jobs.
 
     The whole hours the roll has closed come from `WaitHour` (one aggregating query over its rows); the rest (the
     window's partial first hour, and from the newest hour rolled up to now) from the jobs' own rows, a small
