@@ -527,8 +527,8 @@ def build_history(
 ) -> dict:
     """30 days of rollups at cluster size, generated inside PostgreSQL (INSERT ... SELECT generate_series): the
     queue each minute, each GPU model and team each minute, hourly usage for every team x user x model that
-    ran that hour, `finished_jobs` jobs started over the window (for queue times), and `node_days` days of node
-    minutes (and one day of GPU 5-minute windows, to measure its size). Returns what was written and how long
+    ran that hour, `finished_jobs` jobs started over the window (for queue times, rolled into their hourly
+    rollup by the recorder's own `waits_roll`), and `node_days` days of node minutes (and one day of GPU 5-minute windows, to measure its size). Returns what was written and how long
     it took, with each table's size per day."""
     from django.contrib.auth import get_user_model
     from django.db import connection
@@ -542,8 +542,10 @@ def build_history(
         NodeMinute,
         TeamMinute,
         UsageHour,
+        WaitHour,
     )
     from scheduling.history.partitions import partitions_ensure
+    from scheduling.history.recorder import waits_roll
     from scheduling.inventory.models import Gpu, GpuModel, Node
     from scheduling.jobs.models import Job
 
@@ -644,6 +646,11 @@ def build_history(
                 WHERE j.id = %s""",
             [finished_jobs, since, usage_days * 86400, template],
         )
+        t = time.perf_counter()
+        waits_roll(
+            now=now, since=since
+        )  # what the recorder does each few minutes, over the whole window at once
+        timings["wait_hour"] = round(time.perf_counter() - t, 1)
         run(
             "node_minute",
             f"""INSERT INTO {NodeMinute._meta.db_table} (node_id, at, state, gpus, allocated_milli, util_pct,
@@ -701,6 +708,7 @@ def build_history(
             TeamMinute: usage_days,
             ClusterMinute: usage_days,
             UsageHour: usage_days,
+            WaitHour: usage_days,
         }
         tables = {}
         for model, days in days_of.items():

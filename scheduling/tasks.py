@@ -39,8 +39,10 @@ def history_record_task() -> bool:
 
 @shared_task(ignore_result=True)
 def history_usage_task() -> int:
-    """The last two hours' GPU-seconds per team, user and model, from the jobs' own records."""
-    return recorder.usage_hours_roll()
+    """The last two hours' GPU-seconds per team, user and model, and the queue times of the jobs started since
+    the last roll, from the jobs' own records."""
+    rows = recorder.usage_hours_roll()
+    return rows + recorder.waits_roll()
 
 
 @shared_task(ignore_result=True)

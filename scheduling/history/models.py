@@ -10,6 +10,8 @@
 - `ClusterMinute`: the queue each minute.
 - `UsageHour`: GPU-seconds per team, user and GPU model each hour, from the jobs' own records (as the usage API
   counts them), with the allocated GPU-seconds that sat idle.
+- `WaitHour`: the jobs that started each hour, per team and wait bucket: how many and their summed wait from
+  submit to start (the queue times' rollup: the mean is exact, the p95 comes from the buckets, within 10 %).
 - `GpuEvent`: XID and ECC events, as they happen (rare: one row each).
 
 The two big tables (node and GPU rows) are split into daily partitions on PostgreSQL, so pruning drops a day's
@@ -18,6 +20,8 @@ and hold no foreign keys: history outlives a node taken out of the inventory unt
 
 Units: `*_milli` are thousandths of a whole-GPU equivalent (a 0.25 slice is 250), as the engine counts.
 """
+
+import math
 
 from django.db import models
 
@@ -158,6 +162,66 @@ class UsageHour(models.Model):
 
     def __str__(self) -> str:
         return f"team {self.team_id} user {self.user_id} at {self.hour:%Y-%m-%d %H}h"
+
+
+# Waits are counted in a fixed histogram: bucket 0 holds waits under a second, bucket b >= 1 those from
+# WAIT_RATIO ** (b - 1) s up to WAIT_RATIO ** b s, through 30 days (bucket 155 ends at 30.2 days); the last one,
+# WAIT_BUCKETS - 1, holds anything longer. Edges 10 % apart: a quantile read inside a bucket is within 10 %.
+WAIT_RATIO = 1.1
+WAIT_BUCKETS = math.ceil(math.log(30 * 86400) / math.log(WAIT_RATIO)) + 2
+
+
+def wait_bucket(seconds: float) -> int:
+    """The histogram bucket of a wait (s)."""
+    if seconds < 1:
+        return 0
+    return min(WAIT_BUCKETS - 1, int(math.log(seconds) / math.log(WAIT_RATIO)) + 1)
+
+
+def wait_bucket_edges(bucket: int) -> tuple[float, float | None]:
+    """A bucket's lower and upper edge (s); None: the last bucket has no upper edge."""
+    if bucket <= 0:
+        return 0.0, 1.0
+    upper = None if bucket >= WAIT_BUCKETS - 1 else WAIT_RATIO**bucket
+    return WAIT_RATIO ** (bucket - 1), upper
+
+
+def wait_quantile(counts: dict[int, int], q: float = 0.95) -> float | None:
+    """The q-quantile (s) of the waits counted in `counts` (bucket -> jobs): the ceil(q n)-th smallest, placed
+    inside its bucket by its rank there (geometrically: the edges are a ratio apart). None: no jobs."""
+    n = sum(counts.values())
+    if not n:
+        return None
+    rank, seen = max(1, math.ceil(q * n)), 0
+    for bucket in sorted(counts):
+        c = counts[bucket]
+        if seen + c >= rank:
+            low, high = wait_bucket_edges(bucket)
+            if high is None:
+                return low
+            at = (rank - seen - 0.5) / c
+            return low + (high - low) * at if bucket == 0 else low * (high / low) ** at
+        seen += c
+    return None  # pragma: no cover - the counts sum to n
+
+
+WAIT_ROLLED_MARK = 0  # the team id of the row each hour rolled gets (no jobs): how far the roll has come
+
+
+class WaitHour(models.Model):
+    pk = models.CompositePrimaryKey("hour", "team_id", "bucket")
+    hour = models.DateTimeField(help_text="The hour (UTC) the jobs started in, its start.")
+    team_id = models.IntegerField(help_text="0: no team, the hour's mark that it was rolled (no jobs).")
+    bucket = models.PositiveSmallIntegerField(help_text="The waits' bucket (wait_bucket: 10 % wide).")
+    jobs = models.IntegerField(help_text="Jobs that started in the hour with a wait in the bucket.")
+    wait_s_sum = models.FloatField(help_text="Their waits from submit to start, summed (s).")
+
+    class Meta:
+        db_table = "history_wait_hour"
+        indexes = [models.Index(fields=["team_id", "hour"], name="wait_hour_team_hour")]
+
+    def __str__(self) -> str:
+        return f"team {self.team_id} at {self.hour:%Y-%m-%d %H}h, bucket {self.bucket}"
 
 
 class GpuEvent(models.Model):

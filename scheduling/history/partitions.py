@@ -2,7 +2,7 @@
 
 `NodeMinute` and `GpuFiveMinute` are partitioned by range of `at`, one partition a UTC day, named
 `<table>_pYYYYMMDD`. A partition exists before a row of its day is written (`partitions_ensure`), and a day older than the retention period is dropped whole: no row-by-row delete, no vacuum debt. The
-small tables (models, teams, the queue, hourly usage, GPU events) are pruned by an indexed delete. On SQLite
+small tables (models, teams, the queue, hourly usage and queue times, GPU events) are pruned by an indexed delete. On SQLite
 (the embedded demo) every table is plain and pruned by delete.
 """
 
@@ -22,6 +22,7 @@ from scheduling.history.models import (
     NodeMinute,
     TeamMinute,
     UsageHour,
+    WaitHour,
 )
 
 PARTITIONED = (NodeMinute, GpuFiveMinute)
@@ -32,6 +33,7 @@ DELETED = (
     (TeamMinute, "at"),
     (ClusterMinute, "at"),
     (UsageHour, "hour"),
+    (WaitHour, "hour"),
     (GpuEvent, "at"),
 )
 _PARTITION = re.compile(r"_p(\d{8})$")

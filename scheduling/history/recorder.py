@@ -1,5 +1,5 @@
-"""Writes the history rollups: each minute the cluster as it stands, each few minutes the hours' GPU-seconds from
-the jobs' own records, XID / ECC events as agents report them. Safe to run twice: a minute is claimed by its
+"""Writes the history rollups: each minute the cluster as it stands, each few minutes the hours' GPU-seconds and
+queue times from the jobs' own records, XID / ECC events as agents report them. Safe to run twice: a minute is claimed by its
 `ClusterMinute` row, so a second recorder of the same minute writes nothing."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from scheduling.choices import GpuHealth, JobState, NodeState
 from scheduling.cycle.selectors import borrowed_by_team, fair_shares_gpus
 from scheduling.engine import types as eng
 from scheduling.history.models import (
+    WAIT_ROLLED_MARK,
     ClusterMinute,
     GpuEvent,
     GpuFiveMinute,
@@ -29,6 +30,8 @@ from scheduling.history.models import (
     NodeMinute,
     TeamMinute,
     UsageHour,
+    WaitHour,
+    wait_bucket,
 )
 from scheduling.history.partitions import history_prune, partitions_ensure
 from scheduling.inventory.models import Gpu, GpuModel, Node
@@ -374,6 +377,70 @@ def usage_hours_roll(*, now: datetime | None = None, hours: int = 2) -> int:
     with connection.cursor() as cursor:
         cursor.executemany(sql, values)
     return len(values)
+
+
+WAIT_ROLL_CHUNK = timedelta(days=1)
+
+
+def waits_roll(*, now: datetime | None = None, since: datetime | None = None) -> int:
+    """Recompute the queue-time rollup (`WaitHour`) from the jobs that started since the last roll: every hour
+    from the one before the newest hour rolled (late commits land there) through this one, from the jobs' own
+    rows; with nothing rolled yet (or `since` given), from the retention period's start (or `since`). Each hour's
+    rows are replaced (deleted and upserted, in one transaction a day of hours): safe to run twice, or at once.
+    Returns the rows written for teams (each hour's mark of the roll aside)."""
+    now = (now or datetime.now(UTC)).astimezone(UTC)
+    if since is None:
+        newest = (
+            WaitHour.objects.filter(hour__lte=now).order_by("-hour").values_list("hour", flat=True).first()
+        )
+        since = (
+            newest - timedelta(hours=1)
+            if newest is not None
+            else now - timedelta(days=settings.TESSERA_HISTORY_RETENTION_DAYS)
+        )
+    start = since.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    written = 0
+    while start <= now:
+        end = min(
+            start + WAIT_ROLL_CHUNK, now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+        )
+        written += _waits_roll_hours(start, end)
+        start = end
+    return written
+
+
+def _waits_roll_hours(start: datetime, end: datetime) -> int:
+    """Replace the rollup's rows of the hours in [start, end) (whole hours) with what the jobs' rows say."""
+    sums: dict[tuple[datetime, int, int], list] = {}
+    jobs = Job.objects.filter(started_at__gte=start, started_at__lt=end).values_list(
+        "team_id", "submitted_at", "started_at"
+    )
+    for team_id, submitted_at, started_at in jobs.order_by().iterator(chunk_size=5000):
+        wait = max(0.0, (started_at - submitted_at).total_seconds())
+        hour = started_at.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+        entry = sums.setdefault((hour, team_id, wait_bucket(wait)), [0, 0.0])
+        entry[0] += 1
+        entry[1] += wait
+    rows = [
+        WaitHour(hour=hour, team_id=team_id, bucket=bucket, jobs=n, wait_s_sum=round(total, 3))
+        for (hour, team_id, bucket), (n, total) in sums.items()
+    ]
+    # Each hour rolled gets a row of no team (0) and no jobs, so the readers know how far the roll has come
+    # even through hours when nothing started.
+    hour, marks = start, []
+    while hour < end:
+        marks.append(WaitHour(hour=hour, team_id=WAIT_ROLLED_MARK, bucket=0, jobs=0, wait_s_sum=0.0))
+        hour += timedelta(hours=1)
+    with transaction.atomic():
+        WaitHour.objects.filter(hour__gte=start, hour__lt=end).delete()
+        WaitHour.objects.bulk_create(
+            rows + marks,
+            batch_size=2000,
+            update_conflicts=True,
+            unique_fields=["hour", "team_id", "bucket"],
+            update_fields=["jobs", "wait_s_sum"],
+        )
+    return len(rows)
 
 
 def gpu_events_record(*, node_id: int, gpus: list[dict[str, Any]], at: datetime | None = None) -> int:

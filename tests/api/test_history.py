@@ -1,6 +1,7 @@
 """The history rollups: what the recorder writes each minute, that a minute is written once, the 5-minute GPU
-windows, daily partitions and their pruning, hourly GPU-seconds equal to the usage API's, and the selectors'
-figures on known rows."""
+windows, daily partitions and their pruning, hourly GPU-seconds equal to the usage API's, the queue-time rollup
+(rolled once whatever the runs, read with the window's partial hours from the jobs), and the selectors' figures on
+known rows."""
 
 from datetime import UTC, datetime, timedelta
 
@@ -20,6 +21,9 @@ from scheduling.history.models import (
     NodeMinute,
     TeamMinute,
     UsageHour,
+    WaitHour,
+    wait_bucket,
+    wait_quantile,
 )
 from scheduling.inventory.models import Gpu
 from scheduling.jobs import services
@@ -137,14 +141,71 @@ def test_hourly_gpu_seconds_equal_the_usage_api_to_the_gpu_second(as_admin, alic
     assert by_model[0]["model"] == "A100-80GB"
 
 
-def test_waits_satisfaction_and_inversions_on_known_rows(alice, teams, node, submit):
+def _started(submit, user, team, *, at: datetime, wait_s: float) -> Job:
+    job = submit(user, team, gpus=1)
+    Job.objects.filter(pk=job.pk).update(submitted_at=at - timedelta(seconds=wait_s), started_at=at)
+    return job
+
+
+def test_the_wait_histogram_reads_a_quantile_within_10_percent():
+    for wait in (0.2, 1, 7, 95, 3600, 86400 * 3, 86400 * 29):
+        assert wait_quantile({wait_bucket(wait): 1}) == pytest.approx(wait, rel=0.1, abs=0.5)
+    assert wait_quantile({}) is None
+    assert wait_bucket(86400 * 400) == wait_bucket(86400 * 31)  # past 30 days: one last bucket
+
+
+def test_the_waits_roll_is_idempotent_and_the_window_ends_come_from_the_jobs(alice, bob, teams, node, submit):
+    training, inference = teams["training"], teams["inference"]
+    for k, wait in enumerate([10, 20, 30, 40, 1000]):  # in T0's hour, rolled
+        _started(submit, alice, training, at=T0 + timedelta(minutes=10 * k), wait_s=wait)
+    _started(submit, bob, inference, at=T0 + timedelta(minutes=5), wait_s=60)
+    _started(submit, alice, training, at=T0 + timedelta(hours=2, minutes=5), wait_s=500)  # the open hour
+
+    assert recorder.waits_roll(now=T0 + timedelta(hours=2, minutes=10), since=T0 - timedelta(hours=1)) == 7
+    rows = sorted(WaitHour.objects.values_list("hour", "team_id", "bucket", "jobs", "wait_s_sum"))
+    # Again (over the same hours, or from the hour before the newest rolled): the same rows, nothing twice.
+    assert recorder.waits_roll(now=T0 + timedelta(hours=2, minutes=10), since=T0 - timedelta(hours=1)) == 7
+    assert recorder.waits_roll(now=T0 + timedelta(hours=2, minutes=15)) == 1
+    assert sorted(WaitHour.objects.values_list("hour", "team_id", "bucket", "jobs", "wait_s_sum")) == rows
+    assert sum(r[3] for r in rows) == 7
+
+    # Closed hours are read from the rollup, not the jobs: rewriting the jobs' waits changes nothing there.
+    Job.objects.filter(started_at__lt=T0 + timedelta(hours=1)).update(submitted_at=T0 - timedelta(days=1))
+    until = T0 + timedelta(hours=2, minutes=30)
+    with CaptureQueriesContext(connection) as queries:
+        stats = selectors.wait_stats(since=T0, until=until, team_ids=[training.pk])
+    assert len(queries) == 3  # the newest hour rolled, the rollup's sums, the jobs of the open hour
+    assert (stats["jobs"], stats["wait_mean_s"]) == (6, round(1600 / 6, 1))  # the mean is exact
+    assert stats["wait_p95_s"] == pytest.approx(1000, rel=0.1)
+    alone = selectors.wait_stats(since=T0, until=T0 + timedelta(hours=1), team_ids=[training.pk])
+    assert (alone["jobs"], alone["wait_mean_s"]) == (5, 220.0)
+    assert alone["wait_p95_s"] == pytest.approx(1000, rel=0.1)
+    # A window that starts inside an hour reads that hour's part from the jobs (rewritten: a day's wait).
+    part = selectors.wait_stats(since=T0 + timedelta(minutes=35), until=until, team_ids=[training.pk])
+    assert (part["jobs"], part["wait_mean_s"]) == (2, (86400 + 2400 + 500) / 2)
+    everyone = selectors.wait_series(w=selectors.Window("1d", T0, until, 3600), step_s=3600)
+    assert everyone["jobs"] == 7
+    assert everyone["series"]["started_jobs"][:3] == [6, None, 1]
+    assert everyone["series"]["wait_mean_s"][0] == round(1160 / 6, 3)
+    assert selectors.wait_stats(since=T0, until=until, team_ids=[]) == {
+        "jobs": 0,
+        "wait_mean_s": None,
+        "wait_p95_s": None,
+    }
+
+    # The roll replaces an hour whole: a job that moved out of it leaves no trace behind.
+    Job.objects.filter(team=inference).update(started_at=T0 + timedelta(hours=2, minutes=6))
+    recorder.waits_roll(now=T0 + timedelta(hours=2, minutes=20), since=T0)
+    assert WaitHour.objects.filter(team_id=inference.pk).get().hour == T0 + timedelta(hours=2)
+    assert sum(WaitHour.objects.values_list("jobs", flat=True)) == 7
+    rows = WaitHour.objects.count()
+    assert (
+        partitions.history_prune(now=T0 + timedelta(days=31), retention_days=30)["history_wait_hour"] == rows
+    )
+
+
+def test_satisfaction_and_inversions_on_known_rows(teams):
     team = teams["training"]
-    waits = [10, 20, 30, 40, 1000]
-    for w in waits:
-        job = submit(alice, team, gpus=1)
-        Job.objects.filter(pk=job.pk).update(submitted_at=T0, started_at=T0 + timedelta(seconds=w))
-    stats = selectors.wait_stats(since=T0, until=T0 + timedelta(hours=1), team_ids=[team.pk])
-    assert stats == {"jobs": 5, "wait_mean_s": 220.0, "wait_p95_s": 1000.0}
     # Owed min(4, held + pending) each minute: held 2 of 4 owed, then 4 of 4.
     TeamMinute.objects.bulk_create(
         [

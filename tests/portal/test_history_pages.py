@@ -12,6 +12,8 @@ from django.test import Client
 from scheduling.history import recorder
 from scheduling.history.models import UsageHour
 from scheduling.inventory.models import Gpu, Node
+from scheduling.jobs import services
+from scheduling.jobs.models import Job
 
 pytestmark = pytest.mark.django_db
 
@@ -58,6 +60,27 @@ def test_staff_see_every_user(admin_user, alice, bob, teams, node):
     _usage(teams["inference"], bob, model, hours_ago=3, gpu_hours=4)
     page = _signed_in(admin_user).get("/history/?window=30d&by=user").content.decode()
     assert "alice" in page and "bob" in page and "other teams" not in page
+
+
+def test_queue_times_are_read_from_their_rollup_and_the_p95_says_it_is_from_a_histogram(alice, teams, node):
+    started = datetime.now(UTC).replace(minute=5, second=0, microsecond=0) - timedelta(hours=3)
+    for wait in (10, 20, 30, 40, 1000):
+        job = services.job_submit(
+            submitter=alice, team=teams["training"], spec=services.JobSpec(name="j", command="x", gpus=1)
+        )
+        Job.objects.filter(pk=job.pk).update(
+            submitted_at=started - timedelta(seconds=wait), started_at=started
+        )
+    recorder.waits_roll()
+    # The jobs' rows now say a day's wait each: the page's figures are the rollup's, rolled when they started.
+    Job.objects.update(submitted_at=started - timedelta(days=1))
+    page = _signed_in(alice).get("/history/").content.decode()
+    assert "<b>4 min</b><span>mean wait" in page  # 220 s
+    assert "<b>≈ 17 min</b><span" in page and "from a histogram of waits, within 10 %" in page  # 1000 s
+    assert "mean (p95 ≈ 17 min, 5 jobs)" in page  # alice's teams
+    assert sum(n or 0 for n in _chart(page, "chart-wait")["series"][0]["values"]) == pytest.approx(
+        3.7, abs=0.1
+    )
 
 
 @pytest.mark.parametrize("query", ["?window=1y", "?window=", "?window=24h&by=nobody", "?by=<script>"])

@@ -264,6 +264,7 @@ def _scheduling_step(state: dict) -> None:
         state["usage_rolls"] += 1
         if state["usage_rolls"] % 5 == 1:
             recorder.usage_hours_roll()
+            recorder.waits_roll()
         if state["usage_rolls"] % 60 == 1:
             recorder.history_maintain()
     if now - state["watchdog_at"] >= settings.TESSERA_WATCHDOG_INTERVAL_S:
