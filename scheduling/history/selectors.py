@@ -92,6 +92,10 @@ def _bucket(column: str, step_s: int) -> str:
 
 
 def _fetch(sql: str, params: Sequence[Any]) -> list[tuple]:
+    """Run a hand-written read. Moments are passed as the database stores them (on SQLite, naive UTC text),
+    so a row exactly on a window's edge compares equal there as it does on PostgreSQL."""
+    adapt = connection.ops.adapt_datetimefield_value
+    params = [adapt(p) if isinstance(p, datetime) else p for p in params]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
