@@ -457,6 +457,9 @@ class Procs:
         return out
 
     def stop_all(self) -> None:
+        if "daphne" in self.procs and self.procs["daphne"].poll() is None:
+            os.kill(self.procs["daphne"].pid, signal.SIGUSR1)  # a sampled daphne writes its profile
+            time.sleep(0.5)
         for p in reversed(list(self.procs.values())):
             if p.poll() is None:
                 try:
@@ -795,9 +798,13 @@ def run(args: argparse.Namespace) -> dict:
     }
     phases: dict = {}
     try:
-        daphne = procs.start(
-            "daphne", [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"]
-        )
+        serve = ["-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"]
+        if args.profile_daphne:  # a sampling profile of every thread (bench/sampled.py), not for the figures
+            procs.env = {**env, "TESSERA_BENCH_PROFILE": str(args.profile_daphne.resolve())}
+            daphne = procs.start("daphne", [sys.executable, "-m", "bench.sampled", "daphne", *serve])
+            procs.env = env
+        else:
+            daphne = procs.start("daphne", [str(BIN / "daphne"), *serve])
         wait_for("daphne", lambda: _port_open(port), timeout_s=60)
         specs = seeded["specs"]
         per = -(-len(specs) // args.agent_procs)
@@ -1044,6 +1051,7 @@ def main() -> int:
     parser.add_argument("--singles", type=int, default=30)
     parser.add_argument("--window-s", type=float, default=65.0, help="the traffic / database-growth window")
     parser.add_argument("--agent-procs", type=int, default=2, help="processes the simulated nodes share")
+    parser.add_argument("--profile-daphne", type=Path, help="write a sampling profile of daphne here (JSON)")
     parser.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
     parser.add_argument("--sim-agents", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
