@@ -29,6 +29,7 @@ from agent import protocol
 from scheduling.agents import live_metrics
 from scheduling.agents import reports as agent_services
 from scheduling.cycle.desired_state import DesiredState, desired_state_for_node, desired_version_raise
+from scheduling.cycle.models import NodeSync
 from scheduling.history.recorder import gpu_events_record
 from scheduling.inventory.models import Node
 from scheduling.inventory.services import node_authenticate
@@ -46,6 +47,10 @@ METRICS_PUBLISH_INTERVAL_S = 1.0
 LOG_PULL_INTERVAL_S = 2.0
 # A logs_request unanswered this long is asked again (the agent dropped it).
 LOG_REQUEST_TIMEOUT_S = 30.0
+# A stream whose last answers brought nothing new is asked again after twice the wait before, up to this: at 1,000
+# nodes of 8 quiet jobs, asking every stream each LOG_PULL_INTERVAL_S was 16,000 frames a second through the portal
+# (bench/cluster_scale.py). New output resets the wait; a finished placement's logs are drained at once.
+LOG_QUIET_MAX_S = 30.0
 LOG_CHUNK_BYTES = protocol.MAX_LOG_CHUNK_BYTES
 FINAL_STATES = frozenset({"exited", "stopped", "killed", "launch_failed", "lost"})
 # Messages that write: the token is re-checked before each (metrics only relays what browsers may see).
@@ -129,12 +134,13 @@ def _desired_for(node_id: int) -> tuple[DesiredState, dict[int, int]]:
     return state, agent_services.job_team_ids(job_ids=[int(j["job_id"]) for j in state.jobs])
 
 
-def _heartbeat(node_id: int, token_hash: str, running: Any) -> bool:
-    """Record a heartbeat unless the connection's token was rotated since it opened (then False)."""
+def _heartbeat(node_id: int, token_hash: str, running: Any) -> int | None | bool:
+    """Record a heartbeat unless the connection's token was rotated since it opened (then False); returns the
+    node's desired version as the database has it (None before its first)."""
     if not _token_current(node_id, token_hash):
         return False
     agent_services.node_heartbeat(node_id=node_id, running=running)
-    return True
+    return NodeSync.objects.filter(node_id=node_id).values_list("desired_version", flat=True).first()
 
 
 def _store_logs(node_id: int, token_hash: str, **chunk: Any) -> tuple[int, int] | None | bool:
@@ -195,6 +201,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.log_waiting: dict[str, _LogRequest] = {}  # request id -> what it asked
         self.log_draining: set[tuple[int, int]] = set()  # finished placements whose logs are still coming
         self.log_eof: set[tuple[int, int, str]] = set()
+        self.log_quiet: dict[tuple[int, int, str], tuple[float, float]] = {}  # key -> (wait s, ask again at)
         self.said_hello = False
         self.closing = False  # refused (a rotated token, another node's name): nothing more is handled
         self.desired_lock = asyncio.Lock()  # one desired state computed and sent at a time, in version order
@@ -357,7 +364,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 log.warning("node %s: heartbeat failed", self.node_name, exc_info=True)
 
     async def on_heartbeat(self, payload: dict) -> None:
-        if not await db(_heartbeat)(self.node_id, self.token_hash, payload.get("running")):
+        version = await db(_heartbeat)(self.node_id, self.token_hash, payload.get("running"))
+        if version is False:
             # The token was rotated (or the node removed) since this connection opened: it speaks for no one.
             await self.refuse(CLOSE_UNAUTHENTICATED)
             return
@@ -368,10 +376,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if not self.said_hello:
             return
         held = payload.get("desired_version")
-        # Resend what the agent missed; and recompute on every heartbeat, so a change whose notification was
-        # lost (Redis restarting, a message dropped) still reaches the agent within one heartbeat.
+        # Resend what the agent missed, and what the database has moved on to since this connection last sent
+        # (a change whose notification was lost: Redis restarting, a message dropped), so it still reaches the
+        # agent within one heartbeat. Every cycle recomputes every node's state (desired_state_sync), so reading
+        # the version is enough; recomputing it here on every heartbeat cost most of the portal's CPU at 1,000
+        # nodes (bench/cluster_scale.py). Without the channel layer no cycle runs: then recompute each time.
         missed = held is None or self.sent_version is None or int(held) < self.sent_version
-        await self.send_desired(force=missed)
+        if missed or not self.grouped or version != self.sent_version:
+            await self.send_desired(force=missed)
 
     async def on_ack(self, payload: dict) -> None:
         version = payload.get("desired_version")
@@ -427,10 +439,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
         gpus = [live_metrics.gpu_sample(g) for g in payload.get("gpus") or [] if isinstance(g, dict)]
         at = payload.get("sampled_at")
         at = at if isinstance(at, (int, float)) and not isinstance(at, bool) else None
-        await live_metrics.live_metrics_store(node_name=self.node_name, sampled_at=at, gpus=gpus)
-        await self.channel_layer.group_send(
-            groups.CLUSTER, {"type": "gpu.metrics", "node": self.node_name, "at": at, "gpus": gpus}
-        )
         per_job: dict[tuple[int, int], list[dict]] = {}
         shared: set[int] = set()
         for g in gpus:
@@ -439,8 +447,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 per_job.setdefault((job_id, team_id), []).append(g)
                 if len(holders) > 1:
                     shared.add(job_id)
+        await live_metrics.node_sample_keep(
+            node_name=self.node_name,
+            sampled_at=at,
+            gpus=gpus,
+            jobs=[(job_id, job_gpus, job_id not in shared) for (job_id, _), job_gpus in per_job.items()],
+        )
+        await self.channel_layer.group_send(
+            groups.CLUSTER, {"type": "gpu.metrics", "node": self.node_name, "at": at, "gpus": gpus}
+        )
         for (job_id, team_id), job_gpus in per_job.items():
-            await live_metrics.job_usage_note(job_id=job_id, gpus=job_gpus, whole_cards=job_id not in shared)
             msg = {
                 "type": "job.metrics",
                 "job_id": job_id,
@@ -477,6 +493,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 False, f"logs refused: not the chunk asked for job {job_id} attempt {attempt} {stream}"
             )
         next_offset, size = stored
+        if next_offset == request.offset and not payload.get("eof"):
+            wait = min(LOG_QUIET_MAX_S, 2 * self.log_quiet.get(key, (LOG_PULL_INTERVAL_S / 2, 0.0))[0])
+            self.log_quiet[key] = (wait, time.monotonic() + wait)
+        else:
+            self.log_quiet.pop(key, None)
         self.log_next[key] = next_offset
         if next_offset < size:
             await self._request_log(*key)  # more to read right away
@@ -504,8 +525,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def _pull_logs(self) -> None:
         running = await db(agent_services.running_here)(node_id=self.node_id)
+        now = time.monotonic()
         for job_id, attempt in set(running) | set(self.log_draining):
+            draining = (job_id, attempt) in self.log_draining
             for stream in ("stdout", "stderr"):
+                quiet = self.log_quiet.get((job_id, attempt, stream))
+                if quiet is not None and quiet[1] > now and not draining:
+                    continue  # nothing new the last times asked: asked again later
                 await self._request_log(job_id, attempt, stream)
 
     async def _pull_logs_forever(self) -> None:
