@@ -180,6 +180,8 @@ DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="tessera@localhost")
 TESSERA_PUBLIC_URL = env.str("TESSERA_PUBLIC_URL", default="")
 # A Slack-compatible webhook told of lost nodes and GPU XID errors, besides the staff who asked.
 TESSERA_NOTIFY_ADMIN_WEBHOOK_URL = env.str("TESSERA_NOTIFY_ADMIN_WEBHOOK_URL", default="")
+# A running job's log stream that brought nothing new is asked again after a doubling wait up to this (s).
+TESSERA_LOG_QUIET_MAX_S = env.float("TESSERA_LOG_QUIET_MAX_S", default=10.0)
 # History (scheduling/history): rollups each minute, kept this many days (docs/operations.md, "History").
 TESSERA_HISTORY_RETENTION_DAYS = env.int("TESSERA_HISTORY_RETENTION_DAYS", default=30)
 TESSERA_HISTORY_INTERVAL_S = env.float("TESSERA_HISTORY_INTERVAL_S", default=60.0)

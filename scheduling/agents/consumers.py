@@ -49,8 +49,9 @@ LOG_PULL_INTERVAL_S = 2.0
 LOG_REQUEST_TIMEOUT_S = 30.0
 # A stream whose last answers brought nothing new is asked again after twice the wait before, up to this: at 1,000
 # nodes of 8 quiet jobs, asking every stream each LOG_PULL_INTERVAL_S was 16,000 frames a second through the portal
-# (bench/cluster_scale.py). New output resets the wait; a finished placement's logs are drained at once.
-LOG_QUIET_MAX_S = 30.0
+# (bench/cluster_scale.py). New output resets the wait; a finished placement's logs are drained at once. A person
+# watching a quiet job sees its next line at most this late (TESSERA_LOG_QUIET_MAX_S, 10 s).
+LOG_QUIET_MAX_S = float(settings.TESSERA_LOG_QUIET_MAX_S)
 LOG_CHUNK_BYTES = protocol.MAX_LOG_CHUNK_BYTES
 FINAL_STATES = frozenset({"exited", "stopped", "killed", "launch_failed", "lost"})
 # Messages that write: the token is re-checked before each (metrics only relays what browsers may see).
