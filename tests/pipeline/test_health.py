@@ -67,7 +67,7 @@ def test_readyz_is_ready_while_all_runs_and_says_the_scheduler_stopped_when_the_
         assert answer["ready"] is False and answer["checks"]["database"]["ok"]
         assert "the scheduler is not running" in answer["checks"]["cycle"]["detail"]
         web = _health(pipe, "web", "--url", url, "--timeout-s", "5")
-        assert web.returncode == 1 and "cycle: no scheduling cycle for" in web.stderr
+        assert web.returncode == 1 and "cycle: No scheduling cycle for" in web.stderr
         assert requests.get(f"http://127.0.0.1:{pipe.port}/healthz", timeout=10).status_code == 200  # alive
     finally:
         pipe.start_worker()
