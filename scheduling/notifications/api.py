@@ -2,27 +2,62 @@
 
 from __future__ import annotations
 
+from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from portal.parsers import SafeJSONParser
 from scheduling.notifications.models import ADMIN_EVENTS, JOB_EVENTS
-from scheduling.notifications.services import notification_settings_save, settings_of
+from scheduling.notifications.services import (
+    MAX_EVENT_WORDS,
+    WEBHOOK_URL_MAX,
+    WEBHOOK_URL_PATTERN,
+    notification_settings_save,
+    settings_of,
+)
+
+
+class _Boolean(serializers.BooleanField):
+    """true or false, and nothing else (DRF's BooleanField also takes 0, "yes", "on")."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
+class _Text(serializers.CharField):
+    """Text only (DRF's CharField also takes 0 or true as "0", "True")."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
 
 
 class NotificationSettingsSerializer(serializers.Serializer):
     job_events = serializers.ListField(
         child=serializers.ChoiceField(choices=JOB_EVENTS),
+        max_length=MAX_EVENT_WORDS,
         help_text="Told of these for jobs that name none (a job's own `notify` wins).",
     )
-    email = serializers.BooleanField(help_text="By email to the account's address.")
-    webhook_url = serializers.CharField(
-        allow_blank=True, max_length=500, help_text="A Slack-compatible webhook."
+    email = _Boolean(help_text="By email to the account's address.")
+    webhook_url = _Text(
+        allow_blank=True,
+        max_length=WEBHOOK_URL_MAX,
+        validators=[
+            RegexValidator(f"^{WEBHOOK_URL_PATTERN.removeprefix('(').removesuffix(')?')}$")
+        ],  # empty: allow_blank
+        help_text="A Slack-compatible webhook: an http(s) URL, or empty for none.",
     )
     admin_events = serializers.ListField(
-        child=serializers.ChoiceField(choices=ADMIN_EVENTS), required=False, help_text="Staff only."
+        child=serializers.ChoiceField(choices=ADMIN_EVENTS),
+        max_length=MAX_EVENT_WORDS,
+        required=False,
+        help_text="Staff only.",
     )
 
 
@@ -38,6 +73,8 @@ def _body(prefs) -> dict:
 class NotificationSettingsView(APIView):
     """How the caller is told of their jobs' starts, ends, failures and preemptions (and, for staff, of lost nodes
     and GPU XID errors)."""
+
+    parser_classes = [SafeJSONParser]  # lists and an empty webhook read one way: JSON
 
     @extend_schema(responses=NotificationSettingsSerializer)
     def get(self, request: Request) -> Response:

@@ -5,6 +5,7 @@ in the scheduling cycle, and is retried with backoff: 30 s, 1, 2, 4 ... minutes,
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
@@ -30,6 +31,9 @@ FIRST_RETRY_S = 30
 MAX_RETRY_S = 3600
 WEBHOOK_TIMEOUT_S = 5.0
 WEBHOOK_URL_MAX = 500
+# Empty (no webhook), or an http(s) URL without whitespace; the API's schema says the same (its pattern).
+WEBHOOK_URL_PATTERN = r"https?://\S*"
+WEBHOOK_URL = re.compile(f"({WEBHOOK_URL_PATTERN})?")
 MAX_EVENT_WORDS = 8
 
 # A job state -> the event its owner may ask to hear of (sbatch --mail-type's BEGIN, END, FAIL, and preemption).
@@ -82,9 +86,11 @@ def notification_settings_save(
     *, user: AbstractBaseUser, job_events: Any, email: bool, webhook_url: str, admin_events: Any = None
 ) -> NotificationSettings:
     """A user's defaults. The webhook must be an http(s) URL of at most 500 characters."""
-    url = (webhook_url or "").strip()
-    if url and not (url.startswith("https://") or url.startswith("http://")):
-        raise ServiceError("webhook_url must start with https:// (or http://).", field="webhook_url")
+    url = webhook_url or ""
+    if not WEBHOOK_URL.fullmatch(url):
+        raise ServiceError(
+            "webhook_url must be an http(s) URL (https://...), with no spaces.", field="webhook_url"
+        )
     if len(url) > WEBHOOK_URL_MAX:
         raise ServiceError(
             f"webhook_url is at most {WEBHOOK_URL_MAX} characters.",
