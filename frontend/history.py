@@ -51,7 +51,7 @@ def _choice(value: str | None, allowed: tuple[str, ...]) -> str:
     return value if value in allowed else allowed[0]
 
 
-def _chart(
+def chart(
     *, title: str, t: list[int], series: list[dict], y_label: str, unit: str, **options: Any
 ) -> dict[str, Any]:
     """A chart for static/frontend/charts.js: time in Unix seconds, one list of values per series."""
@@ -168,7 +168,7 @@ def _usage_chart(*, w: history.Window, group: str, own: set[int] | None) -> dict
             series.append({"label": OTHER_TEAMS, "values": other})
     for s in series:
         s["values"] = [round(s["values"].get(b, 0.0), 2) for b in t]
-    return _chart(
+    return chart(
         title=f"GPU-hours per day, by {group}",
         t=t,
         series=series,
@@ -183,7 +183,7 @@ def _usage_chart(*, w: history.Window, group: str, own: set[int] | None) -> dict
 
 def _wait_chart(s: dict[str, list]) -> dict[str, Any]:
     minutes = [None if v is None else round(v / 60, 1) for v in s["wait_mean_s"]]
-    return _chart(
+    return chart(
         title="Mean queue time of the jobs started each day",
         t=s["t"],
         series=[{"label": "mean wait", "values": minutes}],
@@ -197,7 +197,7 @@ def _wait_chart(s: dict[str, list]) -> dict[str, Any]:
 
 def _queue_chart(*, w: history.Window) -> dict[str, Any]:
     s = history.queue_series(w=w)
-    return _chart(
+    return chart(
         title="Queue length",
         t=s["t"],
         series=[
@@ -258,7 +258,7 @@ def _totals(models: list[dict]) -> dict[str, Any]:
 
 
 def _capacity_chart(s: dict[str, Any]) -> dict[str, Any]:
-    return _chart(
+    return chart(
         title=s["model"],
         t=s["t"],
         series=[
@@ -275,7 +275,7 @@ def _capacity_chart(s: dict[str, Any]) -> dict[str, Any]:
 
 def _stranded_chart(series: list[dict], *, w: history.Window) -> dict[str, Any]:
     first = series[0]["t"] if series else []
-    return _chart(
+    return chart(
         title="Free capacity stranded on partly used cards",
         t=first,
         series=[{"label": s["model"], "values": s["stranded_gpus"]} for s in series],

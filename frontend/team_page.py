@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from datetime import UTC, date, datetime, time, timedelta
 
 from django.contrib.auth.decorators import login_required
@@ -17,6 +16,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
+from frontend.history import chart
 from quotas.models import Membership, Team
 from quotas.selectors import team_by_slug, team_ids_for_user
 from quotas.services import quota_may_edit
@@ -108,16 +108,6 @@ def _now(team: Team) -> dict:
     }
 
 
-def _chart(series: dict[str, list], lines: list[tuple[str, str]], unit: str) -> str:
-    return json.dumps(
-        {
-            "t": series["t"],
-            "unit": unit,
-            "series": [{"key": k, "label": label, "values": series[k]} for k, label in lines],
-        }
-    )
-
-
 @login_required
 def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
     team = _team_or_404(slug)
@@ -135,15 +125,21 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
         "now": _now(team),
         "window": w,
         "windows": TEAM_WINDOWS,
-        "chart": _chart(
-            series,
-            [
-                ("held_gpus", "Held"),
-                ("guaranteed_gpus", "Guaranteed"),
-                ("borrowed_gpus", "Borrowed"),
-                ("pending_gpus", "Asked for by pending jobs"),
+        "chart": chart(
+            title=f"GPUs over the last {w.name}",
+            t=series["t"],
+            series=[
+                {"label": label, "values": series[key]}
+                for key, label in (
+                    ("held_gpus", "held"),
+                    ("guaranteed_gpus", "guaranteed"),
+                    ("borrowed_gpus", "borrowed"),
+                    ("pending_gpus", "asked for by pending jobs"),
+                )
             ],
-            "GPUs",
+            y_label="GPUs",
+            unit="GPUs",
+            kind="line",
         ),
         "figures": {
             "quota_satisfaction": history.quota_satisfaction(team_id=team.pk, since=w.since, until=w.until),
