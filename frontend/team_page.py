@@ -21,12 +21,10 @@ from quotas.models import Membership, Team
 from quotas.selectors import team_by_slug, team_ids_for_user
 from quotas.services import quota_may_edit
 from scheduling.cycle.fairness import fairness
-from scheduling.cycle.selectors import borrowed_by_team, fair_shares_gpus
-from scheduling.cycle.snapshot import engine_quotas
+from scheduling.cycle.selectors import team_standings
 from scheduling.history import selectors as history
 from scheduling.jobs.chargeback import MAX_WINDOW, usage_rows
 from scheduling.jobs.models import Job
-from scheduling.jobs.usage import allocations_by_team
 
 TEAM_WINDOWS = ("24h", "7d", "30d")
 CHARGEBACK_GROUPS = ("team", "user", "model")
@@ -82,29 +80,21 @@ def chargeback_rows(*, team: Team, since: date, until: date) -> list[dict]:
 
 
 def _now(team: Team) -> dict:
-    allocations = allocations_by_team()
-    alloc = allocations.get(team.pk)
-    borrowed = borrowed_by_team(allocations=allocations, quotas=engine_quotas()).get(team.pk)
+    t = team_standings()[team.pk]
     quotas = list(team.quotas.select_related("gpu_model", "default_priority_class"))
-    overall = next((q for q in quotas if q.gpu_model_id is None), None)
-    guaranteed = float(overall.guaranteed_gpus) if overall else 0.0
-    held = round(alloc.gpus, 3) if alloc else 0.0
-    standing = fairness()
-    lent = round(sum(loan.gpus for loan in standing.loans if loan.lender == team.slug), 3)
-    borrowers = sorted({loan.borrower for loan in standing.loans if loan.lender == team.slug})
+    loans = [loan for loan in fairness().loans if loan.lender == team.slug]
     return {
         "quotas": quotas,
-        "overall": overall,
-        "guaranteed_gpus": guaranteed,
-        "limit_gpus": float(overall.limit_gpus) if overall and overall.limit_gpus is not None else None,
-        "held_gpus": held,
-        "borrowed_gpus": round(borrowed.gpus, 3) if borrowed else 0.0,
-        "unused_guarantee_gpus": round(max(0.0, guaranteed - held), 3),
-        "lent_gpus": lent,
-        "lent_to": borrowers,
-        "fair_share_gpus": fair_shares_gpus().get(team.pk),
-        "running_jobs": alloc.running_jobs if alloc else 0,
-        "pending_jobs": alloc.pending_jobs if alloc else 0,
+        "guaranteed_gpus": t.guaranteed_gpus,
+        "limit_gpus": t.limit_gpus,
+        "held_gpus": round(t.held_gpus, 3),
+        "borrowed_gpus": round(t.borrowed_gpus, 3),
+        "unused_guarantee_gpus": round(max(0.0, t.guaranteed_gpus - t.held_gpus), 3),
+        "lent_gpus": round(sum(loan.gpus for loan in loans), 3),
+        "lent_to": sorted({loan.borrower for loan in loans}),
+        "fair_share_gpus": t.fair_share_gpus,
+        "running_jobs": t.running_jobs,
+        "pending_jobs": t.pending_jobs,
     }
 
 

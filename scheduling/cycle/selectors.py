@@ -26,7 +26,13 @@ from scheduling.inventory.models import Gpu, Node
 from scheduling.inventory.selectors import schedulable_gpu_count
 from scheduling.jobs.models import Job
 from scheduling.jobs.states import ACTIVE_STATES
-from scheduling.jobs.usage import TeamAllocation, allocations_by_team, decayed_usage, slice_share
+from scheduling.jobs.usage import (
+    TeamAllocation,
+    allocations_by_team,
+    decayed_usage,
+    pending_demand_milli,
+    slice_share,
+)
 
 
 def fair_shares_gpus() -> dict[int, float]:
@@ -180,3 +186,48 @@ def cluster_summary() -> dict[str, Any]:
         "models": sorted(models.values(), key=lambda m: m["model"]),
         "teams": team_rows,
     }
+
+
+@dataclass(frozen=True)
+class TeamStanding:
+    """A team now, in GPUs (whole-GPU equivalents as usage.slice_share counts them): what its all-models quota
+    guarantees and limits, what it holds and borrows beyond the guarantee, its fair share, its jobs."""
+
+    guaranteed_gpus: float  # 0 without an all-models quota
+    limit_gpus: float | None  # None: no limit
+    held_gpus: float
+    borrowed_gpus: float
+    fair_share_gpus: float | None  # None: no quota row
+    running_jobs: int
+    pending_jobs: int
+    pending_gpus: float  # what its pending jobs ask for
+
+
+def team_standings() -> dict[int, TeamStanding]:
+    """Every team's standing, by team id, read once: what the team page, the history recorder and /metrics show."""
+    allocations = allocations_by_team()
+    borrowed = borrowed_by_team(allocations=allocations)
+    shares = fair_shares_gpus()
+    waiting = pending_demand_milli()
+    quotas = {
+        team_id: (guaranteed, limit)
+        for team_id, guaranteed, limit in Quota.objects.filter(gpu_model__isnull=True).values_list(
+            "team_id", "guaranteed_gpus", "limit_gpus"
+        )
+    }
+    out = {}
+    for team_id in Team.objects.values_list("pk", flat=True):
+        alloc = allocations.get(team_id) or TeamAllocation()
+        guaranteed, limit = quotas.get(team_id, (0, None))
+        pending_jobs, pending_milli = waiting.get(team_id, (0, 0))
+        out[team_id] = TeamStanding(
+            guaranteed_gpus=float(guaranteed),
+            limit_gpus=None if limit is None else float(limit),
+            held_gpus=alloc.gpus,
+            borrowed_gpus=borrowed[team_id].gpus if team_id in borrowed else 0.0,
+            fair_share_gpus=shares.get(team_id),
+            running_jobs=alloc.running_jobs,
+            pending_jobs=pending_jobs,
+            pending_gpus=pending_milli / eng.WHOLE_GPU_MILLI,
+        )
+    return out

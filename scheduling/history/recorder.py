@@ -18,7 +18,7 @@ from django.db.models import Count
 from quotas.models import Quota, Team
 from scheduling.agents.live_metrics import IDLE_UTIL_PCT, live_metrics_for_nodes
 from scheduling.choices import GpuHealth, JobState, NodeState
-from scheduling.cycle.selectors import borrowed_by_team, fair_shares_gpus
+from scheduling.cycle.selectors import team_standings
 from scheduling.engine import types as eng
 from scheduling.history.models import (
     WAIT_ROLLED_MARK,
@@ -38,7 +38,7 @@ from scheduling.inventory.models import Gpu, GpuModel, Node
 from scheduling.jobs.chargeback import usage_rows
 from scheduling.jobs.models import Job, Slice
 from scheduling.jobs.states import ACTIVE_STATES
-from scheduling.jobs.usage import allocations_by_team, pending_demand_milli, slice_share
+from scheduling.jobs.usage import slice_share
 from scheduling.notifications.services import admin_notify
 
 log = logging.getLogger(__name__)
@@ -277,35 +277,25 @@ def _milli(gpus) -> int | None:
 
 
 def _team_rows(at: datetime) -> list[TeamMinute]:
-    allocations = allocations_by_team()
-    borrowed = borrowed_by_team(allocations=allocations)
-    shares = fair_shares_gpus()
-    quotas = {
-        team_id: (g, limit)
-        for team_id, g, limit in Quota.objects.filter(gpu_model__isnull=True).values_list(
-            "team_id", "guaranteed_gpus", "limit_gpus"
-        )
-    }
-    pending = pending_demand_milli()
-    rows = []
+    standings = team_standings()
+    quota_teams = set(Quota.objects.filter(gpu_model__isnull=True).values_list("team_id", flat=True))
     # Teams that run work or hold a quota (an organisation with a quota of its own counts too).
     leaves = set(Team.objects.filter(children__isnull=True).values_list("pk", flat=True))
-    for team_id in sorted(leaves | set(quotas)):
-        alloc = allocations.get(team_id)
-        guaranteed, limit = quotas.get(team_id, (0, None))
-        waiting = pending.get(team_id, (0, 0))
+    rows = []
+    for team_id in sorted((leaves | quota_teams) & set(standings)):
+        t = standings[team_id]
         rows.append(
             TeamMinute(
                 at=at,
                 team_id=team_id,
-                guaranteed_milli=_milli(guaranteed) or 0,
-                limit_milli=_milli(limit),
-                held_milli=round(alloc.gpus * MILLI) if alloc else 0,
-                borrowed_milli=round(borrowed[team_id].gpus * MILLI) if team_id in borrowed else 0,
-                fair_share_milli=_milli(shares.get(team_id)),
-                pending_jobs=waiting[0],
-                pending_milli=waiting[1],
-                running_jobs=alloc.running_jobs if alloc else 0,
+                guaranteed_milli=_milli(t.guaranteed_gpus),
+                limit_milli=_milli(t.limit_gpus),
+                held_milli=_milli(t.held_gpus),
+                borrowed_milli=_milli(t.borrowed_gpus),
+                fair_share_milli=_milli(t.fair_share_gpus),
+                pending_jobs=t.pending_jobs,
+                pending_milli=_milli(t.pending_gpus),
+                running_jobs=t.running_jobs,
             )
         )
     return rows

@@ -25,13 +25,11 @@ from prometheus_client.registry import REGISTRY, Collector
 from quotas.models import Quota, Team
 from scheduling.agents.live_metrics import live_metrics_for_nodes
 from scheduling.cycle.models import NodeSync, SchedulerLease
-from scheduling.cycle.selectors import borrowed_by_team, fair_shares_gpus
-from scheduling.cycle.snapshot import engine_quotas
+from scheduling.cycle.selectors import team_standings
 from scheduling.history.models import GpuEvent
 from scheduling.inventory.models import Gpu, Node
 from scheduling.jobs.models import Job, Slice
 from scheduling.jobs.states import ACTIVE_STATES, LIVE_STATES
-from scheduling.jobs.usage import allocations_by_team, pending_demand_milli
 
 GPU_RESOURCE = "nvidia.com/gpu"
 ALL_FLAVORS = "all"
@@ -96,10 +94,7 @@ class SchedulerCollector(Collector):
             "waiting jobs), fair_share.",
             ["team", "kind"],
         )
-        allocations = allocations_by_team()
-        borrowed = borrowed_by_team(allocations=allocations, quotas=engine_quotas())
-        shares = fair_shares_gpus()
-        waiting = pending_demand_milli()
+        standings = team_standings()
         for quota in Quota.objects.select_related("gpu_model"):
             slug, cohort = cohort_of.get(quota.team_id, (str(quota.team_id), ""))
             flavor = quota.gpu_model.name if quota.gpu_model_id else ALL_FLAVORS
@@ -108,21 +103,18 @@ class SchedulerCollector(Collector):
                 borrowing.add_metric(
                     [cohort, slug, flavor, GPU_RESOURCE], float(quota.limit_gpus - quota.guaranteed_gpus)
                 )
-        guaranteed = dict(
-            Quota.objects.filter(gpu_model__isnull=True).values_list("team_id", "guaranteed_gpus")
-        )
         for team_id, (slug, cohort) in cohort_of.items():
-            alloc = allocations.get(team_id)
-            held = round(alloc.gpus, 3) if alloc else 0.0
+            t = standings.get(team_id)
+            if t is None:
+                continue
+            held = round(t.held_gpus, 3)
             usage.add_metric([cohort, slug, ALL_FLAVORS, GPU_RESOURCE], held)
             team_gpus.add_metric([slug, "held"], held)
-            team_gpus.add_metric([slug, "guaranteed"], float(guaranteed.get(team_id, 0)))
-            team_gpus.add_metric(
-                [slug, "borrowed"], round(borrowed[team_id].gpus, 3) if team_id in borrowed else 0.0
-            )
-            team_gpus.add_metric([slug, "pending"], waiting.get(team_id, (0, 0))[1] / 1000)
-            if team_id in shares:
-                team_gpus.add_metric([slug, "fair_share"], round(shares[team_id], 3))
+            team_gpus.add_metric([slug, "guaranteed"], t.guaranteed_gpus)
+            team_gpus.add_metric([slug, "borrowed"], round(t.borrowed_gpus, 3))
+            team_gpus.add_metric([slug, "pending"], t.pending_gpus)
+            if t.fair_share_gpus is not None:
+                team_gpus.add_metric([slug, "fair_share"], round(t.fair_share_gpus, 3))
         yield from (usage, nominal, borrowing, team_gpus)
 
         lease = SchedulerLease.objects.filter(pk=1).first()
