@@ -39,3 +39,44 @@ def fetch_rows(sql: str, params: Sequence[Any]) -> list[tuple]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
+
+
+def update_from_values(
+    model: type[Model],
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    where: str = "",
+    batch_size: int = 5000,
+) -> list[int]:
+    """Write many rows' `columns` (each row: its primary key, then the columns' new values) with one
+    `UPDATE ... FROM (VALUES ...)` per `batch_size` rows; the primary keys of the rows updated. `where`, an extra
+    condition on the table (aliased `t`), guards the write: a row it excludes is not written nor returned.
+
+    On PostgreSQL. A set-based write of thousands of rows: Django's bulk_update builds a CASE per column per row
+    (seconds at 20,000 rows), and a save per row is a round trip each."""
+    if not rows:
+        return []
+    meta = model._meta
+    fields = [meta.pk, *(meta.get_field(c) for c in columns)]
+    marks = "(" + ", ".join(f"%s::{f.db_type(connection)}" for f in fields) + ")"
+    assign = ", ".join(f"{f.column} = v.{f.column}" for f in fields[1:])
+    names = ", ".join(f.column for f in fields)
+    pk = meta.pk.column
+    guard = f" AND ({where})" if where else ""
+    updated: list[int] = []
+    with connection.cursor() as cursor:
+        for k in range(0, len(rows), batch_size):
+            batch = rows[k : k + batch_size]
+            params = [
+                f.get_db_prep_save(value, connection=connection)
+                for row in batch
+                for f, value in zip(fields, row, strict=True)
+            ]
+            cursor.execute(
+                f"UPDATE {meta.db_table} AS t SET {assign} FROM (VALUES {', '.join([marks] * len(batch))}) "
+                f"AS v({names}) WHERE t.{pk} = v.{pk}{guard} RETURNING t.{pk}",
+                params,
+            )
+            updated += [r[0] for r in cursor.fetchall()]
+    return updated

@@ -24,9 +24,12 @@ from scheduling.jobs.models import Job, Slice
 from scheduling.jobs.selectors import gangs_failing
 from scheduling.jobs.services import (
     NoRendezvousPort,
+    PlacementWrite,
     SliceDoesNotFit,
+    SliceWant,
     gang_members_place,
     job_transition,
+    jobs_place,
     slice_allocate,
 )
 from scheduling.jobs.states import ACTIVE_STATES
@@ -91,6 +94,47 @@ def _placed_message(job: Job, placement: eng.Placement, freed: _Freed | None) ->
     return message
 
 
+def _placed_record(job: Job, placement: eng.Placement, epoch: int, freed: _Freed | None) -> tuple[str, dict]:
+    """The placement event's message and data."""
+    return _placed_message(job, placement, freed), {
+        "epoch": epoch,
+        "nodes": sorted({a.node for a in placement.assignments}),
+        "gpus": [[a.node, a.gpu_index, a.memory_mib, a.compute_milli] for a in placement.assignments],
+        "borrowed": placement.borrowed,
+    }
+
+
+def _slice_pct(compute_milli: int) -> int:
+    return math.ceil(compute_milli / 10)
+
+
+def _placement_write(
+    job: Job,
+    placement: eng.Placement,
+    gpus: dict[tuple[str, int], Gpu],
+    epoch: int,
+    freed: _Freed | None,
+) -> PlacementWrite | None:
+    """The placement as jobs_place writes it; None for what it does not take (a gang, a GPU gone)."""
+    if job.nodes > 1 or any((a.node, a.gpu_index) not in gpus for a in placement.assignments):
+        return None
+    message, data = _placed_record(job, placement, epoch, freed)
+    return PlacementWrite(
+        job=job,
+        slices=[
+            SliceWant(
+                gpu=gpus[(a.node, a.gpu_index)],
+                memory_mib=a.memory_mib,
+                compute_pct=_slice_pct(a.compute_milli),
+            )
+            for a in placement.assignments
+        ],
+        borrowed=placement.borrowed,
+        message=message,
+        data=data,
+    )
+
+
 def _place(
     job: Job,
     placement: eng.Placement,
@@ -100,18 +144,14 @@ def _place(
 ) -> set[str]:
     """Place one job (inside its own savepoint). Raises SliceDoesNotFit when the ledger refuses, NoRendezvousPort
     when a gang finds no free rendezvous port."""
+    message, data = _placed_record(job, placement, epoch, freed)
     job_transition(
         job=job,
         to_state=JobState.PLACED,
         actor_kind=ActorKind.SCHEDULER,
         code="placed",
-        message=_placed_message(job, placement, freed),
-        data={
-            "epoch": epoch,
-            "nodes": sorted({a.node for a in placement.assignments}),
-            "gpus": [[a.node, a.gpu_index, a.memory_mib, a.compute_milli] for a in placement.assignments],
-            "borrowed": placement.borrowed,
-        },
+        message=message,
+        data=data,
     )
     if placement.borrowed != job.borrowed:
         job.borrowed = placement.borrowed
@@ -120,7 +160,7 @@ def _place(
         gpu = gpus.get((a.node, a.gpu_index))
         if gpu is None:
             raise SliceDoesNotFit(f"{a.node}/gpu{a.gpu_index} no longer exists.", code="gone")
-        slice_allocate(job=job, gpu=gpu, memory_mib=a.memory_mib, compute_pct=math.ceil(a.compute_milli / 10))
+        slice_allocate(job=job, gpu=gpu, memory_mib=a.memory_mib, compute_pct=_slice_pct(a.compute_milli))
     if job.nodes > 1:
         gang_members_place(
             job=job, nodes=list({gpus[(a.node, a.gpu_index)].node for a in placement.assignments})
@@ -189,18 +229,32 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
             (g.node.name, g.index): g
             for g in Gpu.objects.select_related("node").filter(node__name__in=placement_nodes)
         }
+        ready = {n for n, node in nodes.items() if node.state == NodeState.READY}
+        order = {p.job_id: k for k, p in enumerate(decisions.placements)}
+        batch: list[tuple[PlacementWrite, eng.Placement]] = []
+        one_by_one: list[tuple[Job, eng.Placement]] = []
         for placement in decisions.placements:
             job = jobs.get(int(placement.job_id))
             if job is None or job.state != JobState.PENDING:
                 result.conflicts[int(placement.job_id)] = "no longer pending"
                 continue
-            unready = sorted(
-                {a.node for a in placement.assignments}
-                - {n for n, node in nodes.items() if node.state == NodeState.READY}
-            )
+            unready = sorted({a.node for a in placement.assignments} - ready)
             if unready:
                 result.conflicts[job.pk] = f"node {', '.join(unready)} is no longer ready"
                 continue
+            write = _placement_write(job, placement, gpus, epoch, freed.get(job.pk))
+            if write is None or connection.vendor != "postgresql":
+                one_by_one.append((job, placement))
+            else:
+                batch.append((write, placement))
+        # Single-node placements in one set-based write; if the ledger refuses any card, one at a time instead
+        # (gangs always), each in its own savepoint, so only the refused placement is skipped.
+        if batch and jobs_place(placements=[w for w, _ in batch]):
+            result.placed += [w.job.pk for w, _ in batch]
+            result.nodes_changed |= {a.node for _, p in batch for a in p.assignments}
+        else:
+            one_by_one += [(w.job, p) for w, p in batch]
+        for job, placement in sorted(one_by_one, key=lambda jp: order[jp[1].job_id]):
             try:
                 with transaction.atomic():
                     result.nodes_changed |= _place(job, placement, gpus, epoch, freed.get(job.pk))
@@ -216,8 +270,7 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
         )
         if result.placed or result.evicted:
             _fault_point("commit", f"with placements {result.placed} and evictions {result.evicted} written")
-        for name in sorted(result.nodes_changed):
-            events.node_desired_state_changed(node_name=name)
+        events.nodes_desired_state_changed(node_names=sorted(result.nodes_changed))
     return result
 
 

@@ -20,7 +20,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from quotas.models import PriorityClass, Team
-from quotas.rows import fetch_rows
+from quotas.rows import fetch_rows, update_from_values
 from quotas.selectors import ClassGrant, TeamAllowance, team_allowance
 from scheduling.choices import ActorKind, GangMemberOutcome, JobState, SharingMode, Topology
 from scheduling.cycle.requests import cycle_request_after_commit
@@ -464,29 +464,11 @@ def _log_change_on_commit(*, job_id: int, from_state: str, to_state: str, code: 
     transaction.on_commit(lambda: log.info("%s", text, extra={"job_id": job_id}))
 
 
-def job_transition(
-    *,
-    job: Job,
-    to_state: str,
-    actor_kind: str,
-    actor: AbstractBaseUser | None = None,
-    code: str = "",
-    message: str = "",
-    data: dict[str, Any] | None = None,
-    happened_at: datetime | None = None,
-) -> Job:
-    """Move a job along a legal transition and record it. Raises IllegalTransition otherwise. `happened_at`: when
-    it really happened, for a report that arrives late (a job that ended while its node could not reach the
-    portal); the job's start or end time is then that moment, never later than now nor before it was placed."""
-    from_state = job.state
-    check_transition(job_id=job.pk, from_state=from_state, to_state=to_state)
-    now = timezone.now()
-    at = now
-    if happened_at is not None:
-        at = min(happened_at, now)
-        earliest = job.started_at if to_state in TERMINAL_STATES and job.started_at else job.placed_at
-        if earliest is not None:
-            at = max(at, earliest)
+def _enter_state(
+    job: Job, *, to_state: str, now: datetime, at: datetime, code: str, message: str
+) -> list[str]:
+    """Set what entering `to_state` records on the job (the one rule for it: job_transition and jobs_place both
+    use it); the names of the fields changed."""
     job.state = to_state
     update = ["state"]
     if to_state == JobState.PLACED:
@@ -517,6 +499,33 @@ def job_transition(
         job.placed_at = job.started_at = None
         job.borrowed = False
         update += ["pending_reason_code", "pending_reason", "placed_at", "started_at", "borrowed"]
+    return update
+
+
+def job_transition(
+    *,
+    job: Job,
+    to_state: str,
+    actor_kind: str,
+    actor: AbstractBaseUser | None = None,
+    code: str = "",
+    message: str = "",
+    data: dict[str, Any] | None = None,
+    happened_at: datetime | None = None,
+) -> Job:
+    """Move a job along a legal transition and record it. Raises IllegalTransition otherwise. `happened_at`: when
+    it really happened, for a report that arrives late (a job that ended while its node could not reach the
+    portal); the job's start or end time is then that moment, never later than now nor before it was placed."""
+    from_state = job.state
+    check_transition(job_id=job.pk, from_state=from_state, to_state=to_state)
+    now = timezone.now()
+    at = now
+    if happened_at is not None:
+        at = min(happened_at, now)
+        earliest = job.started_at if to_state in TERMINAL_STATES and job.started_at else job.placed_at
+        if earliest is not None:
+            at = max(at, earliest)
+    update = _enter_state(job, to_state=to_state, now=now, at=at, code=code, message=message)
     job.save(update_fields=update)
     JobEvent.objects.create(
         job=job,
@@ -550,16 +559,21 @@ def job_transition(
     return job
 
 
+def _slice_check(*, gpu: Gpu, memory_mib: int, compute_pct: int) -> None:
+    """Refuse a slice no card could hold this way, whatever it has free (SliceDoesNotFit)."""
+    if memory_mib < 0 or compute_pct < 0:
+        raise SliceDoesNotFit("A slice cannot be negative.", field="memory_mib")
+    if gpu.sharing_mode == SharingMode.EXCLUSIVE and (memory_mib, compute_pct) != (gpu.memory_mib, 100):
+        raise SliceDoesNotFit(f"{gpu} is exclusive: only whole-GPU jobs may use it.", field="gpu")
+
+
 def slice_allocate(*, job: Job, gpu: Gpu, memory_mib: int, compute_pct: int) -> Slice:
     """Take part of one GPU for a job, or refuse cleanly if it no longer fits.
 
     The check and the increment are one UPDATE, so concurrent allocations of the same card serialise in the
     database: exactly one of two racing writers wins the last free memory.
     """
-    if memory_mib < 0 or compute_pct < 0:
-        raise SliceDoesNotFit("A slice cannot be negative.", field="memory_mib")
-    if gpu.sharing_mode == SharingMode.EXCLUSIVE and (memory_mib, compute_pct) != (gpu.memory_mib, 100):
-        raise SliceDoesNotFit(f"{gpu} is exclusive: only whole-GPU jobs may use it.", field="gpu")
+    _slice_check(gpu=gpu, memory_mib=memory_mib, compute_pct=compute_pct)
     with transaction.atomic():
         updated = Gpu.objects.filter(
             pk=gpu.pk,
@@ -578,6 +592,138 @@ def slice_allocate(*, job: Job, gpu: Gpu, memory_mib: int, compute_pct: int) -> 
                 code="does_not_fit",
             )
         return Slice.objects.create(job=job, gpu=gpu, memory_mib=memory_mib, compute_pct=compute_pct)
+
+
+@dataclass(frozen=True)
+class SliceWant:
+    """Part of one GPU a placement takes."""
+
+    gpu: Gpu
+    memory_mib: int
+    compute_pct: int
+
+
+@dataclass
+class PlacementWrite:
+    """One pending single-node job's placement, as jobs_place writes it."""
+
+    job: Job
+    slices: list[SliceWant]
+    borrowed: bool
+    message: str
+    data: dict[str, Any]
+
+
+class _LedgerRefused(Exception):
+    """Raised inside jobs_place's savepoint to roll the whole batch back."""
+
+
+def jobs_place(*, placements: list[PlacementWrite]) -> bool:
+    """Place many pending single-node jobs in a few statements, all or none: one guarded UPDATE of the GPU
+    ledger for every card, one UPDATE of the jobs, one INSERT of their events and one of their slices.
+
+    The ledger's guard is the one slice_allocate applies card by card (memory and compute within what the card
+    has free, the CHECK constraints behind it); if it refuses any card, nothing is written and False comes back
+    (the jobs as they were): the caller then places them one at a time, each in its own savepoint, to find
+    which. A cycle placing thousands of jobs spent ~30 ms a job in the one-at-a-time path (bench/cluster_scale.py).
+    On PostgreSQL; elsewhere the caller takes the one-at-a-time path.
+    """
+    if not placements:
+        return True
+    for p in placements:
+        check_transition(job_id=p.job.pk, from_state=p.job.state, to_state=JobState.PLACED)
+        if p.job.nodes > 1:
+            raise ValueError(f"job {p.job.pk} is a gang: place it with job_transition and gang_members_place")
+        try:
+            for want in p.slices:
+                _slice_check(gpu=want.gpu, memory_mib=want.memory_mib, compute_pct=want.compute_pct)
+        except SliceDoesNotFit:
+            return False  # the one-at-a-time path refuses that placement alone, saying why
+    per_gpu: dict[int, list[int]] = {}
+    for p in placements:
+        for want in p.slices:
+            total = per_gpu.setdefault(want.gpu.pk, [0, 0])
+            total[0] += want.memory_mib
+            total[1] += want.compute_pct
+    now = timezone.now()
+    before = [(p.job.state, p.job.borrowed) for p in placements]
+    try:
+        with transaction.atomic():
+            _ledger_take(per_gpu)
+            update: list[str] = []
+            for p in placements:
+                update = _enter_state(
+                    p.job, to_state=JobState.PLACED, now=now, at=now, code="placed", message=""
+                )
+                p.job.borrowed = p.borrowed
+            columns = [f for f in update if f != "state"] + ["borrowed", "state"]
+            written = update_from_values(
+                Job,
+                columns,
+                [[p.job.pk, *(getattr(p.job, c) for c in columns)] for p in placements],
+                where=f"t.state = '{JobState.PENDING}'",
+            )
+            if len(written) != len(placements):
+                raise _LedgerRefused(f"{len(placements) - len(written)} jobs no longer pending")
+            JobEvent.objects.bulk_create(
+                [
+                    JobEvent(
+                        job=p.job,
+                        from_state=state,
+                        to_state=JobState.PLACED,
+                        actor_kind=ActorKind.SCHEDULER,
+                        code="placed",
+                        message=p.message,
+                        data=p.data,
+                    )
+                    for p, (state, _) in zip(placements, before, strict=True)
+                ],
+                batch_size=2000,
+            )
+            Slice.objects.bulk_create(
+                [
+                    Slice(job=p.job, gpu=w.gpu, memory_mib=w.memory_mib, compute_pct=w.compute_pct)
+                    for p in placements
+                    for w in p.slices
+                ],
+                batch_size=2000,
+            )
+    except _LedgerRefused as exc:
+        log.info("placing %d jobs at once refused (%s): placing them one at a time", len(placements), exc)
+        for p in placements:
+            p.job.refresh_from_db()
+        return False
+    for p, (state, _) in zip(placements, before, strict=True):
+        _log_change_on_commit(
+            job_id=p.job.pk, from_state=state, to_state=JobState.PLACED, code="placed", message=p.message
+        )
+        job_state_notify(job=p.job, from_state=state, to_state=JobState.PLACED, message=p.message)
+    events.jobs_changed(
+        changes=[
+            (p.job.pk, p.job.team_id, p.job.submitter_id, JobState.PLACED, "placed", p.message)
+            for p in placements
+        ]
+    )
+    return True
+
+
+def _ledger_take(per_gpu: dict[int, list[int]]) -> None:
+    """Add (memory MiB, compute %) to each GPU's allocation in one UPDATE, each card only if it stays within
+    what it has; raises _LedgerRefused (the caller's savepoint rolls back) if any card refuses."""
+    table = Gpu._meta.db_table
+    rows = sorted(per_gpu.items())  # one lock order for every writer of the ledger
+    marks = ", ".join(["(%s::integer, %s::integer, %s::integer)"] * len(rows))
+    taken = fetch_rows(
+        f"UPDATE {table} AS g SET allocated_memory_mib = g.allocated_memory_mib + v.memory_mib, "
+        "allocated_compute_pct = g.allocated_compute_pct + v.compute_pct "
+        f"FROM (VALUES {marks}) AS v(id, memory_mib, compute_pct) "
+        "WHERE g.id = v.id AND g.allocated_memory_mib <= g.memory_mib - v.memory_mib "
+        "AND g.allocated_compute_pct <= g.compute_capacity_pct - v.compute_pct RETURNING g.id",
+        [x for gpu_id, (memory_mib, compute_pct) in rows for x in (gpu_id, memory_mib, compute_pct)],
+    )
+    if len(taken) != len(rows):
+        refused = sorted(set(per_gpu) - {r[0] for r in taken})
+        raise _LedgerRefused(f"GPU ids {refused[:5]} have less free than the batch takes")
 
 
 def job_release_slices(*, job: Job) -> int:

@@ -95,6 +95,21 @@ def publish_after_commit(group: str, message: dict[str, Any]) -> None:
     transaction.on_commit(lambda: _send(group, message))
 
 
+def _job_messages(
+    job_id: int, team_id: int, submitter_id: int | None, state: str, code: str, message: str
+) -> list[tuple[str, dict[str, Any]]]:
+    payload = {
+        "type": "job.changed",
+        "job_id": job_id,
+        "team_id": team_id,
+        "submitter_id": submitter_id,
+        "state": state,
+        "code": code,
+        "message": message,
+    }
+    return [(groups.job(job_id), payload), (groups.team(team_id), dict(payload))]
+
+
 def job_changed(
     *,
     job_id: int,
@@ -104,22 +119,32 @@ def job_changed(
     message: str = "",
     submitter_id: int | None = None,
 ) -> None:
-    payload = {
-        "type": "job.changed",
-        "job_id": job_id,
-        "team_id": team_id,
-        "submitter_id": submitter_id,
-        "state": state,
-        "code": code,
-    }
     messages = [
-        (groups.job(job_id), {**payload, "message": message}),
-        (groups.team(team_id), {**payload, "message": message}),
+        *_job_messages(job_id, team_id, submitter_id, state, code, message),
         # The cluster group sees no names or messages, only that the queue moved.
         (groups.CLUSTER, {"type": "queue.changed", "state": state}),
     ]
     # One commit hook for the three: they are sent together, in this order, or (rolled back) not at all.
     transaction.on_commit(lambda: _send_all(messages))
+
+
+def jobs_changed(*, changes: list[tuple[int, int, int | None, str, str, str]]) -> None:
+    """job_changed for many jobs at once, (job id, team id, submitter id, state, code, message) each: one commit
+    hook, and the cluster group told once per state rather than once per job."""
+    if not changes:
+        return
+    messages = [m for change in changes for m in _job_messages(*change)]
+    messages += [
+        (groups.CLUSTER, {"type": "queue.changed", "state": s}) for s in sorted({c[3] for c in changes})
+    ]
+    transaction.on_commit(lambda: _send_all(messages))
+
+
+def nodes_desired_state_changed(*, node_names: list[str]) -> None:
+    """node_desired_state_changed for many nodes: one commit hook."""
+    messages = [(groups.node(n), {"type": "desired.changed", "node": n}) for n in node_names]
+    if messages:
+        transaction.on_commit(lambda: _send_all(messages))
 
 
 def node_desired_state_changed(*, node_name: str) -> None:

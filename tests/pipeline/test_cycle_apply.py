@@ -351,3 +351,53 @@ def test_the_borrowed_label_moves_to_the_work_that_fills_the_guarantee_when_a_jo
     runner.cycle_run_once()
     third.refresh_from_db()
     assert not third.borrowed
+
+
+def ledger_matches_slices() -> bool:
+    """Each GPU's ledger columns equal the sum of the slices it holds."""
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            SELECT count(*) FROM scheduling_gpu g LEFT JOIN (
+              SELECT gpu_id, sum(memory_mib) m, sum(compute_pct) c FROM scheduling_slice GROUP BY gpu_id
+            ) s ON s.gpu_id = g.id
+            WHERE g.allocated_memory_mib <> coalesce(s.m, 0) OR g.allocated_compute_pct <> coalesce(s.c, 0)
+            """
+        )
+        return cur.fetchone()[0] == 0
+
+
+def test_a_cycle_writes_its_placements_in_a_number_of_statements_that_does_not_grow_with_them(
+    node, alice, teams
+):
+    from django.test.utils import CaptureQueriesContext
+
+    def placed_with(jobs: list[Job]) -> int:
+        decisions = runner.run_cycle(snapshot.snapshot_from_db(), snapshot.cycle_profile())
+        assert len(decisions.placements) == len(jobs)
+        with CaptureQueriesContext(connection) as queries:
+            result = apply.apply_decisions(decisions=decisions, epoch=lease.epoch_issue())
+        assert sorted(result.placed) == sorted(j.pk for j in jobs) and not result.conflicts
+        return len(queries)
+
+    few = [submit(alice, teams["training"], gpus=1)]
+    few_queries = placed_with(few)
+    many = [submit(alice, teams["training"], gpus=1) for _ in range(3)]
+    many += [submit(alice, teams["training"], gpu_memory_mib=8192, compute_pct=25) for _ in range(4)]
+    many_queries = placed_with(many)
+    assert many_queries <= few_queries + 2, (few_queries, many_queries)
+
+    assert ledger_matches_slices() and overcommitted_in_sql() == 0
+    for job in few + many:
+        job.refresh_from_db()
+        assert job.state == JobState.PLACED and job.attempt == 1 and job.placed_at is not None
+        assert job.queue_position is None and job.pending_reason_code == ""
+        (event,) = job.events.filter(to_state=JobState.PLACED)
+        assert event.from_state == JobState.PENDING and event.code == "placed"
+        assert event.message.startswith("Placed on a100-01/gpu")
+        held = list(job.slices.values_list("gpu__index", "memory_mib", "compute_pct"))
+        assert [[g, m, c] for g, m, c in held] == [[a[1], a[2], a[3] // 10] for a in event.data["gpus"]]
+    # The sliced jobs share the MPS cards; the node's agent hears of it once the write commits.
+    assert Slice.objects.filter(compute_pct=25).count() == 4
+    state, _ = desired_state_for_node(node=node)
+    assert {j["job_id"] for j in state.jobs} == {str(j.pk) for j in few + many}
