@@ -34,7 +34,7 @@ from scheduling.history.recorder import gpu_events_record
 from scheduling.inventory.models import Node
 from scheduling.inventory.services import node_authenticate
 from scheduling.observability.instruments import AGENT_REPORTS
-from scheduling.realtime import groups
+from scheduling.realtime import groups, listeners
 
 log = logging.getLogger(__name__)
 MAX_GPUS_PER_SAMPLE = 64
@@ -50,8 +50,11 @@ LOG_REQUEST_TIMEOUT_S = 30.0
 # A stream whose last answers brought nothing new is asked again after twice the wait before, up to this: at 1,000
 # nodes of 8 quiet jobs, asking every stream each LOG_PULL_INTERVAL_S was 16,000 frames a second through the portal
 # (bench/cluster_scale.py). New output resets the wait; a finished placement's logs are drained at once. A person
-# watching a quiet job sees its next line at most this late (TESSERA_LOG_QUIET_MAX_S, 10 s).
+# watching a quiet job (its page open, or following its logs through the API: realtime/listeners.py) sees its next
+# line at most TESSERA_LOG_QUIET_MAX_S (10 s) late; a quiet job nobody watches is asked every
+# TESSERA_LOG_UNWATCHED_MAX_S (60 s) at most, and at once when someone starts watching.
 LOG_QUIET_MAX_S = float(settings.TESSERA_LOG_QUIET_MAX_S)
+LOG_UNWATCHED_MAX_S = float(settings.TESSERA_LOG_UNWATCHED_MAX_S)
 LOG_CHUNK_BYTES = protocol.MAX_LOG_CHUNK_BYTES
 FINAL_STATES = frozenset({"exited", "stopped", "killed", "launch_failed", "lost"})
 # Messages that write: the token is re-checked before each (metrics only relays what browsers may see).
@@ -200,6 +203,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.last_metrics_at = 0.0
         self.log_next: dict[tuple[int, int, str], int] = {}  # (job, attempt, stream) -> agent offset
         self.log_waiting: dict[str, _LogRequest] = {}  # request id -> what it asked
+        self.log_asked: set[tuple[int, int, str]] = set()  # the keys of log_waiting's requests
+        self.placements: set[tuple[int, int]] = set()  # (job, attempt) of the desired state last sent
         self.log_draining: set[tuple[int, int]] = set()  # finished placements whose logs are still coming
         self.log_eof: set[tuple[int, int, str]] = set()
         self.log_quiet: dict[tuple[int, int, str], tuple[float, float]] = {}  # key -> (wait s, ask again at)
@@ -268,6 +273,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 return
             self.sent_version = state.version
             self._route_metrics(state, teams)
+            self.placements = {(int(j["job_id"]), int(j["attempt"])) for j in state.jobs}
             payload = state.message()
             payload.pop("type")
             await self.send_msg(protocol.message("desired_state", payload))
@@ -454,9 +460,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
             gpus=gpus,
             jobs=[(job_id, job_gpus, job_id not in shared) for (job_id, _), job_gpus in per_job.items()],
         )
-        await self.channel_layer.group_send(
-            groups.CLUSTER, {"type": "gpu.metrics", "node": self.node_name, "at": at, "gpus": gpus}
-        )
+        # Only to groups a browser listens to (listeners.py): a send nobody receives still costs a round trip.
+        listened = await listeners.listened()
+        if listened is None or groups.CLUSTER in listened:
+            await self.channel_layer.group_send(
+                groups.CLUSTER, {"type": "gpu.metrics", "node": self.node_name, "at": at, "gpus": gpus}
+            )
         for (job_id, team_id), job_gpus in per_job.items():
             msg = {
                 "type": "job.metrics",
@@ -465,14 +474,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 "at": at,
                 "gpus": job_gpus,
             }
-            await self.channel_layer.group_send(groups.job(job_id), msg)
-            await self.channel_layer.group_send(groups.team(team_id), msg)
+            for group in (groups.job(job_id), groups.team(team_id)):
+                if listened is None or group in listened:
+                    await self.channel_layer.group_send(group, msg)
 
     async def on_logs(self, payload: dict) -> agent_services.Outcome | None:
         request = self.log_waiting.pop(str(payload.get("request_id") or ""), None)
         if request is None:
             return None  # an answer to nothing we asked (or asked again since): ignored
         key = request.key
+        self.log_asked.discard(key)
         if request.offset != self.log_next.get(key, 0):
             return None  # asked before an earlier answer moved the offset on: the next pull asks again
         job_id, attempt, stream = key
@@ -495,7 +506,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             )
         next_offset, size = stored
         if next_offset == request.offset and not payload.get("eof"):
-            wait = min(LOG_QUIET_MAX_S, 2 * self.log_quiet.get(key, (LOG_PULL_INTERVAL_S / 2, 0.0))[0])
+            wait = min(LOG_UNWATCHED_MAX_S, 2 * self.log_quiet.get(key, (LOG_PULL_INTERVAL_S / 2, 0.0))[0])
             self.log_quiet[key] = (wait, time.monotonic() + wait)
         else:
             self.log_quiet.pop(key, None)
@@ -511,7 +522,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     # -- log pulling ---------------------------------------------------------------------------------------------
     async def _request_log(self, job_id: int, attempt: int, stream: str) -> None:
         key = (job_id, attempt, stream)
-        if any(r.key == key for r in self.log_waiting.values()):
+        if key in self.log_asked:
             return
         payload = {
             "job_id": str(job_id),
@@ -522,17 +533,22 @@ class AgentConsumer(AsyncWebsocketConsumer):
         }
         msg = protocol.message("logs_request", payload)
         self.log_waiting[msg["id"]] = _LogRequest(key, payload["offset"], time.monotonic())
+        self.log_asked.add(key)
         await self.send_msg(msg)
 
     async def _pull_logs(self) -> None:
-        running = await db(agent_services.running_here)(node_id=self.node_id)
+        # The placements of the desired state last sent: what the agent runs (no database read a node a pull).
         now = time.monotonic()
-        for job_id, attempt in set(running) | set(self.log_draining):
+        listened = await listeners.listened()
+        for job_id, attempt in self.placements | self.log_draining:
             draining = (job_id, attempt) in self.log_draining
+            watched = listened is None or groups.job(job_id) in listened
             for stream in ("stdout", "stderr"):
                 quiet = self.log_quiet.get((job_id, attempt, stream))
-                if quiet is not None and quiet[1] > now and not draining:
-                    continue  # nothing new the last times asked: asked again later
+                if quiet is not None and not draining:
+                    wait_s, asked_at = quiet[0], quiet[1] - quiet[0]
+                    if now < asked_at + (min(wait_s, LOG_QUIET_MAX_S) if watched else wait_s):
+                        continue  # nothing new the last times asked: asked again later
                 await self._request_log(job_id, attempt, stream)
 
     async def _pull_logs_forever(self) -> None:
@@ -543,7 +559,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 # (dropping every answer older than one interval would starve a busy node's logs).
                 cutoff = time.monotonic() - LOG_REQUEST_TIMEOUT_S
                 for request_id in [i for i, r in self.log_waiting.items() if r.asked_at < cutoff]:
-                    del self.log_waiting[request_id]
+                    self.log_asked.discard(self.log_waiting.pop(request_id).key)
                 await self._pull_logs()
             except asyncio.CancelledError:
                 raise

@@ -9,6 +9,7 @@ shows no metrics rather than stale ones.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -165,26 +166,76 @@ def _usage_folded(
 def _sample_keep(
     node_name: str, sample: dict[str, Any], at: float, jobs: list[tuple[int, list[dict[str, Any]], bool]]
 ) -> None:
-    if redis_client() is None:
-        _store(node_name, sample)
-        for job_id, gpus, whole_cards in jobs:
-            _usage_note(job_id, at, gpus, whole_cards)
-        return
+    """Embedded (no Redis): keep the sample and fold it into its jobs' usage in this process's memory."""
+    _store(node_name, sample)
+    for job_id, gpus, whole_cards in jobs:
+        _usage_note(job_id, at, gpus, whole_cards)
+
+
+_Kept = tuple[str, dict[str, Any], float, list[tuple[int, list[dict[str, Any]], bool]]]
+
+
+def _samples_keep(batch: list[_Kept]) -> None:
+    """Keep many nodes' samples and fold them into their jobs' usage records: two Redis round trips for the
+    whole batch (each node's newest sample; each job's record read once, every sample of it folded in order)."""
     r = redis_client()
-    keys = [job_usage_key(job_id) for job_id, _, _ in jobs]
-    pipe = r.pipeline(transaction=False)
-    pipe.set(live_metrics_key(node_name), json.dumps(sample), ex=LIVE_METRICS_TTL_S)
-    if keys:
-        pipe.mget(keys)
-    replies = pipe.execute()
-    if not keys:
+    if r is None:
+        for kept in batch:
+            _sample_keep(*kept)
         return
+    job_ids = list(dict.fromkeys(job_id for *_, jobs in batch for job_id, _, _ in jobs))
     pipe = r.pipeline(transaction=False)
-    for key, raw, (_, gpus, whole_cards) in zip(keys, replies[1], jobs, strict=True):
-        usage = _usage_folded(json.loads(raw) if raw else None, at, gpus, whole_cards)
-        if usage is not None:
-            pipe.set(key, json.dumps(usage), ex=JOB_USAGE_TTL_S)
+    for node_name, sample, _, _ in batch:
+        pipe.set(live_metrics_key(node_name), json.dumps(sample), ex=LIVE_METRICS_TTL_S)
+    if job_ids:
+        pipe.mget([job_usage_key(j) for j in job_ids])
+    replies = pipe.execute()
+    if not job_ids:
+        return
+    usage: dict[int, dict[str, Any] | None] = {
+        j: json.loads(raw) if raw else None for j, raw in zip(job_ids, replies[-1], strict=True)
+    }
+    changed: set[int] = set()
+    for _, _, at, jobs in batch:
+        for job_id, gpus, whole_cards in jobs:
+            folded = _usage_folded(usage[job_id], at, gpus, whole_cards)
+            if folded is not None:
+                usage[job_id] = folded
+                changed.add(job_id)
+    pipe = r.pipeline(transaction=False)
+    for job_id in changed:
+        pipe.set(job_usage_key(job_id), json.dumps(usage[job_id]), ex=JOB_USAGE_TTL_S)
     pipe.execute()
+
+
+class _SampleBatch:
+    """Samples waiting to be kept, written together every SAMPLE_FLUSH_S by one task of the running event loop:
+    one thread hop and two Redis round trips a flush for every node of the process, where one of each per sample
+    was most of the agents' socket's CPU at 1,000 nodes (bench/cluster_scale.py)."""
+
+    def __init__(self) -> None:
+        self.waiting: list[_Kept] = []
+        self.task: asyncio.Task | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def add(self, kept: _Kept) -> None:
+        self.waiting.append(kept)
+        loop = asyncio.get_running_loop()
+        # A flusher of another (ended) loop never runs again: this loop's takes over what waits.
+        if self.task is None or self.task.done() or self.loop is not loop:
+            self.loop, self.task = loop, loop.create_task(self._flush_soon())
+
+    async def _flush_soon(self) -> None:
+        await asyncio.sleep(SAMPLE_FLUSH_S)
+        batch, self.waiting = self.waiting, []
+        try:
+            await sync_to_async(_samples_keep, thread_sensitive=False)(batch)
+        except Exception as exc:  # the relay to browsers must not stop because Redis is down
+            log.warning("live metrics of %d nodes not kept: %s", len({b[0] for b in batch}), exc)
+
+
+SAMPLE_FLUSH_S = 0.25
+_batch = _SampleBatch()
 
 
 async def node_sample_keep(
@@ -195,14 +246,13 @@ async def node_sample_keep(
     jobs: list[tuple[int, list[dict[str, Any]], bool]],
 ) -> None:
     """Keep a node's newest sample and fold it into each of its jobs' usage records (job id, the job's cards,
-    whether it holds them alone): one thread hop and two Redis round trips a node a second, where a hop and
-    round trips per job cost most of the portal's CPU at 1,000 nodes of 8 jobs (bench/cluster_scale.py)."""
-    try:
-        await sync_to_async(_sample_keep, thread_sensitive=False)(
-            node_name, {"sampled_at": sampled_at, "gpus": gpus}, time.time(), jobs
-        )
-    except Exception as exc:  # the relay to browsers must not stop because Redis is down
-        log.warning("live metrics of %s not kept: %s", node_name, exc)
+    whether it holds them alone). With Redis it is written within SAMPLE_FLUSH_S, batched with the other nodes'
+    samples (_SampleBatch); embedded, at once."""
+    kept = (node_name, {"sampled_at": sampled_at, "gpus": gpus}, time.time(), jobs)
+    if redis_client() is None:
+        _sample_keep(*kept)
+        return
+    _batch.add(kept)
 
 
 async def job_usage_note(*, job_id: int, gpus: list[dict[str, Any]], whole_cards: bool) -> None:

@@ -710,15 +710,6 @@ def _attempt_base(job_id: int, stream: str, attempt: int) -> int:
         return base
 
 
-def running_here(*, node_id: int) -> list[tuple[int, int]]:
-    """(job id, attempt) of the jobs the node runs now, whose logs the portal keeps pulling."""
-    return list(
-        Job.objects.filter(state__in=ACTIVE_STATES, slices__gpu__node_id=node_id)
-        .distinct()
-        .values_list("pk", "attempt")
-    )
-
-
 def job_team_ids(*, job_ids: list[int]) -> dict[int, int]:
     return dict(Job.objects.filter(pk__in=job_ids).values_list("pk", "team_id"))
 
@@ -734,5 +725,4 @@ __all__ = [
     "node_event",
     "node_heartbeat",
     "node_hello",
-    "running_here",
 ]

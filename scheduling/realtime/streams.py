@@ -25,7 +25,7 @@ from django.urls import path
 from quotas.models import Team
 from quotas.selectors import team_ids_for_user
 from scheduling.jobs.selectors import job_in_teams, job_team_id
-from scheduling.realtime import groups, sockets
+from scheduling.realtime import groups, listeners, sockets
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,9 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):
         for group in groups:
             await self.channel_layer.group_add(group, self.channel_name)
         self.groups_joined = groups
+        await sync_to_async(listeners.listening_add, thread_sensitive=False)(
+            groups=groups, channel=self.channel_name
+        )
         await self.accept()
         await self.send_json({"type": "hello", "stream": self.stream_name, "user": self.user.get_username()})
 
@@ -92,6 +95,10 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         for group in getattr(self, "groups_joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
+        if getattr(self, "groups_joined", []):
+            await sync_to_async(listeners.listening_remove, thread_sensitive=False)(
+                groups=self.groups_joined, channel=self.channel_name
+            )
         if getattr(self, "_socket_key", None) is not None:
             await sync_to_async(sockets.socket_closed, thread_sensitive=False)(self._socket_key)
             self._socket_key = None

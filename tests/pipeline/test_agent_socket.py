@@ -579,3 +579,102 @@ def test_a_report_that_fails_for_a_reason_other_than_the_database_is_refused_not
 
     ack = async_to_sync(scenario)()
     assert ack["ok"] is False and "retry" not in ack and "ValueError" in ack["error"]
+
+
+def test_a_nodes_samples_go_only_to_the_groups_a_browser_listens_to(two_nodes, monkeypatch):
+    from channels.layers import get_channel_layer
+
+    from scheduling.agents import live_metrics
+    from scheduling.realtime import groups, listeners
+
+    _, on_b, _, token_b = two_nodes
+    forget_live_metrics("a100-02")
+    monkeypatch.setattr(consumers, "METRICS_PUBLISH_INTERVAL_S", 0.0)
+    job_group = groups.job(on_b.pk)
+
+    def sample(util: float) -> str:
+        gpu = {
+            "index": 0,
+            "uuid": "GPU-b-0",
+            "util_pct": util,
+            "memory_used_mib": 1,
+            "memory_total_mib": 81920,
+        }
+        return protocol.encode(protocol.message("metrics", {"sampled_at": time.time(), "gpus": [gpu]}))
+
+    async def published(communicator, channel: str, util: float) -> list[dict]:
+        """Send a sample, wait until the live store holds it (the consumer has handled it), then what the
+        job's group received."""
+        await communicator.send_to(text_data=sample(util))
+        kept = sync_to_async(live_metrics.live_metrics_for_nodes)
+        async with asyncio.timeout(15):
+            while (await kept(node_names=["a100-02"])).get("a100-02", {}).get(0, {}).get("util_pct") != util:
+                await asyncio.sleep(0.05)
+        got = []
+        with pytest.raises(asyncio.TimeoutError):
+            while True:
+                got.append(await asyncio.wait_for(layer.receive(channel), timeout=0.5))
+        return [m for m in got if m["type"] == "job.metrics"]
+
+    layer = get_channel_layer()
+
+    async def scenario():
+        channel = await layer.new_channel()
+        await layer.group_add(job_group, channel)
+        communicator = await _connect(token_b, "a100-02")
+        await _next(communicator, "desired_state")
+        listeners.forget()
+        unheard = await published(communicator, channel, 11.0)
+        await sync_to_async(listeners.listening_add)(groups=[job_group], channel=channel)
+        listeners.forget()
+        heard = await published(communicator, channel, 22.0)
+        await sync_to_async(listeners.listening_remove)(groups=[job_group], channel=channel)
+        await communicator.disconnect()
+        return unheard, heard
+
+    unheard, heard = async_to_sync(scenario)()
+    assert unheard == [], "a sample published to a group no browser listens to"
+    assert [m["gpus"][0]["util_pct"] for m in heard] == [22.0] and heard[0]["job_id"] == on_b.pk
+
+
+def test_a_quiet_jobs_logs_are_asked_for_often_only_while_someone_watches_it(two_nodes, monkeypatch):
+    from scheduling.realtime import groups, listeners
+
+    _, on_b, _, token_b = two_nodes
+    monkeypatch.setattr(consumers, "LOG_QUIET_MAX_S", 0.2)
+    monkeypatch.setattr(consumers, "LOG_UNWATCHED_MAX_S", 100.0)
+    job_group = groups.job(on_b.pk)
+
+    async def asked_within(communicator, seconds: float) -> int:
+        """Answer every logs request with nothing new for `seconds`; how many came."""
+        count = 0
+        end = time.monotonic() + seconds
+        while end > time.monotonic():
+            if await communicator.receive_nothing(timeout=0.02):  # (a receive that times out ends the app)
+                continue
+            msg = protocol.decode(await communicator.receive_from())
+            if msg["type"] != "logs_request":
+                continue
+            count += 1
+            p = msg["payload"]
+            answer = {**p, "request_id": msg["id"], "data_b64": "", "eof": False}
+            answer.update(next_offset=p["offset"], size=p["offset"])
+            await communicator.send_to(text_data=protocol.encode(protocol.message("logs", answer)))
+        return count
+
+    async def scenario():
+        listeners.forget()
+        communicator = await _connect(token_b, "a100-02")
+        await asked_within(communicator, 1.5)  # the quiet streams' waits grow past LOG_QUIET_MAX_S
+        unwatched = await asked_within(communicator, 1.5)
+        await sync_to_async(listeners.listening_add)(groups=[job_group], channel="a-browser", for_s=60)
+        listeners.forget()
+        watched = await asked_within(communicator, 1.5)
+        await sync_to_async(listeners.listening_remove)(groups=[job_group], channel="a-browser")
+        await communicator.disconnect()
+        return unwatched, watched
+
+    unwatched, watched = async_to_sync(scenario)()
+    # Two streams: unwatched, each waits 1.6 s then 3.2 s; watched, at most 0.2 s (with a 0.05 s pull loop).
+    assert unwatched <= 4, f"{unwatched} requests in 1.5 s for a quiet job nobody watches"
+    assert watched >= 8, f"only {watched} requests in 1.5 s for a quiet job someone watches"

@@ -19,6 +19,7 @@ from scheduling.cycle.models import SchedulerLease
 from scheduling.inventory.models import Gpu
 from scheduling.jobs.models import Job, Slice
 from scheduling.jobs.states import LIVE_STATES
+from scheduling.realtime import listeners
 from tests.pipeline.harness import path_of, submit, wait_for, wait_state
 
 
@@ -293,6 +294,8 @@ def test_gpu_utilisation_reaches_the_cluster_group_at_most_once_a_second_per_nod
 
         channel = await layer.new_channel()
         await layer.group_add("cluster", channel)
+        # As a browser's stream does: the agents' socket publishes samples only to groups someone listens to.
+        listeners.listening_add(groups=["cluster"], channel=channel)
         got = []
         end = asyncio.get_running_loop().time() + seconds
         try:
@@ -303,6 +306,7 @@ def test_gpu_utilisation_reaches_the_cluster_group_at_most_once_a_second_per_nod
                     break
         finally:
             await layer.group_discard("cluster", channel)
+            listeners.listening_remove(groups=["cluster"], channel=channel)
         return got
 
     listen_s = 6.0

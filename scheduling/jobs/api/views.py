@@ -43,7 +43,8 @@ from scheduling.jobs.models import Job, Slice
 from scheduling.jobs.selectors import can_cancel_job, jobs_visible_to, queue, queue_entries
 from scheduling.jobs.services import job_cancel, job_submit
 from scheduling.jobs.spec import SpecError, spec_check_card_limits, spec_from_mapping, spec_from_text
-from scheduling.jobs.states import TERMINAL_STATES
+from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES
+from scheduling.realtime import listeners
 
 MAX_IDEMPOTENCY_KEY_CHARS = 200
 
@@ -273,6 +274,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                 field="encoding",
             )
         offset = int_param(request, "offset", low=0, high=2**62, default=None)
+        if job.state in ACTIVE_STATES:  # a reader following it: its agent is asked for new lines often
+            listeners.log_reader_note(job_id=job.pk, user_id=request.user.pk)
         if offset is not None:
             limit = int_param(
                 request, "limit_bytes", low=1, high=joblogs.MAX_READ_BYTES, default=joblogs.MAX_READ_BYTES
