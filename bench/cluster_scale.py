@@ -320,6 +320,7 @@ class SimNode:
                 self.finished.add(key)
                 await self.send(self.end_report(key, job, "stopped", exit_code=-15, reason="stopped"))
         elif kind == "logs_request":
+            self.stats["log_requests"] += 1
             key = (str(p.get("job_id")), int(p.get("attempt") or 0))
             offset = int(p.get("offset") or 0)
             payload = {
@@ -422,6 +423,7 @@ async def _sim_main(spec_file: Path, url: str, status_file: Path) -> None:
             "started",
             "refused",
             "retry",
+            "log_requests",
         )
     }
     stats.update(errors=0, last_error="")
