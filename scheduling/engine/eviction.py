@@ -22,10 +22,11 @@ from scheduling.engine.resources import (
     job_host_on,
     release_many,
     release_on_node,
+    slice_charge,
 )
 from scheduling.engine.session import Holding, Session, overlay
 from scheduling.engine.statement import Statement
-from scheduling.engine.types import WHOLE_GPU_MILLI, Assignment, Job, Node, Sharing, Status
+from scheduling.engine.types import WHOLE_GPU_MILLI, Assignment, Job, Node, Request, Sharing, Status
 
 # From a node's evictable holdings (preemptible, past the minimum runtime, lowest priority first): those the
 # blocked job may evict.
@@ -191,10 +192,13 @@ def work_floor(s: Session, job: Job, pos: int, eligible: list[Holding]) -> float
     For whole cards the job needs `need` more idle cards than the node has, and a card becomes idle only once as
     many of its holders are gone as it counts: spreading each victim's work lost over the cards it holds here, no
     set frees a card for less than the sum of its cheapest holders' shares, nor `need` cards for less than the
-    sum over the `need` cheapest cards. Otherwise at least one victim goes. Kept a hair below the exact figure, so
-    that summing in another order never puts it above a set's actual cost."""
+    sum over the `need` cheapest cards; for a slice, `_slice_floor`. Otherwise at least one victim goes. Sums are
+    kept a hair below the exact figure, so that summing in another order never puts them above a set's actual
+    cost."""
     cheapest = min(work_lost(s, v.job) for v in eligible)
     req = job.request
+    if req.is_slice:
+        return max(cheapest, _slice_floor(s, req, s.index.nodes[pos], eligible))
     if not req.gpus:
         return cheapest
     node = s.index.nodes[pos]
@@ -270,6 +274,49 @@ def _could_fit(s: Session, job: Job, pos: int, victims: list[Holding]) -> bool:
         if free_mem >= req.gpu_memory_mib and free_comp >= req.gpu_compute_milli:
             return True
     return False
+
+
+def _slice_floor(s: Session, req: Request, node: Node, eligible: list[Holding]) -> float:
+    """For a slice: the slice needs one card with room, and victims free a card's memory and compute only as much
+    as they hold on it. Per card short of room, the set must hold there at least the memory and compute missing,
+    so it loses at least the missing amount times its holders' least work lost per MiB (per milli-GPU), and at
+    least one holder's work; the node's floor is its cheapest card's (0 where a card has room already). Products
+    are kept a hair below the exact figure, as in `work_floor`; a single holder's work is exact."""
+    held: dict[int, dict[str, list]] = {}  # card index -> victim id -> [work lost, memory MiB, compute milli]
+    for v in eligible:
+        lost = work_lost(s, v.job)
+        for a in v.assignments:
+            row = held.setdefault(a.gpu_index, {}).setdefault(v.job.id, [lost, 0, 0])
+            row[1] += a.memory_mib
+            row[2] += a.compute_milli
+    best = float("inf")
+    for g in node.gpus:
+        if not gpu_matches(req, g):
+            continue
+        charge = slice_charge(req, g)
+        if charge is None:
+            continue
+        # What the card lacks (`slice_fits_gpu`): memory for the charge (and any free memory at all), compute.
+        short_mem = max(
+            g.allocated_memory_mib + charge[0] - g.memory_mib, g.allocated_memory_mib - g.memory_mib + 1
+        )
+        short_comp = g.allocated_compute_milli + charge[1] - compute_cap_milli(g, s.factor)
+        if short_mem <= 0 and short_comp <= 0:
+            return 0.0
+        rows = held.get(g.index)
+        if not rows:
+            continue
+        floor = min(r[0] for r in rows.values())
+        for short, field in ((short_mem, 1), (short_comp, 2)):
+            if short <= 0:
+                continue
+            rates = [r[0] / r[field] for r in rows.values() if r[field] > 0]
+            if not rates:
+                floor = float("inf")  # nothing here frees it: this card cannot take the slice
+                break
+            floor = max(floor, short * min(rates) * (1 - 1e-9))
+        best = min(best, floor)
+    return best if best != float("inf") else 0.0
 
 
 def _floor_then_rank(entry: tuple) -> tuple:
