@@ -7,6 +7,12 @@ The cluster mixes models, NVLink islands, NUMA nodes and MPS / MIG cards; the qu
 itself first (not timed). Each timed cycle sees a fresh snapshot built with new node objects, as the production
 cycle gets from the database: last cycle's placements are running, jobs past their max runtime have ended, and
 the clock has moved on by `--interval-s`.
+
+`--scenario fill` is a freshly filled queue on an empty cluster instead (`--pending 20000 --running 0` unless
+given): half the nodes A100, half H100, and every queued job asks for one A100 card or a slice of one, so the
+first cycle places thousands of jobs and then finds the A100s full while the H100s stay free.
+
+    python -m bench.engine_cycle --scenario fill --json
 """
 
 from __future__ import annotations
@@ -18,12 +24,15 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from types import MappingProxyType
 
 from scheduling.engine import get_profile, run_cycle
+from scheduling.engine.framework import Profile
 from scheduling.engine.resources import allocate_on_node, job_host_on
 from scheduling.engine.types import (
+    Decisions,
     Gpu,
     Job,
     Node,
@@ -45,11 +54,14 @@ MIG_PROFILES_GIB = (10, 20, 40, 80)
 TEAMS = [f"org{o}/team{t}" for o in range(4) for t in range(5)]
 
 
-def build_nodes(rng: random.Random, count: int, gpus_per_node: int) -> list[Node]:
+FILL_MODELS = [("H100", 80, (9, 0), [8], 0.5), ("A100", 80, (8, 0), [8], 0.5)]
+
+
+def build_nodes(rng: random.Random, count: int, gpus_per_node: int, models=MODELS) -> list[Node]:
     nodes = []
-    weights = [m[4] for m in MODELS]
+    weights = [m[4] for m in models]
     for i in range(count):
-        model, mem_gib, cc, islands, _ = rng.choices(MODELS, weights)[0]
+        model, mem_gib, cc, islands, _ = rng.choices(models, weights)[0]
         roll = rng.random()
         sharing = (
             Sharing.MPS if roll < 0.2 else Sharing.MIG if roll < 0.3 and model in ("A100", "H100") else None
@@ -140,6 +152,30 @@ def make_job(rng: random.Random, number: int, now: float, gpus_per_node: int, mi
     )
 
 
+def make_fill_job(rng: random.Random, number: int, now: float, gpus_per_node: int) -> Job:
+    """A queued job of the fill scenario: one whole A100 or a slice of one (half each)."""
+    if rng.random() < 0.5:
+        mem = rng.choice([0, 4, 5, 10, 20])
+        request = Request(
+            gpu_memory_mib=mem * GIB,
+            gpu_compute_milli=rng.choice([100, 250, 500]) if mem == 0 else rng.choice([0, 0, 100, 250]),
+            gpu_models=("A100",),
+            cpu_milli=rng.choice([1000, 4000]),
+            memory_mib=rng.choice([8, 16]) * GIB,
+        )
+    else:
+        request = Request(gpus=1, gpu_models=("A100",), cpu_milli=8000, memory_mib=64 * GIB)
+    return Job(
+        id=f"job-{number:06d}",
+        team=rng.choice(TEAMS),
+        request=request,
+        priority=rng.choice([10, 50, 50, 100]),
+        preemptible=rng.random() < 0.8,
+        submit_time=now - rng.uniform(0, 7200),
+        max_runtime_s=rng.choice([None, 1800.0, 3600.0, 4 * 3600.0, 24 * 3600.0]),
+    )
+
+
 def quotas_for(gpu_count: int) -> dict[str, Quota]:
     share = gpu_count * 1000 // len(TEAMS)
     return {
@@ -168,35 +204,51 @@ def ledger(nodes: list[Node], running: list[Job]) -> tuple[Node, ...]:
     return tuple(by_name[n.name] for n in nodes)
 
 
-def main(argv: list[str] | None = None) -> int:
+SCENARIOS = {  # name -> (node models, queued-job maker, default pending, default running)
+    "steady": (MODELS, make_job, 10_000, 5_000),
+    "fill": (FILL_MODELS, make_fill_job, 20_000, 0),
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="steady")
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--pending", type=int, default=10_000)
-    parser.add_argument("--running", type=int, default=5_000)
+    parser.add_argument("--pending", type=int, default=None, help="10,000 (steady) or 20,000 (fill)")
+    parser.add_argument("--running", type=int, default=None, help="5,000 (steady) or 0 (fill)")
     parser.add_argument("--cycles", type=int, default=7)
     parser.add_argument("--interval-s", type=float, default=60.0)
     parser.add_argument("--profile", default="default")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     args = parser.parse_args(argv)
+    _, _, pending, running = SCENARIOS[args.scenario]
+    args.pending = pending if args.pending is None else args.pending
+    args.running = running if args.running is None else args.running
+    return args
 
+
+def cycles(args: argparse.Namespace, profile: Profile) -> Iterator[tuple[Snapshot, Decisions, float, float]]:
+    """Set up the scenario (not timed), then run `args.cycles` cycles: (snapshot, decisions, wall s, CPU s)
+    each, the world moving on between them."""
+    models, queued_job, _, _ = SCENARIOS[args.scenario]
     rng = random.Random(args.seed)
     now = 1_000_000.0
-    nodes = build_nodes(rng, args.nodes, args.gpus_per_node)
+    nodes = build_nodes(rng, args.nodes, args.gpus_per_node, models)
     gpu_count = args.nodes * args.gpus_per_node
     quotas = MappingProxyType(quotas_for(gpu_count))
-    profile = get_profile(args.profile)
     fill = replace(profile, name=f"{profile.name}-fill", actions=("allocate",), admit=())
 
-    # Set-up (not timed): the engine places the running jobs on the empty cluster.
-    setup_started = time.perf_counter()
+    # Set-up: the engine places the running jobs on the empty cluster.
     candidates = [
         make_job(rng, i, now - 3600, args.gpus_per_node, RUNNING_MIX) for i in range(args.running * 2)
     ]
-    placed = run_cycle(
-        Snapshot(now=now - 3600, nodes=tuple(nodes), pending=tuple(candidates)), fill
-    ).placements
+    placed = (
+        run_cycle(Snapshot(now=now - 3600, nodes=tuple(nodes), pending=tuple(candidates)), fill).placements
+        if candidates
+        else ()
+    )
     by_id = {j.id: j for j in candidates}
     running = []
     for p in placed[: args.running]:
@@ -210,15 +262,10 @@ def main(argv: list[str] | None = None) -> int:
                 borrowed=rng.random() < 0.3,
             )
         )
-    pending = [make_job(rng, args.running * 2 + i, now, args.gpus_per_node) for i in range(args.pending)]
-    setup_s = time.perf_counter() - setup_started
+    args.running_placed_at_setup = len(running)
+    pending = [queued_job(rng, args.running * 2 + i, now, args.gpus_per_node) for i in range(args.pending)]
     next_id = args.running * 2 + args.pending
 
-    times: list[float] = []
-    cpu_times: list[
-        float
-    ] = []  # CPU seconds: less sensitive than wall time to other work on a shared machine
-    placements = evictions = reservations = 0
     for _ in range(args.cycles):
         snap = Snapshot(
             now=now,
@@ -230,11 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         started, cpu_started = time.perf_counter(), time.process_time()
         decisions = run_cycle(snap, profile)
-        times.append(time.perf_counter() - started)
-        cpu_times.append(time.process_time() - cpu_started)
-        placements += len(decisions.placements)
-        evictions += len(decisions.evictions)
-        reservations += len(decisions.reservations)
+        wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
+        yield snap, decisions, wall_s, cpu_s
         # The world moves on: placed jobs run, evicted ones requeue, finished ones leave, new ones arrive.
         evicted = {e.job_id for e in decisions.evictions}
         pend_by_id = {j.id: j for j in pending}
@@ -260,22 +304,45 @@ def main(argv: list[str] | None = None) -> int:
             for j in running
             if j.id not in evicted and (j.max_runtime_s is None or j.start_time + j.max_runtime_s > now)
         ] + started_jobs
-        arrivals = [make_job(rng, next_id + i, now, args.gpus_per_node) for i in range(len(placed_ids))]
+        arrivals = [queued_job(rng, next_id + i, now, args.gpus_per_node) for i in range(len(placed_ids))]
         next_id += len(arrivals)
         pending = [j for j in pending if j.id not in placed_ids] + requeued + arrivals
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    profile = get_profile(args.profile)
+    setup_started = time.perf_counter()
+    runs = cycles(args, profile)
+    times: list[float] = []
+    # CPU seconds: less sensitive than wall time to other work on a shared machine.
+    cpu_times: list[float] = []
+    placements = evictions = reservations = 0
+    setup_s = None
+    for _, decisions, wall_s, cpu_s in runs:
+        if setup_s is None:
+            setup_s = time.perf_counter() - setup_started - wall_s
+        times.append(wall_s)
+        cpu_times.append(cpu_s)
+        placements += len(decisions.placements)
+        evictions += len(decisions.evictions)
+        reservations += len(decisions.reservations)
+
+    gpu_count = args.nodes * args.gpus_per_node
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     ordered = sorted(times)
     result = {
+        "scenario": args.scenario,
         "nodes": args.nodes,
         "gpus_per_node": args.gpus_per_node,
         "gpus": gpu_count,
         "pending": args.pending,
         "running": args.running,
-        "running_placed_at_setup": len(placed[: args.running]),
+        "running_placed_at_setup": args.running_placed_at_setup,
         "profile": profile.name,
         "cycles": args.cycles,
         "cycle_s_first": round(times[0], 4),
+        "cycle_cpu_s_first": round(cpu_times[0], 4),
         "cycle_s_p50": round(statistics.median(times), 4),
         "cycle_s_p95": round(ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))], 4),
         "cycle_s_max": round(ordered[-1], 4),
@@ -285,10 +352,13 @@ def main(argv: list[str] | None = None) -> int:
         "reservations": reservations,
         "placements_per_s": round(placements / sum(times), 1) if sum(times) else None,
         "peak_rss_mib": round(peak_rss_mib, 1),
-        "setup_s": round(setup_s, 2),
+        "setup_s": round(setup_s or 0.0, 2),
     }
     if not args.json:
-        print(f"engine cycle benchmark ({args.nodes} nodes x {args.gpus_per_node} GPUs)", file=sys.stderr)
+        print(
+            f"engine cycle benchmark, {args.scenario} ({args.nodes} nodes x {args.gpus_per_node} GPUs)",
+            file=sys.stderr,
+        )
     print(json.dumps(result, indent=None if args.json else 2))
     return 0
 

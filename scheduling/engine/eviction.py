@@ -6,13 +6,14 @@ Which running jobs a blocked job may evict is the action's `VictimRule`; everyth
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
 
 from scheduling.engine.accounting import model_usage_add, usage_add
-from scheduling.engine.placement import effective, feasible, node_ok, try_place
+from scheduling.engine.placement import effective, evaluator, feasible, node_ok, try_place
 from scheduling.engine.resources import (
     charge_of,
     compute_cap_milli,
@@ -21,10 +22,11 @@ from scheduling.engine.resources import (
     job_host_on,
     release_many,
     release_on_node,
+    slice_charge,
 )
 from scheduling.engine.session import Holding, Session, overlay
 from scheduling.engine.statement import Statement
-from scheduling.engine.types import WHOLE_GPU_MILLI, Assignment, Job, Node, Sharing, Status
+from scheduling.engine.types import WHOLE_GPU_MILLI, Assignment, Job, Node, Request, Sharing, Status
 
 # From a node's evictable holdings (preemptible, past the minimum runtime, lowest priority first): those the
 # blocked job may evict.
@@ -57,6 +59,11 @@ class VictimRule(Protocol):
 
     def cost(self, s: Session, chosen: list[Holding]) -> tuple:
         """What evicting this set costs (lower is better): the node whose set costs least is chosen."""
+        ...
+
+    def cost_floor(self, s: Session, job: Job, pos: int, eligible: list[Holding]) -> tuple:
+        """A lower bound of `cost` for every non-empty set taken from `eligible` that lets the job fit on the
+        node: a node whose floor is above the cost another node already offers is not searched (`_evict_for`)."""
         ...
 
 
@@ -143,6 +150,21 @@ def running_by_pos(
     return known
 
 
+def work_lost(s: Session, v: Job) -> float:
+    """`work_lost_s` of a running job at the snapshot's time, worked out once a cycle (victim orders and costs ask
+    for the same jobs on every node and every attempt)."""
+    known = s.ctx.cache.get(_WORK_LOST_KEY)
+    if known is None:
+        known = s.ctx.cache[_WORK_LOST_KEY] = {}
+    lost = known.get(v.id)
+    if lost is None:
+        lost = known[v.id] = work_lost_s(s.snap.now, v)
+    return lost
+
+
+_WORK_LOST_KEY = "eviction.work_lost"
+
+
 def work_lost_s(now: float, v: Job) -> float:
     """GPU-seconds of progress an eviction throws away: the time since its last checkpoint (all of its running
     time when it declares none) x the cards it holds."""
@@ -155,8 +177,58 @@ def work_lost_s(now: float, v: Job) -> float:
 
 def work_then_count(s: Session, chosen: list[Holding]) -> tuple:
     """A victim set's cost as reclaim and share weigh it: the work it throws away, then how many jobs."""
-    now = s.snap.now
-    return (sum(work_lost_s(now, v.job) for v in chosen), len(chosen))
+    return (sum(work_lost(s, v.job) for v in chosen), len(chosen))
+
+
+def work_then_count_floor(s: Session, job: Job, pos: int, eligible: list[Holding]) -> tuple:
+    """A lower bound of `work_then_count` for the victim sets on this node that let the job fit: at least one
+    job, losing at least `work_floor`."""
+    return (work_floor(s, job, pos, eligible), 1)
+
+
+def work_floor(s: Session, job: Job, pos: int, eligible: list[Holding]) -> float:
+    """The least work any set of these victims that lets the job fit on the node throws away.
+
+    For whole cards the job needs `need` more idle cards than the node has, and a card becomes idle only once as
+    many of its holders are gone as it counts: spreading each victim's work lost over the cards it holds here, no
+    set frees a card for less than the sum of its cheapest holders' shares, nor `need` cards for less than the
+    sum over the `need` cheapest cards; for a slice, `_slice_floor`. Otherwise at least one victim goes. Sums are
+    kept a hair below the exact figure, so that summing in another order never puts them above a set's actual
+    cost."""
+    cheapest = min(work_lost(s, v.job) for v in eligible)
+    req = job.request
+    if req.is_slice:
+        return max(cheapest, _slice_floor(s, req, s.index.nodes[pos], eligible))
+    if not req.gpus:
+        return cheapest
+    node = s.index.nodes[pos]
+    idle = 0
+    for g in node.gpus:
+        if gpu_is_free(g) and gpu_matches(req, g):
+            idle += 1
+    need = req.gpus - idle
+    if need <= 0:
+        return cheapest
+    shares: dict[int, list[float]] = {}  # card index -> each eligible holder's share of its work lost
+    for v in eligible:
+        if not v.assignments:
+            continue
+        share = work_lost(s, v.job) / len(v.assignments)
+        for a in v.assignments:
+            shares.setdefault(a.gpu_index, []).append(share)
+    per_card: list[float] = []
+    for g in node.gpus:
+        if gpu_is_free(g) or not gpu_matches(req, g):
+            continue
+        mine = shares.get(g.index)
+        if mine is None or len(mine) < g.holders:
+            continue  # not all its holders may go: it stays taken
+        mine.sort()
+        per_card.append(sum(mine[: g.holders]))
+    if len(per_card) < need:
+        return cheapest  # no set frees enough cards here; the search says so
+    per_card.sort()
+    return max(cheapest, sum(per_card[:need]) * (1 - 1e-9))
 
 
 # The cost of a node the job fits on without evicting anything: below every rule's cost.
@@ -204,6 +276,65 @@ def _could_fit(s: Session, job: Job, pos: int, victims: list[Holding]) -> bool:
     return False
 
 
+def _slice_floor(s: Session, req: Request, node: Node, eligible: list[Holding]) -> float:
+    """For a slice: the slice needs one card with room, and victims free a card's memory and compute only as much
+    as they hold on it. Per card short of room, the set must hold there at least the memory and compute missing,
+    so it loses at least the missing amount times its holders' least work lost per MiB (per milli-GPU), and at
+    least one holder's work; the node's floor is its cheapest card's (0 where a card has room already). Products
+    are kept a hair below the exact figure, as in `work_floor`; a single holder's work is exact."""
+    held: dict[int, dict[str, list]] = {}  # card index -> victim id -> [work lost, memory MiB, compute milli]
+    for v in eligible:
+        lost = work_lost(s, v.job)
+        for a in v.assignments:
+            row = held.setdefault(a.gpu_index, {}).setdefault(v.job.id, [lost, 0, 0])
+            row[1] += a.memory_mib
+            row[2] += a.compute_milli
+    best = float("inf")
+    for g in node.gpus:
+        if not gpu_matches(req, g):
+            continue
+        charge = slice_charge(req, g)
+        if charge is None:
+            continue
+        # What the card lacks (`slice_fits_gpu`): memory for the charge (and any free memory at all), compute.
+        short_mem = max(
+            g.allocated_memory_mib + charge[0] - g.memory_mib, g.allocated_memory_mib - g.memory_mib + 1
+        )
+        short_comp = g.allocated_compute_milli + charge[1] - compute_cap_milli(g, s.factor)
+        if short_mem <= 0 and short_comp <= 0:
+            return 0.0
+        rows = held.get(g.index)
+        if not rows:
+            continue
+        floor = min(r[0] for r in rows.values())
+        for short, field in ((short_mem, 1), (short_comp, 2)):
+            if short <= 0:
+                continue
+            rates = [r[0] / r[field] for r in rows.values() if r[field] > 0]
+            if not rates:
+                floor = float("inf")  # nothing here frees it: this card cannot take the slice
+                break
+            floor = max(floor, short * min(rates) * (1 - 1e-9))
+        best = min(best, floor)
+    return best if best != float("inf") else 0.0
+
+
+def _floor_then_rank(entry: tuple) -> tuple:
+    return (entry[0], entry[1])
+
+
+def _fits_without_eviction(s: Session, view: Job) -> np.ndarray | None:
+    """Per position, whether the job fits there as the node stands (what `_victims_on` finds costs `_FREE`).
+    None where that cannot be read without scoring nodes: a single-node job under a profile with filters or
+    scores that are not cached (a score may draw from the cycle's random numbers); every node is then searched."""
+    if view.request.nodes > 1:
+        return feasible(s, view)[0]
+    plugins = s.plugins
+    if plugins.live_filters or plugins.live_scores:
+        return None
+    return s.index.memo(view.request, evaluator(s, view)).ok & s.index.present
+
+
 def _victims_on(
     s: Session, job: Job, pos: int, eligible: list[Holding], rule: VictimRule
 ) -> tuple[tuple, list[Holding]] | None:
@@ -237,35 +368,49 @@ def _victims_on(
 
 
 def _evict_for(s: Session, job: Job, view: Job, pick: Victims, rule: VictimRule) -> bool:
-    """Evict for `job`, judging where it fits as `view` (the job with the GPU models it may use now)."""
+    """Evict for `job`, judging where it fits as `view` (the job with the GPU models it may use now).
+
+    The job takes the `req.nodes` nodes whose victim sets cost least (ties to snapshot order). Nodes are searched
+    in order of a lower bound of their cost (the rule's `cost_floor`; a node the job fits on already costs
+    nothing), and the search stops at the first node whose bound is above the costs already found: searching it
+    could not change the choice, only spend the cycle's time."""
     req = view.request
+    want = req.nodes
     static = s.index.static(req)
-    candidates: list[tuple[tuple, int, list[Holding]]] = []
+    rank = s.index.rank
+    fits_now = _fits_without_eviction(s, view)
+    # Per node: its cost and victims, for the nodes searched; the `want` best (cost, rank) so far, in order.
+    found: dict[int, tuple[tuple, list[Holding]]] = {}
+    top: list[tuple[tuple, int]] = []
+    if want > 1:
+        # A gang may also take nodes it fits on as they are; searching them for victims could not do better.
+        for p in np.flatnonzero(fits_now).tolist():
+            found[p] = (_FREE, [])
+            top.append((_FREE, int(rank[p])))
+        top = sorted(top)[:want]
+    entries: list[tuple[tuple, int, int, list[Holding]]] = []
     min_runtime_s = float(s.param(rule.MIN_RUNTIME_PARAM) or 0.0)
-    for pos, held in sorted(running_by_pos(s, min_runtime_s, rule.EVICTS_PINNED).items()):
-        if not static[pos]:
+    for pos, held in running_by_pos(s, min_runtime_s, rule.EVICTS_PINNED).items():
+        if not static[pos] or pos in found:
             continue
         eligible = pick(held)
         if not eligible:
             continue
-        found = _victims_on(s, view, pos, eligible, rule)
-        if found is not None:
-            candidates.append((found[0], pos, found[1]))
-    if req.nodes > 1:
-        ok, _ = feasible(s, view)
-        candidates += [(_FREE, int(p), []) for p in np.flatnonzero(ok).tolist()]
-    if len({pos for _, pos, _ in candidates}) < req.nodes or not candidates:
+        floor = _FREE if fits_now is None or fits_now[pos] else rule.cost_floor(s, view, pos, eligible)
+        entries.append((floor, int(rank[pos]), pos, eligible))
+    entries.sort(key=_floor_then_rank)
+    for floor, pos_rank, pos, eligible in entries:
+        if len(top) == want and (floor, pos_rank) > top[-1]:
+            break  # this node and every one after it cost more than the `want` best found
+        got = _victims_on(s, view, pos, eligible, rule)
+        if got is not None:
+            found[pos] = got
+            insort(top, (got[0], pos_rank))
+            del top[want:]
+    if len(found) < want or not found:
         return False
-    rank = s.index.rank
-    candidates.sort(key=lambda c: (c[0], int(rank[c[1]])))
-    picked: list[tuple[int, list[Holding]]] = []
-    seen_pos: set[int] = set()
-    for _, pos, victims in candidates:
-        if pos not in seen_pos:
-            seen_pos.add(pos)
-            picked.append((pos, victims))
-        if len(picked) == req.nodes:
-            break
+    best = sorted(found, key=lambda p: (found[p][0], int(rank[p])))[:want]
+    picked: list[tuple[int, list[Holding]]] = [(pos, found[pos][1]) for pos in best]
     victims_by_id: dict[str, Job] = {}
     for _, victims in picked:
         for v in victims:

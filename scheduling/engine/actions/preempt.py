@@ -7,7 +7,7 @@ not by priority, so borrowers do not evict each other back and forth."""
 from __future__ import annotations
 
 from scheduling.engine.actions.base import Action
-from scheduling.engine.eviction import Victims, evict_for_blocked, work_lost_s
+from scheduling.engine.eviction import Victims, evict_for_blocked, work_floor, work_lost
 from scheduling.engine.session import Holding, Session
 from scheduling.engine.types import Job
 
@@ -43,15 +43,19 @@ class LowerPriority:
         return job.team  # whom it may evict depends on its team's standing
 
     def order(self, s: Session, v: Holding) -> tuple:
-        return (v.job.priority, work_lost_s(s.snap.now, v.job), v.job.id)
+        return (v.job.priority, work_lost(s, v.job), v.job.id)
 
     def cost(self, s: Session, chosen: list[Holding]) -> tuple:
-        now = s.snap.now
         return (
             max(v.job.priority for v in chosen),
-            sum(work_lost_s(now, v.job) for v in chosen),
+            sum(work_lost(s, v.job) for v in chosen),
             len(chosen),
         )
+
+    def cost_floor(self, s: Session, job: Job, pos: int, eligible: list[Holding]) -> tuple:
+        # The highest victim priority is at least the lowest; at that priority the work lost is at least the
+        # floor of any set that lets the job fit.
+        return (min(v.job.priority for v in eligible), work_floor(s, job, pos, eligible), 1)
 
 
 class Preempt(Action):

@@ -27,7 +27,13 @@ from scheduling.engine.accounting import (
     within_guarantee,
 )
 from scheduling.engine.actions.base import Action
-from scheduling.engine.eviction import Victims, evict_for_blocked, work_lost_s, work_then_count
+from scheduling.engine.eviction import (
+    Victims,
+    evict_for_blocked,
+    work_lost,
+    work_then_count,
+    work_then_count_floor,
+)
 from scheduling.engine.session import Holding, Session
 from scheduling.engine.types import Job
 
@@ -78,10 +84,13 @@ class OtherTeamsBorrowed:
     def order(self, s: Session, v: Holding) -> tuple:
         over = _spare(s)[v.job.team][3]
         labelled = v.job.id in running_borrowed(s.ctx)
-        return (-over, not labelled, work_lost_s(s.snap.now, v.job), v.job.priority, v.job.id)
+        return (-over, not labelled, work_lost(s, v.job), v.job.priority, v.job.id)
 
     def cost(self, s: Session, chosen: list[Holding]) -> tuple:
         return work_then_count(s, chosen)
+
+    def cost_floor(self, s: Session, job: Job, pos: int, eligible: list[Holding]) -> tuple:
+        return work_then_count_floor(s, job, pos, eligible)
 
 
 def _spare(s: Session) -> dict[str, tuple[int, int, bool, float]]:

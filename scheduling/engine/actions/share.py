@@ -19,7 +19,13 @@ from scheduling.engine.accounting import (
     within_guarantee,
 )
 from scheduling.engine.actions.base import Action
-from scheduling.engine.eviction import Victims, evict_for_blocked, work_lost_s, work_then_count
+from scheduling.engine.eviction import (
+    Victims,
+    evict_for_blocked,
+    work_lost,
+    work_then_count,
+    work_then_count_floor,
+)
 from scheduling.engine.session import Holding, Session
 from scheduling.engine.types import Job
 
@@ -87,10 +93,13 @@ class BorrowingMore:
     def order(self, s: Session, v: Holding) -> tuple:
         quota = s.snap.quotas.get(v.job.team)
         over = borrowed_per_weight(quota, team_usage(s.ctx).get(v.job.team, (0, 0)))
-        return (-over, work_lost_s(s.snap.now, v.job), v.job.priority, v.job.id)
+        return (-over, work_lost(s, v.job), v.job.priority, v.job.id)
 
     def cost(self, s: Session, chosen: list[Holding]) -> tuple:
         return work_then_count(s, chosen)
+
+    def cost_floor(self, s: Session, job: Job, pos: int, eligible: list[Holding]) -> tuple:
+        return work_then_count_floor(s, job, pos, eligible)
 
 
 class Share(Action):
