@@ -91,7 +91,7 @@ def seed(*, nodes: int, pending: int, rng_seed: int = 5) -> dict:
     users = get_user_model()
     people = []
     for k, t in enumerate(teams):
-        user = users.objects.create_user(username=f"user{k}", password="pw")
+        user = users.objects.create_user(username=f"user{k}")  # no password: no hashing
         membership_set(user=user, team=t)
         people.append((user, t))
 
