@@ -1,6 +1,7 @@
-"""The cycle's snapshot, read from rows, is what plain model-instance reads give, on a varied database (the bench's
-seed at a small size: whole-GPU jobs, MPS / MIG / time-slice slices, NVLink islands, gangs, borrowed jobs, per-model
-quotas and class limits, cordoned and draining nodes), in a number of statements that does not grow with the cluster.
+"""The cycle's two bulk reads give what plain model-instance reads give, on a varied database (the bench's seed
+at a small size: whole-GPU jobs, MPS / MIG / time-slice slices, NVLink islands, gangs, one failing, borrowed jobs,
+per-model quotas and class limits, cordoned and draining nodes): the snapshot, and each node's desired state; both
+in a number of statements that does not grow with the cluster.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from bench.snapshot_read import seed
-from scheduling.choices import JobState, LinkKind
-from scheduling.cycle import snapshot
+from scheduling.choices import JobState, LinkKind, SharingMode
+from scheduling.cycle import desired_state, node_loss, snapshot
+from scheduling.cycle.models import NodeSync
 from scheduling.engine import types as eng
 from scheduling.inventory.engine_view import engine_gpu, engine_node
 from scheduling.inventory.models import Gpu, GpuLink, Node
-from scheduling.jobs.models import Job, Slice
+from scheduling.jobs.models import GangMember, Job, Slice
+from scheduling.jobs.selectors import gang_members_of, gangs_failing
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.jobs.usage import decayed_usage
 
@@ -134,3 +137,150 @@ def test_the_snapshot_reads_the_same_number_of_statements_whatever_the_cluster_s
     with CaptureQueriesContext(connection) as small:
         snapshot.snapshot_from_db(now_s=NOW_S)
     assert len(large) == len(small)
+
+
+def desired_jobs_from_instances(node: Node) -> tuple[dict, ...]:
+    """A node's desired jobs as they were built node by node from model instances."""
+    by_job: dict[int, list[Slice]] = defaultdict(list)
+    for s in Slice.objects.filter(gpu__node=node, job__state__in=ACTIVE_STATES).select_related("gpu"):
+        by_job[s.job_id].append(s)
+    jobs = Job.objects.filter(pk__in=by_job).select_related("priority_class", "submitter").order_by("pk")
+    gangs = [job.pk for job in jobs if job.nodes > 1]
+    members: dict[int, list[GangMember]] = gang_members_of(job_ids=gangs) if gangs else {}
+    failing = gangs_failing(job_ids=gangs) if gangs else set()
+    entries = []
+    for job in jobs:
+        if job.pk in failing:
+            continue
+        gpus = []
+        for s in sorted(by_job[job.pk], key=lambda s: s.gpu.index):
+            whole = s.gpu.sharing_mode == SharingMode.EXCLUSIVE
+            gpus.append(
+                {
+                    "uuid": s.gpu.uuid,
+                    "index": s.gpu.index,
+                    "memory_mib": None if whole else s.memory_mib,
+                    "compute_pct": None if whole else s.compute_pct,
+                    "sharing": "time_sliced"
+                    if s.gpu.sharing_mode == SharingMode.TIMESLICE
+                    else s.gpu.sharing_mode,
+                }
+            )
+        entry = {
+            "job_id": str(job.pk),
+            "attempt": job.attempt,
+            "name": job.name,
+            "command": job.command,
+            "cwd": job.workdir or None,
+            "env": {
+                **{str(k): str(v) for k, v in job.env.items()},
+                "TESSERA_JOB_ID": str(job.pk),
+                "TESSERA_ATTEMPT": str(job.attempt),
+            },
+            "gpus": gpus,
+            "max_runtime_s": job.max_runtime_s,
+            "grace_s": float(job.priority_class.preemption_grace_s),
+            "fence_after_s": node_loss.fence_after_s(),
+            "cpu_milli": job.cpu_milli,
+            "memory_mib": job.memory_mib,
+            "user": job.submitter.get_username(),
+        }
+        gang = members.get(job.pk, [])
+        rank = next((m.rank for m in gang if m.node_id == node.pk), None)
+        if rank is not None:
+            entry["gang"] = {
+                "rank": rank,
+                "master_port": gang[0].port,
+                "members": [{"node": m.node.name, "address": m.address, "slots": job.gpus} for m in gang],
+            }
+        entries.append(entry)
+    return tuple(entries)
+
+
+def versions() -> dict[str, tuple[int, str]]:
+    return {
+        name: (version, digest)
+        for name, version, digest in NodeSync.objects.values_list(
+            "node__name", "desired_version", "desired_digest"
+        )
+    }
+
+
+def test_each_nodes_desired_jobs_are_those_built_node_by_node_from_model_instances(cluster):
+    bulk = desired_state._desired_jobs_by_node(node_ids=None)
+    for node in Node.objects.all():
+        expected = desired_jobs_from_instances(node)
+        assert bulk.get(node.pk, ()) == expected, node.name
+        assert desired_state.desired_jobs(node=node) == expected, node.name
+    entries = [e for jobs in bulk.values() for e in jobs]
+    assert sum("gang" in e for e in entries) >= 2 and any(e["gpus"][0]["sharing"] == "mig" for e in entries)
+    assert len(bulk) < Node.objects.count(), "some nodes run nothing"
+
+
+def test_the_sync_of_all_nodes_gives_each_node_the_version_and_digest_the_node_by_node_path_gives(
+    cluster, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks() as pushed:
+        changed = desired_state.desired_state_sync()
+    assert changed == list(Node.objects.order_by("name").values_list("name", flat=True))
+    assert len(pushed) == len(changed)
+    bulk = versions()
+    for node in Node.objects.all():
+        state, moved = desired_state.desired_state_for_node(node=node)
+        assert not moved, node.name
+        assert (state.version, desired_state._digest(state.jobs)) == bulk[node.name]
+    # Node by node first, the whole cluster after: the same again, and nothing moves.
+    Job.objects.filter(pk=Job.objects.filter(state=JobState.RUNNING, nodes=1).order_by("id")[0].pk).update(
+        state=JobState.SUCCEEDED
+    )
+    NodeSync.objects.update(desired_version=0, desired_digest="")
+    by_node = {n.name: desired_state.desired_state_for_node(node=n)[0] for n in Node.objects.all()}
+    assert desired_state.desired_state_sync() == []
+    assert versions() == {name: (s.version, desired_state._digest(s.jobs)) for name, s in by_node.items()}
+
+
+def test_only_the_nodes_whose_jobs_changed_move_and_are_told(cluster, django_capture_on_commit_callbacks):
+    desired_state.desired_state_sync()
+    before = versions()
+    job = Job.objects.filter(state=JobState.RUNNING, nodes=1).order_by("id")[0]
+    node = job.slices.first().gpu.node
+    Job.objects.filter(pk=job.pk).update(state=JobState.SUCCEEDED)
+    with django_capture_on_commit_callbacks(execute=False) as pushed:
+        assert desired_state.desired_state_sync() == [node.name]
+    assert len(pushed) == 1
+    after = versions()
+    assert after[node.name][0] == before[node.name][0] + 1
+    assert {k: v for k, v in after.items() if k != node.name} == {
+        k: v for k, v in before.items() if k != node.name
+    }
+    assert desired_state.desired_state_sync(nodes=[node]) == []
+
+
+def test_the_portable_write_of_moved_versions_writes_what_the_postgresql_one_does(cluster, monkeypatch):
+    desired_state.desired_state_sync()
+    rows = [
+        (pk, version + 5, f"d{pk}") for pk, version in NodeSync.objects.values_list("pk", "desired_version")
+    ]
+    desired_state._desired_versions_save(rows[:6])
+    monkeypatch.setattr(connection, "vendor", "sqlite")
+    desired_state._desired_versions_save(rows[6:])
+    monkeypatch.undo()
+    assert sorted(NodeSync.objects.values_list("pk", "desired_version", "desired_digest")) == sorted(rows)
+
+
+def test_the_sync_reads_and_writes_the_same_number_of_statements_whatever_the_cluster_size(cluster):
+    def counts() -> tuple[int, int, int]:
+        NodeSync.objects.all().delete()
+        out = []
+        for _ in range(2):  # every node created and moved, then none
+            with CaptureQueriesContext(connection) as queries:
+                desired_state.desired_state_sync()
+            out.append(len(queries))
+        NodeSync.objects.update(desired_digest="")  # every node moved
+        with CaptureQueriesContext(connection) as queries:
+            desired_state.desired_state_sync()
+        return (*out, len(queries))
+
+    large = counts()
+    shrink_to(nodes=3)
+    assert counts() == large
