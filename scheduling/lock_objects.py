@@ -2,6 +2,7 @@
 
 Order (to keep writers from deadlocking each other): the scheduler lease, then nodes by id, then jobs by id;
 GPU ledger rows are taken last, implicitly, by the guarded UPDATEs of `slice_allocate` / `job_release_slices`.
+Node sync rows (desired states) are locked by node id.
 """
 
 from __future__ import annotations
@@ -42,3 +43,11 @@ def jobs_for_update(*, ids: Iterable[int], skip_locked: bool = False) -> QuerySe
 
 def node_sync_for_update(*, node_id: int) -> QuerySet[NodeSync]:
     return NodeSync.objects.select_for_update().filter(node_id=node_id)
+
+
+def node_syncs_for_update(*, node_ids: Iterable[int] | None = None) -> QuerySet[NodeSync]:
+    """These nodes' sync rows (all when None), locked in node order."""
+    syncs = NodeSync.objects.select_for_update().order_by("node_id")
+    if node_ids is not None:
+        syncs = syncs.filter(node_id__in=list(node_ids))
+    return syncs

@@ -14,17 +14,17 @@ import hashlib
 import json
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from django.db import transaction
+from django.contrib.auth import get_user_model
+from django.db import connection, transaction
 
 from scheduling import lock_objects
-from scheduling.choices import SharingMode
+from scheduling.choices import GangMemberOutcome, SharingMode
 from scheduling.cycle import node_loss
 from scheduling.cycle.models import NodeSync
 from scheduling.inventory.models import Node
 from scheduling.jobs.models import GangMember, Job, Slice
-from scheduling.jobs.selectors import gang_members_of, gangs_failing
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.realtime import events
 
@@ -42,29 +42,67 @@ class DesiredState:
         return {"type": "desired_state", "node": self.node, "version": self.version, "jobs": list(self.jobs)}
 
 
-def _gang_entry(job: Job, members: list[GangMember], node: Node) -> dict[str, Any] | None:
+class Card(NamedTuple):
+    """One GPU slice of a placement, as its node's agent is told it."""
+
+    uuid: str
+    index: int
+    sharing_mode: str
+    memory_mib: int
+    compute_pct: int
+
+
+class PlacedJob(NamedTuple):
+    """The fields of a job its agents are told (a `Job` row's names, unless said)."""
+
+    pk: int
+    attempt: int
+    name: str
+    command: str
+    workdir: str
+    env: dict[str, Any] | None
+    max_runtime_s: int | None
+    grace_s: int  # its priority class's preemption_grace_s
+    cpu_milli: int
+    memory_mib: int
+    user: str | None  # the submitter's username
+    gpus: int
+    nodes: int
+
+
+class Member(NamedTuple):
+    """One node of a gang's current attempt."""
+
+    rank: int
+    node_id: int
+    node_name: str
+    address: str
+    port: int | None
+
+
+def _gang_entry(job: PlacedJob, members: list[Member], node_id: int) -> dict[str, Any] | None:
     """The gang as one member's agent needs it: members in rank order, whole GPUs per node as their slots."""
-    rank = next((m.rank for m in members if m.node_id == node.pk), None)
+    rank = next((m.rank for m in members if m.node_id == node_id), None)
     if rank is None:
         return None
     return {
         "rank": rank,
         "master_port": members[0].port,
-        "members": [{"node": m.node.name, "address": m.address, "slots": job.gpus} for m in members],
+        "members": [{"node": m.node_name, "address": m.address, "slots": job.gpus} for m in members],
     }
 
 
-def _job_entry(job: Job, slices: list[Slice]) -> dict[str, Any]:
+def _job_entry(job: PlacedJob, cards: list[Card]) -> dict[str, Any]:
     gpus = []
-    for s in sorted(slices, key=lambda s: s.gpu.index):
-        whole = s.gpu.sharing_mode == SharingMode.EXCLUSIVE
+    for c in sorted(cards, key=lambda c: c.index):
+        whole = c.sharing_mode == SharingMode.EXCLUSIVE
         gpus.append(
             {
-                "uuid": s.gpu.uuid,
-                "index": s.gpu.index,
-                "memory_mib": None if whole else s.memory_mib,
-                "compute_pct": None if whole else s.compute_pct,
-                "sharing": _AGENT_SHARING.get(s.gpu.sharing_mode, s.gpu.sharing_mode),
+                "uuid": c.uuid,
+                "index": c.index,
+                "memory_mib": None if whole else c.memory_mib,
+                "compute_pct": None if whole else c.compute_pct,
+                "sharing": _AGENT_SHARING.get(c.sharing_mode, c.sharing_mode),
             }
         )
     env = {str(k): str(v) for k, v in (job.env or {}).items()}
@@ -78,35 +116,73 @@ def _job_entry(job: Job, slices: list[Slice]) -> dict[str, Any]:
         "env": env,
         "gpus": gpus,
         "max_runtime_s": job.max_runtime_s,
-        "grace_s": float(job.priority_class.preemption_grace_s),
+        "grace_s": float(job.grace_s),
         "fence_after_s": node_loss.fence_after_s(),
         "cpu_milli": job.cpu_milli,
         "memory_mib": job.memory_mib,
-        "user": job.submitter.get_username() if job.submitter_id else None,
+        "user": job.user,
     }
+
+
+def _desired_jobs_by_node(*, node_ids: list[int] | None) -> dict[int, tuple[dict[str, Any], ...]]:
+    """The placements each node should run now, in job-id order (nodes running nothing are left out), for
+    these nodes (all when None): a few statements for the whole cluster, whatever its size."""
+    slices = Slice.objects.filter(job__state__in=ACTIVE_STATES)
+    if node_ids is not None:
+        slices = slices.filter(gpu__node_id__in=node_ids)
+    cards: dict[int, dict[int, list[Card]]] = defaultdict(lambda: defaultdict(list))  # node -> job -> cards
+    for node_id, job_id, *card in slices.values_list(
+        "gpu__node_id", "job_id", "gpu__uuid", "gpu__index", "gpu__sharing_mode", "memory_mib", "compute_pct"
+    ):
+        cards[node_id][job_id].append(Card(*card))
+    if not cards:
+        return {}
+    fields = [*PlacedJob._fields]
+    fields[fields.index("grace_s")] = "priority_class__preemption_grace_s"
+    fields[fields.index("user")] = f"submitter__{get_user_model().USERNAME_FIELD}"
+    placed = Job.objects.filter(pk__in=slices.values("job_id")).order_by("pk").values_list(*fields)
+    jobs = {row[0]: PlacedJob._make(row) for row in placed}
+    members, failing = _gangs(jobs=[job for job in jobs.values() if job.nodes > 1])
+    out = {}
+    for node_id, by_job in cards.items():
+        entries = []
+        for job_id in sorted(by_job):
+            if job_id in failing:
+                continue  # its agents stop the members still running
+            job = jobs[job_id]
+            entry = _job_entry(job, by_job[job_id])
+            gang = _gang_entry(job, members[job_id], node_id) if job_id in members else None
+            if gang is not None:
+                entry["gang"] = gang
+            entries.append(entry)
+        out[node_id] = tuple(entries)
+    return out
+
+
+def _gangs(*, jobs: list[PlacedJob]) -> tuple[dict[int, list[Member]], set[int]]:
+    """These gangs' current members by job, in rank order, and which gangs have a failed member (the
+    selectors `gang_members_of` and `gangs_failing`, in one statement)."""
+    if not jobs:
+        return {}, set()
+    attempts = {job.pk: job.attempt for job in jobs}
+    members: dict[int, list[Member]] = defaultdict(list)
+    failing = set()
+    for job_id, attempt, outcome, *member in (
+        GangMember.objects.filter(job_id__in=list(attempts))
+        .order_by("job_id", "rank")
+        .values_list("job_id", "attempt", "outcome", "rank", "node_id", "node__name", "address", "port")
+    ):
+        if attempt != attempts[job_id]:
+            continue
+        members[job_id].append(Member(*member))
+        if outcome == GangMemberOutcome.FAILED:
+            failing.add(job_id)
+    return dict(members), failing
 
 
 def desired_jobs(*, node: Node) -> tuple[dict[str, Any], ...]:
     """The placements a node should run now, in job-id order."""
-    by_job: dict[int, list[Slice]] = defaultdict(list)
-    for s in Slice.objects.filter(gpu__node=node, job__state__in=ACTIVE_STATES).select_related("gpu"):
-        by_job[s.job_id].append(s)
-    jobs = list(
-        Job.objects.filter(pk__in=by_job).select_related("priority_class", "submitter").order_by("pk")
-    )
-    gangs = [job.pk for job in jobs if job.nodes > 1]
-    members = gang_members_of(job_ids=gangs) if gangs else {}
-    failing = gangs_failing(job_ids=gangs) if gangs else set()
-    entries = []
-    for job in jobs:
-        if job.pk in failing:
-            continue  # its agents stop the members still running
-        entry = _job_entry(job, by_job[job.pk])
-        gang = _gang_entry(job, members[job.pk], node) if job.pk in members else None
-        if gang is not None:
-            entry["gang"] = gang
-        entries.append(entry)
-    return tuple(entries)
+    return _desired_jobs_by_node(node_ids=[node.pk]).get(node.pk, ())
 
 
 def _digest(jobs: tuple[dict[str, Any], ...]) -> str:
@@ -132,16 +208,64 @@ def desired_state_sync(*, nodes: list[Node] | None = None) -> list[str]:
     """Recompute desired states (all nodes by default); tell the agents of those that changed, after commit.
 
     This is the level-triggered catch-all: whatever path changed a job (a cancel, a finish, an admin edit),
-    the next cycle brings every agent's desired state back in line with the database.
+    the next cycle brings every agent's desired state back in line with the database. It runs after every
+    cycle, so it reads the whole cluster in a few statements and writes only the versions that moved (one
+    statement), rather than `desired_state_for_node` node by node.
     """
-    changed = []
-    for node in nodes if nodes is not None else Node.objects.all():
-        _, moved = desired_state_for_node(node=node)
-        if moved:
-            changed.append(node.name)
-            with transaction.atomic():
-                events.node_desired_state_changed(node_name=node.name)
+    if nodes is None:
+        names = dict(Node.objects.order_by("name").values_list("id", "name"))
+    else:
+        names = {node.pk: node.name for node in nodes}
+    node_ids = None if nodes is None else list(names)
+    with transaction.atomic():
+        synced = NodeSync.objects.all() if node_ids is None else NodeSync.objects.filter(node_id__in=node_ids)
+        missing = names.keys() - set(synced.values_list("node_id", flat=True))
+        NodeSync.objects.bulk_create([NodeSync(node_id=pk) for pk in missing], ignore_conflicts=True)
+        # Locked before the read, as `desired_state_for_node` does: what it reads is at least as new as what any
+        # version was computed from, so a version never moves to older content.
+        syncs = {
+            node_id: (sync_id, version, digest)
+            for sync_id, node_id, version, digest in lock_objects.node_syncs_for_update(
+                node_ids=node_ids
+            ).values_list("id", "node_id", "desired_version", "desired_digest")
+        }
+        jobs_by_node = _desired_jobs_by_node(node_ids=node_ids)
+        moved: list[tuple[int, int, str]] = []
+        changed = []
+        for node_id, name in names.items():
+            if node_id not in syncs:
+                continue  # deleted since
+            sync_id, version, digest = syncs[node_id]
+            digest_now = _digest(jobs_by_node.get(node_id, ()))
+            if digest_now != digest:
+                moved.append((sync_id, version + 1, digest_now))
+                changed.append(name)
+        _desired_versions_save(moved)
+        for name in changed:
+            events.node_desired_state_changed(node_name=name)
     return changed
+
+
+def _desired_versions_save(rows: list[tuple[int, int, str]]) -> None:
+    """Write (NodeSync id, desired version, digest) rows in one statement (PostgreSQL), else bulk_update's."""
+    if not rows:
+        return
+    if connection.vendor != "postgresql":
+        NodeSync.objects.bulk_update(
+            [NodeSync(pk=pk, desired_version=version, desired_digest=digest) for pk, version, digest in rows],
+            ["desired_version", "desired_digest"],
+        )
+        return
+    qn = connection.ops.quote_name
+    meta = NodeSync._meta
+    version, digest = (qn(meta.get_field(f).column) for f in ("desired_version", "desired_digest"))
+    values = ", ".join(["(%s, %s, %s)"] * len(rows))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {qn(meta.db_table)} AS s SET {version} = v.version::bigint, {digest} = v.digest::text "
+            f"FROM (VALUES {values}) AS v(id, version, digest) WHERE s.{qn(meta.pk.column)} = v.id::bigint",
+            [value for row in rows for value in row],
+        )
 
 
 def desired_version_raise(*, node_id: int, above: int) -> None:

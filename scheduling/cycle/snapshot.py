@@ -10,20 +10,24 @@ import functools
 import json
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import TextField
+from django.db.models.functions import Cast
 
+from quotas.models import PriorityClass, Team
 from quotas.models import Quota as QuotaRow
 from quotas.selectors import team_allowances
 from scheduling.choices import JobState, LinkKind, SharingMode
 from scheduling.engine import types as eng
 from scheduling.engine.framework import Profile
 from scheduling.engine.profiles import get_profile
-from scheduling.inventory.engine_view import capability, engine_gpu, engine_node
-from scheduling.inventory.models import Gpu, GpuLink, Node
+from scheduling.inventory.engine_view import capability, gpu_of, model_of, node_of
+from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node
 from scheduling.jobs.models import Job, Slice
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.jobs.usage import decayed_usage
@@ -42,32 +46,89 @@ _REQUESTS: dict[eng.Request, eng.Request] = {}
 _MAX_REQUESTS = 50_000
 
 
+# A job row's fields as the snapshot reads them (`values_list` rows, not model instances): the request's last.
+_JOB_FIELDS = (
+    "id",
+    "team_id",
+    "priority_class_id",
+    "preemptible",
+    "submitted_at",
+    "max_runtime_s",
+    "checkpoint_interval_s",
+    "started_at",
+    "placed_at",
+    "borrowed",
+    "gpus",
+    "nodes",
+    "gpu_memory_mib",
+    "compute_pct",
+    "gpu_models",
+    "min_gpu_memory_mib",
+    "min_compute_capability",
+    "topology",
+    "cpu_milli",
+    "memory_mib",
+)
+_REQUEST_AT = _JOB_FIELDS.index("gpus")
+# What the reads select: `gpu_models` as its JSON text, decoded only for a shape not seen before (decoding it
+# for every row of a 20,000-job queue was a fifth of the read).
+_JOB_COLUMNS = tuple(Cast(f, TextField()) if f == "gpu_models" else f for f in _JOB_FIELDS)
+
+
+def _request_fields(row: tuple) -> tuple:
+    """A row's request fields as `_request_of` keys them: `gpu_models` as a tuple, or as the JSON text read."""
+    gpus, nodes, memory_mib, compute_pct, models, *rest = row
+    if not isinstance(models, str):
+        models = tuple(models or ())
+    return (gpus, nodes, memory_mib, compute_pct, models, *rest)
+
+
 def job_request(job: Job) -> eng.Request:
     """A job row's request in engine units (compute_pct x 10 = milli-GPU)."""
-    request = _request_of(job)
-    if len(_REQUESTS) >= _MAX_REQUESTS:
-        _REQUESTS.clear()
-    return _REQUESTS.setdefault(request, request)
+    return _request_of(_request_fields(tuple(getattr(job, f) for f in _JOB_FIELDS[_REQUEST_AT:])))
 
 
-def _request_of(job: Job) -> eng.Request:
-    return eng.Request(
-        gpus=job.gpus,
-        nodes=job.nodes,
-        gpu_memory_mib=job.gpu_memory_mib,
-        gpu_compute_milli=job.compute_pct * 10,
-        gpu_models=tuple(job.gpu_models or ()),
-        min_gpu_memory_mib=job.min_gpu_memory_mib,
-        min_compute_capability=capability(job.min_compute_capability),
-        topology=eng.TopologyNeed(job.topology),
-        cpu_milli=job.cpu_milli,
-        memory_mib=job.memory_mib,
+# A request's fields as the job row holds them (`_request_fields`) -> the request: a queue of 20,000 jobs asks a
+# few shapes, so most jobs skip building one (and parsing its compute capability).
+_REQUESTS_BY_FIELDS: dict[tuple, eng.Request] = {}
+
+
+def _request_of(fields: tuple) -> eng.Request:
+    request = _REQUESTS_BY_FIELDS.get(fields)
+    if request is not None:
+        return request
+    gpus, nodes, memory_mib, compute_pct, models, min_memory_mib, min_capability, topology, cpu, host_mib = (
+        fields
     )
+    if isinstance(models, str):
+        models = tuple(json.loads(models) or ())
+    request = eng.Request(
+        gpus=gpus,
+        nodes=nodes,
+        gpu_memory_mib=memory_mib,
+        gpu_compute_milli=compute_pct * 10,
+        gpu_models=models,
+        min_gpu_memory_mib=min_memory_mib,
+        min_compute_capability=capability(min_capability),
+        topology=eng.TopologyNeed(topology),
+        cpu_milli=cpu,
+        memory_mib=host_mib,
+    )
+    if len(_REQUESTS_BY_FIELDS) >= _MAX_REQUESTS:
+        _REQUESTS.clear()
+        _REQUESTS_BY_FIELDS.clear()
+    request = _REQUESTS.setdefault(request, request)
+    _REQUESTS_BY_FIELDS[fields] = request
+    return request
 
 
 def _typical_workload() -> tuple[tuple[eng.Request, float], ...]:
-    recent = Job.objects.select_related(None).order_by("-submitted_at", "-id")[:WORKLOAD_HISTORY_JOBS]
-    shapes = Counter(job_request(job) for job in recent if job.gpus or job.gpu_memory_mib or job.compute_pct)
+    recent = Job.objects.order_by("-submitted_at", "-id").values_list(*_JOB_COLUMNS[_REQUEST_AT:])
+    shapes: Counter[eng.Request] = Counter()
+    for row in recent[:WORKLOAD_HISTORY_JOBS]:
+        gpus, _, gpu_memory_mib, compute_pct = row[:4]
+        if gpus or gpu_memory_mib or compute_pct:
+            shapes[_request_of(_request_fields(row))] += 1
     total = sum(shapes.values())
     if not total:
         return ()
@@ -128,83 +189,198 @@ def engine_quotas() -> dict[str, eng.Quota]:
 
 def engine_job(job: Job, slices: list[Slice] | None = None) -> eng.Job:
     """A job row (its team and priority class loaded) as the engine sees it; `slices` what it holds now."""
-    assignments: tuple[eng.Assignment, ...] = ()
-    cpu: dict[str, tuple[int, int]] = {}
-    if slices:
-        assignments = tuple(
-            eng.Assignment(
-                node=s.gpu.node.name,
-                gpu_index=s.gpu.index,
-                memory_mib=s.memory_mib,
-                compute_milli=s.compute_pct * 10,
-            )
-            for s in sorted(slices, key=lambda s: (s.gpu.node.name, s.gpu.index))
-        )
-        cpu = {a.node: (job.cpu_milli, job.memory_mib) for a in assignments}
-    return eng.Job(
-        id=str(job.pk),
+    pc = job.priority_class
+    return _job_of(
+        pk=job.pk,
         team=job.team.slug,
         request=job_request(job),
-        priority=job.priority_class.value,
-        priority_class=job.priority_class.name,
+        priority_class=(pc.name, pc.value, float(pc.preemption_grace_s)),
         preemptible=job.preemptible,
-        grace_s=float(job.priority_class.preemption_grace_s),
-        submit_time=job.submitted_at.timestamp(),
-        max_runtime_s=float(job.max_runtime_s) if job.max_runtime_s else None,
-        checkpoint_interval_s=float(job.checkpoint_interval_s) if job.checkpoint_interval_s else None,
-        assignments=assignments,
-        start_time=_seconds(job.started_at or job.placed_at),
+        submitted_at=job.submitted_at,
+        max_runtime_s=job.max_runtime_s,
+        checkpoint_interval_s=job.checkpoint_interval_s,
+        started_at=job.started_at or job.placed_at,
         borrowed=job.borrowed,
+        held=[(s.gpu.node.name, s.gpu.index, s.memory_mib, s.compute_pct) for s in slices or ()],
+    )
+
+
+def _job_of(
+    *,
+    pk: int | None,
+    team: str,
+    request: eng.Request,
+    priority_class: tuple[str, int, float],
+    preemptible: bool,
+    submitted_at: datetime,
+    max_runtime_s: int | None,
+    checkpoint_interval_s: int | None,
+    started_at: datetime | None,
+    borrowed: bool,
+    held: list[tuple[str, int, int, int]],
+) -> eng.Job:
+    """A job from its row's fields, whether read as a model instance or as a `values_list` row (the cycle's
+    snapshot reads 20,000 of those); `held`: (node name, GPU index, memory MiB, compute %) of its slices."""
+    assignments: tuple[eng.Assignment, ...] = ()
+    cpu: dict[str, tuple[int, int]] = {}
+    if held:
+        assignments = tuple(
+            eng.Assignment(node, index, mib, pct * 10) for node, index, mib, pct in sorted(held)
+        )
+        cpu = {a.node: (request.cpu_milli, request.memory_mib) for a in assignments}
+    class_name, priority, grace_s = priority_class
+    return eng.Job(
+        id=str(pk),
+        team=team,
+        request=request,
+        priority=priority,
+        priority_class=class_name,
+        preemptible=preemptible,
+        grace_s=grace_s,
+        submit_time=submitted_at.timestamp(),
+        max_runtime_s=float(max_runtime_s) if max_runtime_s else None,
+        checkpoint_interval_s=float(checkpoint_interval_s) if checkpoint_interval_s else None,
+        assignments=assignments,
+        start_time=_seconds(started_at),
+        borrowed=borrowed,
         cpu_assignments=cpu,
     )
 
 
+def _jobs_from_rows(
+    rows: Iterable[tuple],
+    *,
+    slugs: dict[int, str],
+    classes: dict[int, tuple[str, int, float]],
+    held_by_job: dict[int, list[tuple[str, int, int, int]]],
+) -> list[eng.Job]:
+    """Engine jobs from `_JOB_FIELDS` rows, given the team slugs and priority classes (name, value, grace) by id:
+    a few rows read once rather than joined to every job."""
+    out = []
+    for row in rows:
+        pk, team_id, pc_id, preemptible, submitted, max_runtime, checkpoint, started, placed, borrowed = row[
+            :_REQUEST_AT
+        ]
+        out.append(
+            _job_of(
+                pk=pk,
+                team=slugs[team_id],
+                request=_request_of(_request_fields(row[_REQUEST_AT:])),
+                priority_class=classes[pc_id],
+                preemptible=preemptible,
+                submitted_at=submitted,
+                max_runtime_s=max_runtime,
+                checkpoint_interval_s=checkpoint,
+                started_at=started or placed,
+                borrowed=borrowed,
+                held=held_by_job.get(pk, []),
+            )
+        )
+    return out
+
+
 def _read_snapshot(now_s: float) -> eng.Snapshot:
-    active = list(Job.objects.filter(state__in=ACTIVE_STATES).select_related("team", "priority_class"))
-    slices_by_job: dict[int, list[Slice]] = defaultdict(list)
-    for s in Slice.objects.filter(job__state__in=ACTIVE_STATES).select_related("gpu__node"):
-        slices_by_job[s.job_id].append(s)
-    holders: Counter[int] = Counter(s.gpu_id for ss in slices_by_job.values() for s in ss)
+    # Plain rows, not model instances: at 1,000 nodes and 20,000 queued jobs, building instances was most of the
+    # read's 8-10 s (bench/snapshot_read.py).
+    slugs = dict(Team.objects.values_list("id", "slug"))
+    classes = {
+        pk: (name, value, float(grace_s))
+        for pk, name, value, grace_s in PriorityClass.objects.values_list(
+            "id", "name", "value", "preemption_grace_s"
+        )
+    }
+    node_rows = list(
+        Node.objects.order_by("name").values_list("id", "name", "cpu_milli", "memory_mib", "state", "labels")
+    )
+    node_names = {pk: name for pk, name, *_ in node_rows}
+    models = {
+        pk: model_of(name=name, compute_capability=cc, mig_profiles=mig)
+        for pk, name, cc, mig in GpuModel.objects.values_list(
+            "id", "name", "compute_capability", "mig_profiles"
+        )
+    }
+    gpu_rows = list(
+        Gpu.objects.order_by("node_id", "index").values_list(
+            "id",
+            "node_id",
+            "index",
+            "uuid",
+            "model_id",
+            "memory_mib",
+            "numa_node",
+            "sharing_mode",
+            "health",
+            "allocated_memory_mib",
+            "allocated_compute_pct",
+        )
+    )
+    gpu_place = {pk: (node_id, index) for pk, node_id, index, *_ in gpu_rows}
+
+    held_by_job: dict[int, list[tuple[str, int, int, int]]] = defaultdict(list)
+    holders: Counter[int] = Counter()
+    for job_id, gpu_id, memory_mib, compute_pct in Slice.objects.filter(
+        job__state__in=ACTIVE_STATES
+    ).values_list("job_id", "gpu_id", "memory_mib", "compute_pct"):
+        node_id, index = gpu_place[gpu_id]
+        held_by_job[job_id].append((node_names[node_id], index, memory_mib, compute_pct))
+        holders[gpu_id] += 1
+    active = (
+        Job.objects.filter(state__in=ACTIVE_STATES)
+        .order_by("-submitted_at", "-id")
+        .values_list(*_JOB_COLUMNS)
+    )
+    running = _jobs_from_rows(active, slugs=slugs, classes=classes, held_by_job=held_by_job)
     # Host CPU and memory are accounted from the jobs that hold GPUs there (the GPU ledger is the guarded one).
     host_used: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    running = []
-    for job in active:
-        ej = engine_job(job, slices_by_job.get(job.pk, []))
-        running.append(ej)
+    for ej in running:
         for node_name, (cpu_milli, mem_mib) in ej.cpu_assignments.items():
             host_used[node_name][0] += cpu_milli
             host_used[node_name][1] += mem_mib
 
     nvlink: dict[int, set[tuple[int, int]]] = defaultdict(set)
-    for node_id, a, b in GpuLink.objects.filter(kind=LinkKind.NVLINK).values_list(
-        "gpu_a__node_id", "gpu_a__index", "gpu_b__index"
-    ):
+    for a_id, b_id in GpuLink.objects.filter(kind=LinkKind.NVLINK).values_list("gpu_a_id", "gpu_b_id"):
+        (node_id, a), (_, b) = gpu_place[a_id], gpu_place[b_id]
         nvlink[node_id].add((min(a, b), max(a, b)))
 
     gpus_by_node: dict[int, list[eng.Gpu]] = defaultdict(list)
-    for g in Gpu.objects.select_related("model").order_by("node_id", "index"):
-        gpus_by_node[g.node_id].append(engine_gpu(g, holders=holders.get(g.pk, 0)))
-    nodes = tuple(
-        engine_node(
-            n,
-            gpus=gpus_by_node.get(n.pk, ()),
-            nvlink=nvlink.get(n.pk, ()),
-            allocated_cpu_milli=host_used[n.name][0],
-            allocated_memory_mib=host_used[n.name][1],
+    for row in gpu_rows:
+        pk, node_id, index, uuid, model_id, memory_mib, numa, sharing, health, alloc_mib, alloc_pct = row
+        gpus_by_node[node_id].append(
+            gpu_of(
+                index=index,
+                uuid=uuid,
+                model=models[model_id],
+                memory_mib=memory_mib,
+                numa_node=numa,
+                sharing_mode=sharing,
+                health=health,
+                allocated_memory_mib=alloc_mib,
+                allocated_compute_pct=alloc_pct,
+                holders=holders.get(pk, 0),
+            )
         )
-        for n in Node.objects.order_by("name")
+    nodes = tuple(
+        node_of(
+            name=name,
+            cpu_milli=cpu_milli,
+            memory_mib=memory_mib,
+            state=state,
+            labels=labels,
+            gpus=gpus_by_node.get(pk, ()),
+            nvlink=nvlink.get(pk, ()),
+            allocated_cpu_milli=host_used[name][0],
+            allocated_memory_mib=host_used[name][1],
+        )
+        for pk, name, cpu_milli, memory_mib, state, labels in node_rows
     )
-    pending = tuple(
-        engine_job(job)
-        for job in Job.objects.filter(state=JobState.PENDING)
-        .select_related("team", "priority_class")
-        .order_by("submitted_at", "id")
+    queued = (
+        Job.objects.filter(state=JobState.PENDING).order_by("submitted_at", "id").values_list(*_JOB_COLUMNS)
     )
     return eng.Snapshot(
         now=now_s,
         nodes=nodes,
         running=tuple(running),
-        pending=pending,
+        pending=tuple(_jobs_from_rows(queued, slugs=slugs, classes=classes, held_by_job={})),
         quotas=engine_quotas(),
         usage=decayed_usage(now_s=now_s, half_life_s=settings.TESSERA_FAIRSHARE_HALF_LIFE_S),
         workload=_typical_workload(),
