@@ -33,6 +33,7 @@ from scheduling.cycle.models import NodeSync
 from scheduling.history.recorder import gpu_events_record
 from scheduling.inventory.models import Node
 from scheduling.inventory.services import node_authenticate
+from scheduling.jobs.selectors import job_team_ids
 from scheduling.observability.instruments import AGENT_REPORTS
 from scheduling.realtime import groups, listeners
 
@@ -135,7 +136,7 @@ def _token_current(node_id: int, token_hash: str) -> bool:
 def _desired_for(node_id: int) -> tuple[DesiredState, dict[int, int]]:
     """The node's desired state and the team of each of its jobs (for routing their metrics)."""
     state, _ = desired_state_for_node(node=Node.objects.get(pk=node_id))
-    return state, agent_services.job_team_ids(job_ids=[int(j["job_id"]) for j in state.jobs])
+    return state, job_team_ids(job_ids=[int(j["job_id"]) for j in state.jobs])
 
 
 def _heartbeat(node_id: int, token_hash: str, running: Any) -> int | None | bool:
@@ -271,14 +272,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
             state, teams = await db(_desired_for)(self.node_id)
             if not force and state.version == self.sent_version:
                 return
-            self.sent_version = state.version
-            self._route_metrics(state, teams)
-            self.placements = {(int(j["job_id"]), int(j["attempt"])) for j in state.jobs}
+            self._state_sent(state, teams)
             payload = state.message()
             payload.pop("type")
             await self.send_msg(protocol.message("desired_state", payload))
 
-    def _route_metrics(self, state: DesiredState, teams: dict[int, int]) -> None:
+    def _state_sent(self, state: DesiredState, teams: dict[int, int]) -> None:
+        """What this socket keeps of the state it sends: its version, the placements (whose logs it pulls) and
+        which jobs hold each card (whose followers get its samples)."""
+        self.sent_version = state.version
+        self.placements = {(int(j["job_id"]), int(j["attempt"])) for j in state.jobs}
         self.job_gpus = {}
         for j in state.jobs:
             for g in j["gpus"]:
@@ -288,8 +291,21 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     # -- group messages (from the cycle and the services, after commit) ---------------------------------------------
     async def desired_changed(self, event: dict) -> None:
-        if self.said_hello and not self.closing:
+        if not self.said_hello or self.closing:
+            return
+        pushed = event.get("state")
+        if pushed is None:
             await self.send_desired()
+            return
+        # The state as the cycle's sync computed it: sent as it is, unless this socket sent a newer one already.
+        async with self.desired_lock:
+            if self.sent_version is not None and pushed["version"] <= self.sent_version:
+                return
+            state = DesiredState(node=self.node_name, version=pushed["version"], jobs=tuple(pushed["jobs"]))
+            self._state_sent(state, {int(k): v for k, v in pushed["teams"].items()})
+            payload = state.message()
+            payload.pop("type")
+            await self.send_msg(protocol.message("desired_state", payload))
 
     # -- in ------------------------------------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:

@@ -710,15 +710,10 @@ def _attempt_base(job_id: int, stream: str, attempt: int) -> int:
         return base
 
 
-def job_team_ids(*, job_ids: list[int]) -> dict[int, int]:
-    return dict(Job.objects.filter(pk__in=job_ids).values_list("pk", "team_id"))
-
-
 __all__ = [
     "Outcome",
     "job_logs_store",
     "job_report",
-    "job_team_ids",
     "node_acked",
     "node_disconnected",
     "node_error_note",

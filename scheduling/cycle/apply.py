@@ -1,7 +1,8 @@
 """Writing a cycle's decisions: `apply_decisions()`, in one transaction under the lease's fencing epoch.
 
-Row locks and the GPU ledger's guarded UPDATEs mean a stale or racing cycle can never double-book a GPU; agents
-and browsers hear of it after commit.
+Row locks and the GPU ledger's guarded UPDATEs mean a stale or racing cycle can never double-book a GPU; browsers
+hear of it after commit, and agents from the desired-state sync that follows every cycle (`runner.run_cycles`:
+`desired_state_sync` sends each changed node its new state in one pass over the cluster).
 """
 
 from __future__ import annotations
@@ -173,7 +174,8 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
 
     Refused whole (StaleEpoch) unless `epoch` is the newest issued and not yet applied. Within it, a placement
     whose job is no longer pending, whose node is no longer ready, or that the GPU ledger refuses is skipped
-    (recorded in `conflicts`; the job stays pending for the next cycle). Agents are told after commit.
+    (recorded in `conflicts`; the job stays pending for the next cycle). Browsers are told after commit; the
+    nodes whose desired state changed are in `nodes_changed` (the sync after the cycle tells their agents).
     """
     result = ApplyResult(epoch=epoch)
     with transaction.atomic():
@@ -270,7 +272,6 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
         )
         if result.placed or result.evicted:
             _fault_point("commit", f"with placements {result.placed} and evictions {result.evicted} written")
-        events.nodes_desired_state_changed(node_names=sorted(result.nodes_changed))
     return result
 
 

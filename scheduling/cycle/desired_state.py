@@ -25,6 +25,7 @@ from scheduling.cycle import node_loss
 from scheduling.cycle.models import NodeSync
 from scheduling.inventory.models import Node
 from scheduling.jobs.models import GangMember, Job, Slice
+from scheduling.jobs.selectors import job_team_ids
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.realtime import events
 
@@ -231,19 +232,30 @@ def desired_state_sync(*, nodes: list[Node] | None = None) -> list[str]:
         }
         jobs_by_node = _desired_jobs_by_node(node_ids=node_ids)
         moved: list[tuple[int, int, str]] = []
-        changed = []
+        changed: list[DesiredState] = []
         for node_id, name in names.items():
             if node_id not in syncs:
                 continue  # deleted since
             sync_id, version, digest = syncs[node_id]
-            digest_now = _digest(jobs_by_node.get(node_id, ()))
+            jobs = jobs_by_node.get(node_id, ())
+            digest_now = _digest(jobs)
             if digest_now != digest:
                 moved.append((sync_id, version + 1, digest_now))
-                changed.append(name)
+                changed.append(DesiredState(node=name, version=version + 1, jobs=jobs))
         _desired_versions_save(moved)
-        for name in changed:
-            events.node_desired_state_changed(node_name=name)
-    return changed
+        # Each changed state goes with its notice: the agents' socket sends it as it is, with no database work
+        # of its own for each node (hundreds of nodes change in a cycle that fills a cluster).
+        teams = job_team_ids(job_ids=[int(j["job_id"]) for state in changed for j in state.jobs])
+        for state in changed:
+            events.node_desired_state_changed(
+                node_name=state.node,
+                state={
+                    "version": state.version,
+                    "jobs": list(state.jobs),
+                    "teams": {j["job_id"]: teams.get(int(j["job_id"]), 0) for j in state.jobs},
+                },
+            )
+    return [state.node for state in changed]
 
 
 def _desired_versions_save(rows: list[tuple[int, int, str]]) -> None:

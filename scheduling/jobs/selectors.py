@@ -288,3 +288,10 @@ def pending_reason(job: Job) -> tuple[str, str]:
     ):
         return SCHEDULER_STALLED, stall
     return job.pending_reason_code, job.pending_reason
+
+
+def job_team_ids(*, job_ids: list[int]) -> dict[int, int]:
+    """job id -> its team's id (routing a node's samples to its jobs' teams)."""
+    if not job_ids:
+        return {}
+    return dict(Job.objects.filter(pk__in=job_ids).values_list("pk", "team_id"))

@@ -140,12 +140,10 @@ def jobs_changed(*, changes: list[tuple[int, int, int | None, str, str, str]]) -
     transaction.on_commit(lambda: _send_all(messages))
 
 
-def nodes_desired_state_changed(*, node_names: list[str]) -> None:
-    """node_desired_state_changed for many nodes: one commit hook."""
-    messages = [(groups.node(n), {"type": "desired.changed", "node": n}) for n in node_names]
-    if messages:
-        transaction.on_commit(lambda: _send_all(messages))
-
-
-def node_desired_state_changed(*, node_name: str) -> None:
-    publish_after_commit(groups.node(node_name), {"type": "desired.changed", "node": node_name})
+def node_desired_state_changed(*, node_name: str, state: dict[str, Any] | None = None) -> None:
+    """Tell the node's agent socket its desired state moved; with `state` (version, jobs, the jobs' team ids),
+    what it moved to, so the socket need not read it back."""
+    message: dict[str, Any] = {"type": "desired.changed", "node": node_name}
+    if state is not None:
+        message["state"] = state
+    publish_after_commit(groups.node(node_name), message)
