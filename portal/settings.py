@@ -112,12 +112,24 @@ REDIS_URL = env.str("REDIS_URL", default="")
 # default: on a busy host the reply to an idle wait lands after the timeout and the consumer (an agent's socket)
 # is dropped. Reads get 10 s, longer than any blocking wait.
 CHANNEL_REDIS_SOCKET_TIMEOUT_S = 10
+# redis-py's asyncio pool refuses a 101st connection in use ("Too many connections"): a web process serving 1,000
+# agents' sockets joins and leaves their groups at once when they (re)connect, far past 100 for a moment
+# (bench/cluster_scale.py). Each connection in use is one short operation; Redis takes 10,000 clients by default.
+CHANNEL_REDIS_MAX_CONNECTIONS = env.int("CHANNEL_REDIS_MAX_CONNECTIONS", default=2000)
 
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_REDIS_SOCKET_TIMEOUT_S}]},
+            "CONFIG": {
+                "hosts": [
+                    {
+                        "address": REDIS_URL,
+                        "socket_timeout": CHANNEL_REDIS_SOCKET_TIMEOUT_S,
+                        "max_connections": CHANNEL_REDIS_MAX_CONNECTIONS,
+                    }
+                ]
+            },
         }
     }
 else:

@@ -29,7 +29,6 @@ from agent import protocol
 from scheduling.agents import live_metrics
 from scheduling.agents import reports as agent_services
 from scheduling.cycle.desired_state import DesiredState, desired_state_for_node, desired_version_raise
-from scheduling.cycle.models import NodeSync
 from scheduling.history.recorder import gpu_events_record
 from scheduling.inventory.models import Node
 from scheduling.inventory.services import node_authenticate
@@ -63,11 +62,16 @@ FINAL_STATES = frozenset({"exited", "stopped", "killed", "launch_failed", "lost"
 CHECKED = frozenset({"hello", "job_status", "event", "ack"})
 
 
-_db_pool: ThreadPoolExecutor | None = None
+_db_pools: dict[str, ThreadPoolExecutor] = {}
+# Connecting sockets authenticate on threads of their own: daphne drops a websocket not accepted within 5 s, and
+# behind a storm of hellos (each reconciling a node's inventory) a token check queued with them missed that, so
+# the agents backed off and came back, adding to the storm (bench/cluster_scale.py at 1,000 nodes).
+CONNECT_LANE_THREADS = 2
 
 
-def db(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`fn` made awaitable on the agents' own database threads.
+def db(fn: Callable[..., Any], *, lane: str = "reports") -> Callable[..., Any]:
+    """`fn` made awaitable on the agents' own database threads (`lane` "connect": the token checks of sockets
+    being accepted, apart from everything else).
 
     Channels runs every consumer's database work on one shared thread: one node's report waiting on a row lock
     (a cycle committing) would hold up every other node's heartbeats. A small pool keeps nodes apart. A node's
@@ -75,14 +79,15 @@ def db(fn: Callable[..., Any]) -> Callable[..., Any]:
     job's state under its row lock. SQLite (the embedded default) takes one writer at a time: there, everything
     stays on the shared thread, with the embedded scheduling loop.
     """
-    global _db_pool
     if connection.vendor == "sqlite":
         return database_sync_to_async(fn)
-    if _db_pool is None:
-        _db_pool = ThreadPoolExecutor(
-            max_workers=settings.TESSERA_AGENT_DB_THREADS, thread_name_prefix="agent-db"
+    pool = _db_pools.get(lane)
+    if pool is None:
+        threads = CONNECT_LANE_THREADS if lane == "connect" else settings.TESSERA_AGENT_DB_THREADS
+        pool = _db_pools[lane] = ThreadPoolExecutor(
+            max_workers=threads, thread_name_prefix=f"agent-db-{lane}"
         )
-    return SyncToAsync(_closing_connections(fn), thread_sensitive=False, executor=_db_pool)
+    return SyncToAsync(_closing_connections(fn), thread_sensitive=False, executor=pool)
 
 
 def _closing_connections(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -103,10 +108,10 @@ def _closing_connections(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def db_pool_shutdown() -> None:
     """Wait for the agents' database calls still running (a closed connection's cancelled work finishes in its
-    thread, and closes its database connection), then drop the pool; the next call makes a new one."""
-    global _db_pool
-    pool, _db_pool = _db_pool, None
-    if pool is not None:
+    thread, and closes its database connection), then drop the pools; the next call makes new ones."""
+    pools = list(_db_pools.values())
+    _db_pools.clear()
+    for pool in pools:
         pool.shutdown(wait=True)
 
 
@@ -137,15 +142,6 @@ def _desired_for(node_id: int) -> tuple[DesiredState, dict[int, int]]:
     """The node's desired state and the team of each of its jobs (for routing their metrics)."""
     state, _ = desired_state_for_node(node=Node.objects.get(pk=node_id))
     return state, job_team_ids(job_ids=[int(j["job_id"]) for j in state.jobs])
-
-
-def _heartbeat(node_id: int, token_hash: str, running: Any) -> int | None | bool:
-    """Record a heartbeat unless the connection's token was rotated since it opened (then False); returns the
-    node's desired version as the database has it (None before its first)."""
-    if not _token_current(node_id, token_hash):
-        return False
-    agent_services.node_heartbeat(node_id=node_id, running=running)
-    return NodeSync.objects.filter(node_id=node_id).values_list("desired_version", flat=True).first()
 
 
 def _store_logs(node_id: int, token_hash: str, **chunk: Any) -> tuple[int, int] | None | bool:
@@ -187,7 +183,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 delay_s = min(delay_s * 2, 5.0)
 
     async def connect(self) -> None:
-        node = await db(node_authenticate)(token=_bearer(self.scope))
+        node = await db(node_authenticate, lane="connect")(token=_bearer(self.scope))
         if node is None:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
@@ -387,7 +383,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 log.warning("node %s: heartbeat failed", self.node_name, exc_info=True)
 
     async def on_heartbeat(self, payload: dict) -> None:
-        version = await db(_heartbeat)(self.node_id, self.token_hash, payload.get("running"))
+        version = await db(agent_services.node_heartbeat_checked)(
+            node_id=self.node_id, token_hash=self.token_hash, running=payload.get("running")
+        )
         if version is False:
             # The token was rotated (or the node removed) since this connection opened: it speaks for no one.
             await self.refuse(CLOSE_UNAUTHENTICATED)

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 
 from django.db import connection, transaction
 
+from quotas.rows import update_from_values
 from scheduling import lock_objects
 from scheduling.choices import ActorKind, JobState, NodeState
 from scheduling.cycle.lease import epoch_claim
@@ -286,8 +287,12 @@ def _write_borrowed(borrowed: frozenset[str]) -> int:
         Job.objects.filter(pk__in=[pk for pk, _, _ in now_borrowed]).update(borrowed=True)
     if now_within:
         Job.objects.filter(pk__in=[pk for pk, _, _ in now_within]).update(borrowed=False)
-    for pk, team_id, state in now_borrowed + now_within:
-        events.job_changed(job_id=pk, team_id=team_id, state=state, code="borrowed-label")
+    events.jobs_changed(
+        changes=[
+            (pk, team_id, None, state, "borrowed-label", "")
+            for pk, team_id, state in now_borrowed + now_within
+        ]
+    )
     return len(now_borrowed) + len(now_within)
 
 
@@ -326,6 +331,7 @@ def _write_pending(decisions: eng.Decisions, *, placed: set[int], conflicts: dic
             "estimated_start_at",
         )
     )
+    told: list[tuple[int, int, int | None, str, str, str]] = []
     for pk, team_id, submitter_id, state, *current in rows:
         code, reason, position, eta = wanted[pk]
         if eta is not None:
@@ -334,10 +340,9 @@ def _write_pending(decisions: eng.Decisions, *, placed: set[int], conflicts: dic
             continue
         changed.append((pk, code, reason, position, eta))
         if current[0] != code:
-            events.job_changed(
-                job_id=pk, team_id=team_id, submitter_id=submitter_id, state=state, code=code, message=reason
-            )
+            told.append((pk, team_id, submitter_id, state, code, reason))
     _update_pending_rows(changed)
+    events.jobs_changed(changes=told)
     return len(changed)
 
 
@@ -363,14 +368,6 @@ def _update_pending_rows(rows: list[tuple[int, str, str, int | None, datetime | 
             batch_size=500,
         )
         return
-    table = Job._meta.db_table
-    with connection.cursor() as cursor:
-        for k in range(0, len(rows), 5000):
-            batch = rows[k : k + 5000]
-            values = ", ".join(["(%s, %s, %s, %s::integer, %s::timestamptz)"] * len(batch))
-            cursor.execute(
-                f"UPDATE {table} AS j SET pending_reason_code = v.code, pending_reason = v.reason, "
-                "queue_position = v.position, estimated_start_at = v.eta "
-                f"FROM (VALUES {values}) AS v(id, code, reason, position, eta) WHERE j.id = v.id",
-                [x for row in batch for x in row],
-            )
+    update_from_values(
+        Job, ["pending_reason_code", "pending_reason", "queue_position", "estimated_start_at"], rows
+    )

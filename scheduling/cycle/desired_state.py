@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 
+from quotas.rows import update_from_values
 from scheduling import lock_objects
 from scheduling.choices import GangMemberOutcome, SharingMode
 from scheduling.cycle import node_loss
@@ -268,16 +269,7 @@ def _desired_versions_save(rows: list[tuple[int, int, str]]) -> None:
             ["desired_version", "desired_digest"],
         )
         return
-    qn = connection.ops.quote_name
-    meta = NodeSync._meta
-    version, digest = (qn(meta.get_field(f).column) for f in ("desired_version", "desired_digest"))
-    values = ", ".join(["(%s, %s, %s)"] * len(rows))
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {qn(meta.db_table)} AS s SET {version} = v.version::bigint, {digest} = v.digest::text "
-            f"FROM (VALUES {values}) AS v(id, version, digest) WHERE s.{qn(meta.pk.column)} = v.id::bigint",
-            [value for row in rows for value in row],
-        )
+    update_from_values(NodeSync, ["desired_version", "desired_digest"], rows)
 
 
 def desired_version_raise(*, node_id: int, above: int) -> None:

@@ -15,7 +15,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
 
-from scheduling.realtime import groups
+from scheduling.realtime import groups, listeners
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,10 @@ class _Publisher:
         assert self._queue is not None
         while True:
             layer, messages = await self._queue.get()
+            listened = await _listened_now(messages)
             for group, message in messages:
+                if listened is not None and groups.for_browsers(group) and group not in listened:
+                    continue  # no browser in it: a send would cost a round trip for no one
                 try:
                     await layer.group_send(group, message)
                 except Exception:  # a dead channel layer must never break a committed write
@@ -67,6 +70,15 @@ class _Publisher:
                 self._start()
         assert self._loop is not None and self._queue is not None
         self._loop.call_soon_threadsafe(self._queue.put_nowait, (layer, messages))
+
+
+async def _listened_now(messages: list[tuple[str, dict[str, Any]]]) -> set[str] | None:
+    """The browser groups listened to as of now, read afresh once per batch that names one (a cycle's batch names
+    thousands of queued jobs' groups, most with no one on them); None: unknown, send to all."""
+    if not any(groups.for_browsers(group) for group, _ in messages):
+        return None
+    listeners.forget()
+    return await listeners.listened()
 
 
 _publisher = _Publisher()

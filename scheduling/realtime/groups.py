@@ -19,3 +19,8 @@ def job(job_id: int) -> str:
 
 def node(node_name: str) -> str:
     return f"node-{node_name}"
+
+
+def for_browsers(group: str) -> bool:
+    """One of the groups browser streams join (realtime/listeners.py records who is in them)."""
+    return group == CLUSTER or group.startswith(("team-", "job-"))

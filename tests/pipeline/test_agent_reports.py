@@ -213,3 +213,30 @@ def test_unenforced_mps_is_a_warning_per_real_node_and_said_once_for_simulated_o
         assert node_event(node_id=node.pk, payload=payload).ok
     said = [(r.levelname, r.node) for r in caplog.records if "MPS" in r.getMessage()]
     assert said == [("INFO", node.name), ("WARNING", node.name), ("WARNING", node.name)]
+
+
+def test_a_checked_heartbeat_records_what_node_heartbeat_does_and_answers_the_desired_version(node, placed):
+    from scheduling.agents.reports import node_heartbeat_checked
+    from scheduling.cycle.models import NodeSync
+    from scheduling.inventory.services import node_issue_token
+
+    node_issue_token(node=node)
+    token_hash = Node.objects.get(pk=node.pk).agent_token_hash
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=None)
+    assert node_heartbeat_checked(node_id=node.pk, token_hash="not-its-token", running=[alive(placed)]) is False
+    node.refresh_from_db()
+    placed.refresh_from_db()
+    assert node.last_heartbeat_at is None and placed.state == JobState.PLACED  # nothing recorded
+
+    NodeSync.objects.update_or_create(node=node, defaults={"desired_version": 7})
+    assert node_heartbeat_checked(node_id=node.pk, token_hash=token_hash, running=[alive(placed)]) == 7
+    node.refresh_from_db()
+    placed.refresh_from_db()
+    assert node.last_heartbeat_at is not None
+    assert placed.state == JobState.RUNNING  # the start report that never came, caught up
+    assert node_heartbeat_checked(node_id=node.pk, token_hash=token_hash, running="garbage") == 7
+
+    Node.objects.filter(pk=node.pk).update(state=NodeState.LOST)
+    assert node_heartbeat_checked(node_id=node.pk, token_hash=token_hash, running=[]) == 7
+    node.refresh_from_db()
+    assert node.state == NodeState.READY  # a lost node speaking again is revived, as node_heartbeat does

@@ -477,7 +477,7 @@ def test_a_backlog_of_heartbeats_is_handled_as_the_newest_one_and_never_holds_up
     from scheduling.agents import reports as agent_services
 
     _, on_b, _, token_b = two_nodes
-    real = agent_services.node_heartbeat
+    real = agent_services.node_heartbeat_checked
     seen = []
 
     def slow_heartbeat(**kw):  # a database that takes its time
@@ -485,7 +485,7 @@ def test_a_backlog_of_heartbeats_is_handled_as_the_newest_one_and_never_holds_up
         time.sleep(0.3)
         return real(**kw)
 
-    monkeypatch.setattr(agent_services, "node_heartbeat", slow_heartbeat)
+    monkeypatch.setattr(agent_services, "node_heartbeat_checked", slow_heartbeat)
     entry = {"job_id": str(on_b.pk), "attempt": on_b.attempt, "state": "running", "adopted": False}
     beats = [
         protocol.message("heartbeat", {"node": "a100-02", "seq": i, "running": [{**entry, "pid": i}]})
