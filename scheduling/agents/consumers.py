@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import SyncToAsync
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -63,15 +64,18 @@ CHECKED = frozenset({"hello", "job_status", "event", "ack"})
 
 
 _db_pools: dict[str, ThreadPoolExecutor] = {}
-# Connecting sockets authenticate on threads of their own: daphne drops a websocket not accepted within 5 s, and
-# behind a storm of hellos (each reconciling a node's inventory) a token check queued with them missed that, so
-# the agents backed off and came back, adding to the storm (bench/cluster_scale.py at 1,000 nodes).
-CONNECT_LANE_THREADS = 2
+# Two kinds of database work never wait behind the agents' reports, on threads of their own ("lanes"). Connecting
+# sockets' token checks: daphne drops a websocket not accepted within 5 s, and behind a storm of hellos (each
+# reconciling a node's inventory) a check queued with them missed that, so the agents backed off and came back,
+# adding to the storm. Heartbeats: they are the node's liveness; queued behind a cycle's worth of start reports
+# they arrived later than TESSERA_NODE_LOST_AFTER_S and the watchdog declared busy nodes lost (both seen in
+# bench/cluster_scale.py at 1,000 nodes). A heartbeat is one statement (reports.node_heartbeat_checked).
+LANE_THREADS = {"connect": 2, "heartbeat": 2}
 
 
 def db(fn: Callable[..., Any], *, lane: str = "reports") -> Callable[..., Any]:
-    """`fn` made awaitable on the agents' own database threads (`lane` "connect": the token checks of sockets
-    being accepted, apart from everything else).
+    """`fn` made awaitable on the agents' own database threads: `lane` "reports" (everything but), "connect"
+    (the token checks of sockets being accepted) or "heartbeat".
 
     Channels runs every consumer's database work on one shared thread: one node's report waiting on a row lock
     (a cycle committing) would hold up every other node's heartbeats. A small pool keeps nodes apart. A node's
@@ -83,7 +87,7 @@ def db(fn: Callable[..., Any], *, lane: str = "reports") -> Callable[..., Any]:
         return database_sync_to_async(fn)
     pool = _db_pools.get(lane)
     if pool is None:
-        threads = CONNECT_LANE_THREADS if lane == "connect" else settings.TESSERA_AGENT_DB_THREADS
+        threads = LANE_THREADS.get(lane, settings.TESSERA_AGENT_DB_THREADS)
         pool = _db_pools[lane] = ThreadPoolExecutor(
             max_workers=threads, thread_name_prefix=f"agent-db-{lane}"
         )
@@ -166,6 +170,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await await_many_dispatch([receive, self._layer_receive], self.dispatch)
         except StopConsumer:
             pass
+
+    async def dispatch(self, message: dict) -> None:
+        """As Channels dispatches, without the hop to its shared database thread that it makes before every message
+        to close stale connections: this consumer's database work runs on its own threads, which close their
+        connections themselves (`db`). At 1,000 nodes that hop was a thread switch for every sample and heartbeat,
+        a quarter of the socket's CPU (bench/agent_traffic.py)."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     async def _layer_receive(self) -> dict:
         delay_s = 0.5
@@ -383,7 +397,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 log.warning("node %s: heartbeat failed", self.node_name, exc_info=True)
 
     async def on_heartbeat(self, payload: dict) -> None:
-        version = await db(agent_services.node_heartbeat_checked)(
+        version = await db(agent_services.node_heartbeat_checked, lane="heartbeat")(
             node_id=self.node_id, token_hash=self.token_hash, running=payload.get("running")
         )
         if version is False:
