@@ -223,6 +223,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.closing = False  # refused (a rotated token, another node's name): nothing more is handled
         self.desired_lock = asyncio.Lock()  # one desired state computed and sent at a time, in version order
         self.heartbeat_latest: dict | None = None
+        self.catching_up: asyncio.Future | None = None  # heartbeat_catch_up in flight
         self.heartbeat_due = asyncio.Event()
         self.grouped = await self._join_group()
         await self.accept()
@@ -397,15 +398,21 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 log.warning("node %s: heartbeat failed", self.node_name, exc_info=True)
 
     async def on_heartbeat(self, payload: dict) -> None:
-        version = await db(agent_services.node_heartbeat_checked, lane="heartbeat")(
+        seen = await db(agent_services.node_heartbeat_checked, lane="heartbeat")(
             node_id=self.node_id, token_hash=self.token_hash, running=payload.get("running")
         )
-        if version is False:
+        if not seen.token_current:
             # The token was rotated (or the node removed) since this connection opened: it speaks for no one.
             await self.refuse(CLOSE_UNAUTHENTICATED)
             return
+        version = seen.desired_version
         # Recorded: the node's jobs' fences count from now (node_loss.py: the portal counts from this record).
         await self.send_msg(protocol.message("heartbeat_ack", {"seq": payload.get("seq")}))
+        if seen.behind and (self.catching_up is None or self.catching_up.done()):
+            # Missed start reports are recorded with the other reports, never on the heartbeats' threads.
+            self.catching_up = asyncio.ensure_future(
+                db(agent_services.heartbeat_catch_up)(node_id=self.node_id, running=payload.get("running"))
+            )
         if not self.grouped:
             self.grouped = await self._join_group()
         if not self.said_hello:

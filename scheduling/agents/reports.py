@@ -13,8 +13,8 @@ import logging
 import math
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, NamedTuple
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -150,37 +150,58 @@ def node_heartbeat(*, node_id: int, running: Any = None) -> list[int]:
     starting while its agent runs it missed its start report (the portal failed to take it, or it was lost):
     the heartbeat records the start, level-triggered, as a kubelet's status sync does.
     """
+    if not _heartbeat_record(node_id=node_id):
+        return []  # a node that was lost speaks again: its old placements were requeued meanwhile
+    return heartbeat_catch_up(node_id=node_id, running=running)
+
+
+def _heartbeat_record(*, node_id: int) -> bool:
+    """Note the node alive now; False when it was lost (it is revived: ready again, its old placements gone)."""
     with transaction.atomic():
         updated = (
             Node.objects.filter(pk=node_id)
             .exclude(state=NodeState.LOST)
             .update(last_heartbeat_at=timezone.now())
         )
-        if not updated:
-            node = lock_objects.nodes_for_update(ids=[node_id]).first()
-            if node is not None:
-                node.last_heartbeat_at = timezone.now()
-                node.save(update_fields=["last_heartbeat_at"])
-                _revive(node)
-            return []  # a node that was lost speaks again: its old placements were requeued meanwhile
-    return _catch_up_started(node_id=node_id, running=running)
+        if updated:
+            return True
+        node = lock_objects.nodes_for_update(ids=[node_id]).first()
+        if node is not None:
+            node.last_heartbeat_at = timezone.now()
+            node.save(update_fields=["last_heartbeat_at"])
+            _revive(node)
+        return False
 
 
-def node_heartbeat_checked(*, node_id: int, token_hash: str, running: Any = None) -> int | None | bool:
-    """A heartbeat from a connection holding `token_hash`: False (nothing recorded) when the node's token is no
-    longer that one; else node_heartbeat's work, and the node's desired version as the database has it (None
-    before its first).
+# A start report normally lands within moments of the start: a heartbeat records the starts of jobs placed longer
+# ago than this only, so the two do not race for the same job (at 1,000 nodes a cycle's 1,500 starts were each
+# recorded by both, the heartbeats' share holding up the heartbeats behind them).
+START_REPORT_GRACE_S = 10.0
 
-    On PostgreSQL the usual case (the token current, the node not lost, no start report missing) is one
-    statement: 1,000 nodes send 200 heartbeats a second, and the token check, the UPDATE in its transaction and
-    the two reads were six round trips and most of the agents' database threads' time (bench/agent_traffic.py).
+
+class HeartbeatSeen(NamedTuple):
+    token_current: bool  # False: the node's token is no longer the connection's; nothing was recorded
+    desired_version: int | None  # the node's desired version as the database has it (None before its first)
+    behind: tuple[int, ...]  # jobs it runs whose start report has not come (heartbeat_catch_up records them)
+
+
+def node_heartbeat_checked(*, node_id: int, token_hash: str, running: Any = None) -> HeartbeatSeen:
+    """A heartbeat from a connection holding `token_hash`: the node is alive (a lost node is revived), unless the
+    node's token is no longer that one. The jobs it runs that missed their start reports are returned, for
+    `heartbeat_catch_up` to record off the heartbeat's own path.
+
+    On PostgreSQL the usual case (the token current, the node not lost) is one statement: 1,000 nodes send 200
+    heartbeats a second, and the token check, the UPDATE in its transaction and the two reads were six round
+    trips and most of the agents' database threads' time (bench/agent_traffic.py).
     """
+    alive = _alive(running)
+    placed_before = timezone.now() - timedelta(seconds=START_REPORT_GRACE_S)
     if connection.vendor != "postgresql":
         if not Node.objects.filter(pk=node_id, agent_token_hash=token_hash).exists():
-            return False
-        node_heartbeat(node_id=node_id, running=running)
-        return NodeSync.objects.filter(node_id=node_id).values_list("desired_version", flat=True).first()
-    alive = _alive(running)
+            return HeartbeatSeen(False, None, ())
+        _heartbeat_record(node_id=node_id)
+        version = NodeSync.objects.filter(node_id=node_id).values_list("desired_version", flat=True).first()
+        return HeartbeatSeen(True, version, tuple(_behind(alive=alive, placed_before=placed_before)))
     node_t, sync_t, job_t = (m._meta.db_table for m in (Node, NodeSync, Job))
     ((token_ok, recorded, version, behind),) = fetch_rows(
         f"""
@@ -191,7 +212,10 @@ def node_heartbeat_checked(*, node_id: int, token_hash: str, running: Any = None
         )
         SELECT EXISTS (SELECT 1 FROM token), EXISTS (SELECT 1 FROM beat),
             (SELECT desired_version FROM {sync_t} WHERE node_id = %s),
-            ARRAY(SELECT id FROM {job_t} WHERE id = ANY(%s::bigint[]) AND state IN (%s, %s))
+            ARRAY(
+                SELECT id FROM {job_t}
+                WHERE id = ANY(%s::bigint[]) AND state IN (%s, %s) AND placed_at < %s ORDER BY id
+            )
         """,
         [
             node_id,
@@ -202,15 +226,14 @@ def node_heartbeat_checked(*, node_id: int, token_hash: str, running: Any = None
             list(alive),
             JobState.PLACED,
             JobState.STARTING,
+            placed_before,
         ],
     )
     if not token_ok:
-        return False
-    if not recorded:  # a lost node speaking again: node_heartbeat revives it
-        node_heartbeat(node_id=node_id, running=running)
-    elif behind:
-        _catch_up_started(node_id=node_id, running=running)
-    return version
+        return HeartbeatSeen(False, None, ())
+    if not recorded:  # a lost node speaking again: revived
+        _heartbeat_record(node_id=node_id)
+    return HeartbeatSeen(True, version, tuple(behind))
 
 
 def _alive(running: Any) -> dict[int, dict[str, Any]]:
@@ -226,13 +249,21 @@ def _alive(running: Any) -> dict[int, dict[str, Any]]:
     return alive
 
 
-def _catch_up_started(*, node_id: int, running: Any) -> list[int]:
-    alive = _alive(running)
-    behind = list(
-        Job.objects.filter(pk__in=alive, state__in=(JobState.PLACED, JobState.STARTING)).values_list(
-            "pk", flat=True
+def _behind(*, alive: dict[int, dict[str, Any]], placed_before: datetime) -> list[int]:
+    return list(
+        Job.objects.filter(
+            pk__in=alive, state__in=(JobState.PLACED, JobState.STARTING), placed_at__lt=placed_before
         )
+        .order_by("pk")
+        .values_list("pk", flat=True)
     )
+
+
+def heartbeat_catch_up(*, node_id: int, running: Any) -> list[int]:
+    """Record the starts a heartbeat shows whose start reports never came (jobs placed over START_REPORT_GRACE_S
+    ago that run on the node); the jobs moved to running."""
+    alive = _alive(running)
+    behind = _behind(alive=alive, placed_before=timezone.now() - timedelta(seconds=START_REPORT_GRACE_S))
     if not behind:
         return []
     moved = []
@@ -766,6 +797,8 @@ def _attempt_base(job_id: int, stream: str, attempt: int) -> int:
 
 __all__ = [
     "Outcome",
+    "HeartbeatSeen",
+    "heartbeat_catch_up",
     "node_heartbeat_checked",
     "job_logs_store",
     "job_report",

@@ -9,6 +9,7 @@ from scheduling.choices import GpuHealth, JobState, NodeState
 from scheduling.cycle import apply, lease
 from scheduling.engine import types as eng
 from scheduling.inventory.models import Gpu, Node
+from scheduling.jobs.models import Job
 from scheduling.jobs.services import JobSpec, job_submit
 
 pytestmark = pytest.mark.django_db
@@ -136,7 +137,17 @@ def alive(job, **extra):
     return {"job_id": str(job.pk), "attempt": job.attempt, "state": "running", "pid": 7, **extra}
 
 
-def test_a_heartbeat_that_shows_the_job_running_records_the_start_report_that_never_came(node, placed):
+@pytest.fixture
+def no_start_grace(monkeypatch):
+    """The heartbeat records a missed start at once (not START_REPORT_GRACE_S after the placement)."""
+    from scheduling.agents import reports
+
+    monkeypatch.setattr(reports, "START_REPORT_GRACE_S", 0.0)
+
+
+def test_a_heartbeat_that_shows_the_job_running_records_the_start_report_that_never_came(
+    node, placed, no_start_grace
+):
     assert node_heartbeat(node_id=node.pk, running=[alive(placed)]) == [placed.pk]
     placed.refresh_from_db()
     started = placed.events.get(to_state=JobState.RUNNING)
@@ -148,7 +159,7 @@ def test_a_heartbeat_that_shows_the_job_running_records_the_start_report_that_ne
     assert placed.events.filter(to_state=JobState.RUNNING).count() == 1
 
 
-def test_a_heartbeat_moves_nothing_it_does_not_run_here(node, placed, a100):
+def test_a_heartbeat_moves_nothing_it_does_not_run_here(node, placed, a100, no_start_grace):
     other = Node.objects.create(name="a100-02", cpu_milli=1000, memory_mib=1024)
     garbage = ["x", {"job_id": "nope"}, {"job_id": str(placed.pk)}, None]
     stopping = alive(placed, state="stopping")
@@ -215,28 +226,41 @@ def test_unenforced_mps_is_a_warning_per_real_node_and_said_once_for_simulated_o
     assert said == [("INFO", node.name), ("WARNING", node.name), ("WARNING", node.name)]
 
 
-def test_a_checked_heartbeat_records_what_node_heartbeat_does_and_answers_the_desired_version(node, placed):
-    from scheduling.agents.reports import node_heartbeat_checked
+def test_a_checked_heartbeat_records_the_node_alive_and_names_the_starts_it_missed(node, placed):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from scheduling.agents.reports import START_REPORT_GRACE_S, heartbeat_catch_up, node_heartbeat_checked
     from scheduling.cycle.models import NodeSync
     from scheduling.inventory.services import node_issue_token
 
     node_issue_token(node=node)
     token_hash = Node.objects.get(pk=node.pk).agent_token_hash
     Node.objects.filter(pk=node.pk).update(last_heartbeat_at=None)
-    assert node_heartbeat_checked(node_id=node.pk, token_hash="not-its-token", running=[alive(placed)]) is False
+    refused = node_heartbeat_checked(node_id=node.pk, token_hash="not-its-token", running=[alive(placed)])
+    assert refused.token_current is False
     node.refresh_from_db()
-    placed.refresh_from_db()
-    assert node.last_heartbeat_at is None and placed.state == JobState.PLACED  # nothing recorded
+    assert node.last_heartbeat_at is None  # nothing recorded
 
     NodeSync.objects.update_or_create(node=node, defaults={"desired_version": 7})
-    assert node_heartbeat_checked(node_id=node.pk, token_hash=token_hash, running=[alive(placed)]) == 7
+    seen = node_heartbeat_checked(node_id=node.pk, token_hash=token_hash, running=[alive(placed)])
     node.refresh_from_db()
-    placed.refresh_from_db()
+    assert (seen.token_current, seen.desired_version, seen.behind) == (True, 7, ())
     assert node.last_heartbeat_at is not None
-    assert placed.state == JobState.RUNNING  # the start report that never came, caught up
-    assert node_heartbeat_checked(node_id=node.pk, token_hash=token_hash, running="garbage") == 7
+    # Placed just now: its start report may still be on its way, so the heartbeat does not race it ...
+    assert heartbeat_catch_up(node_id=node.pk, running=[alive(placed)]) == []
+    # ... but once the grace has passed, the heartbeat names it and the catch-up records the start.
+    Job.objects.filter(pk=placed.pk).update(
+        placed_at=timezone.now() - timedelta(seconds=START_REPORT_GRACE_S + 1)
+    )
+    seen = node_heartbeat_checked(node_id=node.pk, token_hash=token_hash, running=[alive(placed), "garbage"])
+    assert seen.behind == (placed.pk,)
+    assert heartbeat_catch_up(node_id=node.pk, running=[alive(placed)]) == [placed.pk]
+    placed.refresh_from_db()
+    assert placed.state == JobState.RUNNING
 
     Node.objects.filter(pk=node.pk).update(state=NodeState.LOST)
-    assert node_heartbeat_checked(node_id=node.pk, token_hash=token_hash, running=[]) == 7
+    assert node_heartbeat_checked(node_id=node.pk, token_hash=token_hash, running=[]).token_current
     node.refresh_from_db()
     assert node.state == NodeState.READY  # a lost node speaking again is revived, as node_heartbeat does

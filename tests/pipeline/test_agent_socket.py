@@ -448,7 +448,10 @@ def test_a_report_the_database_failed_on_is_acked_for_a_retry_and_lands_when_sen
     assert on_b.state == "running" and len(calls) == 2
 
 
-def test_a_heartbeat_showing_a_placed_job_running_moves_it_to_running(two_nodes):
+def test_a_heartbeat_showing_a_placed_job_running_moves_it_to_running(two_nodes, monkeypatch):
+    from scheduling.agents import reports
+
+    monkeypatch.setattr(reports, "START_REPORT_GRACE_S", 0.0)  # its start report is taken as lost at once
     _, on_b, _, token_b = two_nodes
     entry = {"job_id": str(on_b.pk), "attempt": on_b.attempt, "state": "running", "pid": 9, "adopted": False}
     heartbeat = protocol.message(
