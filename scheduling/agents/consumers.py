@@ -224,6 +224,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.desired_lock = asyncio.Lock()  # one desired state computed and sent at a time, in version order
         self.heartbeat_latest: dict | None = None
         self.catching_up: asyncio.Future | None = None  # heartbeat_catch_up in flight
+        self.resending: asyncio.Future | None = None  # a heartbeat's send_desired in flight
         self.heartbeat_due = asyncio.Event()
         self.grouped = await self._join_group()
         await self.accept()
@@ -252,8 +253,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.node_id is None:
             return
-        for task in getattr(self, "tasks", ()):
-            task.cancel()
+        for task in [
+            *getattr(self, "tasks", ()),
+            getattr(self, "catching_up", None),
+            getattr(self, "resending", None),
+        ]:
+            if task is not None:
+                task.cancel()
         if getattr(self, "grouped", False):
             try:
                 await self.channel_layer.group_discard(self.group, self.channel_name)
@@ -410,9 +416,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.send_msg(protocol.message("heartbeat_ack", {"seq": payload.get("seq")}))
         if seen.behind and (self.catching_up is None or self.catching_up.done()):
             # Missed start reports are recorded with the other reports, never on the heartbeats' threads.
-            self.catching_up = asyncio.ensure_future(
-                db(agent_services.heartbeat_catch_up)(node_id=self.node_id, running=payload.get("running"))
+            catch_up = db(agent_services.heartbeat_catch_up)(
+                node_id=self.node_id, running=payload.get("running")
             )
+            self.catching_up = asyncio.ensure_future(self._logged(catch_up, "missed start reports"))
         if not self.grouped:
             self.grouped = await self._join_group()
         if not self.said_hello:
@@ -424,8 +431,25 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # the version is enough; recomputing it here on every heartbeat cost most of the portal's CPU at 1,000
         # nodes (bench/cluster_scale.py). Without the channel layer no cycle runs: then recompute each time.
         missed = held is None or self.sent_version is None or int(held) < self.sent_version
-        if missed or not self.grouped or version != self.sent_version:
-            await self.send_desired(force=missed)
+        if (missed or not self.grouped or version != self.sent_version) and (
+            self.resending is None or self.resending.done()
+        ):
+            # Beside the heartbeats, never ahead of the next one: reading the state back waits its turn with the
+            # node's reports, and a heartbeat waiting for it was a heartbeat not recorded (nodes "lost" while a
+            # cycle's starts were being reported, bench/cluster_scale.py).
+            self.resending = asyncio.ensure_future(
+                self._logged(self.send_desired(force=missed), "desired state")
+            )
+
+    async def _logged(self, work: Any, what: str) -> None:
+        """Await `work` (a heartbeat's follow-up, run beside the heartbeats); a failure is logged, and the next
+        heartbeat tries again."""
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.warning("node %s: %s failed", self.node_name, what, exc_info=True)
 
     async def on_ack(self, payload: dict) -> None:
         version = payload.get("desired_version")
