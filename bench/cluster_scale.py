@@ -1095,7 +1095,7 @@ def main() -> int:
     parser.add_argument("--singles", type=int, default=30)
     parser.add_argument("--window-s", type=float, default=65.0, help="the traffic / database-growth window")
     parser.add_argument("--agent-procs", type=int, default=2, help="processes the simulated nodes share")
-    parser.add_argument("--web-procs", type=int, default=1, help="daphne processes the nodes are spread over")
+    parser.add_argument("--web-procs", type=int, default=2, help="daphne processes the nodes are spread over")
     parser.add_argument("--profile-daphne", type=Path, help="write a sampling profile of daphne here (JSON)")
     parser.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
     parser.add_argument("--sim-agents", type=Path, help=argparse.SUPPRESS)

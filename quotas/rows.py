@@ -41,6 +41,23 @@ def fetch_rows(sql: str, params: Sequence[Any]) -> list[tuple]:
         return cursor.fetchall()
 
 
+_DRIVER_TYPES = frozenset(
+    {
+        "AutoField",
+        "BigAutoField",
+        "BigIntegerField",
+        "BooleanField",
+        "CharField",
+        "DateTimeField",
+        "IntegerField",
+        "PositiveIntegerField",
+        "PositiveSmallIntegerField",
+        "SmallIntegerField",
+        "TextField",
+    }
+)
+
+
 def update_from_values(
     model: type[Model],
     columns: Sequence[str],
@@ -64,14 +81,17 @@ def update_from_values(
     names = ", ".join(f.column for f in fields)
     pk = meta.pk.column
     guard = f" AND ({where})" if where else ""
+    # Values of these types go to the driver as they are (it adapts them); others as the ORM would save them. At
+    # 20,000 rows of five columns, preparing every value the ORM's way cost most of a second.
+    prepare = [None if f.get_internal_type() in _DRIVER_TYPES else f for f in fields]
     updated: list[int] = []
     with connection.cursor() as cursor:
         for k in range(0, len(rows), batch_size):
             batch = rows[k : k + batch_size]
             params = [
-                f.get_db_prep_save(value, connection=connection)
+                value if f is None else f.get_db_prep_save(value, connection=connection)
                 for row in batch
-                for f, value in zip(fields, row, strict=True)
+                for f, value in zip(prepare, row, strict=True)
             ]
             cursor.execute(
                 f"UPDATE {meta.db_table} AS t SET {assign} FROM (VALUES {', '.join([marks] * len(batch))}) "

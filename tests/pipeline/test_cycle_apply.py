@@ -401,3 +401,29 @@ def test_a_cycle_writes_its_placements_in_a_number_of_statements_that_does_not_g
     assert Slice.objects.filter(compute_pct=25).count() == 4
     state, _ = desired_state_for_node(node=node)
     assert {j["job_id"] for j in state.jobs} == {str(j.pk) for j in few + many}
+
+
+def test_an_estimated_start_that_only_drifts_with_the_clock_is_not_rewritten_each_cycle(node, alice, teams):
+    import time as clock
+
+    job = submit(alice, teams["training"], gpus=1)
+    status = eng.Status("insufficient-gpus", "needs 1 free GPU; estimated start in about 1.0 h")
+
+    def cycle(eta_s: float) -> int:
+        pending = (eng.Pending(str(job.pk), status, position=1, estimated_start=eta_s),)
+        return apply.apply_decisions(
+            decisions=eng.Decisions(pending=pending), epoch=lease.epoch_issue()
+        ).pending_updated
+
+    start = clock.time() + 3600
+    assert cycle(start) == 1
+    job.refresh_from_db()
+    written = job.estimated_start_at
+    # The next cycles, the clock a little further: the same hour-away start, seconds apart, is the same answer.
+    assert cycle(start + 5) == 0 and cycle(start + 40) == 0
+    job.refresh_from_db()
+    assert job.estimated_start_at == written
+    # Moving by more than a tenth of the wait ahead (and a minute) is news: written.
+    assert cycle(start + 900) == 1
+    job.refresh_from_db()
+    assert abs((job.estimated_start_at - written).total_seconds() - 900) < 1
