@@ -17,14 +17,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 from bench.cluster_scale import (
     BIN,
-    DEFAULT_DATABASE_URL,
-    DEFAULT_REDIS_URL,
     Procs,
     _port_open,
+    bench_database,
     free_port,
     proc_cpu_s,
     queue_jobs,
@@ -91,19 +89,8 @@ def main() -> int:
     args = parser.parse_args()
 
     import psycopg
-    import redis
 
-    database_url = os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
-    redis_url = os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
-    parts = urlsplit(database_url)
-    bench_name = f"{parts.path.lstrip('/') or 'tessera'}_bench"
-    admin_url = urlunsplit((parts.scheme, parts.netloc, "/postgres", "", ""))
-    bench_url = urlunsplit((parts.scheme, parts.netloc, f"/{bench_name}", "", ""))
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{bench_name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{bench_name}"')
-    redis.Redis.from_url(redis_url).flushdb()
-    os.environ.update(DATABASE_URL=bench_url, REDIS_URL=redis_url, DJANGO_SETTINGS_MODULE="portal.settings")
+    admin_url, _, bench_name = bench_database()
     import django
 
     django.setup()

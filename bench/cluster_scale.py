@@ -764,8 +764,11 @@ def summary(values: list[float]) -> dict:
     }
 
 
-def run(args: argparse.Namespace) -> dict:
+def bench_database() -> tuple[str, str, str]:
+    """Create `<DATABASE_URL name>_bench` afresh, empty REDIS_URL's database, and point this process (and the ones
+    it starts) at both. Returns (the server's admin url, the bench database's url, its name)."""
     import psycopg
+    import redis
 
     database_url = os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
     redis_url = os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
@@ -776,10 +779,15 @@ def run(args: argparse.Namespace) -> dict:
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{bench_name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{bench_name}"')
-    import redis
-
     redis.Redis.from_url(redis_url).flushdb()
     os.environ.update(DATABASE_URL=bench_url, REDIS_URL=redis_url, DJANGO_SETTINGS_MODULE="portal.settings")
+    return admin_url, bench_url, bench_name
+
+
+def run(args: argparse.Namespace) -> dict:
+    import psycopg
+
+    admin_url, bench_url, bench_name = bench_database()
     root = Path(tempfile.mkdtemp(prefix="tessera-scale-"))
     port = free_port()
     env = {
