@@ -1074,13 +1074,26 @@ def traffic_window(webs: list, url: str, seconds: float, sims: list) -> dict:
     }
 
 
+def _history_runs_per_day(table: str) -> int:
+    if "five_minute" in table:
+        return 24 * 12
+    if "hour" in table:
+        return 24
+    return 24 * 60
+
+
 def db_growth(before: dict[str, int], after: dict[str, int], wall_s: float, minutes: int) -> dict:
     grown = {t: after.get(t, 0) - before.get(t, 0) for t in after}
     history = {t: g for t, g in grown.items() if t.startswith("history_")}
     other = {t: g for t, g in grown.items() if not t.startswith("history_") and g}
-    # History grows once per recorder run (each minute): per run x 1,440; the rest grows with wall time.
-    per_run = sum(history.values()) / minutes if minutes else 0.0
-    history_day = per_run * 1440
+    # History grows once per recorder run (each minute): a minute table's growth per run x 1,440. The 5-minute and
+    # hourly tables are written one run in 5 or 60: a window of a few minutes holds at most one such write, so
+    # what they grew is one write, x 288 or x 24. The rest grows with wall time.
+    history_day = 0.0
+    for table, g in history.items():
+        if g > 0 and minutes:
+            runs = _history_runs_per_day(table)
+            history_day += g / minutes * runs if runs == 24 * 60 else g * runs
     other_day = sum(other.values()) / wall_s * 86400
     mib = 1024 * 1024
     return {
