@@ -830,7 +830,7 @@ def run(args: argparse.Namespace) -> dict:
     missed: list[str] = []
     result["timeouts"] = missed
     try:
-        # One daphne, or several (--web-procs), the nodes spread over them as a load balancer would.
+        # The agents' daphnes (--web-procs), the nodes spread over them as a load balancer would.
         ports = [port] + [free_port() for _ in range(args.web_procs - 1)]
         webs = []
         for k, web_port in enumerate(ports):
@@ -842,9 +842,15 @@ def run(args: argparse.Namespace) -> dict:
                 procs.env = env
             else:
                 webs.append(procs.start(name, [str(BIN / "daphne"), *serve]))
-        for web_port in ports:
+        # The API (singles, bursts) on a daphne of its own, as a site of this size routes /ws/agent/ apart from
+        # the browsers and the API: sharing one, its request threads starved the agents' heartbeats of the GIL.
+        port = free_port()
+        procs.start(
+            "daphne-api", [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"]
+        )
+        for web_port in [*ports, port]:
             wait_for("daphne", lambda web_port=web_port: _port_open(web_port), timeout_s=60)
-        daphne = webs
+        daphne = webs  # the agents' daphnes: their CPU is the agents' traffic
         specs = seeded["specs"]
         per = -(-len(specs) // args.agent_procs)
         sims = []
