@@ -1102,6 +1102,8 @@ def db_growth(before: dict[str, int], after: dict[str, int], wall_s: float, minu
             history_day += g / minutes * runs if runs == 24 * 60 else g * runs
     other_day = sum(other.values()) / wall_s * 86400
     mib = 1024 * 1024
+    if not minutes:  # no recorder run fell in the window: history's growth is unknown, not zero
+        return {"mib_per_day": None, "recorder_runs_in_window": 0, "note": "window held no recorder run"}
     return {
         "mib_per_day": round((history_day + other_day) / mib, 1),
         "history_mib_per_day": round(history_day / mib, 1),
@@ -1121,7 +1123,7 @@ def main() -> int:
     parser.add_argument("--burst", type=int, default=2000)
     parser.add_argument("--bursts", type=int, default=1)
     parser.add_argument("--singles", type=int, default=20)
-    parser.add_argument("--window-s", type=float, default=40.0, help="the traffic / database-growth window")
+    parser.add_argument("--window-s", type=float, default=65.0, help="the traffic / database-growth window")
     parser.add_argument("--agent-procs", type=int, default=2, help="processes the simulated nodes share")
     parser.add_argument("--web-procs", type=int, default=2, help="daphne processes the nodes are spread over")
     parser.add_argument("--profile-daphne", type=Path, help="write a sampling profile of daphne here (JSON)")
