@@ -141,6 +141,11 @@ def make_job(rng: random.Random, number: int, now: float, gpus_per_node: int, mi
             cpu_milli=32_000,
             memory_mib=256 * GIB,
         )
+    return queued_job(rng, number, now, request)
+
+
+def queued_job(rng: random.Random, number: int, now: float, request: Request) -> Job:
+    """A queued job asking `request`: its team, priority, preemptibility, submit time and runtime drawn."""
     return Job(
         id=f"job-{number:06d}",
         team=rng.choice(TEAMS),
@@ -165,15 +170,7 @@ def make_fill_job(rng: random.Random, number: int, now: float, gpus_per_node: in
         )
     else:
         request = Request(gpus=1, gpu_models=("A100",), cpu_milli=8000, memory_mib=64 * GIB)
-    return Job(
-        id=f"job-{number:06d}",
-        team=rng.choice(TEAMS),
-        request=request,
-        priority=rng.choice([10, 50, 50, 100]),
-        preemptible=rng.random() < 0.8,
-        submit_time=now - rng.uniform(0, 7200),
-        max_runtime_s=rng.choice([None, 1800.0, 3600.0, 4 * 3600.0, 24 * 3600.0]),
-    )
+    return queued_job(rng, number, now, request)
 
 
 def quotas_for(gpu_count: int) -> dict[str, Quota]:

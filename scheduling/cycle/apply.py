@@ -47,7 +47,6 @@ class ApplyResult:
     evicted: list[int] = field(default_factory=list)
     conflicts: dict[int, str] = field(default_factory=dict)  # job id -> why its placement was refused
     pending_updated: int = 0
-    nodes_changed: set[str] = field(default_factory=set)
     relabelled: int = 0  # running jobs whose "on borrowed capacity" label changed with their team's standing
 
 
@@ -143,7 +142,7 @@ def _place(
     gpus: dict[tuple[str, int], Gpu],
     epoch: int,
     freed: _Freed | None = None,
-) -> set[str]:
+) -> None:
     """Place one job (inside its own savepoint). Raises SliceDoesNotFit when the ledger refuses, NoRendezvousPort
     when a gang finds no free rendezvous port."""
     message, data = _placed_record(job, placement, epoch, freed)
@@ -167,7 +166,6 @@ def _place(
         gang_members_place(
             job=job, nodes=list({gpus[(a.node, a.gpu_index)].node for a in placement.assignments})
         )
-    return {a.node for a in placement.assignments}
 
 
 def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
@@ -175,8 +173,8 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
 
     Refused whole (StaleEpoch) unless `epoch` is the newest issued and not yet applied. Within it, a placement
     whose job is no longer pending, whose node is no longer ready, or that the GPU ledger refuses is skipped
-    (recorded in `conflicts`; the job stays pending for the next cycle). Browsers are told after commit; the
-    nodes whose desired state changed are in `nodes_changed` (the sync after the cycle tells their agents).
+    (recorded in `conflicts`; the job stays pending for the next cycle). Browsers are told after commit; agents
+    by the desired-state sync that follows the cycle.
     """
     result = ApplyResult(epoch=epoch)
     with transaction.atomic():
@@ -226,7 +224,6 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
                 },
             )
             result.evicted.append(job.pk)
-            result.nodes_changed |= on_nodes
 
         gpus = {
             (g.node.name, g.index): g
@@ -254,13 +251,12 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
         # (gangs always), each in its own savepoint, so only the refused placement is skipped.
         if batch and jobs_place(placements=[w for w, _ in batch]):
             result.placed += [w.job.pk for w, _ in batch]
-            result.nodes_changed |= {a.node for _, p in batch for a in p.assignments}
         else:
             one_by_one += [(w.job, p) for w, p in batch]
         for job, placement in sorted(one_by_one, key=lambda jp: order[jp[1].job_id]):
             try:
                 with transaction.atomic():
-                    result.nodes_changed |= _place(job, placement, gpus, epoch, freed.get(job.pk))
+                    _place(job, placement, gpus, epoch, freed.get(job.pk))
             except (SliceDoesNotFit, NoRendezvousPort) as exc:
                 job.refresh_from_db()
                 result.conflicts[job.pk] = exc.message
