@@ -844,10 +844,14 @@ def run(args: argparse.Namespace) -> dict:
                 webs.append(procs.start(name, [str(BIN / "daphne"), *serve]))
         # The API (singles, bursts) on a daphne of its own, as a site of this size routes /ws/agent/ apart from
         # the browsers and the API: sharing one, its request threads starved the agents' heartbeats of the GIL.
+        # Its connections are not kept (Django's advice under ASGI): each request runs on a thread of its own, and
+        # a kept connection per thread used up PostgreSQL's 100 under a burst of submits (500s).
         port = free_port()
+        procs.env = {**env, "DATABASE_CONN_MAX_AGE": "0"}
         procs.start(
             "daphne-api", [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"]
         )
+        procs.env = env
         for web_port in [*ports, port]:
             wait_for("daphne", lambda web_port=web_port: _port_open(web_port), timeout_s=60)
         daphne = webs  # the agents' daphnes: their CPU is the agents' traffic

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from django.db import connection
 from django.db.models import QuerySet
 
 from scheduling.cycle.models import NodeSync, SchedulerLease
@@ -29,6 +30,21 @@ def nodes_for_update(
     if ids is not None:
         nodes = nodes.filter(pk__in=list(ids))
     return nodes
+
+
+def nodes_for_placement(*, names: Iterable[str]) -> list[Node]:
+    """These nodes, locked against a change of state (lost, cordoned, drained: every such write takes
+    nodes_for_update) until the transaction ends, but not against heartbeats: on PostgreSQL FOR KEY SHARE, which
+    a plain UPDATE of a non-key column (last_heartbeat_at) does not wait for. A cycle's apply held FOR UPDATE on
+    the nodes it placed on for its whole transaction, seconds at 1,000 nodes, and the agents' heartbeat threads
+    stood waiting on those rows, every other node's heartbeat behind them (bench/cluster_scale.py)."""
+    names = sorted(set(names))
+    if connection.vendor != "postgresql":
+        return list(nodes_for_update(names=names))
+    table = Node._meta.db_table
+    return list(
+        Node.objects.raw(f"SELECT * FROM {table} WHERE name = ANY(%s) ORDER BY id FOR KEY SHARE", [names])
+    )
 
 
 def jobs_for_update(*, ids: Iterable[int], skip_locked: bool = False) -> QuerySet[Job]:

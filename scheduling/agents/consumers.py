@@ -11,6 +11,8 @@ import asyncio
 import functools
 import logging
 import time
+import weakref
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -61,6 +63,10 @@ FINAL_STATES = frozenset({"exited", "stopped", "killed", "launch_failed", "lost"
 # Messages that write: the token is re-checked before each (metrics only relays what browsers may see).
 # Heartbeats and log chunks check it in the same database call as their write.
 CHECKED = frozenset({"hello", "job_status", "event", "ack"})
+# A node's reports waiting to be handled, at most; past it, each is answered "send it again" (the agent keeps
+# what is not acked). Start reports are written this many at most in one transaction.
+MAX_QUEUED_REPORTS = 1000
+START_BATCH_MAX = 500
 
 
 _db_pools: dict[str, ThreadPoolExecutor] = {}
@@ -117,6 +123,60 @@ def db_pool_shutdown() -> None:
     _db_pools.clear()
     for pool in pools:
         pool.shutdown(wait=True)
+
+
+def _is_start(msg: dict) -> bool:
+    payload = msg["payload"]
+    return msg["type"] == "job_status" and isinstance(payload, dict) and payload.get("state") == "started"
+
+
+class _StartBatches:
+    """The start reports of every node this process serves, recorded together: while one batch is being written,
+    the reports arriving meanwhile wait, and are the next batch (job_starts_record). One report alone is written
+    at once; a cycle's wave of them, in a few transactions instead of one each."""
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple[agent_services.StartReport, asyncio.Future]] = []
+        self.flushing: asyncio.Future | None = None
+
+    async def record(self, reports: list[agent_services.StartReport]) -> list[agent_services.Outcome | None]:
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in reports]
+        self.waiting += zip(reports, futures, strict=True)
+        if self.flushing is None or self.flushing.done():
+            self.flushing = asyncio.ensure_future(self._flush())
+        answers = await asyncio.gather(*futures, return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer
+        return answers
+
+    async def _flush(self) -> None:
+        while self.waiting:
+            batch, self.waiting = self.waiting[:START_BATCH_MAX], self.waiting[START_BATCH_MAX:]
+            try:
+                outcomes = await db(agent_services.job_starts_record)(reports=[r for r, _ in batch])
+            except Exception as exc:  # each waiting connection answers its agent (a retry, or a refusal)
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, future), outcome in zip(batch, outcomes, strict=True):
+                if not future.done():  # its connection closed meanwhile
+                    future.set_result(outcome)
+
+
+_start_batches_of: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _StartBatches] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _start_batches() -> _StartBatches:
+    loop = asyncio.get_running_loop()
+    batches = _start_batches_of.get(loop)
+    if batches is None:
+        batches = _start_batches_of[loop] = _StartBatches()
+    return batches
 
 
 @dataclass(frozen=True)
@@ -226,6 +286,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.catching_up: asyncio.Future | None = None  # heartbeat_catch_up in flight
         self.resending: asyncio.Future | None = None  # a heartbeat's send_desired in flight
         self.heartbeat_due = asyncio.Event()
+        self.report_queue: deque[dict] = deque()  # messages other than heartbeats and samples, in order
+        self.report_due = asyncio.Event()
         self.grouped = await self._join_group()
         await self.accept()
         # The whole desired state follows the agent's hello (its first message), once the GPUs it names are
@@ -233,6 +295,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.tasks = [
             asyncio.ensure_future(self._pull_logs_forever()),
             asyncio.ensure_future(self._heartbeats_forever()),
+            asyncio.ensure_future(self._reports_forever()),
         ]
 
     async def _join_group(self) -> bool:
@@ -326,6 +389,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     # -- in ------------------------------------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        """Read one frame. Nothing here waits for the database: heartbeats go to their own task, samples to
+        Redis, and every other message to the node's queue of reports, handled in the order sent
+        (`_reports_forever`). A node whose reports waited their turn in the database held up its heartbeats with
+        them, and at 1,000 nodes busy nodes were declared lost under a cycle's wave of start reports
+        (bench/cluster_scale.py)."""
         try:
             msg = protocol.decode(text_data if text_data is not None else bytes_data)
         except protocol.ProtocolError as exc:
@@ -341,6 +409,63 @@ class AgentConsumer(AsyncWebsocketConsumer):
             self.heartbeat_due.set()
             AGENT_REPORTS.labels("heartbeat", "ok").inc()
             return
+        if kind == "metrics":
+            try:
+                await self.on_metrics(payload)
+            except Exception as exc:  # one bad sample must not drop the node's connection
+                log.exception("node %s: metrics failed", self.node_name)
+                await self._answer(
+                    kind, msg, agent_services.Outcome(False, f"portal error: {type(exc).__name__}")
+                )
+            else:
+                AGENT_REPORTS.labels(kind, "ok").inc()
+            return
+        if len(self.report_queue) >= MAX_QUEUED_REPORTS:
+            # A node sending faster than its reports can be handled: it keeps what it sent and sends it again.
+            await self.send_msg(
+                protocol.ack(msg["id"], ok=False, error="portal busy: send it again shortly", retry=True)
+            )
+            return
+        self.report_queue.append(msg)
+        self.report_due.set()
+
+    async def _reports_forever(self) -> None:
+        """Handle the node's queued reports in the order it sent them; its start reports that follow each other
+        are recorded together, with the other nodes' (`_StartBatches`)."""
+        while not self.closing:
+            await self.report_due.wait()
+            self.report_due.clear()
+            while self.report_queue and not self.closing:
+                starts = []
+                while self.report_queue and _is_start(self.report_queue[0]):
+                    starts.append(self.report_queue.popleft())
+                if starts:
+                    await self._record_starts(starts)
+                else:
+                    await self._handle(self.report_queue.popleft())
+
+    async def _record_starts(self, msgs: list[dict]) -> None:
+        reports = [agent_services.StartReport(self.node_id, self.token_hash, m["payload"]) for m in msgs]
+        try:
+            outcomes = await _start_batches().record(reports)
+        except (OperationalError, InterfaceError) as exc:
+            log.warning(
+                "node %s: start reports failed, the agent will send them again: %s", self.node_name, exc
+            )
+            outcomes = [
+                agent_services.Outcome(False, f"portal error: {type(exc).__name__}", retry=True)
+            ] * len(msgs)
+        except Exception as exc:
+            log.exception("node %s: start reports failed", self.node_name)
+            outcomes = [agent_services.Outcome(False, f"portal error: {type(exc).__name__}")] * len(msgs)
+        for msg, outcome in zip(msgs, outcomes, strict=True):
+            if outcome is None:  # the token was rotated since this connection opened: it speaks for no one
+                await self.refuse(CLOSE_UNAUTHENTICATED)
+                return
+            await self._answer("job_status", msg, outcome)
+
+    async def _handle(self, msg: dict) -> None:
+        kind, payload = msg["type"], msg["payload"]
         handler = getattr(self, f"on_{kind}", None)
         if handler is None:
             await self.send_msg(protocol.ack(msg["id"], ok=False, error=f"unknown message type {kind!r}"))
@@ -362,6 +487,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
         except Exception as exc:  # one bad report must not drop the node's connection (nor come back forever)
             log.exception("node %s: %s failed", self.node_name, kind)
             outcome = agent_services.Outcome(False, f"portal error: {type(exc).__name__}")
+        await self._answer(kind, msg, outcome)
+
+    async def _answer(self, kind: str, msg: dict, outcome: agent_services.Outcome | None) -> None:
+        """Count a handled report, keep the node's newest refusal, and ack it where the agent waits for one."""
         AGENT_REPORTS.labels(kind, "ok" if outcome is None or outcome.ok else "refused").inc()
         if outcome is not None and not outcome.ok and not outcome.retry:
             try:  # the node's conditions show its newest refusal

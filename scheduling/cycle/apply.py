@@ -192,7 +192,7 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
             victim_nodes_of.setdefault(job_id, set()).add(node_name)
             victim_pct_of[job_id] = victim_pct_of.get(job_id, 0) + pct
         victim_nodes = set().union(*victim_nodes_of.values())
-        nodes = {n.name: n for n in lock_objects.nodes_for_update(names=placement_nodes | victim_nodes)}
+        nodes = {n.name: n for n in lock_objects.nodes_for_placement(names=placement_nodes | victim_nodes)}
         jobs = {j.pk: j for j in lock_objects.jobs_for_update(ids=eviction_ids + placement_ids)}
         # A gang with a failed member is ending already (failed): evicting it would requeue a failed job.
         ending = gangs_failing(job_ids=eviction_ids) if eviction_ids else set()

@@ -418,7 +418,7 @@ def test_a_report_the_database_failed_on_is_acked_for_a_retry_and_lands_when_sen
     from scheduling.agents import reports as agent_services
 
     _, on_b, _, token_b = two_nodes
-    real = agent_services.job_report
+    real = agent_services.job_starts_record  # start reports are recorded in batches
     calls = []
 
     def deadlocked_once(**kw):
@@ -427,7 +427,7 @@ def test_a_report_the_database_failed_on_is_acked_for_a_retry_and_lands_when_sen
             raise OperationalError("deadlock detected")
         return real(**kw)
 
-    monkeypatch.setattr(agent_services, "job_report", deadlocked_once)
+    monkeypatch.setattr(agent_services, "job_starts_record", deadlocked_once)
     started = protocol.message(
         "job_status", {"job_id": str(on_b.pk), "attempt": on_b.attempt, "state": "started", "pid": 9}
     )
@@ -568,7 +568,7 @@ def test_a_report_that_fails_for_a_reason_other_than_the_database_is_refused_not
     def broken(**kw):
         raise ValueError("a bug, or a report no retry can fix")
 
-    monkeypatch.setattr(agent_services, "job_report", broken)
+    monkeypatch.setattr(agent_services, "job_starts_record", broken)  # where start reports are recorded
     report = protocol.message(
         "job_status", {"job_id": str(on_b.pk), "attempt": on_b.attempt, "state": "started"}
     )
@@ -681,3 +681,46 @@ def test_a_quiet_jobs_logs_are_asked_for_often_only_while_someone_watches_it(two
     # Two streams: unwatched, each waits 1.6 s then 3.2 s; watched, at most 0.2 s (with a 0.05 s pull loop).
     assert unwatched <= 4, f"{unwatched} requests in 1.5 s for a quiet job nobody watches"
     assert watched >= 8, f"only {watched} requests in 1.5 s for a quiet job someone watches"
+
+
+def test_a_nodes_heartbeats_are_recorded_while_its_reports_wait_on_the_database(two_nodes, monkeypatch):
+    import threading
+
+    from scheduling.agents import reports as agent_services
+
+    _, on_b, node_b, token_b = two_nodes
+    real = agent_services.job_starts_record
+    release = threading.Event()
+
+    def stuck(**kw):  # a database where the start reports wait (a cycle's wave of them, a lock)
+        release.wait(10)
+        return real(**kw)
+
+    monkeypatch.setattr(agent_services, "job_starts_record", stuck)
+    started = protocol.message(
+        "job_status", {"job_id": str(on_b.pk), "attempt": on_b.attempt, "state": "started", "pid": 9}
+    )
+    beat = protocol.message("heartbeat", {"node": "a100-02", "seq": 1, "running": []})
+
+    async def scenario():
+        communicator = await _connect(token_b, "a100-02")
+        await _next(communicator, "desired_state")
+        await communicator.send_to(text_data=protocol.encode(started))
+        await communicator.send_to(text_data=protocol.encode(beat))
+        acked = await _next(communicator, "heartbeat_ack")
+        heard = await sync_to_async(lambda: Node.objects.get(pk=node_b.pk).last_heartbeat_at)()
+        state_meanwhile = await sync_to_async(lambda: type(on_b).objects.get(pk=on_b.pk).state)()
+        release.set()
+        ack = await _next(communicator, "ack", ack_id=started["id"])
+        await communicator.disconnect()
+        return acked, heard, state_meanwhile, ack
+
+    try:
+        acked, heard, state_meanwhile, ack = async_to_sync(scenario)()
+    finally:
+        release.set()
+    assert acked["payload"]["seq"] == 1 and heard is not None
+    assert state_meanwhile == "placed", "the heartbeat was answered before the start report it was sent after"
+    assert ack["payload"]["ok"] is True
+    on_b.refresh_from_db()
+    assert on_b.state == "running"
