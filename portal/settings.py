@@ -116,6 +116,7 @@ CHANNEL_REDIS_SOCKET_TIMEOUT_S = 10
 # agents' sockets joins and leaves their groups at once when they (re)connect, far past 100 for a moment
 # (bench/cluster_scale.py). Each connection in use is one short operation; Redis takes 10,000 clients by default.
 CHANNEL_REDIS_MAX_CONNECTIONS = env.int("CHANNEL_REDIS_MAX_CONNECTIONS", default=2000)
+CHANNEL_LAYER_CAPACITY = env.int("CHANNEL_LAYER_CAPACITY", default=10_000)
 
 if REDIS_URL:
     CHANNEL_LAYERS = {
@@ -128,7 +129,10 @@ if REDIS_URL:
                         "socket_timeout": CHANNEL_REDIS_SOCKET_TIMEOUT_S,
                         "max_connections": CHANNEL_REDIS_MAX_CONNECTIONS,
                     }
-                ]
+                ],
+                # Messages waiting for one process (every socket it serves shares one inbox), past which pushes are
+                # dropped: 100 by default, which a wave of job ends at 500 nodes a process went over.
+                "capacity": CHANNEL_LAYER_CAPACITY,
             },
         }
     }

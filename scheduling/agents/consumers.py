@@ -285,6 +285,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.heartbeat_latest: dict | None = None
         self.catching_up: asyncio.Future | None = None  # heartbeat_catch_up in flight
         self.resending: asyncio.Future | None = None  # a heartbeat's send_desired in flight
+        self.refreshing: asyncio.Future | None = None  # a notice's send_desired in flight
+        self.desired_stale = False  # a notice came since the read in flight began
         self.heartbeat_due = asyncio.Event()
         self.report_queue: deque[dict] = deque()  # messages other than heartbeats and samples, in order
         self.report_due = asyncio.Event()
@@ -320,6 +322,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             *getattr(self, "tasks", ()),
             getattr(self, "catching_up", None),
             getattr(self, "resending", None),
+            getattr(self, "refreshing", None),
         ]:
             if task is not None:
                 task.cancel()
@@ -375,7 +378,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         pushed = event.get("state")
         if pushed is None:
-            await self.send_desired()
+            # Read back beside the socket's other work, never in the dispatch of the layer's messages: a wave of job
+            # ends is a notice each, and each read waiting its turn held up this process's inbox behind it. Notices
+            # arriving while a read is under way are one more read, not one each.
+            self.desired_stale = True
+            if self.refreshing is None or self.refreshing.done():
+                self.refreshing = asyncio.ensure_future(
+                    self._logged(self._refresh_desired(), "desired state")
+                )
             return
         # The state as the cycle's sync computed it: sent as it is, unless this socket sent a newer one already.
         async with self.desired_lock:
@@ -386,6 +396,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
             payload = state.message()
             payload.pop("type")
             await self.send_msg(protocol.message("desired_state", payload))
+
+    async def _refresh_desired(self) -> None:
+        while self.desired_stale and not self.closing:
+            self.desired_stale = False
+            await self.send_desired()
 
     # -- in ------------------------------------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:

@@ -142,16 +142,19 @@ def _desired_jobs_by_node(*, node_ids: list[int] | None) -> dict[int, tuple[dict
     fields = [*PlacedJob._fields]
     fields[fields.index("grace_s")] = "priority_class__preemption_grace_s"
     fields[fields.index("user")] = f"submitter__{get_user_model().USERNAME_FIELD}"
-    placed = Job.objects.filter(pk__in=slices.values("job_id")).order_by("pk").values_list(*fields)
+    job_ids = sorted({job_id for by_job in cards.values() for job_id in by_job})
+    placed = Job.objects.filter(pk__in=job_ids, state__in=ACTIVE_STATES).order_by("pk").values_list(*fields)
     jobs = {row[0]: PlacedJob._make(row) for row in placed}
     members, failing = _gangs(jobs=[job for job in jobs.values() if job.nodes > 1])
     out = {}
     for node_id, by_job in cards.items():
         entries = []
         for job_id in sorted(by_job):
-            if job_id in failing:
-                continue  # its agents stop the members still running
-            job = jobs[job_id]
+            job = jobs.get(job_id)
+            if job is None or job_id in failing:
+                # It ended between the two reads (its slices were read as active): not desired. A failing gang:
+                # its agents stop the members still running.
+                continue
             entry = _job_entry(job, by_job[job_id])
             gang = _gang_entry(job, members[job_id], node_id) if job_id in members else None
             if gang is not None:

@@ -724,3 +724,44 @@ def test_a_nodes_heartbeats_are_recorded_while_its_reports_wait_on_the_database(
     assert ack["payload"]["ok"] is True
     on_b.refresh_from_db()
     assert on_b.state == "running"
+
+
+def test_a_storm_of_change_notices_is_read_back_once_or_twice_and_a_failed_read_keeps_the_socket(
+    two_nodes, monkeypatch
+):
+    from channels.layers import get_channel_layer
+
+    from scheduling.realtime import groups
+
+    _, _, _, token_b = two_nodes
+    real = consumers._desired_for
+    reads = []
+
+    def slow_read(node_id):  # a busy database; the first read fails
+        reads.append(node_id)
+        time.sleep(0.3)
+        if len(reads) == 1:
+            raise RuntimeError("the database went away for a moment")
+        return real(node_id)
+
+    async def scenario():
+        communicator = await _connect(token_b, "a100-02")
+        await _next(communicator, "desired_state")  # after hello
+        monkeypatch.setattr(consumers, "_desired_for", slow_read)
+        layer = get_channel_layer()
+        notice = {"type": "desired.changed", "node": "a100-02"}
+        await layer.group_send(groups.node("a100-02"), notice)  # its read fails
+        await asyncio.sleep(0.6)
+        for _ in range(20):  # a wave of job ends on the node, a notice each
+            await layer.group_send(groups.node("a100-02"), notice)
+        await asyncio.sleep(1.5)
+        read_for_notices = len(reads)
+        beat = protocol.message("heartbeat", {"node": "a100-02", "seq": 7, "running": []})
+        await communicator.send_to(text_data=protocol.encode(beat))
+        acked = await _next(communicator, "heartbeat_ack")  # the socket is still up
+        await communicator.disconnect()
+        return acked, read_for_notices
+
+    acked, read_for_notices = async_to_sync(scenario)()
+    assert acked["payload"]["seq"] == 7
+    assert 2 <= read_for_notices <= 3, f"{read_for_notices} reads for 21 notices"

@@ -62,7 +62,9 @@ def _token(node) -> str:
 
 
 def test_a_batch_of_starts_moves_each_to_running_as_one_report_would(node, second_node, alice, bob, teams):
-    notification_settings_save(user=alice, job_events=["start"], email=False, webhook_url="https://hooks.example/a")
+    notification_settings_save(
+        user=alice, job_events=["start"], email=False, webhook_url="https://hooks.example/a"
+    )
     jobs = _placed([alice, bob], teams, [("a100-01", 0), ("a100-01", 1), ("a100-02", 0), ("a100-02", 1)])
     _token(node), _token(second_node)
     node.refresh_from_db(), second_node.refresh_from_db()

@@ -286,3 +286,23 @@ def test_the_sync_reads_and_writes_the_same_number_of_statements_whatever_the_cl
     large = counts()
     shrink_to(nodes=3)
     assert counts() == large
+
+
+def test_a_job_that_ends_between_the_reads_of_its_slices_and_its_row_is_left_out(cluster, monkeypatch):
+    """The slices and the jobs are two statements: a job ending in between (its agent's exit report committing)
+    was a KeyError that closed the node's agent socket (bench/cluster_scale.py)."""
+    node_id, victim = Slice.objects.filter(job__state__in=ACTIVE_STATES, job__nodes=1).values_list(
+        "gpu__node_id", "job_id"
+    )[0]
+    real_card = desired_state.Card
+    ended = []
+
+    def card_then_end(*fields):  # called while the slices are read, before the jobs are
+        if not ended:
+            ended.append(Job.objects.filter(pk=victim).update(state=JobState.SUCCEEDED))
+        return real_card(*fields)
+
+    monkeypatch.setattr(desired_state, "Card", card_then_end)
+    jobs = desired_state._desired_jobs_by_node(node_ids=[node_id]).get(node_id, ())
+    assert ended == [1]
+    assert victim not in [int(j["job_id"]) for j in jobs]
