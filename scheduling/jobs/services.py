@@ -788,14 +788,17 @@ def _ledger_take(per_gpu: dict[int, list[int]]) -> None:
     what it has; raises _LedgerRefused (the caller's savepoint rolls back) if any card refuses."""
     table = Gpu._meta.db_table
     rows = sorted(per_gpu.items())  # one lock order for every writer of the ledger
-    marks = ", ".join(["(%s::integer, %s::integer, %s::integer)"] * len(rows))
     taken = fetch_rows(
         f"UPDATE {table} AS g SET allocated_memory_mib = g.allocated_memory_mib + v.memory_mib, "
         "allocated_compute_pct = g.allocated_compute_pct + v.compute_pct "
-        f"FROM (VALUES {marks}) AS v(id, memory_mib, compute_pct) "
+        "FROM unnest(%s::integer[], %s::integer[], %s::integer[]) AS v(id, memory_mib, compute_pct) "
         "WHERE g.id = v.id AND g.allocated_memory_mib <= g.memory_mib - v.memory_mib "
         "AND g.allocated_compute_pct <= g.compute_capacity_pct - v.compute_pct RETURNING g.id",
-        [x for gpu_id, (memory_mib, compute_pct) in rows for x in (gpu_id, memory_mib, compute_pct)],
+        [
+            [gpu_id for gpu_id, _ in rows],
+            [memory_mib for _, (memory_mib, _) in rows],
+            [compute_pct for _, (_, compute_pct) in rows],
+        ],
     )
     if len(taken) != len(rows):
         refused = sorted(set(per_gpu) - {r[0] for r in taken})
