@@ -23,7 +23,9 @@ cycle seeing the whole queue each time. Then:
 - `--singles` jobs submitted one at a time through the API with free capacity: submit-to-running, from the
   submit's commit to the agent's start report recorded (database timestamps);
 - `--bursts` bursts of `--burst` submits through the API (8 clients), each timed the same way, and the cycles
-  that placed them (placements per second applied).
+  that placed them (placements per second applied);
+- over the whole run: the nodes the watchdog declared lost (`nodes_lost`), and the tracebacks each of the portal's
+  processes logged (`tracebacks_logged`).
 """
 
 from __future__ import annotations
@@ -1019,6 +1021,14 @@ def run(args: argparse.Namespace) -> dict:
             json.loads((root / f"agents{k}.status").read_text()) for k in range(args.agent_procs)
         ]
         result["peak_rss_mib"] = procs.peak_rss()
+        # Read before anything is stopped (stopping is noisy): nodes the watchdog declared lost, and errors the
+        # portal's processes logged with a traceback.
+        result["nodes_lost"] = len(set(re.findall(r"node (\S+) lost; its jobs", procs.log("worker"))))
+        result["tracebacks_logged"] = {
+            name: procs.log(name).count("Traceback (most recent call last)")
+            for name in procs.procs
+            if not name.startswith("agents")
+        }
     except BaseException:
         for name in procs.procs:
             print(f"--- {name} ---\n" + "\n".join(procs.log(name).splitlines()[-30:]), file=sys.stderr)
