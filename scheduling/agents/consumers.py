@@ -454,10 +454,17 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 starts = []
                 while self.report_queue and _is_start(self.report_queue[0]):
                     starts.append(self.report_queue.popleft())
-                if starts:
-                    await self._record_starts(starts)
-                else:
-                    await self._handle(self.report_queue.popleft())
+                try:
+                    if starts:
+                        await self._record_starts(starts)
+                    else:
+                        await self._handle(self.report_queue.popleft())
+                except asyncio.CancelledError:
+                    raise
+                except (
+                    Exception
+                ):  # an answer not sent (the socket closing): the queue goes on, the agent resends
+                    log.warning("node %s: a report was not answered", self.node_name, exc_info=True)
 
     async def _record_starts(self, msgs: list[dict]) -> None:
         reports = [agent_services.StartReport(self.node_id, self.token_hash, m["payload"]) for m in msgs]

@@ -143,3 +143,45 @@ def test_when_the_server_drops_the_socket_the_page_says_reconnecting_then_catche
     _expect_text(page, "#job-rows", "while-you-were-away")
     browse.shots(page, "caught-up")
     assert job.pk
+
+
+# The page's socket opens this late: what changes between the page's render and the socket joining its groups
+# reaches no one, so the page must catch up once the socket is open.
+LATE_SOCKET = """
+(() => {
+  const Real = window.WebSocket;
+  window.WebSocket = function (url, protocols) {
+    const on = {};
+    const proxy = { send: function () {}, close: function () {} };
+    ["onopen", "onmessage", "onclose", "onerror"].forEach(function (k) {
+      Object.defineProperty(proxy, k, { set: function (v) { on[k] = v; }, get: function () { return on[k]; } });
+    });
+    setTimeout(function () {
+      const ws = new Real(url, protocols);
+      ["onopen", "onmessage", "onclose", "onerror"].forEach(function (k) {
+        ws[k] = function (e) { if (k === "onopen") window.__socketOpenAt = Date.now(); if (on[k]) on[k](e); };
+      });
+      proxy.send = function (d) { ws.send(d); };
+      proxy.close = function () { ws.close(); };
+    }, 3000);
+    return proxy;
+  };
+})();
+"""
+
+
+def test_a_change_made_before_the_pages_socket_opened_shows_once_it_opens(browse):
+    from scheduling.jobs.services import job_cancel
+
+    job = submit(browse.cluster, name="changes-early", command="sleep 300", gpus=1)
+    wait_state(job, "running")
+    page = browse("alice")
+    page.add_init_script(LATE_SOCKET)
+    page.goto(f"/jobs/{job.pk}/")
+    assert "Running" in page.inner_text("#job-state")
+    job.refresh_from_db()
+    job_cancel(job=job, actor=job.submitter)  # its event is pushed while the page's socket is not open yet
+    _expect_text(page, "#live", "live")
+    assert page.evaluate("window.__socketOpenAt") is not None
+    _expect_text(page, "#job-state", "Cancelled", timeout_s=5)
+    browse.shots(page, "caught-up")

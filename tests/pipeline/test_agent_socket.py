@@ -765,3 +765,57 @@ def test_a_storm_of_change_notices_is_read_back_once_or_twice_and_a_failed_read_
     acked, read_for_notices = async_to_sync(scenario)()
     assert acked["payload"]["seq"] == 7
     assert 2 <= read_for_notices <= 3, f"{read_for_notices} reads for 21 notices"
+
+
+def test_past_the_queue_limit_a_nodes_report_is_answered_send_it_again_and_lands_when_it_is(
+    two_nodes, monkeypatch
+):
+    import threading
+
+    from scheduling.agents import reports as agent_services
+
+    _, on_b, _, token_b = two_nodes
+    monkeypatch.setattr(consumers, "MAX_QUEUED_REPORTS", 2)
+    real = agent_services.node_event
+    release = threading.Event()
+
+    def stuck(**kw):  # the database holds the first event up; the next ones queue behind it
+        release.wait(10)
+        return real(**kw)
+
+    monkeypatch.setattr(agent_services, "node_event", stuck)
+    events = [
+        protocol.message(
+            "event",
+            {
+                "kind": "prevented_neighbour_interference",
+                "job_id": str(on_b.pk),
+                "attempt": on_b.attempt,
+                "n": i,
+            },
+        )
+        for i in range(4)
+    ]
+
+    async def scenario():
+        communicator = await _connect(token_b, "a100-02")
+        await _next(communicator, "desired_state")  # the hello is handled: the queue is empty
+        await communicator.send_to(text_data=protocol.encode(events[0]))
+        await asyncio.sleep(0.3)  # taken from the queue, waiting on the database
+        for event in events[1:]:
+            await communicator.send_to(text_data=protocol.encode(event))
+        busy = await _next(communicator, "ack", ack_id=events[3]["id"])
+        release.set()
+        acks = [await _next(communicator, "ack", ack_id=e["id"]) for e in events[:3]]
+        await communicator.send_to(text_data=protocol.encode(events[3]))  # the agent sends it again
+        again = await _next(communicator, "ack", ack_id=events[3]["id"])
+        await communicator.disconnect()
+        return busy, acks, again
+
+    try:
+        busy, acks, again = async_to_sync(scenario)()
+    finally:
+        release.set()
+    assert busy["payload"]["ok"] is False and busy["payload"]["retry"] is True
+    assert "busy" in busy["payload"]["error"]
+    assert all(a["payload"]["ok"] for a in acks) and again["payload"]["ok"] is True

@@ -139,7 +139,10 @@
       backoff = 500; failures = 0;
       setStatus("live", "live");
       stopPolling();
-      if (everOpen) refreshFor("*"); // catch up on what happened while we were away
+      // Catch up on what happened while no socket listened: while we were away, and on the first open too,
+      // between the page's render and the socket joining its groups (a job placed and started in that second
+      // otherwise showed "Pending" until its next change).
+      refreshFor("*");
       everOpen = true;
     };
     socket.onmessage = function (e) {
