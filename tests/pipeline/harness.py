@@ -149,13 +149,14 @@ class Cluster:
     agent_sample_s: float = 0.2
     extra_env: dict[str, str] = field(default_factory=dict)
     redis_port: int | None = None  # a private redis-server (start_redis); None: settings.REDIS_URL
+    redis: Proc | None = None  # the private redis-server running now (start_redis replaces it)
 
     @property
     def redis_url(self) -> str:
         return f"redis://127.0.0.1:{self.redis_port}/0" if self.redis_port else settings.REDIS_URL
 
     def start_redis(self) -> Proc | None:
-        """A Redis of our own, so the tests may restart it; None where redis-server is not installed."""
+        """A Redis of our own (`self.redis`), so the tests may restart it; None where redis-server is not installed."""
         exe = shutil.which("redis-server")
         if exe is None:
             return None
@@ -171,9 +172,11 @@ class Cluster:
             "--appendonly",
             "no",
         ]
-        proc = self._proc("redis", argv)
+        # The one a test killed is replaced: a later test's kill must stop this one (it killed the dead one
+        # instead, so its outage never happened and its restart, finding the port taken, left this one running).
+        self.redis = self._proc("redis", argv)
         wait_for("redis to answer", lambda: _redis_ping(self.redis_url), timeout_s=10)
-        return proc
+        return self.redis
 
     @property
     def env(self) -> dict[str, str]:
