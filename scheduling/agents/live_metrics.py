@@ -49,18 +49,44 @@ def live_metrics_key(node_name: str) -> str:
 _local: dict[str, tuple[float, dict[str, Any]]] = {}
 
 
-def _typed(value: Any, kind: type) -> Any:
-    if kind is str:
-        return value[:64] if isinstance(value, str) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
+_INT_LIMIT = 2**53
+
+
+def _as_str(value: Any) -> str | None:
+    return value[:64] if type(value) is str else None
+
+
+def _as_int(value: Any) -> int | None:
+    kind = type(value)  # exact types, as JSON decodes them: a bool is neither
     if kind is int:
-        return int(value) if abs(value) < 2**53 else None
-    return round(float(value), 2)
+        return value if -_INT_LIMIT < value < _INT_LIMIT else None
+    if kind is float and -_INT_LIMIT < value < _INT_LIMIT:  # NaN and the infinities fail the comparison
+        return int(value)
+    return None
+
+
+def _as_float(value: Any) -> float | None:
+    kind = type(value)
+    if kind is float:
+        return round(value, 2) if math.isfinite(value) else None
+    if kind is int:
+        try:
+            return round(float(value), 2)
+        except OverflowError:  # an int no float holds
+            return None
+    return None
+
+
+_CONVERT = {str: _as_str, int: _as_int, float: _as_float}
+_FIELD_CONVERTERS = tuple((name, _CONVERT[kind]) for name, kind in GPU_FIELDS.items())
 
 
 def gpu_sample(raw: dict[str, Any]) -> dict[str, Any]:
-    return {k: _typed(raw.get(k), kind) for k, kind in GPU_FIELDS.items()}
+    """One GPU of a sample, each field of GPU_FIELDS typed (None where missing, mistyped or not finite). At 1,000
+    nodes this is 88,000 values a second through the agents' socket: per-type converters chosen once, where a
+    generic check per value was a sixth of the socket's CPU (bench/agent_traffic.py)."""
+    get = raw.get
+    return {name: convert(get(name)) for name, convert in _FIELD_CONVERTERS}
 
 
 def _store(node_name: str, sample: dict[str, Any]) -> None:
