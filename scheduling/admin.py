@@ -74,7 +74,10 @@ class NodeAdmin(admin.ModelAdmin):
     list_display = ("name", "address", "state", "gpu_count", "cpu_milli", "memory_mib", "last_heartbeat_at")
     list_filter = ("state", "gpus__model")
     search_fields = ("name", "address", "gpus__uuid")
+    # The state changes only through the actions (node_set_state: the node's row locked, as a cycle's placements
+    # and the watchdog expect, and the change in its audit trail with who did it), never by editing the field.
     readonly_fields = (
+        "state",
         "agent_token_hash",
         "agent_token_prefix",
         "last_heartbeat_at",

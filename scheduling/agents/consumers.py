@@ -67,6 +67,8 @@ CHECKED = frozenset({"hello", "job_status", "event", "ack"})
 # what is not acked). Start reports are written this many at most in one transaction.
 MAX_QUEUED_REPORTS = 1000
 START_BATCH_MAX = 500
+# A closing socket waits this long at most for the report it is handling to be written.
+REPORT_DRAIN_ON_CLOSE_S = 10.0
 
 
 _db_pools: dict[str, ThreadPoolExecutor] = {}
@@ -156,12 +158,13 @@ class _StartBatches:
             batch, self.waiting = self.waiting[:START_BATCH_MAX], self.waiting[START_BATCH_MAX:]
             try:
                 outcomes = await db(agent_services.job_starts_record)(reports=[r for r, _ in batch])
+                answered = list(zip(batch, outcomes, strict=True))
             except Exception as exc:  # each waiting connection answers its agent (a retry, or a refusal)
                 for _, future in batch:
                     if not future.done():
                         future.set_exception(exc)
                 continue
-            for (_, future), outcome in zip(batch, outcomes, strict=True):
+            for (_, future), outcome in answered:
                 if not future.done():  # its connection closed meanwhile
                     future.set_result(outcome)
 
@@ -289,15 +292,17 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.desired_stale = False  # a notice came since the read in flight began
         self.heartbeat_due = asyncio.Event()
         self.report_queue: deque[dict] = deque()  # messages other than heartbeats and samples, in order
+        self.beside: set[asyncio.Future] = set()  # work started from the frames' path, not awaited there
         self.report_due = asyncio.Event()
         self.grouped = await self._join_group()
         await self.accept()
         # The whole desired state follows the agent's hello (its first message), once the GPUs it names are
         # reconciled with the inventory: before that, a fresh node's GPU UUIDs may still be the registered ones.
+        self.reports_task = asyncio.ensure_future(self._reports_forever())
         self.tasks = [
             asyncio.ensure_future(self._pull_logs_forever()),
             asyncio.ensure_future(self._heartbeats_forever()),
-            asyncio.ensure_future(self._reports_forever()),
+            self.reports_task,
         ]
 
     async def _join_group(self) -> bool:
@@ -318,8 +323,17 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.node_id is None:
             return
+        reports_task = getattr(self, "reports_task", None)
+        if reports_task is not None and not reports_task.done():
+            # The report being handled finishes first (what is queued behind it, the agent sends again), so that
+            # nothing it writes (a hello's "connected") lands after the disconnect below.
+            self.closing = True
+            self.report_queue.clear()
+            self.report_due.set()
+            await asyncio.wait({reports_task}, timeout=REPORT_DRAIN_ON_CLOSE_S)
         for task in [
             *getattr(self, "tasks", ()),
+            *getattr(self, "beside", ()),
             getattr(self, "catching_up", None),
             getattr(self, "resending", None),
             getattr(self, "refreshing", None),
@@ -387,7 +401,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
                     self._logged(self._refresh_desired(), "desired state")
                 )
             return
-        # The state as the cycle's sync computed it: sent as it is, unless this socket sent a newer one already.
+        if self.desired_lock.locked():
+            # A read of the state is under way (a hello's, a heartbeat's resend): sent once it is done, beside the
+            # dispatch, which meanwhile goes on reading the node's frames (its heartbeats among them).
+            self._beside(self._push_state(pushed), "desired state")
+            return
+        await self._push_state(pushed)
+
+    async def _push_state(self, pushed: dict) -> None:
+        """The state as the cycle's sync computed it: sent as it is, unless this socket sent a newer one already
+        (so pushes sent beside the dispatch may arrive in any order)."""
         async with self.desired_lock:
             if self.sent_version is not None and pushed["version"] <= self.sent_version:
                 return
@@ -397,6 +420,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
             payload.pop("type")
             await self.send_msg(protocol.message("desired_state", payload))
 
+    def _beside(self, work: Any, what: str) -> None:
+        """Run `work` as a task of this socket's own (cancelled when it closes); a failure is logged."""
+        task = asyncio.ensure_future(self._logged(work, what))
+        self.beside.add(task)
+        task.add_done_callback(self.beside.discard)
+
     async def _refresh_desired(self) -> None:
         while self.desired_stale and not self.closing:
             self.desired_stale = False
@@ -404,9 +433,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     # -- in ------------------------------------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        """Read one frame. Nothing here waits for the database: heartbeats go to their own task, samples to
-        Redis, and every other message to the node's queue of reports, handled in the order sent
-        (`_reports_forever`). A node whose reports waited their turn in the database held up its heartbeats with
+        """Read one frame. Nothing here waits for the database (but to note a sample's failure): heartbeats go to
+        their own task, samples to Redis, and every other message to the node's queue of reports, handled in the
+        order sent (`_reports_forever`). A node whose reports waited their turn in the database held up its heartbeats with
         them, and at 1,000 nodes busy nodes were declared lost under a cycle's wave of start reports
         (bench/cluster_scale.py)."""
         try:
@@ -630,13 +659,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def on_metrics(self, payload: dict) -> None:
         gpus = payload.get("gpus")
         if isinstance(gpus, list) and any(isinstance(g, dict) and g.get("xid_events") for g in gpus):
-            # XID events are kept whatever the throttle below drops: each one matters.
-            try:
-                await db(gpu_events_record)(
-                    node_id=self.node_id, gpus=[g for g in gpus[:MAX_GPUS_PER_SAMPLE] if isinstance(g, dict)]
-                )
-            except Exception as exc:
-                log.warning("node %s: XID events not kept (%s)", self.node_name, exc)
+            # XID events are kept whatever the throttle below drops: each one matters. Written beside the frames'
+            # path, which never waits for the database.
+            record = db(gpu_events_record)(
+                node_id=self.node_id, gpus=[g for g in gpus[:MAX_GPUS_PER_SAMPLE] if isinstance(g, dict)]
+            )
+            self._beside(record, "XID events")
         now = time.monotonic()
         if now - self.last_metrics_at < METRICS_PUBLISH_INTERVAL_S:
             return

@@ -453,7 +453,11 @@ def job_starts_record(*, reports: list[StartReport]) -> list[Outcome | None]:
             elif job.state not in (JobState.PLACED, JobState.STARTING):
                 outcomes[i] = Outcome(True)
             else:
-                data = _report_data(node, attempt, r.payload)
+                try:
+                    data = _report_data(node, attempt, r.payload)
+                except (TypeError, ValueError, OverflowError) as exc:  # as job_report alone: this one refused
+                    outcomes[i] = Outcome(False, f"portal error: {type(exc).__name__}")
+                    continue
                 starts.append(StartWrite(job=job, message=_start_message(node, r.payload), data=data))
                 starting.add(job_id)
                 outcomes[i] = Outcome(True, changed=True)

@@ -819,3 +819,45 @@ def test_past_the_queue_limit_a_nodes_report_is_answered_send_it_again_and_lands
     assert busy["payload"]["ok"] is False and busy["payload"]["retry"] is True
     assert "busy" in busy["payload"]["error"]
     assert all(a["payload"]["ok"] for a in acks) and again["payload"]["ok"] is True
+
+
+def test_an_xid_event_in_a_sample_is_kept_without_holding_up_the_nodes_frames(two_nodes, monkeypatch):
+    import threading
+
+    from scheduling.history import recorder
+    from scheduling.history.models import GpuEvent
+
+    _, _, _, token_b = two_nodes
+    real = consumers.gpu_events_record
+    release = threading.Event()
+
+    def slow_record(**kw):  # a database that takes its time with the event
+        release.wait(10)
+        return real(**kw)
+
+    monkeypatch.setattr(consumers, "gpu_events_record", slow_record)
+    assert recorder.gpu_events_record is real
+    gpu = {"index": 0, "uuid": "GPU-b-0", "util_pct": 1.0, "xid_events": [79]}
+    sample = protocol.message("metrics", {"sampled_at": time.time(), "gpus": [gpu]})
+    beat = protocol.message("heartbeat", {"node": "a100-02", "seq": 3, "running": []})
+
+    async def scenario():
+        communicator = await _connect(token_b, "a100-02")
+        await _next(communicator, "desired_state")
+        await communicator.send_to(text_data=protocol.encode(sample))
+        await communicator.send_to(text_data=protocol.encode(beat))
+        acked = await _next(communicator, "heartbeat_ack")  # while the event is still being written
+        kept_meanwhile = await sync_to_async(GpuEvent.objects.count)()
+        release.set()
+        async with asyncio.timeout(10):
+            while not await sync_to_async(GpuEvent.objects.count)():
+                await asyncio.sleep(0.05)
+        await communicator.disconnect()
+        return acked, kept_meanwhile
+
+    try:
+        acked, kept_meanwhile = async_to_sync(scenario)()
+    finally:
+        release.set()
+    assert acked["payload"]["seq"] == 3 and kept_meanwhile == 0
+    assert list(GpuEvent.objects.values_list("kind", "code")) == [("xid", 79)]

@@ -198,3 +198,20 @@ def test_a_cycle_holding_its_nodes_never_holds_up_their_heartbeats_but_does_hold
             cursor.execute("SET lock_timeout = 0")
     node.refresh_from_db()
     assert node.last_heartbeat_at is not None and node.state == NodeState.READY
+
+
+def test_a_start_report_with_a_bad_field_is_refused_alone_and_the_rest_of_its_batch_lands(
+    node, alice, bob, teams
+):
+    good, bad = _placed([alice, bob], teams, [("a100-01", 0), ("a100-01", 1)])
+    _token(node)
+    node.refresh_from_db()
+    reports = [
+        StartReport(node.pk, node.agent_token_hash, _started(bad, exit_code="not a number")),
+        StartReport(node.pk, node.agent_token_hash, _started(good)),
+    ]
+    refused, landed = job_starts_record(reports=reports)
+    assert not refused.ok and "ValueError" in refused.error and not refused.retry
+    assert landed.ok and landed.changed
+    good.refresh_from_db(), bad.refresh_from_db()
+    assert good.state == JobState.RUNNING and bad.state == JobState.PLACED
