@@ -665,21 +665,10 @@ def jobs_place(*, placements: list[PlacementWrite]) -> bool:
             )
             if len(written) != len(placements):
                 raise _LedgerRefused(f"{len(placements) - len(written)} jobs no longer pending")
-            JobEvent.objects.bulk_create(
-                [
-                    JobEvent(
-                        job=p.job,
-                        from_state=state,
-                        to_state=JobState.PLACED,
-                        actor_kind=ActorKind.SCHEDULER,
-                        code="placed",
-                        message=p.message,
-                        data=p.data,
-                    )
-                    for p, (state, _) in zip(placements, before, strict=True)
-                ],
-                batch_size=2000,
-            )
+            changes = [
+                (p.job, state, p.message, p.data) for p, (state, _) in zip(placements, before, strict=True)
+            ]
+            _changes_record(changes, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER, code="placed")
             Slice.objects.bulk_create(
                 [
                     Slice(job=p.job, gpu=w.gpu, memory_mib=w.memory_mib, compute_pct=w.compute_pct)
@@ -693,18 +682,47 @@ def jobs_place(*, placements: list[PlacementWrite]) -> bool:
         for p in placements:
             p.job.refresh_from_db()
         return False
-    for p, (state, _) in zip(placements, before, strict=True):
+    _changes_tell(changes, to_state=JobState.PLACED, code="placed")
+    return True
+
+
+def _changes_record(
+    changes: list[tuple[Job, str, str, dict[str, Any]]], *, to_state: str, actor_kind: str, code: str
+) -> None:
+    """The events of many jobs' changes to `to_state` ((job, from state, message, data) each), in one INSERT."""
+    JobEvent.objects.bulk_create(
+        [
+            JobEvent(
+                job=job,
+                from_state=from_state,
+                to_state=to_state,
+                actor_kind=actor_kind,
+                code=code,
+                message=message,
+                data=data,
+            )
+            for job, from_state, message, data in changes
+        ],
+        batch_size=2000,
+    )
+
+
+def _changes_tell(changes: list[tuple[Job, str, str, dict[str, Any]]], *, to_state: str, code: str) -> None:
+    """What job_transition says of each change once written: its log line, its owner's notifications (their
+    defaults read once for all), the browsers' events (one commit hook)."""
+    defaults = job_events_wanted(user_ids={job.submitter_id for job, *_ in changes if job.notify is None})
+    for job, from_state, message, _ in changes:
         _log_change_on_commit(
-            job_id=p.job.pk, from_state=state, to_state=JobState.PLACED, code="placed", message=p.message
+            job_id=job.pk, from_state=from_state, to_state=to_state, code=code, message=message
         )
-        job_state_notify(job=p.job, from_state=state, to_state=JobState.PLACED, message=p.message)
+        job_state_notify(
+            job=job, from_state=from_state, to_state=to_state, message=message, defaults=defaults
+        )
     events.jobs_changed(
         changes=[
-            (p.job.pk, p.job.team_id, p.job.submitter_id, JobState.PLACED, "placed", p.message)
-            for p in placements
+            (job.pk, job.team_id, job.submitter_id, to_state, code, message) for job, _, message, _ in changes
         ]
     )
-    return True
 
 
 @dataclass
@@ -752,35 +770,9 @@ def jobs_start(*, starts: list[StartWrite]) -> None:
     )
     if len(written) != len(starts):  # the caller's locks make this impossible; never write half of it
         raise RuntimeError(f"jobs {sorted({s.job.pk for s in starts} - set(written))} were not placed")
-    JobEvent.objects.bulk_create(
-        [
-            JobEvent(
-                job=s.job,
-                from_state=state,
-                to_state=JobState.RUNNING,
-                actor_kind=ActorKind.AGENT,
-                code="started",
-                message=s.message,
-                data=s.data,
-            )
-            for s, state in zip(starts, before, strict=True)
-        ],
-        batch_size=2000,
-    )
-    defaults = job_events_wanted(user_ids={s.job.submitter_id for s in starts if s.job.notify is None})
-    for s, state in zip(starts, before, strict=True):
-        _log_change_on_commit(
-            job_id=s.job.pk, from_state=state, to_state=JobState.RUNNING, code="started", message=s.message
-        )
-        job_state_notify(
-            job=s.job, from_state=state, to_state=JobState.RUNNING, message=s.message, defaults=defaults
-        )
-    events.jobs_changed(
-        changes=[
-            (s.job.pk, s.job.team_id, s.job.submitter_id, JobState.RUNNING, "started", s.message)
-            for s in starts
-        ]
-    )
+    changes = [(s.job, state, s.message, s.data) for s, state in zip(starts, before, strict=True)]
+    _changes_record(changes, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT, code="started")
+    _changes_tell(changes, to_state=JobState.RUNNING, code="started")
 
 
 def _ledger_take(per_gpu: dict[int, list[int]]) -> None:
