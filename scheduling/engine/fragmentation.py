@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
-from scheduling.engine.types import WHOLE_GPU_MILLI, Gpu, Node, Request
+from scheduling.engine.resources import largest_clique
+from scheduling.engine.types import WHOLE_GPU_MILLI, Gpu, Node, Request, TopologyNeed
 
 DEFAULT_COVERAGE = 0.95
 
@@ -23,21 +25,42 @@ class TaskClass:
     gpu_milli: int  # per GPU: a share (< 1000) for one GPU, or 1000 per whole GPU
     num_gpu: int
     models: tuple[str, ...] = ()  # allowed GPU models; empty = any
+    # Beyond the published measure (the openb trace has neither): whole cards that must be pairwise NVLink-joined,
+    # and the least card memory the task may use. A node whose cards cannot serve them counts as fragmented for it.
+    nvlink: bool = False
+    min_memory_mib: int = 0
 
     @classmethod
     def of_request(cls, request: Request) -> TaskClass:
+        models = tuple(request.gpu_models)
         if request.gpus > 0:
-            return cls(request.cpu_milli, WHOLE_GPU_MILLI, request.gpus, tuple(request.gpu_models))
+            nvlink = request.topology is TopologyNeed.NVLINK and request.gpus > 1
+            return cls(
+                request.cpu_milli, WHOLE_GPU_MILLI, request.gpus, models, nvlink, request.min_gpu_memory_mib
+            )
         if request.is_slice:
-            return cls(request.cpu_milli, request.gpu_compute_milli, 1, tuple(request.gpu_models))
-        return cls(request.cpu_milli, 0, 0, tuple(request.gpu_models))
+            return cls(
+                request.cpu_milli, request.gpu_compute_milli, 1, models, False, request.min_gpu_memory_mib
+            )
+        return cls(request.cpu_milli, 0, 0, models)
 
     def to_request(self) -> Request:
         if self.num_gpu == 0:
             return Request(cpu_milli=self.cpu_milli, gpu_models=self.models)
         if self.num_gpu == 1 and self.gpu_milli < WHOLE_GPU_MILLI:
-            return Request(gpu_compute_milli=self.gpu_milli, cpu_milli=self.cpu_milli, gpu_models=self.models)
-        return Request(gpus=self.num_gpu, cpu_milli=self.cpu_milli, gpu_models=self.models)
+            return Request(
+                gpu_compute_milli=self.gpu_milli,
+                cpu_milli=self.cpu_milli,
+                gpu_models=self.models,
+                min_gpu_memory_mib=self.min_memory_mib,
+            )
+        return Request(
+            gpus=self.num_gpu,
+            cpu_milli=self.cpu_milli,
+            gpu_models=self.models,
+            min_gpu_memory_mib=self.min_memory_mib,
+            topology=TopologyNeed.NVLINK if self.nvlink else TopologyNeed.NONE,
+        )
 
 
 Workload = tuple[tuple[TaskClass, float], ...]
@@ -71,16 +94,23 @@ def workload_from_requests(pairs: Sequence[tuple[Request, float]]) -> Workload:
 
 
 def fragmentation_milli(
-    cpu_free_milli: int, gpu_free_milli: Sequence[int], model: str, workload: Workload
+    cpu_free_milli: int,
+    gpu_free_milli: Sequence[int],
+    model: str,
+    workload: Workload,
+    shape: NodeShape = (frozenset(), 0),
 ) -> float:
     """Expected GPU share (milli) the typical task cannot use on a node with this free CPU and free GPU shares.
 
-    For each class: all the node's free GPU share if the class needs no GPU, may not use this model, or does not
-    fit (CPU, or fewer than num_gpu GPUs with gpu_milli free); otherwise the free share of the GPUs too full for it.
+    For each class: all the node's free GPU share if the class needs no GPU, may not use this model or cards this
+    small (`shape`: the node's NVLink pairs by card position and its card memory), or does not fit (CPU, or fewer
+    than num_gpu GPUs with gpu_milli free, or for an NVLink class fewer whole free cards pairwise joined);
+    otherwise the free share of the GPUs too full for it.
     """
     total_free = sum(gpu_free_milli)
     if total_free == 0:
         return 0.0
+    links, card_memory_mib = shape
     fragmented = 0.0
     for task_class, share in workload:
         need = task_class.gpu_milli
@@ -88,6 +118,7 @@ def fragmentation_milli(
             task_class.num_gpu == 0
             or cpu_free_milli < task_class.cpu_milli
             or (task_class.models and model not in task_class.models)
+            or (task_class.min_memory_mib and card_memory_mib and card_memory_mib < task_class.min_memory_mib)
         ):
             fragmented += share * total_free
             continue
@@ -98,8 +129,39 @@ def fragmentation_milli(
                 usable += 1
             else:
                 stranded += free
+        if task_class.nvlink and usable >= task_class.num_gpu:
+            usable = joined_free(gpu_free_milli, links)
         fragmented += share * (total_free if usable < task_class.num_gpu else stranded)
     return fragmented
+
+
+# What fragmentation reads of a node beyond its free shares: its NVLink pairs (card positions) and card memory.
+NodeShape = tuple[frozenset[tuple[int, int]], int]
+
+
+def node_shape(node: Node) -> NodeShape:
+    """The node's NVLink pairs by card position, and its largest card's memory."""
+    pos = {g.index: i for i, g in enumerate(node.gpus)}
+    links = frozenset(
+        (min(pos[a], pos[b]), max(pos[a], pos[b])) for a, b in node.nvlink if a in pos and b in pos
+    )
+    return links, max((g.memory_mib for g in node.gpus), default=0)
+
+
+@lru_cache(maxsize=65536)
+def _joined(free_positions: tuple[int, ...], links: frozenset[tuple[int, int]]) -> int:
+    nbrs: dict[int, frozenset[int]] = {}
+    for p in free_positions:
+        nbrs[p] = frozenset(q for q in free_positions if (min(p, q), max(p, q)) in links)
+    return largest_clique(list(free_positions), nbrs)
+
+
+def joined_free(gpu_free_milli: Sequence[int], links: frozenset[tuple[int, int]]) -> int:
+    """The most wholly free cards that are pairwise NVLink-joined (positions in `links`)."""
+    free = tuple(i for i, f in enumerate(gpu_free_milli) if f >= WHOLE_GPU_MILLI)
+    if len(free) <= 1:
+        return len(free)
+    return _joined(free, links)
 
 
 def gpu_free_milli(gpu: Gpu) -> int:
@@ -113,7 +175,11 @@ def node_model(node: Node) -> str:
 
 def node_fragmentation_milli(node: Node, workload: Workload) -> float:
     return fragmentation_milli(
-        node.free_cpu_milli, [gpu_free_milli(gpu) for gpu in node.gpus], node_model(node), workload
+        node.free_cpu_milli,
+        [gpu_free_milli(gpu) for gpu in node.gpus],
+        node_model(node),
+        workload,
+        node_shape(node),
     )
 
 

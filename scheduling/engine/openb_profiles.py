@@ -1,10 +1,12 @@
-"""Profiles for the FGD paper's baselines, FGD itself and Tessera's packing policy, as the static replay runs them."""
+"""Profiles for the FGD paper's baselines, FGD itself, Tessera's packing policy and the production profile's
+placement, as the static replay runs them."""
 
 from __future__ import annotations
 
 from types import MappingProxyType
 
 from scheduling.engine.framework import Profile
+from scheduling.engine.profiles import TESSERA_PROD
 
 # The static replay has one pending pod per cycle, no quotas and no preemption: only placement runs, and a pod
 # that does not fit needs no reason sentence (it is counted as failed).
@@ -16,11 +18,17 @@ _REPLAY = dict(
     params=MappingProxyType({"explain": False}),
 )
 
-POLICIES = ("random", "dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd", "tessera")
+BASELINES = ("random", "dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd", "tessera")
+# `production`: the node and card scores of the profile the portal runs (`tessera-prod`), so the policy measured
+# on openb is the one that places jobs in production.
+POLICIES = (*BASELINES, "production")
 OPENB_PROFILES: dict[str, Profile] = {
     name: Profile(name=name, node_scores=((name, 1.0),), gpu_scores=((name, 1.0),), **_REPLAY)
-    for name in POLICIES
+    for name in BASELINES
 }
+OPENB_PROFILES["production"] = Profile(
+    name="production", node_scores=TESSERA_PROD.node_scores, gpu_scores=TESSERA_PROD.gpu_scores, **_REPLAY
+)
 
 
 def openb_profile(name: str) -> Profile:

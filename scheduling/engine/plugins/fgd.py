@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 
 from scheduling.engine.fragmentation import (
+    NodeShape,
     TaskClass,
     Workload,
     fragmentation_milli,
+    node_shape,
     node_state_key,
     take_gpus,
     workload_from_requests,
@@ -42,15 +44,39 @@ def workload_of(ctx: CycleContext) -> tuple[int, Workload]:
     return key, entry[1]
 
 
-def frag(wkey: int, workload: Workload, model: str, cpu_free: int, gpu_free: tuple[int, ...]) -> float:
-    key = (wkey, model, cpu_free, gpu_free)
+def frag(
+    wkey: int,
+    workload: Workload,
+    model: str,
+    cpu_free: int,
+    gpu_free: tuple[int, ...],
+    shape: NodeShape = (frozenset(), 0),
+) -> float:
+    key = (wkey, model, cpu_free, gpu_free, shape)
     value = _frag_memo.get(key)
     if value is None:
         if len(_frag_memo) > _MAX_MEMO:
             _frag_memo.clear()
-        value = fragmentation_milli(cpu_free, gpu_free, model, workload)
+        value = fragmentation_milli(cpu_free, gpu_free, model, workload, shape)
         _frag_memo[key] = value
     return value
+
+
+_NO_SHAPE: NodeShape = (frozenset(), 0)
+_shaped_memo: dict[int, tuple[object, bool]] = {}
+
+
+def _shaped(workload: Workload) -> bool:
+    """Whether any class needs NVLink or a card size (then the node's links and card memory count)."""
+    entry = _shaped_memo.get(id(workload))
+    if entry is None or entry[0] is not workload:
+        if len(_shaped_memo) > 64:
+            _shaped_memo.clear()
+        entry = _shaped_memo[id(workload)] = (
+            workload,
+            any(c.nvlink or c.min_memory_mib for c, _ in workload),
+        )
+    return entry[1]
 
 
 def fgd_scores(ctx: CycleContext, job: Job, node: Node, resolution: int = 100) -> tuple[int, ...]:
@@ -60,11 +86,12 @@ def fgd_scores(ctx: CycleContext, job: Job, node: Node, resolution: int = 100) -
     wkey, workload = workload_of(ctx)
     task_class = TaskClass.of_request(job.request)
     model, cpu_free, gpu_free = node_state_key(node)
-    key = (wkey, resolution, task_class, model, cpu_free, gpu_free)
+    shape = node_shape(node) if _shaped(workload) else _NO_SHAPE
+    key = (wkey, resolution, task_class, model, cpu_free, gpu_free, shape)
     scores = _score_memo.get(key)
     if scores is not None:
         return scores
-    before = frag(wkey, workload, model, cpu_free, gpu_free)
+    before = frag(wkey, workload, model, cpu_free, gpu_free, shape)
     cpu_after = cpu_free - task_class.cpu_milli
     if task_class.num_gpu == 1 and task_class.gpu_milli < WHOLE_GPU_MILLI:
         per_gpu = []
@@ -72,11 +99,11 @@ def fgd_scores(ctx: CycleContext, job: Job, node: Node, resolution: int = 100) -
             if free < task_class.gpu_milli:
                 per_gpu.append(-1)
                 continue
-            after = frag(wkey, workload, model, cpu_after, take_gpus(gpu_free, task_class, index))
+            after = frag(wkey, workload, model, cpu_after, take_gpus(gpu_free, task_class, index), shape)
             per_gpu.append(int(_sigmoid((before - after) / 1000.0) * resolution))
         scores = tuple(per_gpu)
     else:
-        after = frag(wkey, workload, model, cpu_after, take_gpus(gpu_free, task_class))
+        after = frag(wkey, workload, model, cpu_after, take_gpus(gpu_free, task_class), shape)
         scores = (int(_sigmoid((before - after) / 1000.0) * resolution),)
     if len(_score_memo) > _MAX_MEMO:
         _score_memo.clear()
