@@ -27,6 +27,7 @@ from scheduling.engine.types import (
 _USAGE_KEY = "accounting.team_usage"
 _MODEL_USAGE_KEY = "accounting.team_model_usage"
 _CLASS_USAGE_KEY = "accounting.team_class_usage"
+_PRIORITY_USAGE_KEY = "accounting.team_priority_usage"
 _CARDS_KEY = "accounting.card_models"
 _MODELS_KEY = "accounting.cluster_models"
 
@@ -46,19 +47,50 @@ def team_usage(ctx: CycleContext) -> dict[str, list[int]]:
 
 
 def usage_add(
-    ctx: CycleContext, team: str, memory_mib: int, compute_milli: int, priority_class: str = ""
+    ctx: CycleContext,
+    team: str,
+    memory_mib: int,
+    compute_milli: int,
+    priority_class: str = "",
+    priority: int = 0,
 ) -> None:
-    """Keep the live usage (and the team's per-class usage) in step with a placement (+) or eviction (-), once
-    anyone has asked for it."""
+    """Keep the live usage (and the team's per-class and per-priority usage) in step with a placement (+) or
+    eviction (-) of a job of this class and priority, once anyone has asked for it."""
     usage = ctx.cache.get(_USAGE_KEY)
     if usage is not None:
         row = usage.setdefault(team, [0, 0])
+        row[0] += memory_mib
+        row[1] += compute_milli
+    by_priority = ctx.cache.get(_PRIORITY_USAGE_KEY)
+    if by_priority is not None:
+        row = by_priority.setdefault(team, {}).setdefault(priority, [0, 0])
         row[0] += memory_mib
         row[1] += compute_milli
     by_class = ctx.cache.get(_CLASS_USAGE_KEY)
     if by_class is not None:
         key = (team, priority_class)
         by_class[key] = by_class.get(key, 0) + compute_milli
+
+
+def usage_at_or_above(ctx: CycleContext, team: str, priority: int) -> tuple[int, int]:
+    """(gpu memory MiB, compute milli) the team holds now in jobs of at least this priority, this cycle's
+    placements and evictions included: what stands before a job of that priority in its team's guarantee (the
+    team's lower-priority work gives way to it, `guarantee_order`)."""
+    by_team = ctx.cache.get(_PRIORITY_USAGE_KEY)
+    if by_team is None:
+        by_team = {}
+        for job in ctx.snapshot.running:
+            mem, comp = charge_of(job.assignments)
+            row = by_team.setdefault(job.team, {}).setdefault(job.priority, [0, 0])
+            row[0] += mem
+            row[1] += comp
+        ctx.cache[_PRIORITY_USAGE_KEY] = by_team
+    mem = comp = 0
+    for level, row in by_team.get(team, {}).items():
+        if level >= priority:
+            mem += row[0]
+            comp += row[1]
+    return mem, comp
 
 
 def class_usage(ctx: CycleContext) -> dict[tuple[str, str], int]:
@@ -161,9 +193,11 @@ def dominant_share(quota: Quota | None, used: list[int] | tuple[int, int]) -> fl
 
 def guarantee_order(job: Job) -> tuple:
     """The order in which a team's running jobs fill its guarantee: never-preempted work first, then higher
-    priority, then the longest running. What is left over is the team's borrowed work, reclaimed first."""
+    priority, then the jobs already within it (the label is kept while it can be: a job placed within its
+    team's guarantee does not become borrowed because a later job of the same class and priority sorts before
+    it), then the longest running. What is left over is the team's borrowed work, reclaimed first."""
     started = job.start_time if job.start_time is not None else math.inf
-    return (job.preemptible, -job.priority, started, job.id)
+    return (job.preemptible, -job.priority, job.borrowed, started, job.id)
 
 
 def borrowed_ids(

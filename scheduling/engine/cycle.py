@@ -122,5 +122,6 @@ def _borrowed_after(session: Session) -> set[str]:
     assignments = {j.id: j.assignments for j in jobs}
     for job, placement in zip(session.placed_jobs, session.placements, strict=True):
         assignments[job.id] = placement.assignments
-        jobs.append(job)
+        # Placed within or beyond the guarantee: the label it was placed with is kept while it can be.
+        jobs.append(job if job.borrowed == placement.borrowed else replace(job, borrowed=placement.borrowed))
     return standing(session.ctx, jobs, assignments)

@@ -120,7 +120,8 @@ def running_by_pos(
     s: Session, min_runtime_s: float | None = None, pinned: bool = False
 ) -> dict[int, list[Holding]]:
     """Node position -> what may be evicted there: running jobs past the minimum runtime (the profile's
-    `min_runtime_s` unless given), preemptible ones only unless `pinned`; lowest priority first. Built once per
+    `min_runtime_s` unless given) and evicted fewer than `evictions_per_hour_max` times in the last hour,
+    preemptible ones only unless `pinned`; lowest priority first. Built once per
     cycle for each such view, only when eviction is considered."""
     if min_runtime_s is None:
         min_runtime_s = float(s.param("min_runtime_s") or 0.0)
@@ -134,9 +135,15 @@ def running_by_pos(
         now = s.snap.now
         by_pos = s.holdings_by_pos()
 
+        most = s.param("evictions_per_hour_max")
+
         def evictable(v: Holding) -> bool:
             started = v.job.start_time
-            return (pinned or v.job.preemptible) and (started is None or now - started >= min_runtime_s)
+            return (
+                (pinned or v.job.preemptible)
+                and (started is None or now - started >= min_runtime_s)
+                and (most is None or v.job.recent_evictions < int(most))
+            )
 
         known = {}
         for pos, held in by_pos.items():
@@ -148,6 +155,13 @@ def running_by_pos(
         s.evictable_by_pos = {}
     s.evictable_by_pos[key] = known
     return known
+
+
+def evictions_left(s: Session, v: Job) -> bool:
+    """Whether the running job may be evicted again: fewer than `evictions_per_hour_max` evictions in the last
+    hour (no thrash: a job is never placed and then evicted more often than that an hour)."""
+    most = s.param("evictions_per_hour_max")
+    return most is None or v.recent_evictions < int(most)
 
 
 def work_lost(s: Session, v: Job) -> float:
@@ -232,10 +246,10 @@ def work_floor(s: Session, job: Job, pos: int, eligible: list[Holding]) -> float
 
 
 # The cost of a node the job fits on without evicting anything: below every rule's cost.
-_FREE: tuple = (-float("inf"),)
+FREE_COST: tuple = (-float("inf"),)
 
 
-def _release_all(s: Session, pos: int, base: Node, victims: list[Holding]) -> Node:
+def release_all(s: Session, pos: int, base: Node, victims: list[Holding]) -> Node:
     node = release_many(base, [(tuple(v.assignments), v.cpu_milli, v.memory_mib) for v in victims])
     return overlay(node, s.holds.get(pos, []))
 
@@ -324,7 +338,7 @@ def _floor_then_rank(entry: tuple) -> tuple:
 
 
 def _fits_without_eviction(s: Session, view: Job) -> np.ndarray | None:
-    """Per position, whether the job fits there as the node stands (what `_victims_on` finds costs `_FREE`).
+    """Per position, whether the job fits there as the node stands (what `victims_on` finds costs `FREE_COST`).
     None where that cannot be read without scoring nodes: a single-node job under a profile with filters or
     scores that are not cached (a score may draw from the cycle's random numbers); every node is then searched."""
     if view.request.nodes > 1:
@@ -335,14 +349,14 @@ def _fits_without_eviction(s: Session, view: Job) -> np.ndarray | None:
     return s.index.memo(view.request, evaluator(s, view)).ok & s.index.present
 
 
-def _victims_on(
+def victims_on(
     s: Session, job: Job, pos: int, eligible: list[Holding], rule: VictimRule
 ) -> tuple[tuple, list[Holding]] | None:
     """The cheapest victim set on one node that lets the job fit there: greedy, then drop the unneeded."""
     if not _could_fit(s, job, pos, eligible):
         return None
     base = s.real_node(pos)
-    if not node_ok(s, job, _release_all(s, pos, base, eligible)):
+    if not node_ok(s, job, release_all(s, pos, base, eligible)):
         return None
     order = sorted(eligible, key=lambda v: rule.order(s, v))
     chosen: list[Holding] = []
@@ -360,10 +374,10 @@ def _victims_on(
         return None
     for v in list(reversed(chosen)) if len(chosen) > 1 else ():
         trial = [c for c in chosen if c is not v]
-        if node_ok(s, job, _release_all(s, pos, base, trial)):
+        if node_ok(s, job, release_all(s, pos, base, trial)):
             chosen = trial
     if not chosen:
-        return _FREE, []
+        return FREE_COST, []
     return rule.cost(s, chosen), chosen
 
 
@@ -385,8 +399,8 @@ def _evict_for(s: Session, job: Job, view: Job, pick: Victims, rule: VictimRule)
     if want > 1:
         # A gang may also take nodes it fits on as they are; searching them for victims could not do better.
         for p in np.flatnonzero(fits_now).tolist():
-            found[p] = (_FREE, [])
-            top.append((_FREE, int(rank[p])))
+            found[p] = (FREE_COST, [])
+            top.append((FREE_COST, int(rank[p])))
         top = sorted(top)[:want]
     entries: list[tuple[tuple, int, int, list[Holding]]] = []
     min_runtime_s = float(s.param(rule.MIN_RUNTIME_PARAM) or 0.0)
@@ -396,13 +410,13 @@ def _evict_for(s: Session, job: Job, view: Job, pick: Victims, rule: VictimRule)
         eligible = pick(held)
         if not eligible:
             continue
-        floor = _FREE if fits_now is None or fits_now[pos] else rule.cost_floor(s, view, pos, eligible)
+        floor = FREE_COST if fits_now is None or fits_now[pos] else rule.cost_floor(s, view, pos, eligible)
         entries.append((floor, int(rank[pos]), pos, eligible))
     entries.sort(key=_floor_then_rank)
     for floor, pos_rank, pos, eligible in entries:
         if len(top) == want and (floor, pos_rank) > top[-1]:
             break  # this node and every one after it cost more than the `want` best found
-        got = _victims_on(s, view, pos, eligible, rule)
+        got = victims_on(s, view, pos, eligible, rule)
         if got is not None:
             found[pos] = got
             insort(top, (got[0], pos_rank))
@@ -421,7 +435,7 @@ def _evict_for(s: Session, job: Job, view: Job, pick: Victims, rule: VictimRule)
         return False
     stmt = Statement(s)
     for v in sorted(victims_by_id.values(), key=lambda v: v.id):
-        _evict(s, v, rule.CODE, stmt)
+        evict_job(s, v, rule.CODE, stmt)
     chosen = [(pos, s.index.nodes[pos]) for pos, _ in picked]
     if all(node_ok(s, view, node) for _, node in chosen) and try_place(s, job, chosen=chosen, stmt=stmt):
         stmt.commit(job)
@@ -431,7 +445,7 @@ def _evict_for(s: Session, job: Job, view: Job, pick: Victims, rule: VictimRule)
     return False
 
 
-def _evict(s: Session, victim: Job, code: str, stmt: Statement) -> None:
+def evict_job(s: Session, victim: Job, code: str, stmt: Statement) -> None:
     """Give back everything a running job (a whole gang) holds, staged in the statement."""
     by_node: dict[str, list[Assignment]] = {}
     for a in victim.assignments:
@@ -446,8 +460,8 @@ def _evict(s: Session, victim: Job, code: str, stmt: Statement) -> None:
         cpu, mem = job_host_on(victim, name)
         s.give_back(pos, tuple(by_node[name]), cpu, mem)
     mem, comp = charge_of(victim.assignments)
-    usage_add(s.ctx, victim.team, -mem, -comp, victim.priority_class)
-    stmt.usage.append((victim.team, -mem, -comp, victim.priority_class))
+    usage_add(s.ctx, victim.team, -mem, -comp, victim.priority_class, victim.priority)
+    stmt.usage.append((victim.team, -mem, -comp, victim.priority_class, victim.priority))
     if victim.team in s.restricted:
         model_usage_add(s.ctx, victim.team, victim.assignments, -1)
         stmt.model_usage.append((victim.team, victim.assignments, -1))

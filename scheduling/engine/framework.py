@@ -24,9 +24,11 @@ DEFAULT_PARAMS = MappingProxyType(
         "age_boost_max": 10,  # ... at most ten levels
         "fairshare_half_life_s": 7 * 24 * 3600.0,
         "reservations_max": 2,  # the first blocked jobs that get a reservation
+        "reservations_within_max": 8,  # ... and the first blocked jobs within their team's guarantee besides
         "reservation_min_priority": 0,
         "reserve_unknown_start": True,  # reserve even when no running job's end is known (start unknown)
         "reservation_candidates": 32,  # nodes examined for such a reservation (those with the most room)
+        "reservation_switch_s": 600.0,  # a kept reservation moves only for a start this much sooner (or 1/4 wait)
         "estimate_starts": True,  # project an estimated start for every pending job from declared runtimes
         "min_runtime_s": 300.0,  # younger jobs are never preempted
         "reclaim_min_runtime_s": 0.0,  # borrowed work is reclaimable at once: the guarantee comes back in its grace
@@ -35,6 +37,9 @@ DEFAULT_PARAMS = MappingProxyType(
         "share_max_attempts": 8,  # borrowing jobs that may take borrowed work from teams borrowing more per weight
         "share_min_runtime_s": 1800.0,  # ... only work that has run this long (sharing by weight is not urgent)
         "explain": True,  # compute reason sentences for pending jobs
+        "evictions_per_hour_max": 2,  # a job evicted this often in the last hour is not evicted again
+        "move_max_attempts": 4,  # blocked jobs that may move work to make room, per cycle
+        "moves_per_job_max": 16,  # jobs one of them may move
     }
 )
 

@@ -15,6 +15,7 @@ from scheduling.engine.reasons import (
     INSUFFICIENT_GPUS,
     INSUFFICIENT_HOST,
     MODEL_QUOTA_LIMIT,
+    MOVING,
     NEVER_FITS_QUOTA,
     NO_FIT,
     NO_MATCHING_GPU,
@@ -31,7 +32,7 @@ from scheduling.engine.reasons import (
 )
 from scheduling.engine.resources import node_fits
 from scheduling.engine.session import Session
-from scheduling.engine.types import Job, Pending, Request, Status
+from scheduling.engine.types import Job, Pending, Request, Reservation, Status
 
 # Reasons that say the job's GPU capacity is missing now (a per-model limit may be what is in the way).
 _WAITING_FOR_ROOM = frozenset(
@@ -83,21 +84,7 @@ def explain_pending(s: Session) -> list[Pending]:
             else:
                 subject = view
         if status is None and job.id in holders:
-            held = holders[job.id]
-            where = ", ".join(sorted({a.node for a in held.assignments}))
-            if held.estimated_start is not None:
-                when = f"it should start in about {duration_words(held.estimated_start - s.snap.now)}"
-                status = Status(
-                    WAITING_FOR_RESERVATION,
-                    f"capacity is reserved for it on {where}; {when}, when the jobs running there end or can be "
-                    "preempted",
-                )
-            else:
-                # No start is known: say what is missing now, and that the room is held for it.
-                note = (
-                    f"; cards are held for it on {where} as they free up (the jobs running there declare "
-                    "no max runtime, so no start can be estimated)"
-                )
+            status, note = _reserved_for(s, job, holders[job.id])
         if status is None and not explain:
             status = Status(NO_FIT, "no node can host it now")
         if status is None and job.id not in s.blocked and not s.allocates:
@@ -127,10 +114,52 @@ def explain_pending(s: Session) -> list[Pending]:
                 explained[req] = status
         if note:
             status = Status(status.code, status.reason + note)
+        dropped = s.reservation_notes.get(job.id)
+        if dropped and job.id not in holders:
+            status = Status(status.code, f"{status.reason}; {dropped}")
         if subject is not job and job.id not in s.status:
             status = _with_model_note(s, job, subject, status)
         rows.append((job, status, position))
     return _with_estimates(s, rows, explain)
+
+
+def _reserved_for(s: Session, job: Job, held: Reservation) -> tuple[Status | None, str]:
+    """What a job holding a reservation waits for, as (status, note to add to the status of what it lacks now):
+    "node h100-03 is reserved for this job; it starts in about 12 min (when job 41 ends)"."""
+    names = sorted({a.node for a in held.assignments})
+    where = f"node {names[0]} is" if len(names) == 1 else f"nodes {', '.join(names)} are"
+    now = s.snap.now
+    if job.ready_at is not None and job.ready_at > now:
+        return (
+            Status(
+                MOVING,
+                f"it is being moved: it stops where it ran, and its place on {', '.join(names)} is held for it; "
+                f"it restarts there in about {duration_words(job.ready_at - now)}",
+            ),
+            "",
+        )
+    blocker = ""
+    if held.waits_for:
+        blocker = f"job {held.waits_for} {held.waits_how or 'ends'}"
+    if held.estimated_start is not None:
+        when = f"it starts in about {duration_words(held.estimated_start - now)}"
+        if blocker:
+            when += f" (when {blocker})"
+        dropped = s.reservation_notes.get(job.id)
+        sentence = f"{where} reserved for this job; {when}"
+        if dropped:
+            sentence += f"; {dropped}"
+        return Status(WAITING_FOR_RESERVATION, sentence), ""
+    # No start is known: say what is missing now, and that the room is held for it.
+    waits = (
+        f"it starts when {blocker}, which declares no max runtime"
+        if blocker
+        else "the jobs there declare no max runtime"
+    )
+    return (
+        None,
+        f"; {where} reserved for this job: its cards are held as they free up ({waits}, so no start can be estimated)",
+    )
 
 
 def _with_model_note(s: Session, job: Job, view: Job, status: Status) -> Status:

@@ -234,10 +234,16 @@ def _refused_on_models(s: Session, job: Job, assignments: tuple[Assignment, ...]
 
 
 def try_place(
-    s: Session, job: Job, *, chosen: list[tuple[int, Node]] | None = None, stmt: Statement | None = None
+    s: Session,
+    job: Job,
+    *,
+    chosen: list[tuple[int, Node]] | None = None,
+    stmt: Statement | None = None,
+    home: bool = False,
 ) -> bool:
     """Place the job now if it fits and its exact charge is admitted (on `chosen` when given, as an evicting
-    job is). Staged in `stmt` when given; otherwise recorded at once. A refusal is left in `s.status`."""
+    job is). Staged in `stmt` when given; otherwise recorded at once. A refusal is left in `s.status`. With
+    `home`, the job is a moved job's next run: staged among the statement's `homes`, not as its placement."""
     view = effective(s, job)
     if isinstance(view, Status):
         s.status[job.id] = view
@@ -282,14 +288,17 @@ def try_place(
         if stmt is not None:
             stmt.touch(pos)
         s.take(pos, assigns, req.cpu_milli, req.memory_mib)
-    usage_add(ctx, job.team, charge[0], charge[1], job.priority_class)
+    usage_add(ctx, job.team, charge[0], charge[1], job.priority_class, job.priority)
     if job.team in s.restricted:
         model_usage_add(ctx, job.team, assignments, 1)
     placement = Placement(job.id, assignments, borrowed, cpu)
     if stmt is not None:
-        stmt.usage.append((job.team, charge[0], charge[1], job.priority_class))
+        stmt.usage.append((job.team, charge[0], charge[1], job.priority_class, job.priority))
         if job.team in s.restricted:
             stmt.model_usage.append((job.team, assignments, 1))
+        if home:
+            stmt.homes.append((job, placement))
+            return True
         stmt.placement = placement
     else:
         s.placements.append(placement)

@@ -33,6 +33,7 @@ NO_FIT = "no-fit"
 GANG_INCOMPLETE = "gang-incomplete"
 RESERVED = "reserved"
 WAITING_FOR_RESERVATION = "waiting-for-capacity"
+MOVING = "moving"
 BEING_FREED = "capacity-being-freed"
 QUOTA_LIMIT = "quota-limit"
 NEVER_FITS_QUOTA = "quota-never"
@@ -52,6 +53,7 @@ CODES = {
     GANG_INCOMPLETE: "fewer nodes than the gang needs can host it at once",
     RESERVED: "it fits only into capacity reserved for an earlier job",
     WAITING_FOR_RESERVATION: "capacity is reserved for this job; it starts when running jobs end",
+    MOVING: "it was moved to make room: it stops where it ran and restarts where its place is held",
     BEING_FREED: "this cycle's evictions free room it fits; it should start next cycle",
     QUOTA_LIMIT: "the team would exceed its quota limit",
     NEVER_FITS_QUOTA: "the job alone needs more than its team's limit: it can never start as asked",

@@ -44,6 +44,7 @@ def reserve(s: Session, job: Job) -> None:
     freed: dict[int, set[int]] = {}
     deferred: dict[int, list[tuple[tuple[Assignment, ...], int, int]]] = {}
     start = None
+    blocker = ("", "")
     for end, _, assignments, running in s.end_events():
         for pos, assigns, cpu, mem in s.releases_of(running, assignments):
             if not static[pos]:
@@ -61,6 +62,7 @@ def reserve(s: Session, job: Job) -> None:
                 fitting.add(pos)
         if len(fitting) >= req.nodes:
             start = end
+            blocker = (running.id, "ends")
             break
     if start is not None:
         chosen = [(p, view(p)) for p in s.index.ranked(fitting)[: req.nodes]]
@@ -70,31 +72,93 @@ def reserve(s: Session, job: Job) -> None:
         found = closest_candidates(s, job, static, fitting)
         if found is None:
             return
-        start, chosen = found
+        start, chosen, blocker = found
+    kept = _kept(s, job, static, fitting, start, chosen)
+    if kept is not None:
+        start, chosen, blocker = kept
     planned = plan(s, job, chosen)
     if planned is None:
         return
     assignments = tuple(a for _, assigns in planned for a in assigns)
-    s.reservations.append(Reservation(job.id, assignments, start))
+    s.reservations.append(Reservation(job.id, assignments, start, *blocker))
     if start is not None:
         s.est_start[job.id] = start
     # An unknown start binds like an imminent one: no lower job's max runtime provably ends before it.
     s.hold(job, NEG_INF if start is None else start, planned)
 
 
+def _kept(
+    s: Session,
+    job: Job,
+    static: np.ndarray,
+    fitting: set[int],
+    start: float | None,
+    chosen: list[tuple[int, Node]],
+) -> tuple[float | None, list[tuple[int, Node]], tuple[str, str]] | None:
+    """The job's reservation of the previous cycle, kept while it still makes sense: its nodes are still there,
+    ready and able to host it, and no start sooner by more than `reservation_switch_s` (or a quarter of the wait)
+    was found elsewhere. Returns where it stays (None: the new choice stands; why the old one was dropped is
+    noted for its pending reason)."""
+    if not job.reserved_on:
+        return None
+    names = tuple(sorted(job.reserved_on))
+    if names == tuple(sorted(s.index.names[p] for p, _ in chosen)):
+        return None
+    where = ", ".join(names)
+    positions = []
+    for name in names:
+        pos = s.pos_of(name)
+        if pos is None:
+            s.reservation_notes[job.id] = f"its reservation on {where} was dropped: {name} left the cluster"
+            return None
+        node = s.index.nodes[pos]
+        if not node.schedulable:
+            s.reservation_notes[job.id] = (
+                f"its reservation on {where} was dropped: {name} is {node.state.value}"
+            )
+            return None
+        if not static[pos]:
+            s.reservation_notes[job.id] = (
+                f"its reservation on {where} was dropped: {name} no longer has cards it may use"
+            )
+            return None
+        positions.append(pos)
+    if len(positions) != job.request.nodes:
+        return None
+    mask = np.zeros_like(static)
+    mask[positions] = True
+    found = closest_candidates(s, job, mask, fitting & set(positions), limit=len(positions))
+    if found is None or len(found[1]) < job.request.nodes:
+        s.reservation_notes[job.id] = f"its reservation on {where} was dropped: it can no longer start there"
+        return None
+    kept_start = found[0]
+    now = s.snap.now
+    if start is not None:
+        margin = max(float(s.param("reservation_switch_s") or 0.0), 0.25 * (start - now))
+        if kept_start is None or kept_start > start + margin:
+            sooner = ", ".join(sorted(s.index.names[p] for p, _ in chosen))
+            s.reservation_notes[job.id] = (
+                f"its reservation on {where} was dropped: it can start sooner on {sooner}"
+            )
+            return None
+    return found
+
+
 def closest_candidates(
-    s: Session, job: Job, static: np.ndarray, fitting: set[int]
-) -> tuple[float | None, list[tuple[int, Node]]] | None:
+    s: Session, job: Job, static: np.ndarray, fitting: set[int], *, limit: int | None = None
+) -> tuple[float | None, list[tuple[int, Node]], tuple[str, str]] | None:
     """Where the job gets in soonest when the declared ends alone never make room: per node, the running
     jobs are released in the order they are expected to go (by their declared end, or, for jobs this one
     may preempt, when they pass the minimum runtime; the rest, with no known end, oldest first) until the
     job fits; the node whose last needed release comes first wins (then fewest releases, then snapshot
     order). Returns that time (None when a job with no known end must go) and the nodes with the views to
-    plan on. Only the `reservation_candidates` nodes with the most free room now are examined, which keeps
-    this cheap on a large cluster; the room a reservation holds stays free, so the same node stays the
-    closest from cycle to cycle."""
+    plan on, and the running job whose end (or preemption) frees the last cards needed. Only the
+    `reservation_candidates` nodes with the most free room now are examined (or `limit`), which keeps this cheap
+    on a large cluster; the room a reservation holds stays free, so the same node stays the closest from cycle
+    to cycle."""
     req = job.request
-    limit = max(int(s.param("reservation_candidates") or 0), 2 * req.nodes)
+    if limit is None:
+        limit = max(int(s.param("reservation_candidates") or 0), 2 * req.nodes)
     idx = s.index
     cand = static.copy()
     if fitting:
@@ -149,18 +213,30 @@ def closest_candidates(
         waits.sort(key=lambda w: w[:3])
         node = overlay(base, holds)
         if node_ok(s, job, node):
-            ranked.append(((now, 0, int(idx.rank[pos])), pos, node))
+            ranked.append(((now, 0, int(idx.rank[pos])), pos, node, ("", "")))
             continue
         for n, (t, _, _, h) in enumerate(waits, start=1):
             base = release_on_node(base, tuple(h.assignments), h.cpu_milli, h.memory_mib)
             node = overlay(base, holds)
             if node_ok(s, job, node):
-                ranked.append(((t, n, int(idx.rank[pos])), pos, node))
+                how = (
+                    "ends"
+                    if h.job.max_runtime_s is not None and t >= _declared_end(h.job, now)
+                    else ("can be preempted" if t < INF else "ends")
+                )
+                ranked.append(((t, n, int(idx.rank[pos])), pos, node, (h.job.id, how)))
                 break
     ranked.sort(key=lambda t: t[0])
     nodes = [(pos, s.index.nodes[pos]) for pos in fitting]
-    nodes += [(pos, node) for _, pos, node in ranked]
+    nodes += [(pos, node) for _, pos, node, _ in ranked]
     if len(nodes) < req.nodes:
         return None
-    start = max((key[0] for key, _, _ in ranked[: req.nodes - len(fitting)]), default=now)
-    return (None if start == INF else start), nodes[: req.nodes]
+    needed = ranked[: req.nodes - len(fitting)]
+    start = max((key[0] for key, _, _, _ in needed), default=now)
+    last = max(needed, key=lambda t: t[0])[3] if needed else ("", "")
+    return (None if start == INF else start), nodes[: req.nodes], last
+
+
+def _declared_end(v: Job, now: float) -> float:
+    started = v.start_time if v.start_time is not None else now
+    return started + v.max_runtime_s if v.max_runtime_s is not None else INF

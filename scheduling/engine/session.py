@@ -122,6 +122,12 @@ class Session:
         self.allocates = False
         self.reserves = False
         self.preempts = False
+        # Moving work to make room (`moves.py`), at a blocked job's turn in allocation: how many more jobs may
+        # try this cycle (the `consolidate` action sets it), and the requests that found no room.
+        self.moves_left = 0
+        self.moves_tried: set[tuple] = set()
+        # Per pending job that held a reservation at the previous cycle and lost it: why (its pending reason says).
+        self.reservation_notes: dict[str, str] = {}
         self.real: dict[int, Node] = {}  # positions under a reservation: the node without the overlay
         self.holds: dict[int, list[Held]] = {}
         self.held_at: dict[str, set[int]] = {}  # job id -> the positions its reservation holds

@@ -14,10 +14,12 @@ class Statement:
     def __init__(self, session: Session):
         self.session = session
         self.saved: dict[int, tuple[Node, Node | None]] = {}
-        self.usage: list[tuple[str, int, int, str]] = []
+        self.usage: list[tuple[str, int, int, str, int]] = []
         self.model_usage: list[tuple[str, tuple[Assignment, ...], int]] = []
         self.evicted: list[tuple[Job, str]] = []
         self.placement: Placement | None = None
+        # Evicted jobs placed again elsewhere (moves): their new places, held for them while they stop.
+        self.homes: list[tuple[Job, Placement]] = []
 
     def touch(self, pos: int) -> None:
         """Save a node position before the first change, so a rollback can put it back."""
@@ -33,17 +35,21 @@ class Statement:
             else:
                 s.real[pos] = real
             s.index.set(pos, view, consumed_only=False)
-        for team, mem, comp, priority_class in self.usage:
-            usage_add(s.ctx, team, -mem, -comp, priority_class)
+        for team, mem, comp, priority_class, priority in self.usage:
+            usage_add(s.ctx, team, -mem, -comp, priority_class, priority)
         for team, assignments, sign in self.model_usage:
             model_usage_add(s.ctx, team, assignments, -sign)
         for job, _ in self.evicted:
             s.evicted.discard(job.id)
 
-    def commit(self, preemptor: Job) -> None:
+    def commit(self, preemptor: Job, moves: dict[str, tuple[tuple[str, ...], str]] | None = None) -> None:
+        """Record the evictions (a move's with the nodes it restarts on and why) and the evicting job's
+        placement."""
         s = self.session
+        moves = moves or {}
         for job, code in self.evicted:
-            s.evictions.append(Eviction(job.id, preemptor.id, code, job.grace_s))
+            to, why = moves.get(job.id, ((), ""))
+            s.evictions.append(Eviction(job.id, preemptor.id, code, job.grace_s, to, why))
         if self.placement is not None:
             s.placements.append(self.placement)
             s.placed_jobs.append(preemptor)

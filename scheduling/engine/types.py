@@ -183,6 +183,15 @@ class Job:
     # (None: an eviction throws away everything it did; eviction prefers victims that lose the least work).
     priority_class: str = ""
     checkpoint_interval_s: float | None = None
+    # Pending jobs only: a job being moved (evicted to make room, its new place held for it) is listed pending
+    # while it stops; it may not start before this time, and the engine holds its place until then.
+    ready_at: float | None = None
+    # Running jobs only: how often the job was evicted (reclaimed, preempted, moved) in the last hour. A job
+    # evicted `evictions_per_hour_max` times is not evicted again (no thrash).
+    recent_evictions: int = 0
+    # Pending jobs only: the nodes the job's reservation held at the previous cycle (kept while it still makes
+    # sense; the pending reason says why it was dropped).
+    reserved_on: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,8 +289,11 @@ class Placement:
 class Eviction:
     job_id: str
     preemptor_id: str
-    code: str  # "preempted" (priority) or "reclaimed" (borrowed capacity)
+    code: str  # "preempted" (priority), "reclaimed" (borrowed capacity) or "moved" (restarts elsewhere)
     grace_s: float
+    # A move: the nodes the job restarts on (held for it until its grace ends) and why it moves, as a sentence.
+    to_nodes: tuple[str, ...] = ()
+    why: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +309,10 @@ class Reservation:
     job_id: str
     assignments: tuple[Assignment, ...]
     estimated_start: float | None  # None: the running jobs it waits for declare no max runtime
+    # The running job whose end (or preemption, `waits_how`) frees the last cards it needs ("" when none: the
+    # cards are free, or a moved job's new place).
+    waits_for: str = ""
+    waits_how: str = ""  # "ends" or "can be preempted"
 
 
 @dataclass(frozen=True, slots=True)

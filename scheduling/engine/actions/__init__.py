@@ -9,12 +9,13 @@ from scheduling.engine.actions.admit import Admit
 from scheduling.engine.actions.allocate import Allocate
 from scheduling.engine.actions.backfill import Backfill
 from scheduling.engine.actions.base import Action
+from scheduling.engine.actions.consolidate import Consolidate
 from scheduling.engine.actions.preempt import Preempt
 from scheduling.engine.actions.reclaim import Reclaim
 from scheduling.engine.actions.share import Share
 
 ACTIONS: dict[str, type[Action]] = {
-    cls.NAME: cls for cls in (Admit, Allocate, Backfill, Reclaim, Share, Preempt)
+    cls.NAME: cls for cls in (Admit, Allocate, Backfill, Consolidate, Reclaim, Share, Preempt)
 }
 
 

@@ -1,4 +1,5 @@
-"""Action `reclaim`: a blocked job whose team stays within its guarantee with it takes back capacity other
+"""Action `reclaim`: a blocked job whose team stays within its guarantee with it (counting the team's running work
+of at least the job's priority: lower-priority work of its own team gives way to it) takes back capacity other
 teams borrow, whatever the priorities.
 
 Only borrowed work is taken: the victims' team must still hold at least its guarantee without them
@@ -24,6 +25,7 @@ from scheduling.engine.accounting import (
     running_borrowed,
     running_charges,
     team_usage,
+    usage_at_or_above,
     within_guarantee,
 )
 from scheduling.engine.actions.base import Action
@@ -53,8 +55,7 @@ class OtherTeamsBorrowed:
         quota = quotas.get(job.team)
         if not has_guarantee(quota):
             return None
-        usage = team_usage(ctx)
-        if not within_guarantee(quota, usage.get(job.team, (0, 0)), job_charge(ctx, job)):
+        if not within_guarantee(quota, usage_at_or_above(ctx, job.team, job.priority), job_charge(ctx, job)):
             return None
         team, evicted, borrowed, charges = job.team, s.evicted, running_borrowed(ctx), running_charges(ctx)
         spare = _spare(s)
