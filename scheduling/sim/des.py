@@ -125,6 +125,12 @@ class JobRecord:
     # it keeps computing, so its use still counts until it is gone.
     transferred: bool = False
     ghost_used_milli: int = 0
+    # Times this job was evicted (reclaimed, preempted, moved), for the engine's "evicted in the last hour".
+    evicted_at: list[float] = field(default_factory=list)
+    # A move in progress: it stops where it ran until this time, then restarts where its place is held.
+    moving_until_s: float | None = None
+    moves: int = 0
+    lost_gpu_move_s: float = 0.0  # the part of lost_gpu_s thrown away by moves
 
     @property
     def wait_s(self) -> float | None:
@@ -180,6 +186,7 @@ class SeriesPoint:
     queue_len: int
     running: int
     fragment_milli: int
+    whole_nvlink_free: int = 0  # nodes whose cards are all NVLink-joined and all idle
 
 
 @dataclass(slots=True)
@@ -204,6 +211,12 @@ class SimResult:
     quota_satisfaction: Mapping[str, tuple[float, float]]
     node_failures: int = 0
     guarantees: GuaranteeFigures | None = None
+    # Integral of the whole NVLink nodes free (node-seconds), and how many such nodes the cluster has.
+    whole_nvlink_free_s: float = 0.0
+    nvlink_nodes: int = 0
+    # Reservations: made (a job holding cards on a set of nodes), kept (it started there), started elsewhere
+    # (room freed sooner on other nodes), moved (to other nodes while it waited) and dropped (while it waited).
+    reservations: Mapping[str, int] = field(default_factory=dict)
 
 
 def default_usage_milli(request: Request) -> int:
@@ -294,6 +307,17 @@ class Simulator:
         self._int_used = 0.0
         self._int_frag = 0.0
         self._int_queue = 0.0
+        self._int_whole_free = 0.0
+        # Nodes whose cards are all pairwise NVLink-joined: a whole one free is what big trainings need.
+        self._nvlink_nodes = [
+            n.name
+            for n in nodes
+            if len(n.gpus) >= 2 and len(n.nvlink) >= len(n.gpus) * (len(n.gpus) - 1) // 2
+        ]
+        self._whole_free = 0
+        # Reservations held at the last cycle: job id -> the nodes.
+        self._reserved: dict[str, frozenset[str]] = {}
+        self._reservations: Counter[str] = Counter()
         self._team_alloc_milli: Counter[str] = Counter()
         self.guarantees = GuaranteeTracker(nodes=nodes, quotas=self.quotas)
         self._usage: dict[str, float] = {}
@@ -313,6 +337,8 @@ class Simulator:
         self._last_cycle_at = -math.inf
         self._node_failures = 0
         self._ran = False
+        self._evicted_recently: set[str] = set()
+        self._moves: dict[str, None] = {}  # jobs being moved, in the order they were moved
 
     # ----------------------------------------------------------------------------------------------- events
     def _push(self, time_s: float, kind: _Ev, payload: object = None) -> None:
@@ -337,6 +363,7 @@ class Simulator:
             self._int_used += self._used_now() * dt
             self._int_frag += self._frag * dt
             self._int_queue += len(self.pending) * dt
+            self._int_whole_free += self._whole_free * dt
             self.guarantees.advance(self._last_t, dt)
             self._integrate_usage(dt)
             self._last_t = t_eff
@@ -355,9 +382,24 @@ class Simulator:
         for team in teams:
             self._usage[team] = self._usage.get(team, 0.0) * decay + self._team_alloc_milli[team] * gain
 
+    def _count_whole_free(self) -> int:
+        free = 0
+        for name in self._nvlink_nodes:
+            led = self.ledger[name]
+            if led.state is NodeState.READY and not any(led.gpu_holders):
+                free += 1
+        return free
+
     def _sample(self) -> None:
+        self._whole_free = self._count_whole_free()
         p = SeriesPoint(
-            self.now, self._alloc, self._used_now(), len(self.pending), len(self.running), self._frag
+            self.now,
+            self._alloc,
+            self._used_now(),
+            len(self.pending),
+            len(self.running),
+            self._frag,
+            self._whole_free,
         )
         if self.series and self.series[-1].time_s == self.now:
             self.series[-1] = p
@@ -506,6 +548,7 @@ class Simulator:
     def _stop(self, rec: JobRecord, *, failed: bool) -> None:
         """Kill a running job: keep the work up to its last checkpoint, lose the rest, requeue it."""
         s = rec.spec
+        self._moves.pop(s.id, None)
         total = rec.progress_s + (self.now - (self.now if rec.run_start_s is None else rec.run_start_s))
         ci = s.checkpoint_interval_s
         kept = math.floor(total / ci) * ci if ci else 0.0
@@ -520,6 +563,9 @@ class Simulator:
             rec.lost_gpu_failure_s += lost_gpu_s
         else:
             rec.preemptions += 1
+            if rec.moving_until_s is not None:
+                rec.lost_gpu_move_s += lost_gpu_s
+        rec.moving_until_s = None
         self._free(rec)
         rec.epoch += 1
         rec.run_start_s = None
@@ -616,14 +662,35 @@ class Simulator:
             self._workload_dirty = False
         return self._workload
 
+    def _recent_evictions(self) -> None:
+        """Running jobs carry how often they were evicted in the last hour (the engine's no-thrash rule)."""
+        horizon = self.now - 3600.0
+        for job_id in list(self._evicted_recently):
+            rec = self.records[job_id]
+            while rec.evicted_at and rec.evicted_at[0] <= horizon:
+                rec.evicted_at.pop(0)
+            if not rec.evicted_at:
+                self._evicted_recently.discard(job_id)
+            job = self.running.get(job_id)
+            if job is not None and job.recent_evictions != len(rec.evicted_at):
+                self.running[job_id] = replace(job, recent_evictions=len(rec.evicted_at))
+
+    def _moving(self) -> tuple[Job, ...]:
+        """Jobs being moved, listed as pending while they stop: the engine holds their new place until then."""
+        return tuple(
+            _engine_job(rec.spec, ready_at=rec.moving_until_s)
+            for rec in (self.records[job_id] for job_id in self._moves)
+        )
+
     def snapshot(self) -> Snapshot:
+        self._recent_evictions()
         return Snapshot(
             now=self.now,
             nodes=tuple(self._node(led) for led in self.ledger.values()),
             # A preemptor waiting for its victims holds its cards (and counts against its team's quota) as a
             # placed job does in production.
             running=(*self.running.values(), *(b.job for b in self._bindings.values())),
-            pending=tuple(self.pending.values()),
+            pending=(*self.pending.values(), *self._moving()),
             quotas=self.quotas,
             usage=dict(self._usage),
             workload=self._typical_workload(),
@@ -649,6 +716,8 @@ class Simulator:
         if rec.epoch != epoch or rec.state not in (JobState.RUNNING, JobState.TERMINATING):
             return
         s = rec.spec
+        self._moves.pop(s.id, None)  # it finished while it was being moved
+        rec.moving_until_s = None
         worked = rec.progress_s + (self.now - (self.now if rec.run_start_s is None else rec.run_start_s))
         rec.progress_s = min(worked, s.runtime_s)
         self._free(rec)
@@ -740,9 +809,19 @@ class Simulator:
             if rec.state is JobState.TERMINATING:
                 continue  # already on its way out; its grace period is not restarted
             rec.state = JobState.TERMINATING
+            rec.evicted_at.append(self.now)
+            self._evicted_recently.add(ev.job_id)
+            if ev.code == "moved":
+                rec.moves += 1
+                rec.moving_until_s = self.now + max(0.0, ev.grace_s)
+                self._moves[ev.job_id] = None
             self._push(self.now + max(0.0, ev.grace_s), _Ev.EVICT_END, (ev.job_id, rec.epoch))
             preemptor = self.records.get(ev.preemptor_id)
             evicted.append((ev.job_id, rec.spec.team, preemptor.spec.team if preemptor else ""))
+        # A moved job runs on elsewhere (its new place is held for it): no guarantee loses it, and it is counted
+        # among the moves, not the evictions.
+        moved = {ev.job_id for ev in decisions.evictions if ev.code == "moved"}
+        evicted = [e for e in evicted if e[0] not in moved]
         if evicted:
             placed = [(self.records[p.job_id].spec.team, p.assignments) for p in decisions.placements]
             self.guarantees.evictions_applied(snap, evicted, placed)
@@ -759,6 +838,7 @@ class Simulator:
                 (self.records[p.job_id].spec for p in decisions.placements), self.now
             )
         self._relabel(decisions.borrowed)
+        self._count_reservations(decisions)
         if decisions.placements or decisions.evictions:
             self._dirty = True
         self._sample()
@@ -769,6 +849,39 @@ class Simulator:
             )
             self._dirty = bool(decisions.placements or decisions.evictions)
             self._push(self._next_cycle_at, _Ev.CYCLE, self._next_cycle_at)
+
+    def _count_reservations(self, decisions: Decisions) -> None:
+        """A reservation is kept when its job is placed on the nodes it held, broken when it is dropped or moves to
+        other nodes first; each new one (a job on a set of nodes) counts as made. Moved jobs' held places are not
+        reservations of a waiting job and are left out."""
+        moved = {ev.job_id for ev in decisions.evictions if ev.code == "moved"}
+        now = {
+            r.job_id: frozenset(a.node for a in r.assignments)
+            for r in decisions.reservations
+            if r.job_id not in moved and r.job_id not in self._moves
+        }
+        placed = {p.job_id: frozenset(a.node for a in p.assignments) for p in decisions.placements}
+        counts = self._reservations
+        for job_id, nodes in self._reserved.items():
+            if now.get(job_id) == nodes:
+                continue
+            if job_id in placed:
+                counts["kept" if placed[job_id] <= nodes else "started_elsewhere"] += 1
+            elif job_id in now:
+                counts["moved"] += 1
+            elif job_id in self.pending:
+                counts["dropped"] += 1
+        for job_id, nodes in now.items():
+            if self._reserved.get(job_id) != nodes:
+                counts["made"] += 1
+        # The next cycle's snapshot tells each waiting job where it held its reservation (kept while it can be).
+        for job_id in set(self._reserved) | set(now):
+            job = self.pending.get(job_id)
+            if job is not None:
+                nodes = tuple(sorted(now.get(job_id, ())))
+                if job.reserved_on != nodes:
+                    self.pending[job_id] = replace(job, reserved_on=nodes)
+        self._reserved = now
 
     def _relabel(self, borrowed: frozenset[str]) -> None:
         """Running jobs' "on borrowed capacity" labels follow their teams' standing, as in production."""
@@ -868,6 +981,11 @@ class Simulator:
             },
             node_failures=self._node_failures,
             guarantees=guarantees,
+            whole_nvlink_free_s=self._int_whole_free,
+            nvlink_nodes=len(self._nvlink_nodes),
+            reservations={
+                k: self._reservations[k] for k in ("made", "kept", "started_elsewhere", "moved", "dropped")
+            },
         )
 
     def _drained(self) -> bool:

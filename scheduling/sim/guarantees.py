@@ -80,6 +80,17 @@ class TeamFigures:
 
 
 @dataclass(frozen=True, slots=True)
+class OwedJob:
+    """A job that was owed (waiting within its team's guarantee) at some time: how long it waited while owed
+    before it started (or until the end of the window, when it never started)."""
+
+    job_id: str
+    team: str
+    owed_s: float
+    started: bool
+
+
+@dataclass(frozen=True, slots=True)
 class GuaranteeFigures:
     teams: Mapping[str, TeamFigures]
     evictions_cross_team: int
@@ -88,6 +99,7 @@ class GuaranteeFigures:
     priority_inversions: int
     borrowed_s: float  # time with any capacity borrowed
     share_error_s: float  # integral of the borrowed-share error over that time
+    owed_jobs: tuple[OwedJob, ...] = ()
 
 
 @dataclass(slots=True)
@@ -95,9 +107,13 @@ class _Team:
     quota: Quota | None
     weight: float
     held: list[int] = field(default_factory=lambda: [0, 0])  # exact charge of its running jobs (MiB, milli)
-    # Waiting jobs (pending, or placed and waiting for their victims): id -> estimated charge; and by submit time.
+    # The same by priority: what stands before a waiting job of that priority in the team's guarantee.
+    held_by_priority: dict[int, list[int]] = field(default_factory=dict)
+    # Waiting jobs (pending, or placed and waiting for their victims): id -> estimated charge; and in the order
+    # they are owed their guarantee: highest priority first, then submit time.
     waiting: dict[str, tuple[int, int]] = field(default_factory=dict)
-    order: list[tuple[float, str]] = field(default_factory=list)
+    order: list[tuple[int, float, str]] = field(default_factory=list)
+    owed_ids: frozenset[str] = frozenset()
     waiting_milli: int = 0
     waiting_mem_sizes: Counter[int] = field(default_factory=Counter)
     waiting_milli_sizes: Counter[int] = field(default_factory=Counter)
@@ -169,6 +185,10 @@ class GuaranteeTracker:
         self._pending_mark: dict[str, int] = {}
         self._mark = 0
         self._watches: dict[str, list[_Watch]] = {}
+        # Time each waiting job has spent owed so far (those owed at some time), and those that then started.
+        self._owed_s: dict[str, float] = {}
+        self._owed_team: dict[str, str] = {}
+        self._owed_done: list[OwedJob] = []
 
     def _team(self, name: str) -> _Team:
         team = self.teams.get(name)
@@ -193,7 +213,7 @@ class GuaranteeTracker:
         if charge[0] <= 0 and charge[1] <= 0:
             return  # holds no GPU: no guarantee is about it
         team.waiting[spec.id] = charge
-        bisect.insort(team.order, (spec.submit_time_s, spec.id))
+        bisect.insort(team.order, (-spec.priority, spec.submit_time_s, spec.id))
         team.waiting_milli += charge[1]
         team.waiting_mem_sizes[charge[0]] += 1
         team.waiting_milli_sizes[charge[1]] += 1
@@ -219,20 +239,26 @@ class GuaranteeTracker:
         team = self._team(spec.team)
         charge = team.waiting.pop(spec.id, None)
         if charge is not None:
-            del team.order[bisect.bisect_left(team.order, (spec.submit_time_s, spec.id))]
+            del team.order[bisect.bisect_left(team.order, (-spec.priority, spec.submit_time_s, spec.id))]
             team.waiting_milli -= charge[1]
             _discard(team.waiting_mem_sizes, charge[0])
             _discard(team.waiting_milli_sizes, charge[1])
-        self._hold(spec.team, charge_of(assignments), +1)
+        owed = self._owed_s.pop(spec.id, None)
+        if owed is not None:
+            self._owed_done.append(OwedJob(spec.id, spec.team, owed, True))
+        self._hold(spec.team, spec.priority, charge_of(assignments), +1)
 
     def job_stopped(self, spec: JobSpec, assignments: tuple[Assignment, ...]) -> None:
         """The job no longer holds its cards (finished, gone after its grace, or handed to its preemptor)."""
-        self._hold(spec.team, charge_of(assignments), -1)
+        self._hold(spec.team, spec.priority, charge_of(assignments), -1)
 
-    def _hold(self, name: str, charge: tuple[int, int], sign: int) -> None:
+    def _hold(self, name: str, priority: int, charge: tuple[int, int], sign: int) -> None:
         team = self._team(name)
         team.held[0] += sign * charge[0]
         team.held[1] += sign * charge[1]
+        row = team.held_by_priority.setdefault(priority, [0, 0])
+        row[0] += sign * charge[0]
+        row[1] += sign * charge[1]
         self._touch(name)
 
     def capacity_changed(self, delta_milli: int) -> None:
@@ -326,18 +352,25 @@ class GuaranteeTracker:
         if self._borrowed_milli > 0:
             self.borrowed_s += dt_s
             self.share_error_s += self._share_error * dt_s
+        owed_s = self._owed_s
         for team in self.teams.values():
             team.held_milli_s += team.held[1] * dt_s
             team.fair_milli_s += team.fair_milli * dt_s
             if team.wants:
                 team.wanted_s += dt_s
                 team.satisfied_s += team.satisfaction * dt_s
+            for job_id in team.owed_ids:
+                owed_s[job_id] = owed_s.get(job_id, 0.0) + dt_s
 
     def _refresh(self, at_s: float) -> None:
         for name in self._dirty:
             team = self.teams[name]
-            owed_mem, owed_milli, team.owed_jobs = _owed(team)
+            owed_mem, owed_milli, team.owed_ids = _owed(team)
+            team.owed_jobs = len(team.owed_ids)
             team.owed = (owed_mem, owed_milli)
+            for job_id in team.owed_ids:
+                self._owed_s.setdefault(job_id, 0.0)
+                self._owed_team[job_id] = name
             team.wants = has_guarantee(team.quota) and (
                 team.held[0] > 0 or team.held[1] > 0 or bool(team.waiting)
             )
@@ -393,7 +426,12 @@ class GuaranteeTracker:
                 priority_inversions=t.inversions,
                 within_guarantee_evictions=t.guaranteed_evictions,
             )
+        never = tuple(
+            OwedJob(job_id, self._owed_team[job_id], owed, False)
+            for job_id, owed in sorted(self._owed_s.items())
+        )
         return GuaranteeFigures(
+            owed_jobs=(*self._owed_done, *never),
             teams=teams,
             evictions_cross_team=self.evictions_cross_team,
             evictions_within_team=self.evictions_within_team,
@@ -412,30 +450,44 @@ def _discard(sizes: Counter[int], value: int) -> None:
         del sizes[value]
 
 
-def _owed(team: _Team) -> tuple[int, int, int]:
-    """The waiting charge owed to the team (memory MiB, compute milli, jobs): waiting jobs in submit order, each
-    counted when the team, holding what it holds plus those counted before, stays within its guarantee with it.
-    The walk stops once even the smallest waiting charge no longer fits."""
+def _owed(team: _Team) -> tuple[int, int, frozenset[str]]:
+    """The waiting charge owed to the team (memory MiB, compute milli) and the jobs it is owed for: waiting jobs
+    by priority (highest first), then submit time, each counted when the team, holding what it holds at that
+    priority or higher plus those counted before, stays within its guarantee with it (its lower-priority running
+    work gives way to it, as the engine's guarantee order says). The walk stops once even the smallest waiting
+    charge no longer fits (what stands before a job only grows along the walk)."""
     quota = team.quota
     if not has_guarantee(quota) or not team.order:
-        return 0, 0, 0
+        return 0, 0, frozenset()
     smallest = (min(team.waiting_mem_sizes), min(team.waiting_milli_sizes))
-    used = [team.held[0], team.held[1]]
-    jobs = 0
-    for _, job_id in team.order:
+    owed = [0, 0]
+    jobs = []
+    level: int | None = None
+    above = [0, 0]
+    for neg_priority, _, job_id in team.order:
+        if level != -neg_priority:
+            level = -neg_priority
+            above = [0, 0]
+            for p, row in team.held_by_priority.items():
+                if p >= level:
+                    above[0] += row[0]
+                    above[1] += row[1]
+        used = (above[0] + owed[0], above[1] + owed[1])
         if not within_guarantee(quota, used, smallest):
             break
         charge = team.waiting[job_id]
         if within_guarantee(quota, used, charge):
-            used[0] += charge[0]
-            used[1] += charge[1]
-            jobs += 1
-    return used[0] - team.held[0], used[1] - team.held[1], jobs
+            owed[0] += charge[0]
+            owed[1] += charge[1]
+            jobs.append(job_id)
+    return owed[0], owed[1], frozenset(jobs)
 
 
 def _satisfaction(quota: Quota, held: Sequence[int], owed: tuple[int, int]) -> float:
-    """min(1, held / entitled) on each resource the guarantee names, the lowest of them, where entitled =
-    min(guarantee, held + owed); 1 where nothing is owed."""
+    """On each resource the guarantee names, what the team holds of what it is entitled to, the lowest of them
+    (1 where nothing is owed): entitled = min(guarantee, held + owed), and of its holding only the guarantee less
+    what is owed serves it when the owed work could start only in the place of its own lower-priority work
+    (held + owed beyond the guarantee): min(1, min(held, guarantee - owed) / entitled)."""
     ratios = []
     named = (
         (quota.guaranteed_gpu_memory_mib, held[0], owed[0]),
@@ -444,5 +496,5 @@ def _satisfaction(quota: Quota, held: Sequence[int], owed: tuple[int, int]) -> f
     for guarantee, h, o in named:
         entitled = min(guarantee, h + o) if guarantee > 0 else 0
         if entitled > 0:
-            ratios.append(min(1.0, h / entitled))
+            ratios.append(min(1.0, max(0, min(h, guarantee - o)) / entitled))
     return min(ratios, default=1.0)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 
+from scheduling.engine.types import Request
 from scheduling.sim.des import JobRecord, JobState, SimResult
-from scheduling.sim.guarantees import GuaranteeFigures, jain_index
+from scheduling.sim.guarantees import GuaranteeFigures, OwedJob, jain_index
 
 _GPU_MILLI_S_PER_H = 1000 * 3600
 
@@ -58,6 +59,61 @@ def episode_stats(durations_s: Iterable[float], open_at_end: int = 0) -> dict:
         "p50_s": _round(percentile(ds, 50)),
         "p95_s": _round(percentile(ds, 95)),
         "max_s": _round(max(ds) if ds else None),
+    }
+
+
+SHAPES = ("slice", "1 card", "2-7 cards", "whole node", "multi-node gang")
+
+
+def shape_of(request: Request) -> str:
+    """The request's shape, as the figures split waits: a slice, one card, 2-7 cards on one node, a whole node
+    (8 or more cards), a gang of several nodes; "cpu" for work with no GPU."""
+    if request.nodes > 1 and request.uses_gpu:
+        return "multi-node gang"
+    if request.is_slice:
+        return "slice"
+    if request.gpus == 1:
+        return "1 card"
+    if 2 <= request.gpus < 8:
+        return "2-7 cards"
+    if request.gpus >= 8:
+        return "whole node"
+    return "cpu"
+
+
+def owed_stats(jobs: list[OwedJob]) -> dict:
+    """How long jobs waited while owed (within their team's guarantee) before they started: p50, p95 and max over
+    every time a job was owed (a job still owed at the end counts its wait so far), and how many never started."""
+    waits = [j.owed_s for j in jobs]
+    return {
+        "jobs": len(jobs),
+        "never_started": sum(1 for j in jobs if not j.started),
+        "p50_s": _round(percentile(waits, 50)),
+        "p95_s": _round(percentile(waits, 95)),
+        "max_s": _round(max(waits) if waits else None),
+    }
+
+
+def owed_figures(result: SimResult) -> dict:
+    """Time owed before starting, by team and by request shape, and the owed jobs that never started."""
+    g = result.guarantees
+    if g is None:
+        return {}
+    specs = {r.spec.id: r.spec for r in result.jobs}
+    by_team: dict[str, list[OwedJob]] = defaultdict(list)
+    by_shape: dict[str, list[OwedJob]] = defaultdict(list)
+    for j in g.owed_jobs:
+        by_team[j.team].append(j)
+        by_shape[shape_of(specs[j.job_id].request)].append(j)
+    never = sorted({j.job_id for j in g.owed_jobs if not j.started})
+    return {
+        "time_owed_by_team": {k: owed_stats(v) for k, v in sorted(by_team.items())},
+        "time_owed_by_shape": {k: owed_stats(by_shape[k]) for k in SHAPES if k in by_shape},
+        "owed_never_started": {
+            "jobs": len(never),
+            "by_kind": dict(sorted(Counter(specs[j].kind or "" for j in never).items())),
+            "ids": never[:20],
+        },
     }
 
 
@@ -127,9 +183,11 @@ def summarize(result: SimResult) -> dict:
     by_priority: dict[str, list[JobRecord]] = defaultdict(list)
     by_team: dict[str, list[JobRecord]] = defaultdict(list)
     by_kind: dict[str, list[JobRecord]] = defaultdict(list)
+    by_shape: dict[str, list[JobRecord]] = defaultdict(list)
     for r in arrived:
         by_priority[r.spec.priority_class or str(r.spec.priority)].append(r)
         by_team[r.spec.team].append(r)
+        by_shape[shape_of(r.spec.request)].append(r)
         if r.spec.kind:
             by_kind[r.spec.kind].append(r)
     team_mean_waits = [
@@ -155,6 +213,7 @@ def summarize(result: SimResult) -> dict:
         "wait_by_priority": {k: wait_stats(v) for k, v in sorted(by_priority.items())},
         "wait_by_team": {k: wait_stats(v) for k, v in sorted(by_team.items())},
         "wait_by_kind": {k: wait_stats(v) for k, v in sorted(by_kind.items())},
+        "wait_by_shape": {k: wait_stats(by_shape[k]) for k in (*SHAPES, "cpu") if k in by_shape},
         "jct_p50_s": _round(percentile(jcts, 50)),
         "jct_p95_s": _round(percentile(jcts, 95)),
         "jct_mean_s": _round(statistics.fmean(jcts) if jcts else None),
@@ -164,6 +223,16 @@ def summarize(result: SimResult) -> dict:
         "lost_work_s": round(sum(r.lost_work_s for r in jobs), 3),
         "lost_gpu_s": round(sum(r.lost_gpu_s for r in jobs), 3),
         **lost_figures(jobs, result.allocated_milli_s),
+        "moves": sum(r.moves for r in jobs),
+        "lost_gpu_h_moves": round(sum(r.lost_gpu_move_s for r in jobs) / 3600, 4),
+        "whole_nvlink_nodes": result.nvlink_nodes,
+        "whole_nvlink_nodes_free_mean": round(result.whole_nvlink_free_s / span, 3),
+        "whole_nvlink_nodes_free_min": min((p.whole_nvlink_free for p in result.series), default=0),
+        "reservations": {
+            **result.reservations,
+            "broken": result.reservations.get("moved", 0) + result.reservations.get("dropped", 0),
+        },
+        **owed_figures(result),
         "quota_satisfaction": quota,
         "quota_satisfaction_rate": round(statistics.fmean(rated), 4) if rated else None,
         **(guarantee_figures(result.guarantees) if result.guarantees is not None else {}),
@@ -217,6 +286,7 @@ def series_rows(result: SimResult) -> list[dict]:
             "fragmentation": round(p.fragment_milli / cap, 5),
             "queue_len": p.queue_len,
             "running": p.running,
+            "whole_nvlink_free": p.whole_nvlink_free,
         }
         for p in result.series
     ]
