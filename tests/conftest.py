@@ -3,9 +3,17 @@ and a small cluster built through the services, as the portal would build it."""
 
 from __future__ import annotations
 
+import os
 from decimal import Decimal
 
 import pytest
+from hypothesis import settings
+
+# Property tests run the same examples every time (a red run is the code's, never the draw's); HYPOTHESIS_PROFILE=
+# explore draws new ones and keeps the failures it finds in .hypothesis/ to replay.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 SHARED_DIR = __import__("pathlib").Path(__file__).resolve().parents[1].parent / "shared"
 

@@ -18,7 +18,11 @@ NOW = 10_000.0
 
 
 def test_the_known_actions_are_the_registry_s() -> None:
-    assert set(ACTIONS) == KNOWN_ACTIONS == {"admit", "allocate", "backfill", "reclaim", "share", "preempt"}
+    assert (
+        set(ACTIONS)
+        == KNOWN_ACTIONS
+        == {"admit", "allocate", "backfill", "consolidate", "reclaim", "share", "preempt"}
+    )
     for name, cls in ACTIONS.items():
         assert cls.NAME == name
 

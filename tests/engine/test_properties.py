@@ -247,11 +247,14 @@ def test_no_placement_violates_a_constraint(snap: Snapshot) -> None:
 @given(worlds())
 def test_nobody_is_evicted_by_an_equal_or_lower_priority_job_except_through_reclaim(snap: Snapshot) -> None:
     """Priority preempts within a team, and across teams only borrowed work; reclaim takes only other teams'
-    borrowed work. Work within another team's guarantee is never evicted."""
+    borrowed work; a move stops only preemptible work and holds its new place for it. Work within another team's
+    guarantee is never evicted: what a team ends the cycle with (its running work less its victims, plus what
+    the cycle placed for it) is at least its guarantee wherever another team took work from it."""
     decisions = run_cycle(snap, PROFILE)
     running = {j.id: j for j in snap.running}
     pending = {j.id: j for j in snap.pending}
     placed = {p.job_id for p in decisions.placements}
+    homes = {r.job_id: r for r in decisions.reservations if r.job_id in running}
     charges = {j.id: charge_of(j.assignments) for j in snap.running}
     borrowed = borrowed_ids(snap.quotas, snap.running, charges)
     held: dict[str, list[int]] = {}
@@ -259,11 +262,23 @@ def test_nobody_is_evicted_by_an_equal_or_lower_priority_job_except_through_recl
         row = held.setdefault(j.team, [0, 0])
         row[0] += charges[j.id][0]
         row[1] += charges[j.id][1]
+    for p in decisions.placements:
+        row = held.setdefault(pending[p.job_id].team, [0, 0])
+        mem, comp = charge_of(p.assignments)
+        row[0] += mem
+        row[1] += comp
     taken: dict[str, list[int]] = {}
     for e in decisions.evictions:
         victim, preemptor = running[e.job_id], pending[e.preemptor_id]
         assert e.preemptor_id in placed
         assert e.grace_s == victim.grace_s
+        if e.code == "moved":
+            # It runs on elsewhere: its new place is held for it, and no guarantee loses it.
+            assert victim.preemptible
+            assert e.job_id in homes and e.to_nodes == tuple(
+                sorted({a.node for a in homes[e.job_id].assignments})
+            )
+            continue
         if victim.team != preemptor.team:
             row = taken.setdefault(victim.team, [0, 0])
             row[0] += charges[victim.id][0]
