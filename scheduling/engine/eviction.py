@@ -254,7 +254,7 @@ def release_all(s: Session, pos: int, base: Node, victims: list[Holding]) -> Nod
     return overlay(node, s.holds.get(pos, []))
 
 
-def _could_fit(s: Session, job: Job, pos: int, victims: list[Holding]) -> bool:
+def could_fit(s: Session, job: Job, pos: int, victims: list[Holding]) -> bool:
     """A cheap necessary condition for the job fitting on the node once all these victims are gone."""
     req = job.request
     node = s.index.nodes[pos]
@@ -353,7 +353,7 @@ def victims_on(
     s: Session, job: Job, pos: int, eligible: list[Holding], rule: VictimRule
 ) -> tuple[tuple, list[Holding]] | None:
     """The cheapest victim set on one node that lets the job fit there: greedy, then drop the unneeded."""
-    if not _could_fit(s, job, pos, eligible):
+    if not could_fit(s, job, pos, eligible):
         return None
     base = s.real_node(pos)
     if not node_ok(s, job, release_all(s, pos, base, eligible)):

@@ -1,9 +1,9 @@
 """Making room by moving work (consolidation): the work on the node(s) a blocked job needs is stopped, and what can
 run elsewhere now restarts there at once, its new place held for it while it stops.
 
-At its turn in allocation (`make_room_at_turn`), a blocked job that needs whole cards and is within its team's
-guarantee (or a big job at the head of the queue: a gang, or one that needs half of the largest node) may stop,
-on the node(s) it needs:
+At its turn in allocation (`make_room_at_turn`), a blocked job that needs several cards on a node and is within
+its team's guarantee (or a big job at the head of the queue: a gang, or one that needs half of the largest node)
+may stop, on the node(s) it needs:
 - preemptible work of any team that is smaller on a node than itself, including work within another team's
   guarantee, when that work runs somewhere else in the same cycle (a move: no team drops below its guarantee);
 - if it is within its guarantee, other teams' borrowed work (as reclaim takes it, their guarantees kept);
@@ -39,6 +39,7 @@ from scheduling.engine.accounting import (
 )
 from scheduling.engine.eviction import (
     FREE_COST,
+    could_fit,
     evict_job,
     evictions_left,
     release_all,
@@ -65,7 +66,10 @@ class MakeRoom:
 
     def __init__(self, s: Session, job: Job, within: bool):
         self.job, self.within = job, within
-        self.kinds: dict[str, str | None] = {}
+        # What each victim is to a job of this team and priority: the same for every such job of the cycle.
+        self.kinds: dict[str, str | None] = s.ctx.cache.setdefault(
+            ("moves.kinds", job.team, job.priority, within), {}
+        )
         self.homeless: set[str] = (
             set()
         )  # movable victims that found no place elsewhere in a staging that failed
@@ -73,6 +77,7 @@ class MakeRoom:
         # Moved jobs whose new place, in the last staging, sent other work back to the queue.
         self.homed_by_eviction: set[str] = set()
         self.min_runtime_s = float(s.param("min_runtime_s") or 0.0)
+        self._evictable: list[tuple[int, list[Holding]]] | None = None
         self.spare = _spare(s) if within else {}
         # Whether it may send work back to the queue to make a moved job's new place: other teams' borrowed work
         # (within its guarantee), or its own team's lower-priority work.
@@ -125,6 +130,16 @@ class MakeRoom:
             known = self.room[v.request] = choose(s, _as_pending(v)) is not None
         return known
 
+    def evictable_by_pos(self, s: Session) -> list[tuple[int, list[Holding]]]:
+        """Per node, the running jobs the job making room may send back to the queue (worked out once)."""
+        if self._evictable is None:
+            self._evictable = []
+            for pos, held in s.holdings_by_pos().items():
+                mine = [h for h in held if self.evict_kind(s, h.job) is not None]
+                if mine:
+                    self._evictable.append((pos, mine))
+        return self._evictable
+
     def eligible(self, s: Session, v: Job) -> bool:
         """Whether the job may stop `v` at all (it was not evicted earlier in the cycle)."""
         return v.id not in s.evicted and (self.evict_kind(s, v) is not None or self.movable(s, v))
@@ -163,12 +178,12 @@ def _spare(s: Session) -> dict[str, tuple[int, int, bool]]:
 
 
 def make_room_at_turn(s: Session, job: Job, *, may_reserve: bool) -> bool:
-    """At a blocked job's turn in allocation: when it needs whole cards and is within its team's guarantee (or is
-    a big job at the head of the queue, which would reserve: `may_reserve`), free the node(s)
-    it needs by moving work, at most `move_max_attempts` jobs a cycle. At its turn, so the room it needs is not
-    taken by the jobs after it first. True when the job is placed."""
+    """At a blocked job's turn in allocation: when it needs several cards on a node and is within its team's
+    guarantee (or is a big job at the head of the queue, which would reserve: `may_reserve`), free the node(s) it
+    needs by moving work, at most `move_max_attempts` jobs a cycle. At its turn, so the room it needs is not taken
+    by the jobs after it first. True when the job is placed."""
     req = job.request
-    if s.moves_left <= 0 or req.gpus < 1:
+    if s.moves_left <= 0 or req.gpus < 2:
         return False
     within = job.id in within_guarantee_ids(s.ctx) and _within_now(s, job)
     # Beyond its guarantee, only a big job at the head of the queue moves work: a gang, or one that needs at
@@ -216,14 +231,18 @@ def _make_room(s: Session, job: Job, view: Job, within: bool) -> bool:
         entries: list[tuple[tuple, int, int, list[Holding]]] = []
         found: list[tuple[tuple, int, int, list[Holding]]] = []
         plain: list[tuple[float, int, int, Node]] = []
+        nodes = s.index.nodes
         for pos in np.flatnonzero(static).tolist():
             if fits_now is not None and fits_now[pos]:
                 # A gang also takes the nodes it fits on as they are.
-                value = _value(s, view, s.index.nodes[pos])
+                value = _value(s, view, nodes[pos])
                 found.append(((value, *FREE_COST), int(rank[pos]), pos, []))
                 continue
-            eligible = [h for h in by_pos.get(pos, ()) if rule.eligible(s, h.job)]
-            if not eligible:
+            held = by_pos.get(pos)
+            if not held or len(nodes[pos].gpus) < req.gpus:
+                continue
+            eligible = [h for h in held if rule.eligible(s, h.job)]
+            if not eligible or not could_fit(s, view, pos, eligible):
                 continue
             cleared = release_all(s, pos, s.real_node(pos), eligible)
             if not node_ok(s, view, cleared):
@@ -430,18 +449,24 @@ def _home_by_eviction(s: Session, v: Job, stmt: Statement, rule: MakeRoom) -> bo
     req = v.request
     static = s.index.static(req)
     rank = s.index.rank
-    by_pos = s.holdings_by_pos()
-    best: tuple[tuple, int, int, list[Holding]] | None = None
-    for pos in np.flatnonzero(static).tolist():
-        eligible = [
-            h for h in by_pos.get(pos, ()) if h.job.id not in s.evicted and _may_house(s, rule, h.job, v)
-        ]
-        if not eligible:
+    # Searched in order of the least work a set there may lose (`work_floor`), stopping once no node left can beat
+    # the best found.
+    entries = []
+    for pos, held in rule.evictable_by_pos(s):
+        if not static[pos]:
             continue
+        eligible = [h for h in held if h.job.id not in s.evicted and _may_house(s, rule, h.job, v)]
+        if eligible and could_fit(s, v, pos, eligible):
+            entries.append((work_floor(s, v, pos, eligible), int(rank[pos]), pos, eligible))
+    entries.sort(key=lambda e: (e[0], e[1]))
+    best: tuple[tuple, int, int, list[Holding]] | None = None
+    for floor, pos_rank, pos, eligible in entries:
+        if best is not None and (floor,) > best[0][:1]:
+            break
         got = victims_on(s, v, pos, eligible, _Cheapest(rule, v))
         if got is None or not got[1]:
             continue
-        entry = (got[0], int(rank[pos]), pos, got[1])
+        entry = (got[0], pos_rank, pos, got[1])
         if best is None or entry[:2] < best[:2]:
             best = entry
     if best is None:

@@ -15,10 +15,10 @@ TESSERA_PROD = Profile(
     queue_order=("guarantee", "priority", "fairshare", "fifo"),
     admit=("quota", "modelquota"),
     filters=("fits",),
-    # Fragmentation-aware packing (`tessera`: FGD, which also sees NVLink and card sizes, then CPU balance and
-    # model matching), its last ties settled by `islands` (break no room bigger work needs); whole cards on the
-    # tightest NVLink island (`topology` chooses cards). The openb static replay measures this placement.
-    node_scores=(("tessera", 1.0), ("islands", 0.005)),
+    # Fragmentation-aware packing (`tessera`: FGD, which also sees NVLink and card sizes, then CPU balance, model
+    # matching and first fit); whole cards on the tightest NVLink island (`topology` chooses cards). The openb
+    # static replay measures this placement (policy `production`).
+    node_scores=(("tessera", 1.0),),
     gpu_scores=(("tessera", 1.0), ("topology", 0.5)),
     actions=("admit", "allocate", "backfill", "consolidate", "reclaim", "preempt"),
     params=DEFAULT_PARAMS,

@@ -7,7 +7,6 @@ from dataclasses import replace
 
 from scheduling.engine import run_cycle
 from scheduling.engine.accounting import guarantee_order
-from scheduling.engine.plugins.islands import bigger_work, outranks, room_lost
 from tests.engine.builders import job, node, profile, quota, request, running, snapshot
 
 NOW = 10_000.0
@@ -173,19 +172,6 @@ def test_moving_a_memory_only_slice_to_a_smaller_card_never_makes_up_for_guarant
     train = job("train", team="nlp", priority=100, gpus=2, min_memory_gib=80)
     d = run_cycle(snapshot(nodes, pending=[train], running_jobs=slices, quotas=quotas, now=NOW), profile())
     assert not d.placements and not d.evictions
-
-
-def test_islands_small_work_keeps_off_room_bigger_work_needs() -> None:
-    big = request(gpus=8, topology="nvlink", min_memory_gib=75)
-    single = request(gpus=1)
-    workload = ((single, 0.9), (big, 0.1))
-    classes = bigger_work(workload)
-    assert [c.gpus for c, _, _ in classes] == [8]
-    nv, pcie = node("nv", gpus=8, nvlink="all"), node("pcie", gpus=4, nvlink="none")
-    assert room_lost(single, nv, classes, 4.0) > 0.4  # 8 cards of 8-GPU demand are most of the GPUs asked
-    assert room_lost(single, pcie, classes, 4.0) == 0.0
-    # An 8-card job that needs no NVLink outranks nothing of its own size, but the NVLink class outranks it.
-    assert outranks(big, request(gpus=8)) and not outranks(request(gpus=8), big)
 
 
 def test_the_production_placement_sends_a_job_that_needs_no_nvlink_to_the_node_no_nvlink_job_could_use() -> (
