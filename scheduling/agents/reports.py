@@ -505,11 +505,15 @@ def _apply_report(job: Job, node: Node, state: str, payload: dict[str, Any], dat
         return Outcome(True)
 
     if job.state == JobState.PREEMPTED and state in ("stopped", "killed", "exited", "lost"):
+        if job.moving_until is not None:
+            message = (
+                f"Stopped on {node.name} to move; back in the queue with its original submit time, and it restarts "
+                "where its place is held."
+            )
+        else:
+            message = f"Stopped on {node.name} after its preemption; back in the queue with its original submit time."
         job_requeue_or_fail(
-            job=job,
-            code="requeued",
-            message=f"Stopped on {node.name} after its preemption; back in the queue with its original submit time.",
-            data=data,
+            job=job, code="moved" if job.moving_until is not None else "requeued", message=message, data=data
         )
         return Outcome(True, changed=True)
     if job.state not in ACTIVE_STATES:

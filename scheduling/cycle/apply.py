@@ -12,7 +12,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from django.db import connection, transaction
 
@@ -30,6 +30,7 @@ from scheduling.jobs.services import (
     SliceDoesNotFit,
     SliceWant,
     gang_members_place,
+    job_moving,
     job_transition,
     jobs_place,
     slice_allocate,
@@ -66,16 +67,33 @@ class _Freed:
     code: str = "preempted"
     gpus_by_team: dict[str, float] = field(default_factory=dict)
     grace_s: float = 0.0
+    moved: int = 0  # of the jobs it waits for, those that restart elsewhere
 
     def sentence(self) -> str:
         gpus = sum(self.gpus_by_team.values())
         teams = ", ".join(sorted(self.gpus_by_team))
         noun = "GPU" if gpus == 1 else "GPUs"
-        if self.code == "reclaimed":
+        if self.moved:
+            jobs = "job" if self.moved == 1 else "jobs"
+            what = f"{gpus:g} {noun} of team {teams} to be freed ({self.moved} {jobs} moving elsewhere)"
+        elif self.code == "reclaimed":
             what = f"{gpus:g} {noun} to be reclaimed from team {teams}"
         else:
             what = f"{gpus:g} {noun} held by lower-priority work of team {teams} to stop"
         return f"waiting for {what}; their grace ends in about {self.grace_s:g} s"
+
+
+MOVED = "moved"
+
+
+def _moved_words(ev: eng.Eviction) -> str:
+    """'Moved to a100-02 to free an NVLink node for team llm's guaranteed 8-GPU job #12' (the engine names jobs
+    by id; the portal writes them #id)."""
+    why = ev.why or f"moved to {', '.join(ev.to_nodes)}"
+    head, sep, job_id = why.rpartition(" job ")
+    if sep and job_id == ev.preemptor_id:
+        why = f"{head} job #{job_id}"
+    return why[:1].upper() + why[1:]
 
 
 def _placed_message(job: Job, placement: eng.Placement, freed: _Freed | None) -> str:
@@ -209,20 +227,31 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
                 for_whom.gpus_by_team.get(team, 0.0) + victim_pct_of.get(job.pk, 0) / 100
             )
             for_whom.grace_s = max(for_whom.grace_s, ev.grace_s)
-            verb = "Reclaimed for" if ev.code == "reclaimed" else "Preempted by"
+            data = {
+                "preemptor": ev.preemptor_id,
+                "grace_s": ev.grace_s,
+                "nodes": sorted(on_nodes),
+                "epoch": epoch,
+            }
+            if ev.code == MOVED:
+                for_whom.moved += 1
+                message = (
+                    f"{_moved_words(ev)}; {ev.grace_s:g} s grace before SIGKILL, then it restarts there."
+                )
+                data |= {"to_nodes": list(ev.to_nodes), "why": ev.why}
+            else:
+                verb = "Reclaimed for" if ev.code == "reclaimed" else "Preempted by"
+                message = f"{verb} job #{ev.preemptor_id}; {ev.grace_s:g} s grace before SIGKILL."
             job_transition(
                 job=job,
                 to_state=JobState.PREEMPTED,
                 actor_kind=ActorKind.SCHEDULER,
                 code=ev.code or "preempted",
-                message=f"{verb} job #{ev.preemptor_id}; {ev.grace_s:g} s grace before SIGKILL.",
-                data={
-                    "preemptor": ev.preemptor_id,
-                    "grace_s": ev.grace_s,
-                    "nodes": sorted(on_nodes),
-                    "epoch": epoch,
-                },
+                message=message,
+                data=data,
             )
+            if ev.code == MOVED:
+                job_moving(job=job, until=datetime.now(tz=UTC) + timedelta(seconds=ev.grace_s))
             result.evicted.append(job.pk)
 
         gpus = {
@@ -298,6 +327,7 @@ def _write_pending(decisions: eng.Decisions, *, placed: set[int], conflicts: dic
     for p in decisions.pending:
         eta = datetime.fromtimestamp(p.estimated_start, tz=UTC) if p.estimated_start is not None else None
         wanted[int(p.job_id)] = (p.status.code[:50], p.status.reason, p.position, eta)
+    _write_reserved(decisions, placed=placed)
     for job_id, why in conflicts.items():
         if job_id not in wanted:
             wanted[job_id] = (
@@ -344,6 +374,25 @@ def _write_pending(decisions: eng.Decisions, *, placed: set[int], conflicts: dic
     _update_pending_rows(changed)
     events.jobs_changed(changes=told)
     return len(changed)
+
+
+def _write_reserved(decisions: eng.Decisions, *, placed: set[int]) -> None:
+    """Each waiting job's reservation as the next cycle reads it (`reserved_nodes`): the nodes it holds now, kept
+    while they make sense. Only changes are written; a job placed or no longer holding one gets an empty list."""
+    now = {
+        int(r.job_id): sorted({a.node for a in r.assignments})
+        for r in decisions.reservations
+        if int(r.job_id) not in placed
+    }
+    held = dict(
+        Job.objects.filter(state=JobState.PENDING)
+        .exclude(reserved_nodes=[])
+        .values_list("id", "reserved_nodes")
+    )
+    changed = {pk: nodes for pk, nodes in now.items() if held.get(pk) != nodes}
+    changed |= {pk: [] for pk in held if pk not in now}
+    for pk, nodes in changed.items():
+        Job.objects.filter(pk=pk, state=JobState.PENDING).update(reserved_nodes=nodes)
 
 
 # An estimated start is rewritten only when it moves by more than this, or by more than ETA_TOLERANCE_SHARE of the

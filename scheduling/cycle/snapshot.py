@@ -12,11 +12,11 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import TextField
+from django.db.models import Count, TextField
 from django.db.models.functions import Cast
 
 from quotas.models import PriorityClass, Team
@@ -28,7 +28,7 @@ from scheduling.engine.framework import Profile
 from scheduling.engine.profiles import get_profile
 from scheduling.inventory.engine_view import capability, gpu_of, model_of, node_of
 from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node
-from scheduling.jobs.models import Job, Slice
+from scheduling.jobs.models import Job, JobEvent, Slice
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.jobs.usage import decayed_usage
 
@@ -279,6 +279,53 @@ def _jobs_from_rows(
     return out
 
 
+# Evictions within this window count against a running job's "evicted in the last hour" (no thrash).
+RECENT_EVICTIONS_S = 3600.0
+
+
+def _with_recent_evictions(running: list[eng.Job], *, now_s: float) -> list[eng.Job]:
+    """Running jobs with how often each was evicted (preempted, reclaimed, moved) in the last hour."""
+    since = datetime.fromtimestamp(now_s - RECENT_EVICTIONS_S, tz=UTC)
+    counts = dict(
+        JobEvent.objects.filter(job__state__in=ACTIVE_STATES, to_state=JobState.PREEMPTED, at__gte=since)
+        .values_list("job_id")
+        .annotate(n=Count("id"))
+        .values_list("job_id", "n")
+    )
+    if not counts:
+        return running
+    return [replace(j, recent_evictions=counts[int(j.id)]) if int(j.id) in counts else j for j in running]
+
+
+def _with_reservations(pending: list[eng.Job]) -> list[eng.Job]:
+    """Pending jobs with the nodes their reservation held at the last cycle (kept while it makes sense)."""
+    held = dict(
+        Job.objects.filter(state=JobState.PENDING)
+        .exclude(reserved_nodes=[])
+        .values_list("id", "reserved_nodes")
+    )
+    if not held:
+        return pending
+    return [
+        replace(j, reserved_on=tuple(sorted(held[int(j.id)]))) if held.get(int(j.id)) else j for j in pending
+    ]
+
+
+def _moving(now_s: float, *, slugs: dict, classes: dict) -> list[eng.Job]:
+    """Jobs being moved (preempted to make room, still stopping where they ran): listed pending, not to start before
+    their grace ends (and never while they are still preempted), so the engine holds their new place."""
+    rows = (
+        Job.objects.filter(state=JobState.PREEMPTED, moving_until__isnull=False)
+        .order_by("submitted_at", "id")
+        .values_list(*_JOB_COLUMNS, "moving_until")
+    )
+    out = []
+    for row in rows:
+        (job,) = _jobs_from_rows([row[:-1]], slugs=slugs, classes=classes, held_by_job={})
+        out.append(replace(job, ready_at=max(row[-1].timestamp(), now_s + 1.0)))
+    return out
+
+
 def _read_snapshot(now_s: float) -> eng.Snapshot:
     # Plain rows, not model instances: at 1,000 nodes and 20,000 queued jobs, building instances was most of the
     # read's 8-10 s (bench/snapshot_read.py).
@@ -329,7 +376,9 @@ def _read_snapshot(now_s: float) -> eng.Snapshot:
         .order_by("-submitted_at", "-id")
         .values_list(*_JOB_COLUMNS)
     )
-    running = _jobs_from_rows(active, slugs=slugs, classes=classes, held_by_job=held_by_job)
+    running = _with_recent_evictions(
+        _jobs_from_rows(active, slugs=slugs, classes=classes, held_by_job=held_by_job), now_s=now_s
+    )
     # Host CPU and memory are accounted from the jobs that hold GPUs there (the GPU ledger is the guarded one).
     host_used: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for ej in running:
@@ -376,11 +425,12 @@ def _read_snapshot(now_s: float) -> eng.Snapshot:
     queued = (
         Job.objects.filter(state=JobState.PENDING).order_by("submitted_at", "id").values_list(*_JOB_COLUMNS)
     )
+    pending = _jobs_from_rows(queued, slugs=slugs, classes=classes, held_by_job={})
     return eng.Snapshot(
         now=now_s,
         nodes=nodes,
         running=tuple(running),
-        pending=tuple(_jobs_from_rows(queued, slugs=slugs, classes=classes, held_by_job={})),
+        pending=(*_with_reservations(pending), *_moving(now_s, slugs=slugs, classes=classes)),
         quotas=engine_quotas(),
         usage=decayed_usage(now_s=now_s, half_life_s=settings.TESSERA_FAIRSHARE_HALF_LIFE_S),
         workload=_typical_workload(),

@@ -34,13 +34,16 @@ log = logging.getLogger(__name__)
 def job_requeue_or_fail(*, job: Job, code: str, message: str, data: dict | None = None) -> Job:
     """From preempted or lost back to pending, unless the job has used up its requeues (then failed)."""
     max_requeues = settings.TESSERA_MAX_REQUEUES
-    if job.attempt > max_requeues:
+    # Moves (the scheduler stopping it to make room, its new place held) are not the job's requeues.
+    if job.attempt - job.moves > max_requeues:
+        moved = f" (and moved {job.moves} times)" if job.moves else ""
         return job_transition(
             job=job,
             to_state=JobState.FAILED,
             actor_kind=ActorKind.SYSTEM,
             code="too_many_requeues",
-            message=f"{message} It has been placed {job.attempt} times; the limit is {max_requeues} requeues.",
+            message=f"{message} It has been placed {job.attempt - job.moves} times{moved}; the limit is "
+            f"{max_requeues} requeues.",
             data=data,
         )
     return job_transition(

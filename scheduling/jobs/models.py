@@ -65,6 +65,20 @@ class Job(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     borrowed = models.BooleanField(default=False, help_text="Runs beyond its team's guarantee: reclaimable.")
     attempt = models.PositiveSmallIntegerField(default=0, help_text="Placements so far (requeues + 1).")
+    moves = models.PositiveSmallIntegerField(
+        default=0,
+        help_text="Times it was moved to make room for a bigger job: not counted against its requeues.",
+    )
+    moving_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Being moved: it stops where it ran (its grace ends then) and restarts where its place is held.",
+    )
+    reserved_nodes = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Pending: the nodes its reservation holds (kept while it makes sense).",
+    )
     pending_reason_code = models.CharField(max_length=50, blank=True)
     pending_reason = models.TextField(blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)

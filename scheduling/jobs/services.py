@@ -498,8 +498,28 @@ def _enter_state(
         job.pending_reason_code, job.pending_reason = code or "requeued", message or "Back in the queue."
         job.placed_at = job.started_at = None
         job.borrowed = False
-        update += ["pending_reason_code", "pending_reason", "placed_at", "started_at", "borrowed"]
+        # Back in the queue: a reservation from before it ran no longer holds.
+        job.reserved_nodes = []
+        update += [
+            "pending_reason_code",
+            "pending_reason",
+            "placed_at",
+            "started_at",
+            "borrowed",
+            "reserved_nodes",
+        ]
+    if job.moving_until is not None and to_state not in (JobState.PREEMPTED, *ACTIVE_STATES):
+        job.moving_until = None  # it has stopped: the move is done (or void)
+        update.append("moving_until")
     return update
+
+
+def job_moving(*, job: Job, until: datetime) -> None:
+    """The preempted job is being moved: it stops until `until` (its grace), then restarts where the scheduler
+    holds its place. A move is not counted against its requeues (`moves`)."""
+    job.moves += 1
+    job.moving_until = until
+    job.save(update_fields=["moves", "moving_until"])
 
 
 def job_transition(

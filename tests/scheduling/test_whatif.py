@@ -53,7 +53,7 @@ def test_on_a_full_node_the_answer_is_when_the_running_jobs_max_runtimes_end(ali
     answer = whatif.job_whatif(user=bob, team=teams["inference"], spec=_spec(gpus=1))
     assert answer.verdict == "later", answer
     assert 3000 <= (answer.eta_s or 0) <= 3700, answer
-    assert answer.text.startswith("Starts in about 60 min: capacity is reserved for it on a100-01"), answer
+    assert answer.text.startswith("Starts in about 60 min: node a100-01 is reserved for this job"), answer
     assert answer.alternative == ""  # nothing smaller exists
     assert Job.objects.count() == 8
 
