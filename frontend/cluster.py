@@ -89,7 +89,8 @@ def _common(request: HttpRequest) -> dict:
 @login_required
 def cluster(request: HttpRequest) -> HttpResponse:
     """The map. `?group=<name>&part=group` is one group's tiles (a page of them, `page=`), fetched when the
-    group is opened and re-fetched on events; `?part=summaries` the groups' rows, re-fetched on events."""
+    group is opened and re-fetched on events; `?part=summaries` the groups' rows, re-fetched on events;
+    `?part=moves` the work moved to make room in the last hour."""
     part = request.GET.get("part")
     wanted = request.GET.get("group")
     # A group's part needs only which nodes are in it; the rows need everyone's samples for their means.
@@ -104,6 +105,9 @@ def cluster(request: HttpRequest) -> HttpResponse:
     }
     if part == "summaries":
         return render(request, "frontend/cluster/_summaries.html", context)
+    context["moves"] = cluster_map.recent_moves(user=request.user)
+    if part == "moves":
+        return render(request, "frontend/cluster/_moves.html", context)
     if part == "group":
         group = next((g for g in groups if g.name == wanted), None)
         if group is None:

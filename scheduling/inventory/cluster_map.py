@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from quotas.selectors import team_ids_for_user
 from scheduling.agents.live_metrics import live_metrics_for_nodes
-from scheduling.choices import GpuHealth, LinkKind, NodeState
+from scheduling.choices import GpuHealth, JobState, LinkKind, NodeState
 from scheduling.inventory.models import Gpu, GpuLink, Node, NodeStateChange
 from scheduling.inventory.selectors import (
     SILENT_AFTER_HEARTBEATS,
@@ -24,7 +24,7 @@ from scheduling.inventory.selectors import (
     heartbeat_interval_s,
     node_conditions,
 )
-from scheduling.jobs.models import Slice
+from scheduling.jobs.models import JobEvent, Slice
 from scheduling.jobs.usage import slice_share
 
 # A group of at most this many nodes starts open on the map; larger ones open on request, a page at a time.
@@ -398,3 +398,59 @@ def node_state_changes(*, node: Node, limit: int = 50) -> list[NodeStateChange]:
     return list(
         NodeStateChange.objects.filter(node=node).select_related("actor").order_by("-at", "-id")[:limit]
     )
+
+
+# --- Work moved to make room ------------------------------------------------------------------------------------
+
+RECENT_MOVES_S = 3600.0
+RECENT_MOVES_MAX = 10
+
+
+@dataclass(frozen=True)
+class Move:
+    at: datetime
+    job_id: int | None  # None: another team's job (anonymous, as its slices are)
+    job_name: str | None
+    team: str
+    from_nodes: tuple[str, ...]
+    to_nodes: tuple[str, ...]
+    why: str  # "to free an NVLink node for team llm's guaranteed 8-GPU job #12"
+    state: str  # where the moved job is now
+
+
+def recent_moves(*, user: Any, within_s: float = RECENT_MOVES_S, limit: int = RECENT_MOVES_MAX) -> list[Move]:
+    """The jobs the scheduler moved to make room in the last hour, newest first: from where, to where, and why
+    (one query). Another team's job is shown by its team only, as its slices are."""
+    from django.utils import timezone
+
+    visible = visible_team_ids(user)
+    since = timezone.now() - timedelta(seconds=within_s)
+    rows = (
+        JobEvent.objects.filter(to_state=JobState.PREEMPTED, code="moved", at__gte=since)
+        .order_by("-at", "-id")
+        .values_list("at", "job_id", "job__name", "job__team_id", "job__team__slug", "job__state", "data")[
+            :limit
+        ]
+    )
+    out = []
+    for at, job_id, name, team_id, slug, state, data in rows:
+        mine = visible is None or team_id in visible
+        why = str((data or {}).get("why") or "")
+        head, sep, tail = why.rpartition(" job ")
+        if sep and tail.isdigit():
+            why = f"{head} job #{tail}"
+        to = tuple((data or {}).get("to_nodes") or ())
+        prefix = f"moved to {', '.join(to)} "
+        out.append(
+            Move(
+                at=at,
+                job_id=job_id if mine else None,
+                job_name=name if mine else None,
+                team=slug,
+                from_nodes=tuple((data or {}).get("nodes") or ()),
+                to_nodes=to,
+                why=why.removeprefix(prefix),
+                state=state,
+            )
+        )
+    return out

@@ -66,6 +66,25 @@ nvlink:
   - {{group: [0, 1], links: 12}}
 """
 
+# Other node layouts a cluster may ask for (`Cluster.layouts`): what the simulated agent reports, and the cards the
+# inventory registers for it, (portal model name, agent model name, memory MiB, compute capability, sharing,
+# count, NVLink-joined).
+LAYOUTS = {
+    "h100x8": ("H100-80GB", "NVIDIA H100 80GB HBM3", 81559, "9.0", "exclusive", 8, True),
+    "l4x2": ("L4", "NVIDIA L4", 23034, "8.9", "exclusive", 2, False),
+}
+
+
+def _sim_layout(name: str, layout: str) -> str:
+    _, agent_model, memory, cc, sharing, count, linked = LAYOUTS[layout]
+    text = (
+        f"node: {name}\ngpus:\n  - {{model: {agent_model}, count: {count}, memory_mib: {memory}, "
+        f'compute_capability: "{cc}", numa_node: 0, sharing: {sharing}}}\n'
+    )
+    if linked:
+        text += f"nvlink:\n  - {{group: [{', '.join(str(i) for i in range(count))}], links: 18}}\n"
+    return text
+
 
 def wait_for(what: str, predicate: Callable[[], Any], *, timeout_s: float, interval_s: float = 0.1) -> Any:
     timeout_s *= TIMEOUT_SCALE
@@ -146,6 +165,8 @@ class Cluster:
     port: int = field(default_factory=free_port)
     procs: dict[str, Proc] = field(default_factory=dict)
     nodes: tuple[str, ...] = ("pipe-a", "pipe-b")
+    # node -> a layout of LAYOUTS; the others have two NVLinked A100s and an MPS L4 (SIM_NODE).
+    layouts: dict[str, str] = field(default_factory=dict)
     agent_sample_s: float = 0.2
     extra_env: dict[str, str] = field(default_factory=dict)
     redis_port: int | None = None  # a private redis-server (start_redis); None: settings.REDIS_URL
@@ -245,7 +266,8 @@ class Cluster:
     def start_agent(self, node: str) -> Proc:
         sim = self.root / f"{node}.yaml"
         if not sim.exists():
-            sim.write_text(SIM_NODE.format(name=node))
+            layout = self.layouts.get(node)
+            sim.write_text(_sim_layout(node, layout) if layout else SIM_NODE.format(name=node))
         argv = [
             str(BIN / "tessera-agent"),
             "run",
@@ -325,6 +347,9 @@ def seed(cluster: Cluster) -> dict:
         name="L4", memory_mib=23034, compute_capability=Decimal("8.9"), sharing_modes=["exclusive", "mps"]
     )
     for name in cluster.nodes:
+        if name in cluster.layouts:
+            _seed_layout(name, cluster.layouts[name], cluster.root)
+            continue
         node = Node.objects.create(name=name, cpu_milli=64_000, memory_mib=512 * 1024)
         gpus = [
             Gpu.objects.create(
@@ -362,6 +387,40 @@ def seed(cluster: Cluster) -> dict:
     alice = get_user_model().objects.create_user(username="alice", password="alice-pw")
     membership_set(user=alice, team=lab)
     return {"alice": alice, "team": lab}
+
+
+def _seed_layout(name: str, layout: str, root: Path) -> None:
+    """A node of one of LAYOUTS in the inventory, with its agent token on disk."""
+    from scheduling.choices import LinkKind
+    from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node
+    from scheduling.inventory.services import node_issue_token
+
+    model_name, _, memory, cc, sharing, count, linked = LAYOUTS[layout]
+    model, _ = GpuModel.objects.get_or_create(
+        name=model_name,
+        defaults={
+            "memory_mib": memory,
+            "compute_capability": Decimal(cc),
+            "sharing_modes": ["exclusive", "mps"],
+        },
+    )
+    node = Node.objects.create(name=name, cpu_milli=128_000, memory_mib=1024 * 1024)
+    gpus = [
+        Gpu.objects.create(
+            node=node,
+            index=i,
+            uuid=f"unreported-{name}-{i}",
+            model=model,
+            memory_mib=memory,
+            sharing_mode=sharing,
+        )
+        for i in range(count)
+    ]
+    if linked:
+        for i, a in enumerate(gpus):
+            for b in gpus[i + 1 :]:
+                GpuLink.objects.create(gpu_a=a, gpu_b=b, kind=LinkKind.NVLINK, nvlink_count=18)
+    (root / f"{name}.token").write_text(node_issue_token(node=node))
 
 
 # -- job helpers -----------------------------------------------------------------------------------------------
@@ -440,10 +499,17 @@ def _use_redis(url: str):
 
 
 @contextlib.contextmanager
-def running_cluster(django_db_blocker, root: Path, *, extra_seed: Callable[[Cluster], dict] | None = None):
+def running_cluster(
+    django_db_blocker,
+    root: Path,
+    *,
+    extra_seed: Callable[[Cluster], dict] | None = None,
+    nodes: dict[str, str | None] | None = None,
+):
     """The whole cluster for a package of tests: a private Redis where redis-server exists, daphne, a Celery
-    worker and beat, and the agents of `seed`'s nodes, with `extra_seed`'s people added. Everything it wrote
-    is flushed at the end, as pytest-django's transactional tests do."""
+    worker and beat, and the agents of `seed`'s nodes (or of `nodes`: name -> a layout of LAYOUTS, None for the
+    default one), with `extra_seed`'s people added. Everything it wrote is flushed at the end, as pytest-django's
+    transactional tests do."""
     if not settings.REDIS_URL or connection.vendor != "postgresql":
         pytest.skip(
             "the end-to-end pipeline needs PostgreSQL and Redis: set DATABASE_URL and REDIS_URL (make test)"
@@ -469,6 +535,9 @@ def running_cluster(django_db_blocker, root: Path, *, extra_seed: Callable[[Clus
     settings.TESSERA_FENCE_MARGIN_S = FENCE_MARGIN_S
     with django_db_blocker.unblock():
         c = Cluster(root)
+        if nodes:
+            c.nodes = tuple(nodes)
+            c.layouts = {name: layout for name, layout in nodes.items() if layout}
         c.redis = c.start_redis()
         redirected = _use_redis(c.redis_url) if c.redis else None
         redis_client().delete(*KEYS)
@@ -482,9 +551,9 @@ def running_cluster(django_db_blocker, root: Path, *, extra_seed: Callable[[Clus
             for node in c.nodes:
                 c.start_agent(node)
             wait_for(
-                "both agents to say hello and report their GPUs",
+                "every agent to say hello and report its GPUs",
                 lambda: (
-                    NodeSync.objects.filter(connected_at__isnull=False).count() == 2
+                    NodeSync.objects.filter(connected_at__isnull=False).count() == len(c.nodes)
                     and not Gpu.objects.filter(uuid__startswith="unreported-").exists()
                 ),
                 timeout_s=60,
