@@ -20,12 +20,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+
+from bench.baseline import run_python, worktree
 
 SCENARIOS = ("big-jobs", "gangs", "memory-guarantees", "mixed-models", "churn")
 TTG_SLACK_S = 60.0
@@ -125,36 +124,19 @@ def run_all(paths: list[str], seeds: list[int], profile: str, workers: int) -> l
 
 
 def baseline_runs(ref: str, paths: list[str], seeds: list[int], workers: int) -> list[dict]:
-    """The same runs with the engine and simulator of commit `ref`, in a temporary worktree."""
-    root = Path(__file__).resolve().parents[1]
-    with tempfile.TemporaryDirectory(prefix="tessera-baseline-") as tmp:
-        tree = Path(tmp) / "tree"
-        subprocess.run(
-            ["git", "-C", str(root), "worktree", "add", "--detach", str(tree), ref],
-            check=True,
-            capture_output=True,
-        )
-        try:
-            argv = [
-                sys.executable,
-                str(Path(__file__).resolve()),
-                "--worker",
-                "--seeds",
-                ",".join(map(str, seeds)),
-                "--workers",
-                str(workers),
-                "--scenarios",
-                ",".join(paths),
-            ]
-            env = {**os.environ, "PYTHONPATH": str(tree)}
-            out = subprocess.run(argv, cwd=tree, env=env, check=True, capture_output=True, text=True)
-            return json.loads(out.stdout)
-        finally:
-            subprocess.run(
-                ["git", "-C", str(root), "worktree", "remove", "--force", str(tree)],
-                check=False,
-                capture_output=True,
-            )
+    """The same runs with the engine and simulator of commit `ref` (this script, that commit's code)."""
+    with worktree(ref) as tree:
+        argv = [
+            str(Path(__file__).resolve()),
+            "--worker",
+            "--seeds",
+            ",".join(map(str, seeds)),
+            "--workers",
+            str(workers),
+            "--scenarios",
+            ",".join(paths),
+        ]
+        return json.loads(run_python(tree, argv))
 
 
 def summary(runs: list[dict], base: list[dict] | None) -> dict:

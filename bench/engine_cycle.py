@@ -13,6 +13,11 @@ given): half the nodes A100, half H100, and every queued job asks for one A100 c
 first cycle places thousands of jobs and then finds the A100s full while the H100s stay free.
 
     python -m bench.engine_cycle --scenario fill --json
+
+`--baseline REF` runs the same benchmark with the engine of git commit REF too, alternately (`--rounds` each, 3 by
+default), and compares the median cycle CPU time: a cycle may cost at most 1.3 times the baseline's.
+
+    python -m bench.engine_cycle --nodes 1000 --pending 10000 --running 5000 --baseline 0ab7261 --json
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from types import MappingProxyType
 
+from bench.baseline import REPO, run_python, worktree
 from scheduling.engine import get_profile, run_cycle
 from scheduling.engine.framework import Profile
 from scheduling.engine.resources import allocate_on_node, job_host_on
@@ -219,6 +225,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile", default="default")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
+    parser.add_argument(
+        "--baseline", default="", help="also run commit REF's engine, alternately, and compare"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each side with --baseline")
     args = parser.parse_args(argv)
     _, _, pending, running = SCENARIOS[args.scenario]
     args.pending = pending if args.pending is None else args.pending
@@ -306,8 +316,51 @@ def cycles(args: argparse.Namespace, profile: Profile) -> Iterator[tuple[Snapsho
         pending = [j for j in pending if j.id not in placed_ids] + requeued + arrivals
 
 
+def compare(args: argparse.Namespace, argv: list[str]) -> int:
+    """This engine against commit `args.baseline`'s in the same run: the same benchmark, alternately in a
+    subprocess of each (`args.rounds` each), compared by the median of their cycle CPU time (p50)."""
+    rest = [a for a in argv if a != "--json"]
+    i = rest.index("--baseline")
+    rest = rest[:i] + rest[i + 2 :]
+    if "--rounds" in rest:
+        j = rest.index("--rounds")
+        rest = rest[:j] + rest[j + 2 :]
+    bench = ["-m", "bench.engine_cycle", *rest, "--json"]
+    here: list[dict] = []
+    there: list[dict] = []
+    with worktree(args.baseline) as tree:
+        for _ in range(args.rounds):
+            there.append(json.loads(run_python(tree, bench)))
+            here.append(json.loads(run_python(REPO, bench)))
+    mine = statistics.median(r["cycle_cpu_s_p50"] for r in here)
+    theirs = statistics.median(r["cycle_cpu_s_p50"] for r in there)
+    result = {
+        "scenario": args.scenario,
+        "nodes": args.nodes,
+        "pending": here[0]["pending"],
+        "baseline": args.baseline,
+        "rounds": args.rounds,
+        "cycle_cpu_s_p50": round(mine, 4),
+        "baseline_cycle_cpu_s_p50": round(theirs, 4),
+        "ratio": round(mine / theirs, 3) if theirs else None,
+        "target_ratio_max": COMPARE_TARGET,
+        "met": bool(theirs) and mine / theirs <= COMPARE_TARGET,
+        "runs": here,
+        "baseline_runs": there,
+    }
+    print(json.dumps(result, indent=None if args.json else 2))
+    return 0
+
+
+# A cycle may cost at most this much more than the baseline's (docs/engine.md, "Performance").
+COMPARE_TARGET = 1.3
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.baseline:
+        return compare(args, argv)
     profile = get_profile(args.profile)
     setup_started = time.perf_counter()
     runs = cycles(args, profile)
