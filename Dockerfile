@@ -10,12 +10,13 @@ COPY quotas ./quotas
 COPY scheduling ./scheduling
 COPY agent ./agent
 COPY frontend ./frontend
-COPY bench ./bench
 COPY manage.py ./
 # Every process runs as an unprivileged user of its own, which owns only the directories it writes (the code and
 # the collected static files stay root's): the portal's state and logs, and an agent's work dir. Named volumes
 # mounted there start out owned by it.
-RUN pip install --no-cache-dir . \
+# The portal's own dependencies and the `agent` extra (NVML, the websocket client): the node agent runs from this
+# image too. The simulator's extra (`sim`: plots, progress bars) stays out.
+RUN pip install --no-cache-dir '.[agent]' \
  && useradd --system --uid 10001 --user-group --home-dir /var/lib/tessera --shell /usr/sbin/nologin tessera \
  && mkdir -p /var/lib/tessera/logs /var/lib/tessera/metrics /var/lib/tessera-agent \
  && DJANGO_SETTINGS_MODULE=portal.settings python manage.py collectstatic --noinput -v0 \

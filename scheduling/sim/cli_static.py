@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from collections.abc import Sequence
@@ -71,7 +72,8 @@ def main_static(argv: Sequence[str] | None = None) -> int:
     profile = openb_profile(args.policy)
     show_progress = not args.no_progress and (not args.json or sys.stderr.isatty())
     bar = None
-    if show_progress:
+    # The bar is a convenience (the `sim` extra installs tqdm).
+    if show_progress and importlib.util.find_spec("tqdm") is not None:
         from tqdm import tqdm
 
         per_seed = expected_pods(pods, sum(node.gpus for node in nodes) * 1000)

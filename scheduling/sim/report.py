@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -19,6 +20,11 @@ from scheduling.sim.runs import run_scenario
 # One colour per policy, in order, readable in print and by colour-blind readers (Okabe-Ito).
 COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
 DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
+
+
+def plots_available() -> bool:
+    """Whether matplotlib is installed (the `sim` extra): without it reports are JSON and CSV only."""
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def _plt():
@@ -201,7 +207,9 @@ def write_run_report(
     for policy, r in results.items():
         files.append(write_csv(base / f"{policy}-jobs.csv", job_rows(r)))
         files.append(write_csv(base / f"{policy}-series.csv", series_rows(r)))
-    if plots:
+    if plots and not plots_available():
+        print("no plots: matplotlib is not installed (pip install 'tessera[sim]')", file=sys.stderr)
+    elif plots:
         files.append(
             plot_utilization(results, base / "utilization.png", title=f"{name}: utilization over time")
         )
