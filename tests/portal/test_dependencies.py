@@ -71,7 +71,9 @@ TRANSITIVE = {"asgiref": "django", "kombu": "celery", "twisted": "daphne", "msgp
 
 
 def _undeclared(used: dict[str, str], allowed: set[str]) -> list[str]:
-    return sorted(f"{dist}: {what}" for dist, what in used.items() if TRANSITIVE.get(dist, dist) not in allowed)
+    return sorted(
+        f"{dist}: {what}" for dist, what in used.items() if TRANSITIVE.get(dist, dist) not in allowed
+    )
 
 
 def test_the_portal_imports_only_its_declared_dependencies() -> None:
@@ -87,7 +89,9 @@ def test_the_agent_and_the_simulator_import_only_the_portal_s_dependencies_and_t
     core, extras = _declared()
     agent = _distributions(_imports(_files("agent")))
     sim = _distributions(_imports(_files("scheduling/sim")))
-    assert not _undeclared(agent, core | extras["agent"]), "the agent imports what neither core nor [agent] has"
+    assert not _undeclared(agent, core | extras["agent"]), (
+        "the agent imports what neither core nor [agent] has"
+    )
     assert not _undeclared(sim, core | extras["sim"]), "the simulator imports what neither core nor [sim] has"
     assert {"nvidia-ml-py", "websockets"} <= set(agent)
     assert {"matplotlib", "tqdm"} <= set(sim)
