@@ -30,6 +30,7 @@ from scheduling.engine.types import (
     Snapshot,
 )
 from scheduling.sim.guarantees import GuaranteeFigures, GuaranteeTracker
+from scheduling.sim.workload import NodeFailure, SimJob
 
 # Anything with this shape: the production `run_cycle`, or a test double inside tests.
 Scheduler = Callable[[Snapshot, object], Decisions]
@@ -40,34 +41,6 @@ DEFAULT_USAGE_HALF_LIFE_S = 7 * 24 * 3600.0
 
 class SimulationError(RuntimeError):
     """The scheduler returned a decision the cluster cannot honour (a double booking, an unknown job...)."""
-
-
-@dataclass(frozen=True, slots=True)
-class JobSpec:
-    """One job as the workload describes it: what it asks for, when it arrives and how much work it carries."""
-
-    id: str
-    team: str
-    request: Request
-    submit_time_s: float
-    runtime_s: float  # work at full speed, seconds
-    priority: int = 0
-    preemptible: bool = True
-    grace_s: float = 30.0
-    max_runtime_s: float | None = None
-    # Progress is saved every this many seconds of work; None: never (an eviction loses all progress).
-    checkpoint_interval_s: float | None = None
-    # Useful compute per GPU the job really drives, milli-GPU (a 4 GiB inference server may drive 100 of 1000).
-    usage_milli: int = WHOLE_GPU_MILLI
-    priority_class: str = ""
-    kind: str = ""  # a label for reports ("training", "inference", a qos class...)
-
-
-@dataclass(frozen=True, slots=True)
-class NodeFailure:
-    node: str
-    time_s: float
-    repair_s: float | None = None  # back to ready after this long; None: stays lost
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +76,7 @@ class JobState(IntEnum):
 class JobRecord:
     """What happened to one job; the per-job rows of the report."""
 
-    spec: JobSpec
+    spec: SimJob
     state: JobState = JobState.WAITING
     first_start_s: float | None = None
     finish_s: float | None = None
@@ -219,22 +192,13 @@ class SimResult:
     reservations: Mapping[str, int] = field(default_factory=dict)
 
 
-def default_usage_milli(request: Request) -> int:
-    """A slice drives its compute share (or its memory share when it names no compute); whole GPUs saturate."""
-    if request.gpus > 0:
-        return WHOLE_GPU_MILLI
-    if request.gpu_compute_milli > 0:
-        return request.gpu_compute_milli
-    return 0 if not request.is_slice else WHOLE_GPU_MILLI
-
-
 def _alloc_share_milli(assignment: Assignment, card_memory_mib: int) -> int:
     """The share of a card an assignment makes unavailable: the larger of its compute and memory shares."""
     mem_share = assignment.memory_mib * WHOLE_GPU_MILLI // card_memory_mib if card_memory_mib else 0
     return min(WHOLE_GPU_MILLI, max(assignment.compute_milli, mem_share))
 
 
-def _engine_job(spec: JobSpec, **running) -> Job:
+def _engine_job(spec: SimJob, **running) -> Job:
     """The engine's view of a simulated job; `running` adds where and since when it runs."""
     return Job(
         id=spec.id,
@@ -258,7 +222,7 @@ class Simulator:
         self,
         *,
         nodes: Sequence[Node],
-        jobs: Iterable[JobSpec],
+        jobs: Iterable[SimJob],
         profile: object,
         quotas: Mapping[str, Quota] | None = None,
         config: SimConfig | None = None,
@@ -1029,7 +993,7 @@ class Simulator:
 def simulate(
     *,
     nodes: Sequence[Node],
-    jobs: Iterable[JobSpec],
+    jobs: Iterable[SimJob],
     profile: object,
     quotas: Mapping[str, Quota] | None = None,
     config: SimConfig | None = None,

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from scheduling.engine.profiles import get_profile
 from scheduling.engine.types import WHOLE_GPU_MILLI, Node, Quota
-from scheduling.sim.des import JobSpec, SimConfig, SimResult, default_usage_milli, simulate
+from scheduling.sim.des import SimConfig, SimResult, simulate
 from scheduling.sim.openb import TracePod, load_nodes, load_pods
 from scheduling.sim.static import build_node, pod_request
+from scheduling.sim.workload import SimJob, default_usage_milli
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,14 +49,14 @@ def pod_job(
     grace_s: float,
     checkpoint_interval_s: float | None,
     compression: float = 1.0,
-) -> JobSpec:
+) -> SimJob:
     if pod.creation_time_s is None or pod.deletion_time_s is None:
         raise ValueError(
             f"{pod.name}: the dynamic mode needs creation_time and deletion_time (this list has none)"
         )
     qos = QOS_CLASSES.get(pod.qos, QOS_CLASSES["Burstable"])
     request = pod_request(pod)
-    return JobSpec(
+    return SimJob(
         id=pod.name,
         team=team_of(pod.name, teams),
         request=request,
@@ -79,7 +80,7 @@ def openb_jobs(
     grace_s: float = 30.0,
     checkpoint_interval_s: float | None = None,
     compression: float = 1.0,
-) -> list[JobSpec]:
+) -> list[SimJob]:
     """The first `limit` pods of the list (in file order) as jobs.
 
     `compression` divides every arrival time and keeps runtimes, multiplying the offered load: on its own
@@ -152,6 +153,6 @@ def run_dynamic(
     return runs
 
 
-def arrival_span_s(jobs: Sequence[JobSpec]) -> float:
+def arrival_span_s(jobs: Sequence[SimJob]) -> float:
     """The window the trace covers: from 0 to the last arrival (jobs running past it are cut there)."""
     return max((j.submit_time_s for j in jobs), default=0.0)

@@ -26,7 +26,7 @@ from scheduling.engine.resources import charge_of
 from scheduling.engine.types import WHOLE_GPU_MILLI, Assignment, Node, NodeState, Quota, Snapshot
 
 if TYPE_CHECKING:
-    from scheduling.sim.des import JobSpec
+    from scheduling.sim.workload import SimJob
 
 _MIN_WEIGHT = 1e-9  # a team weighted 0 still takes what nobody else wants
 
@@ -203,7 +203,7 @@ class GuaranteeTracker:
         self._shares_dirty = True
 
     # ------------------------------------------------------------------------------------------ job moves
-    def job_waiting(self, spec: JobSpec) -> None:
+    def job_waiting(self, spec: SimJob) -> None:
         """The job is pending (arrived, requeued, or its placement was voided)."""
         self._pend(spec)
         team = self._team(spec.team)
@@ -219,7 +219,7 @@ class GuaranteeTracker:
         team.waiting_milli_sizes[charge[1]] += 1
         self._touch(spec.team)
 
-    def _pend(self, spec: JobSpec) -> None:
+    def _pend(self, spec: SimJob) -> None:
         """Note the job among its team's pending jobs of its priority, and when it became pending."""
         self._mark += 1
         self._pending_mark[spec.id] = self._mark
@@ -227,14 +227,14 @@ class GuaranteeTracker:
         bisect.insort(self._pending.setdefault(key, []), (spec.submit_time_s, spec.id))
         self._priorities.setdefault(spec.team, set()).add(spec.priority)
 
-    def job_placed(self, spec: JobSpec, now_s: float) -> None:
+    def job_placed(self, spec: SimJob, now_s: float) -> None:
         """The cycle placed the job (it starts, or waits for its victims): it is no longer pending."""
         lst = self._pending[(spec.team, spec.priority)]
         del lst[bisect.bisect_left(lst, (spec.submit_time_s, spec.id))]
         mark = self._pending_mark.pop(spec.id)
         self._settle_watches(spec, mark, now_s)
 
-    def job_started(self, spec: JobSpec, assignments: tuple[Assignment, ...]) -> None:
+    def job_started(self, spec: SimJob, assignments: tuple[Assignment, ...]) -> None:
         """The job runs on `assignments`: it stops waiting and its exact charge counts as held."""
         team = self._team(spec.team)
         charge = team.waiting.pop(spec.id, None)
@@ -248,7 +248,7 @@ class GuaranteeTracker:
             self._owed_done.append(OwedJob(spec.id, spec.team, owed, True))
         self._hold(spec.team, spec.priority, charge_of(assignments), +1)
 
-    def job_stopped(self, spec: JobSpec, assignments: tuple[Assignment, ...]) -> None:
+    def job_stopped(self, spec: SimJob, assignments: tuple[Assignment, ...]) -> None:
         """The job no longer holds its cards (finished, gone after its grace, or handed to its preemptor)."""
         self._hold(spec.team, spec.priority, charge_of(assignments), -1)
 
@@ -307,7 +307,7 @@ class GuaranteeTracker:
                 self._team(victim_team).guaranteed_evictions += 1
 
     # ----------------------------------------------------------------------------------- priority inversions
-    def placements_applied(self, specs: Iterable[JobSpec], now_s: float) -> None:
+    def placements_applied(self, specs: Iterable[SimJob], now_s: float) -> None:
         """After a cycle's placements: each placed job that jumped ahead of an earlier, higher-priority job of its
         team still pending is an inversion, unless it declared a max runtime (then it is watched as a backfill)."""
         for spec in specs:
@@ -320,7 +320,7 @@ class GuaranteeTracker:
             watch = _Watch(self._mark, now_s + spec.max_runtime_s, spec.priority, spec.submit_time_s)
             self._watches.setdefault(spec.team, []).append(watch)
 
-    def _waiting_senior(self, spec: JobSpec) -> bool:
+    def _waiting_senior(self, spec: SimJob) -> bool:
         """Whether a job of the team with higher priority, submitted earlier, is pending."""
         for priority in self._priorities.get(spec.team, ()):
             if priority > spec.priority:
@@ -329,7 +329,7 @@ class GuaranteeTracker:
                     return True
         return False
 
-    def _settle_watches(self, spec: JobSpec, pending_mark: int, now_s: float) -> None:
+    def _settle_watches(self, spec: SimJob, pending_mark: int, now_s: float) -> None:
         """A job placed now ends the watches it was senior to and that have not reached their declared end."""
         watches = self._watches.get(spec.team)
         if not watches:

@@ -17,7 +17,7 @@ import yaml
 from scheduling.engine.framework import Profile
 from scheduling.engine.profiles import get_profile
 from scheduling.engine.types import Gpu, Node, Quota, Request, Sharing, TopologyNeed
-from scheduling.sim.des import JobSpec, NodeFailure, SimConfig
+from scheduling.sim.des import SimConfig
 from scheduling.sim.synthetic import (
     ARRIVAL_PROCESSES,
     RUNTIME_DISTRIBUTIONS,
@@ -28,6 +28,7 @@ from scheduling.sim.synthetic import (
     mixed_streams,
     with_whole_cards,
 )
+from scheduling.sim.workload import NodeFailure, SimJob
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 
@@ -100,7 +101,7 @@ class Scenario:
     models: Mapping[str, GpuModel] = field(default_factory=dict)
     source: str = ""
 
-    def jobs(self, *, seed: int | None = None) -> list[JobSpec]:
+    def jobs(self, *, seed: int | None = None) -> list[SimJob]:
         return generate(self.streams, self.config.seed if seed is None else seed)
 
     def nodes_for(self, policy: PolicySpec) -> tuple[Node, ...]:
@@ -110,7 +111,7 @@ class Scenario:
             replace(n, gpus=tuple(replace(g, sharing=policy.sharing) for g in n.gpus)) for n in self.nodes
         )
 
-    def jobs_for(self, policy: PolicySpec, *, seed: int | None = None) -> list[JobSpec]:
+    def jobs_for(self, policy: PolicySpec, *, seed: int | None = None) -> list[SimJob]:
         jobs = self.jobs(seed=seed)
         return [with_whole_cards(j) for j in jobs] if policy.whole_cards else jobs
 

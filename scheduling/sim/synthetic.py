@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from scheduling.engine.types import WHOLE_GPU_MILLI, Request, TopologyNeed
-from scheduling.sim.des import JobSpec, default_usage_milli
+from scheduling.sim.workload import SimJob, default_usage_milli
 
 ARRIVAL_PROCESSES = ("at", "uniform", "random", "poisson")
 RUNTIME_DISTRIBUTIONS = ("fixed", "uniform", "exponential", "lognormal")
@@ -105,14 +105,14 @@ def draw_runtime(runtime: Runtime, rng: random.Random) -> float:
     return max(1.0, x)
 
 
-def stream_jobs(stream: Stream, seed: int) -> list[JobSpec]:
+def stream_jobs(stream: Stream, seed: int) -> list[SimJob]:
     """The jobs of one stream, a pure function of (stream, seed)."""
     rng = random.Random(f"tessera-synthetic:{seed}:{stream.name}")
     times = arrival_times(stream.arrival, stream.count, rng)
     usage = stream.usage_milli if stream.usage_milli is not None else default_usage_milli(stream.request)
     width = max(3, len(str(max(0, stream.count - 1))))
     return [
-        JobSpec(
+        SimJob(
             id=f"{stream.name}-{i:0{width}d}",
             team=stream.team,
             request=stream.request,
@@ -131,7 +131,7 @@ def stream_jobs(stream: Stream, seed: int) -> list[JobSpec]:
     ]
 
 
-def generate(streams: Iterable[Stream], seed: int) -> list[JobSpec]:
+def generate(streams: Iterable[Stream], seed: int) -> list[SimJob]:
     """All streams' jobs, in submit order (ties by id)."""
     jobs = [job for s in streams for job in stream_jobs(s, seed)]
     jobs.sort(key=lambda j: (j.submit_time_s, j.id))
@@ -193,7 +193,7 @@ def mixed_streams(
     return out
 
 
-def with_whole_cards(job: JobSpec) -> JobSpec:
+def with_whole_cards(job: SimJob) -> SimJob:
     """The same job asking for a whole card instead of a slice (what a scheduler without slicing gives it).
 
     Its real usage does not change: a 4 GiB inference server still drives the same compute on a whole card.

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from scheduling.engine.types import Assignment, Decisions, Eviction, Gpu, Node, Placement, Request
-from scheduling.sim.des import JobSpec, JobState, NodeFailure, SimConfig, SimulationError, simulate
+from scheduling.sim.des import JobState, SimConfig, SimulationError, simulate
 from scheduling.sim.metrics import summarize
+from scheduling.sim.workload import NodeFailure, SimJob
 from tests.sim._firstfit import first_fit
 
 
@@ -14,9 +15,9 @@ def _node(name: str, gpus: int = 1) -> Node:
     return Node(name, 64_000, 1 << 20, gpus=tuple(Gpu(i, f"{name}-{i}", "A100", 40_960) for i in range(gpus)))
 
 
-def _job(job_id: str, submit: float, runtime: float, **kw) -> JobSpec:
+def _job(job_id: str, submit: float, runtime: float, **kw) -> SimJob:
     kw.setdefault("request", Request(gpus=1))
-    return JobSpec(id=job_id, team=kw.pop("team", "t"), submit_time_s=submit, runtime_s=runtime, **kw)
+    return SimJob(id=job_id, team=kw.pop("team", "t"), submit_time_s=submit, runtime_s=runtime, **kw)
 
 
 def _by_id(result):

@@ -11,9 +11,10 @@ from scheduling.engine.framework import DEFAULT_PARAMS, Profile
 from scheduling.engine.profiles import get_profile
 from scheduling.engine.types import Assignment, Decisions, Gpu, Node, Placement, Quota, Request
 from scheduling.sim.cli_dynamic import _table
-from scheduling.sim.des import JobSpec, NodeFailure, SimConfig, simulate
+from scheduling.sim.des import SimConfig, simulate
 from scheduling.sim.guarantees import jain_index, water_fill
 from scheduling.sim.metrics import summarize
+from scheduling.sim.workload import NodeFailure, SimJob
 from tests.sim._firstfit import first_fit
 
 
@@ -21,9 +22,9 @@ def _node(name: str, gpus: int = 1) -> Node:
     return Node(name, 64_000, 1 << 20, gpus=tuple(Gpu(i, f"{name}-{i}", "A100", 40_960) for i in range(gpus)))
 
 
-def _job(job_id: str, team: str, submit: float, runtime: float, **kw) -> JobSpec:
+def _job(job_id: str, team: str, submit: float, runtime: float, **kw) -> SimJob:
     kw.setdefault("request", Request(gpus=1))
-    return JobSpec(id=job_id, team=team, submit_time_s=submit, runtime_s=runtime, **kw)
+    return SimJob(id=job_id, team=team, submit_time_s=submit, runtime_s=runtime, **kw)
 
 
 def _by_id(result):
