@@ -19,7 +19,7 @@ from django.db import models
 from django_filters.rest_framework import DjangoFilterBackend
 from django_filters.rest_framework import FilterSet as DrfFilterSet
 
-from portal.api_support import ApiError
+from portal.api_errors import ApiError
 
 EARLIEST_YEAR = 1970
 LATEST_YEAR = 9998  # a year 9998 moment in any offset is still a datetime in UTC (9999 may not be)

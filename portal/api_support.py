@@ -18,6 +18,8 @@ from rest_framework.response import Response
 from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from portal.api_errors import ApiError
+from portal.api_params import int_param
 from portal.client_address import client_address
 from quotas.errors import QuotaRefused
 from scheduling.errors import ServiceError
@@ -25,25 +27,6 @@ from scheduling.jobs.states import IllegalTransition
 
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50
-
-
-class ApiError(exceptions.APIException):
-    """An error with a field and a limit, raised by views for refusals that are not a service's."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        code: str = "invalid",
-        field: str | None = None,
-        limit: Any = None,
-        status_code: int = status.HTTP_400_BAD_REQUEST,
-    ):
-        super().__init__(detail=message, code=code)
-        self.status_code = status_code
-        self.field = field
-        self.limit = limit
-        self.error_code = code
 
 
 def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
@@ -152,13 +135,9 @@ class BoundedPagination(PageNumberPagination):
     last_page_strings = ()  # `?page=last` is not a page number: the schema says an integer, and so does this
 
     def get_page_number(self, request: Any, paginator: Any) -> int:
-        from portal.api_params import int_param  # it builds on ApiError, defined here
-
         return int_param(request, self.page_query_param, low=1, high=None, default=1)
 
     def get_page_size(self, request: Any) -> int:
-        from portal.api_params import int_param
-
         return int_param(
             request, self.page_size_query_param, low=1, high=MAX_PAGE_SIZE, default=self.page_size
         )

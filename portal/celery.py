@@ -5,7 +5,7 @@ import os
 from celery import Celery
 from celery.signals import before_task_publish, setup_logging
 
-from portal.health import beat_note_publish
+from scheduling.coordination import beat_note_publish
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
@@ -25,5 +25,5 @@ def _portal_logging(**_) -> None:
     logging.config.dictConfig(settings.LOGGING)
 
 
-# Beat's healthcheck reads when it last sent its periodic cycle request (portal.health).
+# Beat's healthcheck (portal.health) reads when it last sent its periodic cycle request.
 before_task_publish.connect(beat_note_publish, weak=False)

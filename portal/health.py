@@ -5,7 +5,8 @@
   a recent scheduling cycle, beat: `readiness`).
 - worker: this host's Celery worker answers a ping through the broker.
 - beat: beat sent its periodic cycle request recently. Beat keeps no state a probe could read, so every process
-  notes in Redis when it publishes that task (`beat_note_publish`, connected in portal.celery); only beat does.
+  notes in Redis when it publishes that task (`scheduling.coordination.beat_note_publish`, connected in
+  portal.celery); only beat does.
 """
 
 from __future__ import annotations
@@ -14,27 +15,9 @@ import argparse
 import json
 import socket
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from typing import Any
-
-from scheduling.coordination import BEAT_MARK_KEY, BEAT_MARK_TTL_S, BEAT_TICK_TASK
-
-
-def beat_note_publish(sender: str | None = None, **_: Any) -> None:
-    """Celery's before_task_publish: when the periodic cycle request leaves (from beat), note the time."""
-    if sender != BEAT_TICK_TASK:
-        return
-    from scheduling.coordination import redis_client
-
-    try:
-        r = redis_client()
-        if r is not None:
-            r.set(BEAT_MARK_KEY, repr(time.time()), ex=BEAT_MARK_TTL_S)
-    except Exception:  # noqa: BLE001 - a failed note must never stop beat from publishing
-        pass
 
 
 def check_web(*, url: str, timeout_s: float) -> str | None:

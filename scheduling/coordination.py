@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import time
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -18,8 +20,21 @@ def redis_client() -> redis.Redis | None:
     return _redis_for(settings.REDIS_URL) if settings.REDIS_URL else None
 
 
-# Beat's periodic cycle request notes its time here (portal.health.beat_note_publish); /readyz and beat's
-# container healthcheck read it.
+# Beat's periodic cycle request notes its time here (beat_note_publish); /readyz and beat's container
+# healthcheck (portal.health) read it.
 BEAT_TICK_TASK = "scheduling.tasks.cycle_tick"
 BEAT_MARK_KEY = "tessera:beat:last_tick"
 BEAT_MARK_TTL_S = 24 * 3600
+
+
+def beat_note_publish(sender: str | None = None, **_: Any) -> None:
+    """Celery's before_task_publish (connected in portal.celery): when the periodic cycle request leaves (from
+    beat), note the time."""
+    if sender != BEAT_TICK_TASK:
+        return
+    try:
+        r = redis_client()
+        if r is not None:
+            r.set(BEAT_MARK_KEY, repr(time.time()), ex=BEAT_MARK_TTL_S)
+    except Exception:  # noqa: BLE001 - a failed note must never stop beat from publishing
+        pass

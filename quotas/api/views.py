@@ -14,8 +14,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from portal.api_errors import ApiError
 from portal.api_params import IdFilter, StrictFilterSet, TextFilter
-from portal.api_support import ApiError, ClientAddressThrottleMixin
+from portal.api_support import ClientAddressThrottleMixin
 from quotas.api.authentication import BearerTokenAuthentication
 from quotas.api.serializers import (
     ApiTokenCreatedSerializer,

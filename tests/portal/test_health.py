@@ -12,7 +12,7 @@ import pytest
 from celery.signals import before_task_publish
 from django.conf import settings
 
-from portal import health
+from scheduling import coordination
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,9 +25,9 @@ def redis():
     from scheduling.coordination import redis_client
 
     r = redis_client()
-    r.delete(health.BEAT_MARK_KEY)
+    r.delete(coordination.BEAT_MARK_KEY)
     yield r
-    r.delete(health.BEAT_MARK_KEY)
+    r.delete(coordination.BEAT_MARK_KEY)
 
 
 def _beat_check(*args: str) -> subprocess.CompletedProcess:
@@ -47,9 +47,9 @@ def test_beat_is_unhealthy_until_it_publishes_its_tick_and_again_once_it_stops(r
     # Another task published (as web and workers do) is not beat's tick.
     before_task_publish.send(sender="scheduling.tasks.run_cycle_task")
     assert _beat_check().returncode == 1
-    before_task_publish.send(sender=health.BEAT_TICK_TASK)
+    before_task_publish.send(sender=coordination.BEAT_TICK_TASK)
     fresh = _beat_check("--max-age-s", "5")
     assert (fresh.returncode, fresh.stdout.strip()) == (0, "ok"), fresh.stderr
-    redis.set(health.BEAT_MARK_KEY, repr(time.time() - 60))
+    redis.set(coordination.BEAT_MARK_KEY, repr(time.time() - 60))
     stale = _beat_check("--max-age-s", "30")
     assert stale.returncode == 1 and "more than 30 s" in stale.stderr

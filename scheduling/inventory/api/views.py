@@ -14,7 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal.api_support import ApiError
+from portal.api_errors import ApiError
 from scheduling.agents.live_metrics import live_metrics_for_nodes
 from scheduling.cycle.selectors import cluster_summary
 from scheduling.inventory.api import serializers as s

@@ -26,8 +26,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from portal.api_errors import ApiError
 from portal.api_params import MOMENT_HELP, MOMENT_SCHEMA, TEXT_SCHEMA, int_param, moment_param, query_value
-from portal.api_support import ApiError, CsvRenderer, SubmitRateThrottle
+from portal.api_support import CsvRenderer, SubmitRateThrottle
 from portal.parsers import SafeJSONParser
 from quotas.models import Team
 from quotas.selectors import idempotency_record_for, team_by_slug, team_slugs_for_user
