@@ -21,6 +21,8 @@ import time
 from celery import current_app
 from django.conf import settings
 from django.db import transaction
+from redis.exceptions import LockNotOwnedError
+from redis.lock import Lock
 
 from scheduling.coordination import redis_client
 
@@ -39,11 +41,6 @@ QUEUED_TTL_S = 10
 # In-process mode: the demo's loop waits on this.
 local_cycle_wanted = threading.Event()
 local_lock = threading.Lock()
-
-# Compare-and-delete: release the lock only if we still hold it (it may have expired and moved on).
-_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
-_EXTEND = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
-
 
 # Set "wanted"; set "queued" only if absent (with its expiry) and say whether we did: then the caller queues a task.
 _REQUEST = (
@@ -102,17 +99,25 @@ def cycle_request_when_lock_frees(r) -> None:
         current_app.tasks[RUN_CYCLE_TASK].apply_async(countdown=delay_s, retry=False)
 
 
-def lock_acquire(r, *, holder: str) -> bool:
-    return bool(r.set(KEY_LOCK, holder, nx=True, px=lock_ttl_ms()))
+def lock_acquire(r, *, holder: str) -> Lock | None:
+    """Take the cycle lock for one TTL if it is free: redis-py's Lock (its extend and release compare the token
+    first), the token being the holder's name. None when someone holds it."""
+    lock = Lock(
+        r,
+        KEY_LOCK,
+        timeout=lock_ttl_ms() / 1000,
+        blocking=False,
+        thread_local=False,  # the keeper renews it from its own thread
+    )
+    return lock if lock.acquire(token=holder) else None
 
 
-def lock_extend(r, *, holder: str) -> bool:
-    """Renew the lock for a full TTL; False when it is no longer ours (it expired, maybe taken by another)."""
-    return bool(r.eval(_EXTEND, 1, KEY_LOCK, holder, lock_ttl_ms()))
-
-
-def lock_release(r, *, holder: str) -> None:
-    r.eval(_RELEASE, 1, KEY_LOCK, holder)
+def lock_release(lock: Lock) -> None:
+    """Give the lock back if it is still ours; one that lapsed (or was taken since) is left alone."""
+    try:
+        lock.release()
+    except LockNotOwnedError:
+        log.info("the cycle lock had lapsed before its holder released it")
 
 
 class LockKeeper:
@@ -124,8 +129,8 @@ class LockKeeper:
     refused by the fencing epoch if a newer one started, so losing the lock never lets two cycles both write.
     """
 
-    def __init__(self, r, *, holder: str) -> None:
-        self.r, self.holder = r, holder
+    def __init__(self, lock: Lock, *, holder: str) -> None:
+        self.lock, self.holder = lock, holder
         self.interval_s = lock_ttl_ms() / 3000
         # A holder alive but stuck (a cycle waiting on a lock that never comes) must not hold scheduling up
         # for ever: past this without finishing a cycle, the lock is left to lapse (the epoch fences the rest).
@@ -160,11 +165,12 @@ class LockKeeper:
                 self.lost.set()
                 return
             try:
-                if not lock_extend(self.r, holder=self.holder):
-                    log.warning(
-                        "the cycle lock expired under its holder %s: no further cycle from it", self.holder
-                    )
-                    self.lost.set()
-                    return
+                self.lock.extend(lock_ttl_ms() / 1000, replace_ttl=True)  # a full TTL again, if still ours
+            except LockNotOwnedError:
+                log.warning(
+                    "the cycle lock expired under its holder %s: no further cycle from it", self.holder
+                )
+                self.lost.set()
+                return
             except Exception:  # Redis is away: the lock lapses on its own; try again next interval
                 log.warning("could not renew the cycle lock", exc_info=True)

@@ -131,14 +131,15 @@ def cycles_run_locked() -> dict:
         finally:
             requests.local_lock.release()
     r.delete(requests.KEY_QUEUED)  # from here on, a new request queues a new task
-    if not requests.lock_acquire(r, holder=holder):
+    lock = requests.lock_acquire(r, holder=holder)
+    if lock is None:
         requests.cycle_request_when_lock_frees(r)
         return {"ran": 0, "busy": True}
     try:
-        with requests.LockKeeper(r, holder=holder) as keeper:
+        with requests.LockKeeper(lock, holder=holder) as keeper:
             reports = run_cycles(holder=holder, keeper=keeper)
     finally:
-        requests.lock_release(r, holder=holder)
+        requests.lock_release(lock)
     if r.exists(requests.KEY_WANTED):  # arrived after our last look: hand over rather than lose it
         requests.cycle_request()
     return {"ran": len(reports), "placed": sum(x["placed"] for x in reports)}
