@@ -23,13 +23,12 @@ from bench.cluster_scale import (
     Procs,
     _port_open,
     bench_database,
-    free_port,
     proc_cpu_s,
     queue_jobs,
     seed,
     soft_wait,
-    wait_for,
 )
+from tests.support import free_port, wait_for
 
 
 def place_everywhere(jobs_per_node: int) -> int:
@@ -130,7 +129,7 @@ def main() -> int:
         else:
             argv = [str(BIN / "daphne"), *serve]
         web = procs.start("daphne", argv)
-        wait_for("daphne", lambda: _port_open(port), timeout_s=60)
+        wait_for("daphne", lambda: _port_open(port), timeout_s=60, scale=False)
         specs = seeded["specs"]
         per = -(-len(specs) // args.agent_procs)
         sims = []

@@ -20,13 +20,14 @@ import multiprocessing as mp
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from urllib.parse import urlparse
+
+from tests.support import free_port, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,15 +63,6 @@ SPECS = [
         "memory": "32GiB",
     },
 ]
-
-
-def percentile(values: list[float], pct: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * pct / 100
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 def latency_summary(seconds: list[float]) -> dict[str, float]:
@@ -128,12 +120,6 @@ def cpu_snapshot(server_pid: int, database_url: str) -> dict[str, dict[int, floa
 
 def cpu_used(before: dict[str, dict[int, float]], after: dict[str, dict[int, float]]) -> dict[str, float]:
     return {kind: sum(cpu - before[kind].get(pid, 0.0) for pid, cpu in after[kind].items()) for kind in after}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ensure_database(url: str) -> None:

@@ -32,17 +32,10 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
+from tests.support import free_port, percentile
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("TESSERA_CHROMIUM", "/usr/bin/chromium")
-
-
-def percentile(values: list[float], pct: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    k = (len(ordered) - 1) * pct / 100
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 def summary_ms(seconds: list[float]) -> dict[str, float]:
@@ -741,14 +734,6 @@ def history_times(people: dict, requests: int) -> dict:
         "capacity_now_part": "/capacity/?part=now",
     }
     return {name: summary_ms(time_requests(client, "GET", path, requests)) for name, path in pages.items()}
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(port: int) -> None:

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from tests.support import percentile
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -42,13 +44,6 @@ def _recreate(admin_url: str, name: str, *, drop_only: bool = False) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         if not drop_only:
             conn.execute(f'CREATE DATABASE "{name}"')
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 def main() -> int:
@@ -133,13 +128,13 @@ def main() -> int:
         "benchmark": "submit_to_running",
         "jobs": len(latencies),
         "agents": 2,
-        "p50_s": round(percentile(latencies, 0.50), 3),
-        "p90_s": round(percentile(latencies, 0.90), 3),
-        "p99_s": round(percentile(latencies, 0.99), 3),
+        "p50_s": round(percentile(latencies, 50), 3),
+        "p90_s": round(percentile(latencies, 90), 3),
+        "p99_s": round(percentile(latencies, 99), 3),
         "max_s": round(max(latencies), 3),
         "mean_s": round(statistics.fmean(latencies), 3),
         "target_p99_s": 2.0,
-        "meets_target": percentile(latencies, 0.99) <= 2.0,
+        "meets_target": percentile(latencies, 99) <= 2.0,
         "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "settings": {
             "agent_sample_s": cluster.agent_sample_s,

@@ -82,7 +82,7 @@ def test_stop_sends_sigterm_waits_the_grace_then_sigkills_a_job_that_ignores_it(
     ex = Executor(tmp_path)
     code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
     h = ex.start(spec("stubborn", py(code), grace_s=0.6))
-    wait_for(lambda: ex.tail_log(h.key, "stdout") == ["ready"])
+    wait_for("the condition", lambda: ex.tail_log(h.key, "stdout") == ["ready"])
     t0 = time.monotonic()
     ex.stop(h.key, reason="not_desired")
     time.sleep(0.3)
@@ -98,7 +98,7 @@ def test_a_job_that_honours_sigterm_ends_within_its_grace(tmp_path):
     ex = Executor(tmp_path)
     code = "import time; print('ready', flush=True); time.sleep(60)"
     h = ex.start(spec("polite", py(code), grace_s=30))
-    wait_for(lambda: ex.tail_log(h.key, "stdout") == ["ready"])
+    wait_for("the condition", lambda: ex.tail_log(h.key, "stdout") == ["ready"])
     ex.stop(h.key, reason="not_desired")
     done = ex.wait(h.key, 10)
     assert done.outcome == "stopped" and done.exit_code == -signal.SIGTERM and not done.kill_sent
@@ -157,7 +157,7 @@ def test_a_restarted_executor_adopts_a_running_job_and_never_launches_it_twice(t
     first = Executor(tmp_path)
     job = spec("adopt", py("import time; print('ready', flush=True); time.sleep(60)"), grace_s=5)
     h1 = first.start(job)
-    wait_for(lambda: first.tail_log(h1.key, "stdout") == ["ready"])
+    wait_for("the condition", lambda: first.tail_log(h1.key, "stdout") == ["ready"])
     # The agent restarts (a new Executor on the same work dir); its job keeps running.
 
     second = Executor(tmp_path)
@@ -192,7 +192,7 @@ def test_a_launch_record_lost_in_a_crash_is_recovered_from_the_running_process(t
     first = Executor(tmp_path)
     job = spec("crash", py("import time; print('ready', flush=True); time.sleep(60)"))
     h1 = first.start(job)
-    wait_for(lambda: first.tail_log(h1.key, "stdout") == ["ready"])
+    wait_for("the condition", lambda: first.tail_log(h1.key, "stdout") == ["ready"])
     (h1.dir / "launch.json").unlink()  # the agent died between launching and writing it down
     second = Executor(tmp_path)
     h2 = second.handle(job.key)

@@ -59,7 +59,7 @@ def isolated(work_dir):
 
 def _first_line(ex, handle) -> str:
     try:
-        return wait_for(lambda: ex.tail_log(handle.key, "stdout"))[0]
+        return wait_for("the condition", lambda: ex.tail_log(handle.key, "stdout"))[0]
     except AssertionError:
         raise AssertionError(f"no output; stderr: {ex.tail_log(handle.key, 'stderr')}") from None
 
@@ -159,7 +159,7 @@ def test_cpu_and_memory_requests_become_the_jobs_cgroup_limits(isolated):
             cpu_milli=1500,
         )
     )
-    wait_for(lambda: ex.tail_log(h.key, "stdout") == ["ready"])
+    wait_for("the condition", lambda: ex.tail_log(h.key, "stdout") == ["ready"])
     run = json.loads((h.dir / "run.json").read_text())
     files = {}
     for d in run["cgroup"]["dirs"]:

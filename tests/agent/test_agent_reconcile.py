@@ -67,7 +67,7 @@ def test_a_preemptor_waits_until_its_victim_has_left_the_gpu(tmp_path):
         )
     )
     rec.converge(_state(1, _job("victim", command=stubborn, grace_s=0.5)))
-    wait_for(lambda: ex.tail_log("victim:1", "stdout") == ["ready"])
+    wait_for("the condition", lambda: ex.tail_log("victim:1", "stdout") == ["ready"])
     result = rec.converge(_state(2, _job("urgent")))
     assert result.stopping == ["victim:1"]
     assert result.waiting == {"urgent:1": "waiting for victim:1 to stop"}

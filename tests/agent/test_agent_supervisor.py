@@ -47,7 +47,7 @@ def test_a_shell_line_job_gets_the_whole_grace_not_the_shell(tmp_path):
     ex = Executor(tmp_path)
     line = f"{shlex.quote(sys.executable)} -c {shlex.quote(CHECKPOINTING.format(secs=2))}; echo after"
     h = ex.start(spec("ckpt-shell", line, grace_s=30))
-    wait_for(lambda: "ready" in ex.tail_log(h.key, "stdout"))
+    wait_for("the condition", lambda: "ready" in ex.tail_log(h.key, "stdout"))
     t0 = time.monotonic()
     ex.stop(h.key, reason="preempted")
     time.sleep(1.0)
@@ -64,7 +64,7 @@ def test_a_shell_line_job_gets_the_whole_grace_not_the_shell(tmp_path):
 def test_an_argv_job_gets_the_whole_grace_too(tmp_path):
     ex = Executor(tmp_path)
     h = ex.start(spec("ckpt-argv", py(CHECKPOINTING.format(secs=1.5)), grace_s=30))
-    wait_for(lambda: "ready" in ex.tail_log(h.key, "stdout"))
+    wait_for("the condition", lambda: "ready" in ex.tail_log(h.key, "stdout"))
     ex.stop(h.key, reason="preempted")
     done = ex.wait(h.key, 15)
     assert done.outcome == "stopped" and done.exit_code == 0 and (h.dir / "done").exists()
@@ -83,7 +83,7 @@ def test_processes_left_behind_are_stopped_before_the_job_counts_as_ended(tmp_pa
         "sys.exit(4)\n"
     )
     h = ex.start(spec("leftover", py(code), grace_s=0.5))
-    pids = [int(p) for p in wait_for(lambda: ex.tail_log(h.key, "stdout"))[0].split()]
+    pids = [int(p) for p in wait_for("the condition", lambda: ex.tail_log(h.key, "stdout"))[0].split()]
     done = ex.wait(h.key, 15)
     assert done.outcome == "exited" and done.exit_code == 4
     assert not any(_alive(p) for p in pids)
@@ -94,17 +94,17 @@ def test_a_job_whose_agent_is_gone_stops_itself_at_its_fence(tmp_path):
     grace once the fence has passed; a later agent finds how it ended."""
     gone = Executor(tmp_path, fence_after_s=1.5)
     h = gone.start(spec("fenced", py(CHECKPOINTING.format(secs=0.5)), grace_s=10))
-    wait_for(lambda: "ready" in gone.tail_log(h.key, "stdout"))
+    wait_for("the condition", lambda: "ready" in gone.tail_log(h.key, "stdout"))
     supervisor = h.pid
     started = time.monotonic()
     # No agent from here on: nobody polls `gone`, nobody renews its lease.
-    wait_for(lambda: (h.dir / "exit.json").exists(), timeout_s=15)
+    wait_for("the condition", lambda: (h.dir / "exit.json").exists(), timeout_s=15)
     elapsed = time.monotonic() - started
     record = json.loads((h.dir / "exit.json").read_text())
     assert record["stop_reason"] == "fenced" and "no word from the agent" in record["stop_detail"]
     assert 1.5 <= elapsed < 6
     assert (h.dir / "done").exists()  # the grace reached it
-    wait_for(lambda: not _alive(supervisor))
+    wait_for("the condition", lambda: not _alive(supervisor))
     later = Executor(tmp_path, fence_after_s=1.5)
     found = later.handle(h.key)
     assert found.state == FINISHED and found.outcome == "stopped"
@@ -114,7 +114,7 @@ def test_a_job_whose_agent_is_gone_stops_itself_at_its_fence(tmp_path):
 def test_a_renewed_lease_keeps_the_job_running(tmp_path):
     ex = Executor(tmp_path, fence_after_s=1.0)
     h = ex.start(spec("kept", py("import time; print('ready', flush=True); time.sleep(60)"), grace_s=1))
-    wait_for(lambda: "ready" in ex.tail_log(h.key, "stdout"))
+    wait_for("the condition", lambda: "ready" in ex.tail_log(h.key, "stdout"))
     until = time.monotonic() + 3.0
     while time.monotonic() < until:
         ex.renew_lease()
@@ -147,7 +147,7 @@ def test_the_supervisor_outlives_its_agent_and_a_new_agent_adopts_it(tmp_path):
     agent.wait()
     later = Executor(tmp_path)
     h = later.handle("orphan:1")
-    wait_for(lambda: later.tail_log(h.key, "stdout") == ["ready"])
+    wait_for("the condition", lambda: later.tail_log(h.key, "stdout") == ["ready"])
     assert h.adopted and h.state == RUNNING and h.pid == supervisor and _alive(h.job_pid)
     later.stop(h.key, reason="not_desired", grace_s=1)
     assert later.wait(h.key, 10).outcome == "stopped"

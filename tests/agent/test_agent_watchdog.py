@@ -15,7 +15,7 @@ SLEEPER = "import os, time; print(os.getpid(), flush=True); time.sleep(60)"
 def _start(ex: Executor, job_id: str, uuid: str, sharing: str = "time_sliced") -> tuple[str, int]:
     gslice = GpuSlice(uuid=uuid, index=0, memory_mib=4096, compute_pct=50, sharing=sharing)
     h = ex.start(JobSpec(job_id=job_id, attempt=1, command=py(SLEEPER), gpus=(gslice,), grace_s=5))
-    pid = int(wait_for(lambda: ex.tail_log(h.key, "stdout"))[0])
+    pid = int(wait_for("the condition", lambda: ex.tail_log(h.key, "stdout"))[0])
     return h.key, pid
 
 
@@ -87,7 +87,7 @@ def test_metrics_attribute_gpu_processes_to_their_placement(fake_nvml, tmp_path)
     }
     agent.apply_desired({"version": 1, "jobs": [job]})
     agent.tick()
-    child = int(wait_for(lambda: agent.executor.tail_log("m:1", "stdout"))[0])
+    child = int(wait_for("the condition", lambda: agent.executor.tail_log("m:1", "stdout"))[0])
     fake_nvml.control.set_time(9.0)
     fake_nvml.control.set_process_memory(0, child, 2048)
     metrics = [m for m in agent.tick() if m["type"] == "metrics"][-1]["payload"]

@@ -8,15 +8,12 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.conf import settings
@@ -24,6 +21,7 @@ from django.core.management import call_command
 from django.db import OperationalError, connection, transaction
 
 from agent import procfs
+from tests.support import TIMEOUT_SCALE, free_port, wait_for  # noqa: F401 - the pipeline tests import them from here
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -37,9 +35,6 @@ NODE_LOST_AFTER_S = 10.0
 # TESSERA_TEST_FENCE_AFTER_S sets another, for measurements with longer outages (docs/operations.md).
 FENCE_AFTER_S = float(os.environ.get("TESSERA_TEST_FENCE_AFTER_S", "20"))
 FENCE_MARGIN_S = 2.0
-# Every wait_for gives up only after timeout_s x this: waits end as soon as their condition holds, so a slow
-# machine costs time, not a false failure. TESSERA_TEST_TIMEOUT_SCALE=1 keeps the bare figures.
-TIMEOUT_SCALE = float(os.environ.get("TESSERA_TEST_TIMEOUT_SCALE", "3"))
 ENV = {
     "TESSERA_NODE_LOST_AFTER_S": str(NODE_LOST_AFTER_S),
     "TESSERA_AGENT_FENCE_AFTER_S": str(FENCE_AFTER_S),
@@ -86,18 +81,6 @@ def _sim_layout(name: str, layout: str) -> str:
     return text
 
 
-def wait_for(what: str, predicate: Callable[[], Any], *, timeout_s: float, interval_s: float = 0.1) -> Any:
-    timeout_s *= TIMEOUT_SCALE
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(interval_s)
-
-
 def _redis_ping(url: str) -> bool:
     import redis
 
@@ -105,12 +88,6 @@ def _redis_ping(url: str) -> bool:
         return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
     except redis.RedisError:
         return False
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def database_url() -> str:

@@ -5,7 +5,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import requests
+
+from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,12 +98,6 @@ def test_check_deploy_refuses_the_embedded_secret_key(tmp_path):
     assert result.returncode != 0 and "security.W009" in result.stdout + result.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def embedded_server(tmp_path_factory):
     """What `make demo` runs: migrate, load the demo, then the portal, the scheduling loop and simulated agents,
@@ -114,7 +109,7 @@ def embedded_server(tmp_path_factory):
     loaded = subprocess.run(
         [*manage, "load_demo"], env=env, cwd=ROOT, check=True, capture_output=True, text=True
     )
-    port = _free_port()
+    port = free_port()
     log = (var / "demo.log").open("w")
     server = subprocess.Popen(
         [*manage, "run_demo", "--host", "127.0.0.1", "--port", str(port)],

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import time
 from datetime import UTC, datetime, timedelta
@@ -19,6 +18,7 @@ from django.test import Client
 
 from scheduling.agents.live_metrics import live_metrics_store
 from scheduling.history import recorder
+from tests.support import free_port
 
 pytestmark = pytest.mark.django_db
 
@@ -63,12 +63,6 @@ def test_the_node_page_charts_its_gpus_from_the_rollups_with_a_time_picker(alice
     assert _signed_in(alice).get(f"/cluster/{node.name}/?window=forever").status_code == 200
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def prometheus_with_samples(tmp_path, node):
     """A real Prometheus over a TSDB holding 50 min of utilisation samples of the node's GPU 1, a minute apart."""
@@ -89,7 +83,7 @@ def prometheus_with_samples(tmp_path, node):
         timeout=60,
     )
     (tmp_path / "prometheus.yml").write_text("global: {scrape_interval: 1m}\nscrape_configs: []\n")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             "prometheus",
@@ -128,6 +122,6 @@ def test_with_prometheus_the_node_page_reads_its_history_from_it(
 
 
 def test_when_prometheus_does_not_answer_the_page_says_so_and_shows_the_rollups(alice, node, settings):
-    settings.PROMETHEUS_URL = f"http://127.0.0.1:{_free_port()}"
+    settings.PROMETHEUS_URL = f"http://127.0.0.1:{free_port()}"
     page = _signed_in(alice).get(f"/cluster/{node.name}/").content.decode()
     assert "did not answer" in page and "showing the portal&#x27;s own 5-minute history instead" in page
