@@ -3,8 +3,8 @@ is audited."""
 
 from django import forms
 from django.contrib import admin
-from django.http import HttpRequest
 
+from portal.admin_base import ReadOnlyAdmin, ReadOnlyInline
 from quotas import services
 from quotas.choices import ChangeSource
 from quotas.models import Membership, PriorityClass, Quota, QuotaChange, Team, TeamPriorityClass
@@ -54,21 +54,13 @@ class MembershipInline(admin.TabularInline):
     autocomplete_fields = ("user",)
 
 
-class QuotaChangeInline(admin.TabularInline):
+class QuotaChangeInline(ReadOnlyInline):
     """The quota audit trail, shown read-only on the team's page."""
 
     model = QuotaChange
-    extra = 0
     fields = ("changed_at", "actor", "source", "changes", "note")
     readonly_fields = fields
-    can_delete = False
     verbose_name_plural = "Quota changes (audit trail)"
-
-    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
 
 
 @admin.register(Team)
@@ -128,20 +120,11 @@ class QuotaAdmin(admin.ModelAdmin):
 
 
 @admin.register(QuotaChange)
-class QuotaChangeAdmin(admin.ModelAdmin):
+class QuotaChangeAdmin(ReadOnlyAdmin):
     list_display = ("changed_at", "team", "actor", "source", "changes", "note")
     list_filter = ("source", "team")
     search_fields = ("team__slug", "actor__username", "note")
     readonly_fields = ("team", "quota", "actor", "source", "changed_at", "changes", "note", "undo_of")
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(PriorityClass)

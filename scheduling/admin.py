@@ -1,8 +1,8 @@
 """Admin site for the inventory and jobs: cordon/drain nodes, cancel/requeue jobs, read the audit trail."""
 
 from django.contrib import admin, messages
-from django.http import HttpRequest
 
+from portal.admin_base import ReadOnlyAdmin, ReadOnlyInline
 from scheduling.choices import ActorKind, NodeState
 from scheduling.inventory import services as inventory_services
 from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node, NodeStateChange
@@ -10,17 +10,6 @@ from scheduling.jobs import services as job_services
 from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
 from scheduling.jobs.states import IllegalTransition
 from scheduling.notifications.models import Notification, NotificationSettings
-
-
-class ReadOnlyInline(admin.TabularInline):
-    extra = 0
-    can_delete = False
-
-    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
 
 
 @admin.register(GpuModel)
@@ -202,19 +191,6 @@ class JobAdmin(admin.ModelAdmin):
     )
     inlines = (SliceInline, GangMemberInline, JobEventInline)
     actions = (cancel_jobs, requeue_jobs)
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """A record that is written by the system alone: readable, never added, changed or deleted here."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(JobEvent)
