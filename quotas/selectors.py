@@ -10,9 +10,9 @@ from decimal import Decimal
 
 from django.contrib.auth.models import AbstractBaseUser
 
+from portal.database import db_values, fetch_rows, model_from_row
 from quotas.choices import Role
 from quotas.models import IdempotencyRecord, Membership, PriorityClass, Quota, Team, TeamPriorityClass
-from quotas.rows import db_values, fetch_rows, model_from_row
 
 
 def team_ids_for_user(*, user: AbstractBaseUser) -> set[int]:

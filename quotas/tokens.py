@@ -12,8 +12,8 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection
 from django.utils import timezone
 
+from portal.database import model_from_row
 from quotas.models import ApiToken
-from quotas.rows import model_from_row
 
 TOKEN_PREFIX = "tsk_"
 MAX_TOKENS_PER_USER = 50

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from django.db import connection
 from django.db.models import QuerySet
 
+from portal import database
 from scheduling.cycle.models import NodeSync, SchedulerLease
 from scheduling.inventory.models import Node
 from scheduling.jobs.models import Job
@@ -39,7 +39,7 @@ def nodes_for_placement(*, names: Iterable[str]) -> list[Node]:
     the nodes it placed on for its whole transaction, seconds at 1,000 nodes, and the agents' heartbeat threads
     stood waiting on those rows, every other node's heartbeat behind them (bench/cluster_scale.py)."""
     names = sorted(set(names))
-    if connection.vendor != "postgresql":
+    if not database.postgresql():
         return list(nodes_for_update(names=names))
     table = Node._meta.db_table
     return list(

@@ -26,9 +26,10 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
 from channels.utils import await_many_dispatch
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, close_old_connections, connection
+from django.db import InterfaceError, OperationalError, close_old_connections
 
 from agent import protocol
+from portal import database
 from scheduling.agents import live_metrics
 from scheduling.agents import reports as agent_services
 from scheduling.cycle.desired_state import DesiredState, desired_state_for_node, desired_version_raise
@@ -91,7 +92,7 @@ def db(fn: Callable[..., Any], *, lane: str = "reports") -> Callable[..., Any]:
     job's state under its row lock. SQLite (the embedded default) takes one writer at a time: there, everything
     stays on the shared thread, with the embedded scheduling loop.
     """
-    if connection.vendor == "sqlite":
+    if database.single_writer():
         return database_sync_to_async(fn)
     pool = _db_pools.get(lane)
     if pool is None:

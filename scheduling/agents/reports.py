@@ -20,7 +20,8 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from agent import protocol
-from quotas.rows import fetch_rows
+from portal import database
+from portal.database import fetch_rows
 from scheduling import lock_objects
 from scheduling.agents import joblogs
 from scheduling.choices import ActorKind, GangMemberOutcome, GpuHealth, JobState, NodeState
@@ -198,7 +199,7 @@ def node_heartbeat_checked(*, node_id: int, token_hash: str, running: Any = None
     """
     alive = _alive(running)
     placed_before = timezone.now() - timedelta(seconds=START_REPORT_GRACE_S)
-    if connection.vendor != "postgresql":
+    if not database.postgresql():
         if not Node.objects.filter(pk=node_id, agent_token_hash=token_hash).exists():
             return HeartbeatSeen(False, None, ())
         _heartbeat_record(node_id=node_id)

@@ -14,9 +14,10 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from django.db import connection, transaction
+from django.db import transaction
 
-from quotas.rows import update_from_values
+from portal import database
+from portal.database import update_from_values
 from scheduling import lock_objects
 from scheduling.choices import ActorKind, JobState, NodeState
 from scheduling.cycle.lease import epoch_claim
@@ -272,7 +273,7 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
                 result.conflicts[job.pk] = f"node {', '.join(unready)} is no longer ready"
                 continue
             write = _placement_write(job, placement, gpus, epoch, freed.get(job.pk))
-            if write is None or connection.vendor != "postgresql":
+            if write is None or not database.postgresql():
                 one_by_one.append((job, placement))
             else:
                 batch.append((write, placement))
@@ -415,7 +416,7 @@ def _update_pending_rows(rows: list[tuple[int, str, str, int | None, datetime | 
     of them, and Django's bulk_update (a CASE per column per row) took seconds for that."""
     if not rows:
         return
-    if connection.vendor != "postgresql":
+    if not database.postgresql():
         Job.objects.bulk_update(
             [
                 Job(

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from django.contrib.auth import get_user_model
-from django.db import connection, transaction
+from django.db import transaction
 
-from quotas.rows import update_from_values
+from portal import database
+from portal.database import update_from_values
 from scheduling import lock_objects
 from scheduling.choices import GangMemberOutcome, SharingMode
 from scheduling.cycle import node_loss
@@ -266,7 +267,7 @@ def _desired_versions_save(rows: list[tuple[int, int, str]]) -> None:
     """Write (NodeSync id, desired version, digest) rows in one statement (PostgreSQL), else bulk_update's."""
     if not rows:
         return
-    if connection.vendor != "postgresql":
+    if not database.postgresql():
         NodeSync.objects.bulk_update(
             [NodeSync(pk=pk, desired_version=version, desired_digest=digest) for pk, version, digest in rows],
             ["desired_version", "desired_digest"],

@@ -19,6 +19,7 @@ from django.db import connection, transaction
 from django.db.models import Count, TextField
 from django.db.models.functions import Cast
 
+from portal import database
 from quotas.models import PriorityClass, Team
 from quotas.models import Quota as QuotaRow
 from quotas.selectors import team_allowances
@@ -442,7 +443,7 @@ def snapshot_from_db(*, now_s: float | None = None) -> eng.Snapshot:
     now_s = time.time() if now_s is None else now_s
     outermost = not connection.in_atomic_block
     with transaction.atomic():
-        if connection.vendor == "postgresql" and outermost:
+        if database.postgresql() and outermost:
             with connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         return _read_snapshot(now_s)

@@ -13,6 +13,7 @@ from datetime import UTC, date, datetime, timedelta
 
 from django.db import connection, transaction
 
+from portal import database
 from scheduling.history.models import (
     ClusterMinute,
     GpuEvent,
@@ -40,7 +41,7 @@ _PARTITION = re.compile(r"_p(\d{8})$")
 
 
 def partitioned() -> bool:
-    return connection.vendor == "postgresql"
+    return database.postgresql()
 
 
 def _partition_name(table: str, day: date) -> str:

@@ -15,6 +15,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.db.models import Count
 
+from portal import database
 from quotas.models import Quota, Team
 from scheduling.agents.live_metrics import IDLE_UTIL_PCT, live_metrics_for_nodes
 from scheduling.choices import GpuHealth, JobState, NodeState
@@ -50,10 +51,6 @@ READY_STATES = (NodeState.READY, NodeState.DRAINING)
 
 def _minute(now: datetime) -> datetime:
     return now.astimezone(UTC).replace(second=0, microsecond=0)
-
-
-def _greatest() -> str:
-    return "GREATEST" if connection.vendor == "postgresql" else "MAX"
 
 
 @dataclass
@@ -222,7 +219,7 @@ def _gpu_windows_add(at: datetime, gpus: list[_GpuRow], sample_of: dict[int, dic
         )
     if not rows:
         return
-    table, top = GpuFiveMinute._meta.db_table, _greatest()
+    table, top = GpuFiveMinute._meta.db_table, database.greatest()
 
     def most(column: str) -> str:
         return f"{top}(COALESCE({table}.{column}, EXCLUDED.{column}), COALESCE(EXCLUDED.{column}, {table}.{column}))"

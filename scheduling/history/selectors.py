@@ -21,6 +21,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models import Count, Min, Q
 
+from portal import database
 from quotas.models import PriorityClass, Team
 from scheduling.agents.live_metrics import live_metrics_for_nodes
 from scheduling.choices import GpuHealth, JobState, NodeState
@@ -70,23 +71,17 @@ def window(name: str, *, now: datetime | None = None, default: str = "24h") -> W
     return Window(name, until - span, until, step)
 
 
-def _epoch(column: str) -> str:
-    if connection.vendor == "postgresql":
-        return f"EXTRACT(EPOCH FROM {column})"
-    return f"CAST(strftime('%%s', {column}) AS INTEGER)"
-
-
 def _bucket_key(column: str, step_s: int) -> str:
     """What rows are grouped by: the bucket's start (PostgreSQL's date_bin, twice as fast as arithmetic on the
     numeric EXTRACT gives), or its Unix second on SQLite."""
-    if connection.vendor == "postgresql":
+    if database.postgresql():
         return f"date_bin(INTERVAL '{int(step_s)} seconds', {column}, TIMESTAMPTZ 'epoch')"
-    return f"(FLOOR({_epoch(column)} / {int(step_s)}) * {int(step_s)})"
+    return f"(FLOOR({database.epoch(column)} / {int(step_s)}) * {int(step_s)})"
 
 
 def _bucket(column: str, step_s: int) -> str:
     """The bucket's start in Unix seconds, computed once per group (GROUP BY the _bucket_key)."""
-    if connection.vendor == "postgresql":
+    if database.postgresql():
         return f"EXTRACT(EPOCH FROM {_bucket_key(column, step_s)})"
     return _bucket_key(column, step_s)
 
@@ -99,10 +94,6 @@ def _fetch(sql: str, params: Sequence[Any]) -> list[tuple]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
-
-
-def _least() -> str:
-    return "LEAST" if connection.vendor == "postgresql" else "MIN"
 
 
 def _marks(values: Collection) -> str:
@@ -251,7 +242,7 @@ def quota_satisfaction(*, team_id: int, since: datetime, until: datetime) -> flo
     """The seed's quota satisfaction rate from the minute rows: of what the team was owed within its guarantee
     (the smaller of its guarantee and what it held or asked for), the part it held. None: it was owed nothing."""
     table = TeamMinute._meta.db_table
-    table, least = TeamMinute._meta.db_table, _least()
+    table, least = TeamMinute._meta.db_table, database.least()
     owed = f"{least}(guaranteed_milli, held_milli + pending_milli)"
     rows = _fetch(
         f"SELECT SUM({owed}), SUM({least}(held_milli, {owed})) FROM {table} "
@@ -359,7 +350,7 @@ def _job_waits(
     ranges = [(start, end) for start, end in ranges if start < end]
     if not ranges:
         return []
-    if connection.vendor != "postgresql":
+    if not database.postgresql():
         jobs = Job.objects.filter(
             reduce(operator.or_, (Q(started_at__gte=start, started_at__lt=end) for start, end in ranges))
         )
@@ -549,8 +540,8 @@ def capacity_now() -> list[dict[str, Any]]:
     gpu, node, model = Gpu._meta.db_table, Node._meta.db_table, GpuModel._meta.db_table
     ready = f"n.state IN ('{NodeState.READY}', '{NodeState.DRAINING}') AND g.health <> '{GpuHealth.FAILED}'"
     share = (
-        f"{_least()}(1.0, CASE WHEN g.memory_mib > 0 THEN "
-        f"{_greatest()}(1.0 * g.allocated_memory_mib / g.memory_mib, g.allocated_compute_pct / 100.0) "
+        f"{database.least()}(1.0, CASE WHEN g.memory_mib > 0 THEN "
+        f"{database.greatest()}(1.0 * g.allocated_memory_mib / g.memory_mib, g.allocated_compute_pct / 100.0) "
         "ELSE g.allocated_compute_pct / 100.0 END)"
     )
     rows = _fetch(
@@ -576,10 +567,6 @@ def capacity_now() -> list[dict[str, Any]]:
         }
         for model_id, name, gpus, ready_n, alloc, free, stranded in rows
     ]
-
-
-def _greatest() -> str:
-    return "GREATEST" if connection.vendor == "postgresql" else "MAX"
 
 
 def _used_now_by_model() -> dict[int, float]:

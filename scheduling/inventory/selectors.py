@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db.models import Count, F, Q, QuerySet, Sum
 from django.utils import timezone
 
-from quotas.rows import fetch_rows
+from portal.database import fetch_rows
 from scheduling.choices import GpuHealth, LinkKind, NodeState, Topology
 from scheduling.cycle.models import NodeSync
 from scheduling.engine import types as eng

@@ -19,8 +19,9 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from portal import database
+from portal.database import fetch_rows, update_from_values
 from quotas.models import PriorityClass, Team
-from quotas.rows import fetch_rows, update_from_values
 from quotas.selectors import ClassGrant, TeamAllowance, team_allowance
 from scheduling.choices import ActorKind, GangMemberOutcome, JobState, SharingMode, Topology
 from scheduling.cycle.requests import cycle_request_after_commit
@@ -345,7 +346,7 @@ def _insert_values(obj: Any) -> tuple[list[str], list[Any]]:
 def _insert_job_and_event(*, job: Job, event: JobEvent) -> None:
     """INSERT a new job and its first event. On PostgreSQL it is one statement (a data-modifying CTE): one
     round trip and no ORM save machinery per submit; other databases take the two ordinary saves."""
-    if connection.vendor != "postgresql":
+    if not database.postgresql():
         job.save(force_insert=True)
         event.job = job
         event.save(force_insert=True)
@@ -767,7 +768,7 @@ def jobs_start(*, starts: list[StartWrite]) -> None:
         check_transition(job_id=s.job.pk, from_state=s.job.state, to_state=JobState.RUNNING)
         if s.job.nodes > 1:
             raise ValueError(f"job {s.job.pk} is a gang: its members start one by one (gang_member_started)")
-    if connection.vendor != "postgresql":
+    if not database.postgresql():
         for s in starts:
             job_transition(
                 job=s.job,

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from django.db import connection
 from django.db.models import Q
 
+from portal import database
 from quotas.models import Team
 from scheduling.choices import JobState
 from scheduling.engine import types as eng
@@ -67,7 +68,7 @@ def decayed_usage(*, now_s: float, half_life_s: float) -> dict[str, float]:
 
     Summed by PostgreSQL where it can be (history grows without bound); the same sum in Python otherwise.
     """
-    if connection.vendor == "postgresql":
+    if database.postgresql():
         return _decayed_usage_sql(now_s=now_s, half_life_s=half_life_s)
     return _decayed_usage_python(now_s=now_s, half_life_s=half_life_s)
 

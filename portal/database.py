@@ -1,4 +1,10 @@
-"""Model instances from rows of hand-written queries, converted as the ORM converts them (hot paths of both apps)."""
+"""The one place that knows which database it talks to, and the hand-written SQL of the hot paths.
+
+PostgreSQL (production) takes fast paths: arrays and `unnest`, data-modifying CTEs, `FOR KEY SHARE`,
+`date_bin`, repeatable-read snapshots, partitioned history. Every other database (SQLite, the embedded default)
+takes the plain path, the ORM's. Code asks `postgresql()` (or `single_writer()`) here; nothing else reads
+`connection.vendor`. Model instances from rows of hand-written queries are converted as the ORM converts them.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,33 @@ from typing import Any
 
 from django.db import connection
 from django.db.models import Field, Model
+
+
+def postgresql() -> bool:
+    """Whether PostgreSQL's fast paths apply to the default connection."""
+    return connection.vendor == "postgresql"
+
+
+def single_writer() -> bool:
+    """Whether the database takes one writer at a time (SQLite): its writes stay on one thread."""
+    return connection.vendor == "sqlite"
+
+
+def greatest() -> str:
+    """The SQL function of the larger of several values (SQLite's scalar MAX)."""
+    return "GREATEST" if postgresql() else "MAX"
+
+
+def least() -> str:
+    """The SQL function of the smaller of several values (SQLite's scalar MIN)."""
+    return "LEAST" if postgresql() else "MIN"
+
+
+def epoch(column: str) -> str:
+    """SQL of a timestamp column as Unix seconds."""
+    if postgresql():
+        return f"EXTRACT(EPOCH FROM {column})"
+    return f"CAST(strftime('%%s', {column}) AS INTEGER)"
 
 
 @functools.cache
