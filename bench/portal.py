@@ -32,10 +32,9 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
-from tests.support import free_port, percentile
+from tests.support import free_port, launch_chromium, percentile, sign_in
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = os.environ.get("TESSERA_CHROMIUM", "/usr/bin/chromium")
 
 
 def summary_ms(seconds: list[float]) -> dict[str, float]:
@@ -262,16 +261,9 @@ def push_to_dom(*, env: dict, people: dict, pages: int, changes: int) -> dict:
         wait_http(port)
         os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
         with sync_playwright() as p:
-            browser = p.chromium.launch(
-                executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"]
-            )
+            browser = launch_chromium(p)
             context = browser.new_context(base_url=f"http://127.0.0.1:{port}")
-            login = context.new_page()
-            login.goto("/login/")
-            login.fill("#id_username", "alice")
-            login.fill("#id_password", "alice-pw")
-            login.click("button[type=submit]")
-            login.wait_for_url("**/jobs/")
+            sign_in(context.new_page(), "alice")
             job = people["job"]
             opened = []
             for _ in range(pages):
@@ -439,18 +431,11 @@ def cluster_map_times(*, env: dict, people: dict, loads: int, requests: int) -> 
         wait_http(port)
         os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
         with sync_playwright() as p:
-            browser = p.chromium.launch(
-                executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"]
-            )
+            browser = launch_chromium(p)
             context = browser.new_context(
                 base_url=f"http://127.0.0.1:{port}", viewport={"width": 1280, "height": 800}
             )
-            page = context.new_page()
-            page.goto("/login/")
-            page.fill("#id_username", "alice")
-            page.fill("#id_password", "alice-pw")
-            page.click("button[type=submit]")
-            page.wait_for_url("**/jobs/")
+            page = sign_in(context.new_page(), "alice")
             page.goto("/cluster/")  # warm the server's and the browser's caches
             for _ in range(loads):
                 page.goto("/cluster/", wait_until="load")
@@ -475,11 +460,7 @@ def cluster_map_times(*, env: dict, people: dict, loads: int, requests: int) -> 
             staff = browser.new_context(
                 base_url=f"http://127.0.0.1:{port}", viewport={"width": 1280, "height": 800}
             ).new_page()
-            staff.goto("/login/")
-            staff.fill("#id_username", "root")
-            staff.fill("#id_password", "root-pw")
-            staff.click("button[type=submit]")
-            staff.wait_for_url("**/jobs/")
+            sign_in(staff, "root")
             Node.objects.update(last_heartbeat_at=timezone.now())  # as if the agents were there
             staff.goto(f"/cluster/?group={biggest}")
             staff.wait_for_selector(".node-tile .gpu-cell")

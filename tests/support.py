@@ -44,3 +44,34 @@ def percentile(values: Iterable[float], pct: float) -> float:
     """The pct-th percentile (pct in 0..100, linear between ranks, as the simulator's figures); NaN for none."""
     value = _percentile(list(values), pct)
     return math.nan if value is None else value
+
+
+# Debian's Chromium, driven by Playwright (never `playwright install`). Without the background-networking flags
+# it keeps dialling out of this closed network; the rest is what headless runs in a container want.
+CHROMIUM = os.environ.get("TESSERA_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = (
+    "--no-sandbox",
+    "--disable-dev-shm-usage",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
+
+
+def launch_chromium(playwright: Any) -> Any:
+    """A headless Chromium from a `sync_playwright()` handle."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=list(CHROMIUM_ARGS))
+
+
+def sign_in(page: Any, username: str, password: str | None = None, *, landing: str = "/jobs/") -> Any:
+    """Sign `page` in through the portal's form (password: `<username>-pw`, the test users'), landing on
+    `landing`."""
+    page.goto(f"/login/?next={landing}")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password or f"{username}-pw")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"**{landing}")
+    return page

@@ -15,8 +15,8 @@ import pytest
 from django.db import connections
 
 from tests.pipeline.harness import REPO, idle_again, running_cluster
+from tests.support import CHROMIUM, launch_chromium, sign_in
 
-CHROMIUM = os.environ.get("TESSERA_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = REPO / "test-artifacts"
 
 
@@ -52,9 +52,7 @@ def chromium(portal):
     # plain synchronous ones all the same (Django's guard cannot tell, pytest-django's docs advise this).
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"]
-        )
+        browser = launch_chromium(p)
         yield browser
         browser.close()
         # Database connections opened while Playwright's loop ran belong to its context: close them here, or
@@ -96,11 +94,7 @@ def browse(chromium, cluster_for_test, request):
         page.errors = []
         page.on("pageerror", lambda e: page.errors.append(str(e)))
         if username:
-            page.goto("/login/?next=/jobs/")
-            page.fill("#id_username", username)
-            page.fill("#id_password", password or f"{username}-pw")
-            page.click("button[type=submit]")
-            page.wait_for_url("**/jobs/")
+            sign_in(page, username, password)
         return page
 
     open_as.shots = shots

@@ -12,8 +12,8 @@ import pytest
 from django.db import connections
 
 from tests.pipeline.harness import REPO, idle_again, running_cluster
+from tests.support import CHROMIUM, launch_chromium, sign_in
 
-CHROMIUM = os.environ.get("TESSERA_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = REPO / "test-artifacts"
 
 
@@ -67,17 +67,9 @@ def page(moves_cluster):
         return
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"]
-        )
+        browser = launch_chromium(p)
         context = browser.new_context(viewport={"width": 1280, "height": 800}, base_url=moves_cluster.url)
-        pg = context.new_page()
-        pg.goto("/login/?next=/jobs/")
-        pg.fill("#id_username", "alice")
-        pg.fill("#id_password", "alice-pw")
-        pg.click("button[type=submit]")
-        pg.wait_for_url("**/jobs/")
-        yield pg
+        yield sign_in(context.new_page(), "alice")
         context.close()
         browser.close()
         connections.close_all()
