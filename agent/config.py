@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.backends.base import SHARING_MODES
+from agent.backends.base import sharing_mode
 
 
 class ConfigError(ValueError):
@@ -58,13 +58,14 @@ def default_work_dir(environ: Mapping[str, str] = os.environ) -> Path:
 
 
 def parse_sharing(text: str) -> tuple[str, dict[int, str]]:
-    """'mps' or 'time_sliced,0=mps,1=exclusive': a default mode and per-GPU-index overrides."""
+    """'mps' or 'timeslice,0=mps,1=exclusive': a default mode and per-GPU-index overrides."""
     default, overrides = "exclusive", {}
     for item in (p.strip() for p in text.split(",") if p.strip()):
         index, sep, mode = item.partition("=")
-        mode = mode if sep else index
-        if mode not in SHARING_MODES:
-            raise ConfigError(f"sharing mode {mode!r} is not one of {', '.join(SHARING_MODES)}")
+        try:
+            mode = sharing_mode(mode if sep else index)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if sep:
             overrides[int(index)] = mode
         else:

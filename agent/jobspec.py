@@ -7,7 +7,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agent.backends.base import SHARING_MODES
+from agent.backends.base import sharing_mode
 
 
 @dataclass(frozen=True)
@@ -16,13 +16,11 @@ class GpuSlice:
     index: int
     memory_mib: int | None = None  # the job's memory slice on this GPU (None: the whole card)
     compute_pct: int | None = None  # the job's compute share (None: the whole card)
-    sharing: str = "exclusive"  # exclusive | mps | time_sliced | mig
+    sharing: str = "exclusive"  # exclusive | mps | timeslice | mig
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GpuSlice:
-        sharing = str(data.get("sharing") or "exclusive")
-        if sharing not in SHARING_MODES:
-            raise ValueError(f"sharing must be one of {SHARING_MODES}, not {sharing!r}")
+        sharing = sharing_mode(str(data.get("sharing") or "exclusive"))
         mem, pct = data.get("memory_mib"), data.get("compute_pct")
         return cls(
             uuid=str(data["uuid"]),

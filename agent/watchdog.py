@@ -74,7 +74,7 @@ class MemoryWatchdog:
                 if handle is None or handle.state != RUNNING:
                     continue
                 gslice = next((g for g in handle.spec.gpus if g.uuid == gpu.uuid), None)
-                if gslice is None or gslice.sharing != "time_sliced" or gslice.memory_mib is None:
+                if gslice is None or gslice.sharing != "timeslice" or gslice.memory_mib is None:
                     continue
                 if used > gslice.memory_mib + self.tolerance_mib:
                     self.executor.stop(

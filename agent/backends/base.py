@@ -6,7 +6,18 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Protocol, runtime_checkable
 
-SHARING_MODES = ("exclusive", "mps", "time_sliced", "mig")
+# The portal's words (scheduling.choices.SharingMode). `time_sliced`, the agent's earlier word for time-slicing,
+# is still read as `timeslice` (a host's flags or config, a portal not yet upgraded).
+SHARING_MODES = ("exclusive", "mps", "timeslice", "mig")
+_SHARING_ALIASES = {"time_sliced": "timeslice"}
+
+
+def sharing_mode(name: str) -> str:
+    """`name` in the vocabulary above (an alias read as its mode); a ValueError names the modes otherwise."""
+    mode = _SHARING_ALIASES.get(name, name)
+    if mode not in SHARING_MODES:
+        raise ValueError(f"sharing mode {name!r} is not one of {', '.join(SHARING_MODES)}")
+    return mode
 
 
 @dataclass(frozen=True)

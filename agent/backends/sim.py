@@ -24,7 +24,6 @@ from typing import Any
 import yaml
 
 from agent.backends.base import (
-    SHARING_MODES,
     GpuInfo,
     GpuLink,
     GpuSample,
@@ -32,6 +31,7 @@ from agent.backends.base import (
     JobUsageHint,
     ProcessUsage,
     Sample,
+    sharing_mode,
 )
 
 _IDLE_POWER_FRACTION = 0.12
@@ -47,9 +47,10 @@ class SimBackend:
         for group in spec.get("gpus", []):
             for _ in range(int(group.get("count", 1))):
                 index = len(self._gpus)
-                sharing = str(group.get("sharing", "exclusive"))
-                if sharing not in SHARING_MODES:
-                    raise ValueError(f"gpu {index}: sharing must be one of {SHARING_MODES}, not {sharing!r}")
+                try:
+                    sharing = sharing_mode(str(group.get("sharing", "exclusive")))
+                except ValueError as exc:
+                    raise ValueError(f"gpu {index}: {exc}") from None
                 numa = group.get("numa_node")
                 self._gpus.append(
                     GpuInfo(

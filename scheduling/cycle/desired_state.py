@@ -31,9 +31,6 @@ from scheduling.jobs.selectors import job_team_ids
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.realtime import events
 
-# The agent names time-slicing `time_sliced`; everything else matches.
-_AGENT_SHARING = {SharingMode.TIMESLICE: "time_sliced"}
-
 
 @dataclass(frozen=True)
 class DesiredState:
@@ -105,7 +102,7 @@ def _job_entry(job: PlacedJob, cards: list[Card]) -> dict[str, Any]:
                 "index": c.index,
                 "memory_mib": None if whole else c.memory_mib,
                 "compute_pct": None if whole else c.compute_pct,
-                "sharing": _AGENT_SHARING.get(c.sharing_mode, c.sharing_mode),
+                "sharing": c.sharing_mode,
             }
         )
     env = {str(k): str(v) for k, v in (job.env or {}).items()}

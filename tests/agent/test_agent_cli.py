@@ -71,10 +71,13 @@ def test_configuration_reads_flags_and_environment(tmp_path):
         "TESSERA_SIM_CONFIG": str(SIM_YAML),
         "TESSERA_AGENT_HEARTBEAT_S": "2.5",
     }
-    config = load_config(_args("--node", "gpu-08", "--sharing", "time_sliced,1=mps"), env)
+    config = load_config(_args("--node", "gpu-08", "--sharing", "timeslice,1=mps"), env)
     assert (config.portal_url, config.node_name, config.work_dir) == ("https://portal", "gpu-08", tmp_path)
     assert (config.backend, config.sim_config, config.heartbeat_s) == ("sim", SIM_YAML, 2.5)
-    assert (config.sharing, config.sharing_overrides) == ("time_sliced", {1: "mps"})
+    assert (config.sharing, config.sharing_overrides) == ("timeslice", {1: "mps"})
+    # The agent's earlier word for time-slicing, on a host whose flags still say it, is read as the portal's.
+    legacy = load_config(_args("--node", "gpu-08", "--sharing", "mps,0=time_sliced"), env)
+    assert (legacy.sharing, legacy.sharing_overrides) == ("mps", {0: "timeslice"})
     with pytest.raises(ConfigError):
         load_config(_args("--backend", "sim"), {})
     with pytest.raises(ConfigError):

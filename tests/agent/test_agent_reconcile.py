@@ -16,7 +16,7 @@ def _job(job_id: str, gpu: str = "GPU-0", attempt: int = 1, command=None, grace_
         "attempt": attempt,
         "command": command or SLEEP,
         "env": {},
-        "gpus": [{"uuid": gpu, "index": 0, "memory_mib": 1024, "compute_pct": 50, "sharing": "time_sliced"}],
+        "gpus": [{"uuid": gpu, "index": 0, "memory_mib": 1024, "compute_pct": 50, "sharing": "timeslice"}],
         "max_runtime_s": None,
         "grace_s": grace_s,
     }

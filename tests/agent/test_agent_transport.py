@@ -25,7 +25,7 @@ from agent.transport import Backoff, QueueChannel, connect_websocket, run_agent,
 TOKEN = "node-token-123"
 SIM = {
     "node": "sim-1",
-    "gpus": [{"model": "Sim A100", "count": 2, "memory_mib": 81920, "sharing": "time_sliced"}],
+    "gpus": [{"model": "Sim A100", "count": 2, "memory_mib": 81920, "sharing": "timeslice"}],
 }
 
 
@@ -54,7 +54,7 @@ def _job(agent: Agent, job_id: str, code: str, gpu: int = 0) -> dict:
                 "index": g.index,
                 "memory_mib": 4096,
                 "compute_pct": 50,
-                "sharing": "time_sliced",
+                "sharing": "timeslice",
             }
         ],
         "max_runtime_s": 60,
@@ -212,7 +212,7 @@ def test_the_agent_authenticates_says_hello_runs_its_desired_state_and_reports(t
     assert msgs[0]["type"] == "hello"
     hello = msgs[0]["payload"]
     assert hello["node"] == "sim-1" and len(hello["inventory"]["gpus"]) == 2
-    assert hello["inventory"]["gpus"][0]["sharing_mode"] == "time_sliced"
+    assert hello["inventory"]["gpus"][0]["sharing_mode"] == "timeslice"
     acks = _of(msgs, "ack")
     assert acks and acks[0]["payload"]["ok"] is True and acks[0]["payload"]["desired_version"] == 7
     statuses = [m["payload"] for m in _of(msgs, "job_status")]

@@ -12,7 +12,7 @@ from agent.watchdog import MemoryWatchdog
 SLEEPER = "import os, time; print(os.getpid(), flush=True); time.sleep(60)"
 
 
-def _start(ex: Executor, job_id: str, uuid: str, sharing: str = "time_sliced") -> tuple[str, int]:
+def _start(ex: Executor, job_id: str, uuid: str, sharing: str = "timeslice") -> tuple[str, int]:
     gslice = GpuSlice(uuid=uuid, index=0, memory_mib=4096, compute_pct=50, sharing=sharing)
     h = ex.start(JobSpec(job_id=job_id, attempt=1, command=py(SLEEPER), gpus=(gslice,), grace_s=5))
     pid = int(wait_for("the condition", lambda: ex.tail_log(h.key, "stdout"))[0])
@@ -83,7 +83,7 @@ def test_metrics_attribute_gpu_processes_to_their_placement(fake_nvml, tmp_path)
         "job_id": "m",
         "attempt": 1,
         "command": list(py(SLEEPER)),
-        "gpus": [{"uuid": gpu.uuid, "index": 0, "memory_mib": 8192, "sharing": "time_sliced"}],
+        "gpus": [{"uuid": gpu.uuid, "index": 0, "memory_mib": 8192, "sharing": "timeslice"}],
     }
     agent.apply_desired({"version": 1, "jobs": [job]})
     agent.tick()

@@ -163,7 +163,7 @@ def desired_jobs_from_instances(node: Node) -> tuple[dict, ...]:
                     "index": s.gpu.index,
                     "memory_mib": None if whole else s.memory_mib,
                     "compute_pct": None if whole else s.compute_pct,
-                    "sharing": "time_sliced"
+                    "sharing": "timeslice"
                     if s.gpu.sharing_mode == SharingMode.TIMESLICE
                     else s.gpu.sharing_mode,
                 }

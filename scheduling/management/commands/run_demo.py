@@ -66,8 +66,6 @@ echo "[demo] done"; exit 0
 """
 STAND_INS = ("python", "torchrun", "jupyter")
 
-_AGENT_SHARING = {"timeslice": "time_sliced"}
-
 
 def sim_spec(node) -> dict:
     """A simulated-backend YAML for a node, mirroring its GPUs (model, memory, NUMA, sharing) and NVLink."""
@@ -79,7 +77,7 @@ def sim_spec(node) -> dict:
             "memory_mib": g.memory_mib,
             "compute_capability": str(g.model.compute_capability),
             "numa_node": g.numa_node,
-            "sharing": _AGENT_SHARING.get(g.sharing_mode, g.sharing_mode),
+            "sharing": g.sharing_mode,
         }
         for g in node.gpus.select_related("model").order_by("index")
     ]
