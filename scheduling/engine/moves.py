@@ -24,6 +24,8 @@ pending with `ready_at` meanwhile, and allocation keeps holding its place (`hold
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from scheduling.engine.accounting import (
@@ -425,18 +427,16 @@ def _home_for(s: Session, v: Job, stmt: Statement, rule: MakeRoom) -> bool:
 
 
 def _as_pending(v: Job) -> Job:
-    """A running job as the pending job it is once stopped (what its next run asks for)."""
-    return Job(
-        id=v.id,
-        team=v.team,
-        request=v.request,
-        priority=v.priority,
-        preemptible=v.preemptible,
-        grace_s=v.grace_s,
-        submit_time=v.submit_time,
-        max_runtime_s=v.max_runtime_s,
-        priority_class=v.priority_class,
-        checkpoint_interval_s=v.checkpoint_interval_s,
+    """A running job as the pending job it is once stopped (what its next run asks for): no cards, no start, no
+    label, no eviction count."""
+    return replace(
+        v,
+        assignments=(),
+        start_time=None,
+        borrowed=False,
+        cpu_assignments={},
+        recent_evictions=0,
+        reserved_on=(),
     )
 
 
