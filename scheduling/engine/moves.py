@@ -360,7 +360,9 @@ def _stage(
     for v in sorted(victims.values(), key=_size_first):
         if not (rule.movable(s, v) and _home_for(s, v, stmt, rule)):
             homeless.append(v)
-    failed = {v.id for v in homeless if rule.evict_kind(s, v) is None}
+    # A mover whose new place was to be made by sending other work back, and which still did not fit there (its
+    # per-model limits, say), fails the try: that work must not be stopped for nothing.
+    failed = {v.id for v in homeless if rule.evict_kind(s, v) is None or v.id in rule.homed_by_eviction}
     if not failed:
         # Every team that loses work to the queue (reclaimed here or for a moved job's new place) keeps its
         # guarantee once the moved jobs' new places are counted.
