@@ -312,17 +312,6 @@ def _with_reservations(pending: list[eng.Job]) -> list[eng.Job]:
     ]
 
 
-def _with_moves_done(pending: list[eng.Job], now_s: float) -> list[eng.Job]:
-    """Pending jobs whose move is done (they have stopped where they ran) but which have not been placed again:
-    ready now, so allocation places them before the jobs ahead of them in the queue (their place was promised)."""
-    moved = set(
-        Job.objects.filter(state=JobState.PENDING, moving_until__isnull=False).values_list("id", flat=True)
-    )
-    if not moved:
-        return pending
-    return [replace(j, ready_at=now_s) if int(j.id) in moved else j for j in pending]
-
-
 def _moving(now_s: float, *, slugs: dict, classes: dict) -> list[eng.Job]:
     """Jobs being moved (preempted to make room, still stopping where they ran): listed pending, not to start before
     their grace ends (and never while they are still preempted), so the engine holds their new place."""
@@ -442,10 +431,7 @@ def _read_snapshot(now_s: float) -> eng.Snapshot:
         now=now_s,
         nodes=nodes,
         running=tuple(running),
-        pending=(
-            *_with_moves_done(_with_reservations(pending), now_s),
-            *_moving(now_s, slugs=slugs, classes=classes),
-        ),
+        pending=(*_with_reservations(pending), *_moving(now_s, slugs=slugs, classes=classes)),
         quotas=engine_quotas(),
         usage=decayed_usage(now_s=now_s, half_life_s=settings.TESSERA_FAIRSHARE_HALF_LIFE_S),
         workload=_typical_workload(),

@@ -509,10 +509,8 @@ def _enter_state(
             "borrowed",
             "reserved_nodes",
         ]
-    # Kept while it stops (preempted) and waits to be placed again (pending: it is placed first, in the place the
-    # move promised); gone once it is placed, or ends.
-    if job.moving_until is not None and to_state not in (JobState.PREEMPTED, JobState.PENDING):
-        job.moving_until = None
+    if job.moving_until is not None and to_state not in (JobState.PREEMPTED, *ACTIVE_STATES):
+        job.moving_until = None  # it has stopped: the move is done (or void)
         update.append("moving_until")
     return update
 

@@ -529,16 +529,11 @@ class Simulator:
             rec.preemptions += 1
             if rec.moving_until_s is not None:
                 rec.lost_gpu_move_s += lost_gpu_s
-        moved = rec.moving_until_s is not None and not failed
         rec.moving_until_s = None
         self._free(rec)
         rec.epoch += 1
         rec.run_start_s = None
         self._enqueue(rec)
-        if (
-            moved
-        ):  # ready now, and placed before the jobs ahead of it: its new place was promised (as in production)
-            self.pending[s.id] = replace(self.pending[s.id], ready_at=self.now)
         self._victim_gone(rec.spec.id)
 
     def _free(self, rec: JobRecord) -> None:

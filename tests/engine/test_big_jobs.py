@@ -80,21 +80,6 @@ def test_a_job_being_moved_holds_its_new_place_until_it_is_ready() -> None:
     assert reasons["later"].code == "reserved"
 
 
-def test_a_moved_job_keeps_its_promised_place_against_jobs_ahead_of_it_in_the_queue() -> None:
-    """Jobs ahead of a moved job in the queue order (higher priority, within their guarantee) take neither the place
-    held for it while it stops nor, once it has stopped, the place it restarts in."""
-    nodes = [node("pcie", gpus=1, nvlink="none")]
-    quotas = [quota("vision", guaranteed_gpus=1), quota("speech", guaranteed_gpus=1)]
-    ahead = job("ahead", team="speech", gpus=1, priority=90, submit=1.0)
-    stopping = replace(job("moved", team="vision", gpus=1, submit=5.0), ready_at=NOW + 30)
-    d = run_cycle(snapshot(nodes, pending=[ahead, stopping], quotas=quotas, now=NOW), profile())
-    assert not d.placements
-    assert [r.job_id for r in d.reservations][:1] == ["moved"]
-    stopped = replace(stopping, ready_at=NOW)  # it has stopped where it ran
-    d = run_cycle(snapshot(nodes, pending=[ahead, stopped], quotas=quotas, now=NOW), profile())
-    assert [p.job_id for p in d.placements] == ["moved"]
-
-
 def test_a_job_evicted_twice_in_the_last_hour_is_left_alone() -> None:
     nodes = [node("a", gpus=2, nvlink="none")]
     quotas = [quota("owner", guaranteed_gpus=2), quota("lender")]

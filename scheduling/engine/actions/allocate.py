@@ -37,19 +37,13 @@ class Allocate(Action):
         made = within_made = 0
         within = within_guarantee_ids(s.ctx) if max_within else frozenset()
         now = s.snap.now
-        # Jobs being moved come first, whatever their turn: their new place was promised when they were moved. One
-        # still stopping where it ran has that place held until it is ready; one ready is placed there first.
-        placed_first: set[str] = set()
-        for job in [job for job in s.queue if job.ready_at is not None and job.id not in s.status]:
-            if job.ready_at > now:
-                hold_returning(s, job)
-            elif try_place(s, job):
-                placed_first.add(job.id)
         for job in s.queue:
             if job.id in s.status:
                 continue
-            if job.id in placed_first or (job.ready_at is not None and job.ready_at > now):
-                continue  # placed, or its place held, above
+            if job.ready_at is not None and job.ready_at > now:
+                # Being moved: it still stops where it ran; its new place is held until it is ready.
+                hold_returning(s, job)
+                continue
             if try_place(s, job):
                 continue
             if job.id in s.status:  # refused by quota at its exact charge
