@@ -37,6 +37,7 @@ from scheduling.jobs.services import (
     slice_allocate,
 )
 from scheduling.jobs.states import ACTIVE_STATES
+from scheduling.jobs.wording import job_ref
 from scheduling.realtime import events
 
 log = logging.getLogger(__name__)
@@ -90,10 +91,7 @@ MOVED = "moved"
 def _moved_words(ev: eng.Eviction) -> str:
     """'Moved to a100-02 to free an NVLink node for team llm's guaranteed 8-GPU job #12' (the engine names jobs
     by id; the portal writes them #id)."""
-    why = ev.why or f"moved to {', '.join(ev.to_nodes)}"
-    head, sep, job_id = why.rpartition(" job ")
-    if sep and job_id == ev.preemptor_id:
-        why = f"{head} job #{job_id}"
+    why = job_ref(ev.why or f"moved to {', '.join(ev.to_nodes)}")
     return why[:1].upper() + why[1:]
 
 

@@ -315,16 +315,16 @@ def _with_reservations(pending: list[eng.Job]) -> list[eng.Job]:
 def _moving(now_s: float, *, slugs: dict, classes: dict) -> list[eng.Job]:
     """Jobs being moved (preempted to make room, still stopping where they ran): listed pending, not to start before
     their grace ends (and never while they are still preempted), so the engine holds their new place."""
-    rows = (
+    rows = list(
         Job.objects.filter(state=JobState.PREEMPTED, moving_until__isnull=False)
         .order_by("submitted_at", "id")
         .values_list(*_JOB_COLUMNS, "moving_until")
     )
-    out = []
-    for row in rows:
-        (job,) = _jobs_from_rows([row[:-1]], slugs=slugs, classes=classes, held_by_job={})
-        out.append(replace(job, ready_at=max(row[-1].timestamp(), now_s + 1.0)))
-    return out
+    jobs = _jobs_from_rows([row[:-1] for row in rows], slugs=slugs, classes=classes, held_by_job={})
+    return [
+        replace(job, ready_at=max(row[-1].timestamp(), now_s + 1.0))
+        for job, row in zip(jobs, rows, strict=True)
+    ]
 
 
 def _read_snapshot(now_s: float) -> eng.Snapshot:

@@ -26,6 +26,7 @@ from scheduling.inventory.selectors import (
 )
 from scheduling.jobs.models import JobEvent, Slice
 from scheduling.jobs.usage import slice_share
+from scheduling.jobs.wording import job_ref
 
 # A group of at most this many nodes starts open on the map; larger ones open on request, a page at a time.
 OPEN_GROUP_MAX_NODES = 12
@@ -435,10 +436,7 @@ def recent_moves(*, user: Any, within_s: float = RECENT_MOVES_S, limit: int = RE
     out = []
     for at, job_id, name, team_id, slug, state, data in rows:
         mine = visible is None or team_id in visible
-        why = str((data or {}).get("why") or "")
-        head, sep, tail = why.rpartition(" job ")
-        if sep and tail.isdigit():
-            why = f"{head} job #{tail}"
+        why = job_ref(str((data or {}).get("why") or ""))
         to = tuple((data or {}).get("to_nodes") or ())
         prefix = f"moved to {', '.join(to)} "
         out.append(
