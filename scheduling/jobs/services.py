@@ -8,7 +8,7 @@ for one card cannot both win; the CHECK constraints on Gpu are the last guard.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -30,21 +30,21 @@ from scheduling.engine.accounting import estimated_charge
 from scheduling.errors import ServiceError
 from scheduling.inventory import selectors as inventory
 from scheduling.inventory.models import Gpu, Node
+from scheduling.jobs.fields import (
+    CANNOT_RUN,
+    INCOMPATIBLE,
+    MAX_CHECKPOINT_INTERVAL_S,
+    MAX_GANG_NODES,
+    MAX_GPUS_PER_JOB_NODE,
+    MIN_CHECKPOINT_INTERVAL_S,
+    JobSpec,
+)
 from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
 from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES, IllegalTransition, check_transition
 from scheduling.notifications.services import job_events_wanted, job_state_notify
 from scheduling.realtime import events
 
 log = logging.getLogger("tessera.jobs")
-
-MAX_GPUS_PER_JOB_NODE = 64
-
-
-MAX_GANG_NODES = 256
-
-# A job checkpoints at most every minute and at least every week: anything else is surely a unit mistake.
-MIN_CHECKPOINT_INTERVAL_S = 60
-MAX_CHECKPOINT_INTERVAL_S = 7 * 24 * 3600
 
 
 class SliceDoesNotFit(ServiceError):
@@ -53,38 +53,6 @@ class SliceDoesNotFit(ServiceError):
 
 class NoRendezvousPort(ServiceError):
     pass
-
-
-@dataclass(frozen=True, kw_only=True)
-class JobSpec:
-    """A validated-shape job request, in the model's units (MiB, percent of one GPU, millicores, seconds)."""
-
-    name: str
-    command: str
-    env: dict[str, str] = field(default_factory=dict)
-    gpus: int = 0
-    gpu_memory_mib: int = 0
-    compute_pct: int = 0
-    gpu_models: tuple[str, ...] = ()
-    min_gpu_memory_mib: int = 0
-    min_compute_capability: Decimal = Decimal("0")
-    topology: str = Topology.NONE
-    nodes: int = 1
-    cpu_milli: int = 1000
-    memory_mib: int = 4096
-    priority: str | None = None
-    preemptible: bool | None = None
-    max_runtime_s: int | None = None
-    checkpoint_interval_s: int | None = None  # None: an eviction loses all its work
-    requeue_on_node_loss: bool = True
-    workdir: str = ""
-    notify: tuple[str, ...] | None = None  # start, end, fail, preempt; None: the submitter's default
-
-
-# A spec well formed field by field can still be refused: this cluster can never run it, its fields do not go
-# together, or its team may not (the codes a 400 may carry: portal/api_schema.py).
-CANNOT_RUN = "cannot_run"
-INCOMPATIBLE = "incompatible"
 
 
 def _refuse(message: str, field_name: str, code: str = CANNOT_RUN) -> None:

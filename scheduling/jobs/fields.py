@@ -1,0 +1,340 @@
+"""The job spec, defined once: its fields, how each is written, its bounds, and the validated `JobSpec`.
+
+The YAML/JSON reader (`scheduling.jobs.spec`), the API's OpenAPI schema (`scheduling.jobs.api.spec_schema`), the
+submit form (`frontend.forms`) and the CLI's flags (`portal.submit_flags`) are all derived from `FIELDS` and
+`ALIASES`. Pure Python (the CLI imports it and loads neither Django nor Celery).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+# --- Bounds ---------------------------------------------------------------------------------------------------
+MAX_NAME_CHARS = 200
+MAX_TEAM_CHARS = 100
+MAX_PRIORITY_CHARS = 50
+MAX_COMMAND_CHARS = 64 * 1024
+MAX_ENV_VARS = 256
+MAX_ENV_VALUE_CHARS = 32 * 1024
+MAX_GPUS_PER_JOB_NODE = 64
+MAX_GANG_NODES = 256
+MAX_GPU_MEMORY_MIB = 16 * 1024 * 1024  # 16 TiB: far above any card, keeps integers sane
+MAX_HOST_MEMORY_MIB = 64 * 1024 * 1024
+MAX_CPU_MILLI = 4096 * 1000
+MAX_RUNTIME_S = 365 * 24 * 3600
+# A job checkpoints at most every minute and at least every week: anything else is surely a unit mistake.
+MIN_CHECKPOINT_INTERVAL_S = 60
+MAX_CHECKPOINT_INTERVAL_S = 7 * 24 * 3600
+MAX_WORKDIR_CHARS = 4096
+MAX_GPU_MODELS = 32
+MAX_SPEC_INT = 2**63 - 1  # the database's bigint
+TOPOLOGIES = ("none", "numa", "nvlink")  # scheduling.choices.Topology's values
+EVENTS = ("start", "end", "fail", "preempt")  # what a submitter may be told of
+
+# A spec well formed field by field can still be refused: this cluster can never run it, its fields do not go
+# together, or its team may not (the codes a 400 may carry: portal/api_schema.py).
+CANNOT_RUN = "cannot_run"
+INCOMPATIBLE = "incompatible"
+# Beyond "invalid" (against the schema), a bound the schema cannot state for a quantity as written ("20TiB", "0s",
+# a digit string).
+OUT_OF_RANGE = "out_of_range"
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """A validated-shape job request, in the model's units (MiB, percent of one GPU, millicores, seconds)."""
+
+    name: str
+    command: str
+    env: dict[str, str] = field(default_factory=dict)
+    gpus: int = 0
+    gpu_memory_mib: int = 0
+    compute_pct: int = 0
+    gpu_models: tuple[str, ...] = ()
+    min_gpu_memory_mib: int = 0
+    min_compute_capability: Decimal = Decimal("0")
+    topology: str = "none"
+    nodes: int = 1
+    cpu_milli: int = 1000
+    memory_mib: int = 4096
+    priority: str | None = None
+    preemptible: bool | None = None
+    max_runtime_s: int | None = None
+    checkpoint_interval_s: int | None = None  # None: an eviction loses all its work
+    requeue_on_node_loss: bool = True
+    workdir: str = ""
+    notify: tuple[str, ...] | None = None  # start, end, fail, preempt; None: the submitter's default
+
+
+# --- Fields ---------------------------------------------------------------------------------------------------
+# How a field is written (each kind has one reader in scheduling.jobs.spec and one schema in spec_schema):
+TEXT = "text"  # a line of text (a number is taken as its digits)
+COMMAND = "command"  # a shell line, or a list of arguments
+ENV = "env"  # NAME: value
+COUNT = "count"  # a whole number
+SIZE = "size"  # memory with its unit: 10GiB, 512MiB, 80GB
+MODELS = "models"  # GPU model names: a list or a comma list
+CAPABILITY = "capability"  # a CUDA compute capability: 8.0
+CHOICE = "choice"  # one of `choices`
+CPU = "cpu"  # cores (4, 0.5) or millicores (500m)
+FLAG = "flag"  # true or false
+DURATION = "duration"  # 2h, 30m, 1h30m, or seconds
+DIRECTORY = "directory"  # an absolute path on the node
+EVENT_LIST = "events"  # a comma list of EVENTS, all or none
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpecField:
+    """One key a spec may carry, as people write it, and where it lands in `JobSpec` (its unit in the name)."""
+
+    name: str
+    kind: str
+    help: str  # what it is, for the CLI's --help and the API schema's description
+    attr: str | None = None  # the JobSpec attribute (None: not part of JobSpec, e.g. team)
+    required: bool = False
+    low: int = 0  # bounds of a count; `high` also of a size (MiB), a text (characters), a duration (s)
+    high: int | None = None
+    zero_is_none: bool = False  # a size of 0 means "not asked for"
+    choices: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()  # `tessera submit`'s flags for it (none: set it in a spec file)
+    flag_help: str = ""  # the CLI's help when it says more than `help`
+    label: str = ""  # the submit form's label (blank: the form has no such field)
+    form_help: str = ""  # the form's hint under the field
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpecAlias:
+    """A second name for a field, in the model's unit (`memory_mib: 4096` is `memory: 4096MiB`)."""
+
+    name: str
+    field: str
+    kind: str  # how the alias itself is written
+    unit: str = ""  # appended to a count to write it as the field is written ("MiB", "m")
+    low: int = 0
+    high: int | None = None
+
+
+FIELDS: tuple[SpecField, ...] = (
+    SpecField(
+        name="name",
+        kind=TEXT,
+        attr="name",
+        required=True,
+        high=MAX_NAME_CHARS,
+        help="job name",
+        flags=("--name", "-J"),
+        flag_help="job name (default: the script it runs, e.g. train.py, else its program)",
+        label="Name",
+        form_help="What you will recognise it by.",
+    ),
+    SpecField(
+        name="team",
+        kind=TEXT,
+        high=MAX_TEAM_CHARS,
+        help="team slug, e.g. ai-lab/training; optional when you are in one team",
+        flags=("--team", "-A"),
+        label="Team",
+    ),
+    SpecField(
+        name="command",
+        kind=COMMAND,
+        attr="command",
+        required=True,
+        high=MAX_COMMAND_CHARS,
+        help=f"a shell command, or a list of arguments; at most {MAX_COMMAND_CHARS} characters",
+        label="Command",
+    ),
+    SpecField(
+        name="env",
+        kind=ENV,
+        attr="env",
+        high=MAX_ENV_VALUE_CHARS,
+        help=f"environment variables, NAME: value; at most {MAX_ENV_VARS}, a value of at most "
+        f"{MAX_ENV_VALUE_CHARS} characters",
+        label="Environment",
+        form_help="One NAME=value a line",
+    ),
+    SpecField(
+        name="gpus",
+        kind=COUNT,
+        attr="gpus",
+        low=0,
+        high=MAX_GPUS_PER_JOB_NODE,
+        help="whole GPUs per node",
+        flags=("--gpus", "-G"),
+        label="GPUs per node",
+    ),
+    SpecField(
+        name="gpu_memory",
+        kind=SIZE,
+        attr="gpu_memory_mib",
+        high=MAX_GPU_MEMORY_MIB,
+        zero_is_none=True,
+        help="a slice of one GPU: its memory, e.g. 10GiB",
+        flags=("--gpu-memory",),
+        label="GPU memory",
+        form_help="e.g. 10GiB",
+    ),
+    SpecField(
+        name="compute_pct",
+        kind=COUNT,
+        attr="compute_pct",
+        low=0,
+        high=100,
+        help="a slice of one GPU: its compute share, percent of one card",
+        flags=("--compute-pct",),
+        label="Compute share (%)",
+        form_help="1-100 of one card",
+    ),
+    SpecField(
+        name="gpu_models",
+        kind=MODELS,
+        attr="gpu_models",
+        high=MAX_GPU_MODELS,
+        help="allowed GPU models (any, if none)",
+        flags=("--gpu-model", "-C"),
+        flag_help="allowed GPU model (repeat for several)",
+        label="GPU models",
+        form_help="None chosen: any model",
+    ),
+    SpecField(
+        name="min_gpu_memory",
+        kind=SIZE,
+        attr="min_gpu_memory_mib",
+        high=MAX_GPU_MEMORY_MIB,
+        zero_is_none=True,
+        help="only GPUs with at least this much memory, e.g. 40GiB",
+        flags=("--min-gpu-memory",),
+        label="Minimum card memory",
+        form_help="e.g. 40GiB",
+    ),
+    SpecField(
+        name="min_compute_capability",
+        kind=CAPABILITY,
+        attr="min_compute_capability",
+        help="only GPUs of at least this CUDA compute capability, e.g. 8.0",
+        flags=("--min-compute-capability",),
+    ),
+    SpecField(
+        name="topology",
+        kind=CHOICE,
+        attr="topology",
+        choices=TOPOLOGIES,
+        help="how a node's GPUs must be connected: none, numa or nvlink",
+        flags=("--topology",),
+        label="Topology",
+    ),
+    SpecField(
+        name="nodes",
+        kind=COUNT,
+        attr="nodes",
+        low=1,
+        high=MAX_GANG_NODES,
+        help="gang size (whole-GPU jobs)",
+        flags=("--nodes", "-N"),
+        label="Nodes (gang)",
+        form_help="More than 1: whole GPUs on each",
+    ),
+    SpecField(
+        name="cpu",
+        kind=CPU,
+        attr="cpu_milli",
+        high=MAX_CPU_MILLI,
+        help="CPU per node: cores (4) or millicores (500m)",
+        flags=("--cpus", "-c"),
+        label="CPU per node",
+        form_help="cores (4) or millicores (500m)",
+    ),
+    SpecField(
+        name="memory",
+        kind=SIZE,
+        attr="memory_mib",
+        high=MAX_HOST_MEMORY_MIB,
+        help="host memory per node, e.g. 64GiB",
+        flags=("--mem",),
+        label="Host memory per node",
+        form_help="e.g. 64GiB",
+    ),
+    SpecField(
+        name="priority",
+        kind=TEXT,
+        attr="priority",
+        high=MAX_PRIORITY_CHARS,
+        help="priority class, e.g. training; blank: the team's default",
+        flags=("--priority", "-p"),
+        label="Priority class",
+    ),
+    SpecField(
+        name="preemptible",
+        kind=FLAG,
+        attr="preemptible",
+        help="whether the job may be preempted (unset: its priority class decides)",
+    ),
+    SpecField(
+        name="max_runtime",
+        kind=DURATION,
+        attr="max_runtime_s",
+        high=MAX_RUNTIME_S,
+        help="run-time limit, e.g. 2h, 30m, 1h30m",
+        flags=("--time", "-t"),
+        label="Runtime limit",
+        form_help="e.g. 2h, 30m, 1h30m",
+    ),
+    SpecField(
+        name="checkpoint_interval",
+        kind=DURATION,
+        attr="checkpoint_interval_s",
+        low=MIN_CHECKPOINT_INTERVAL_S,
+        high=MAX_CHECKPOINT_INTERVAL_S,
+        help="how often the job checkpoints, e.g. 30m, 2h, 600 (s); whole seconds from 1m to 7d",
+        flags=("--checkpoint-every",),
+        label="Checkpoints every",
+        form_help="Optional, e.g. 30m: preemption prefers jobs that lose the least work",
+    ),
+    SpecField(
+        name="requeue_on_node_loss",
+        kind=FLAG,
+        attr="requeue_on_node_loss",
+        help="start the job again elsewhere when its node is lost (default: true)",
+    ),
+    SpecField(
+        name="workdir",
+        kind=DIRECTORY,
+        attr="workdir",
+        high=MAX_WORKDIR_CHARS,
+        help="absolute directory the job starts in on its node (default: the agent's)",
+        flags=("--chdir", "-D"),
+        label="Working directory",
+        form_help="Absolute path on the node; empty: the agent's",
+    ),
+    SpecField(
+        name="notify",
+        kind=EVENT_LIST,
+        attr="notify",
+        choices=EVENTS,
+        help="tell the submitter by email/webhook when the job starts, ends, fails or is preempted: "
+        "start,end,fail,preempt, all or none (unset: their default)",
+        flags=("--notify",),
+        label="Tell me when it",
+        form_help="By email or your webhook (your notification settings); none ticked: your default",
+    ),
+)
+
+ALIASES: tuple[SpecAlias, ...] = (
+    SpecAlias(name="gpu_memory_mib", field="gpu_memory", kind=COUNT, unit="MiB", high=MAX_GPU_MEMORY_MIB),
+    SpecAlias(
+        name="min_gpu_memory_mib", field="min_gpu_memory", kind=COUNT, unit="MiB", high=MAX_GPU_MEMORY_MIB
+    ),
+    SpecAlias(name="memory_mib", field="memory", kind=COUNT, unit="MiB", low=1, high=MAX_HOST_MEMORY_MIB),
+    SpecAlias(name="cpu_milli", field="cpu", kind=COUNT, unit="m", low=1, high=MAX_CPU_MILLI),
+    SpecAlias(name="max_runtime_s", field="max_runtime", kind=DURATION),
+    SpecAlias(name="checkpoint_interval_s", field="checkpoint_interval", kind=DURATION),
+    SpecAlias(name="gpu_model", field="gpu_models", kind=MODELS),
+    SpecAlias(name="cwd", field="workdir", kind=DIRECTORY),
+)
+
+FIELD = {f.name: f for f in FIELDS}
+ALIAS = {a.name: a for a in ALIASES}
+FIELD_NAMES = tuple(FIELD)
+REQUIRED = tuple(f.name for f in FIELDS if f.required)
