@@ -1,4 +1,9 @@
-"""What the portal asks a node to run: one placement of one job (job id + attempt) on GPU slices."""
+"""What the portal asks a node to run: one placement of one job (job id + attempt) on GPU slices.
+
+`JobSpec` is a job entry of the wire protocol's `desired_state` message (protocol version 1, agent/protocol.py;
+docs/agent.md): its fields are exactly the keys the portal sends (scheduling/cycle/desired_state.py), which a
+contract test holds the two sides to.
+"""
 
 from __future__ import annotations
 
@@ -72,6 +77,7 @@ class JobSpec:
     job_id: str
     attempt: int  # placement epoch: a requeued job comes back with a higher attempt
     command: tuple[str, ...] | str  # argv, or a shell line run with /bin/sh -c
+    name: str = ""  # the job's name, for the agent's own log lines
     env: dict[str, str] = field(default_factory=dict)
     gpus: tuple[GpuSlice, ...] = ()
     max_runtime_s: float | None = None
@@ -108,6 +114,7 @@ class JobSpec:
             job_id=str(data["job_id"]),
             attempt=int(attempt),
             command=command,
+            name=str(data.get("name") or ""),
             env={str(k): str(v) for k, v in (data.get("env") or {}).items()},
             gpus=tuple(GpuSlice.from_dict(g) for g in data.get("gpus") or []),
             max_runtime_s=float(max_rt) if max_rt is not None else None,

@@ -11,8 +11,10 @@ from typing import Any
 
 from django import forms
 
-from scheduling.jobs.services import job_spec_of
+from scheduling.jobs import fields
+from scheduling.jobs.fields import SpecField
 from scheduling.jobs.spec import spec_to_mapping
+from scheduling.jobs.submit import job_spec_of
 
 _SHELL_OPERATORS = frozenset({"|", "||", "&&", ";", ">", ">>", "<", "&", "2>", "2>&1"})
 KINDS = (("whole", "Whole GPUs"), ("slice", "A slice of one GPU (memory and/or compute share)"))
@@ -20,57 +22,48 @@ COMMAND_FORMS = (
     ("argv", "Program and arguments (quoted as in a shell, no pipes)"),
     ("shell", "A shell line (run by /bin/sh -c: pipes, &&, $VARS)"),
 )
-TOPOLOGIES = (
-    ("none", "Anywhere on the node"),
-    ("numa", "One NUMA node"),
-    ("nvlink", "All NVLink-connected"),
-)
+# How the form words a choice of the spec's.
+CHOICE_WORDS = {
+    "topology": {"none": "Anywhere on the node", "numa": "One NUMA node", "nvlink": "All NVLink-connected"},
+    "notify": {"start": "starts", "end": "ends", "fail": "fails", "preempt": "is preempted"},
+}
+# Fields whose choices are this cluster's and this user's (set per form), and the initial values of a new job.
+CHOSEN_HERE = ("team", "priority", "gpu_models")
+INITIAL = {"gpus": "1", "nodes": "1", "topology": "none"}
 
 
-class JobForm(forms.Form):
-    name = forms.CharField(max_length=200, help_text="What you will recognise it by.")
-    team = forms.ChoiceField()
+def _form_field(spec_field: SpecField) -> forms.Field:
+    """A spec field as the form shows it: the table's label and hint, a widget for how it is written."""
+    name = spec_field.name
+    common: dict[str, Any] = {
+        "label": spec_field.label,
+        "help_text": spec_field.form_help,
+        "required": spec_field.required or name == "team",
+        "initial": INITIAL.get(name),
+    }
+    area = forms.Textarea(attrs={"rows": 2, "spellcheck": "false"})
+    if spec_field.kind in (fields.MODELS, fields.EVENT_LIST):
+        words = CHOICE_WORDS.get(name, {})
+        choices = [(c, words.get(c, c)) for c in spec_field.choices]
+        return forms.MultipleChoiceField(choices=choices, widget=forms.CheckboxSelectMultiple, **common)
+    if spec_field.kind == fields.CHOICE or name in CHOSEN_HERE:
+        words = CHOICE_WORDS.get(name, {})
+        return forms.ChoiceField(choices=[(c, words.get(c, c)) for c in spec_field.choices], **common)
+    if spec_field.kind in (fields.COMMAND, fields.ENV):
+        return forms.CharField(widget=area, **common)
+    return forms.CharField(max_length=spec_field.high if spec_field.kind == fields.TEXT else None, **common)
+
+
+# The spec's fields that the form shows (those the table gives a label), under the spec's own names.
+SpecFields = type("SpecFields", (forms.Form,), {f.name: _form_field(f) for f in fields.FIELDS if f.label})
+
+
+class JobForm(SpecFields):
+    """The spec's fields, plus two choices of the form's own: whole cards or a slice, argv or a shell line."""
+
     kind = forms.ChoiceField(choices=KINDS, initial="whole", widget=forms.RadioSelect, label="GPUs")
-    gpus = forms.CharField(required=False, initial="1", label="GPUs per node")
-    gpu_memory = forms.CharField(required=False, label="GPU memory", help_text="e.g. 10GiB")
-    compute_pct = forms.CharField(required=False, label="Compute share (%)", help_text="1-100 of one card")
-    gpu_models = forms.MultipleChoiceField(
-        required=False,
-        label="GPU models",
-        help_text="None chosen: any model",
-        widget=forms.CheckboxSelectMultiple,
-    )
-    min_gpu_memory = forms.CharField(required=False, label="Minimum card memory", help_text="e.g. 40GiB")
-    topology = forms.ChoiceField(choices=TOPOLOGIES, initial="none")
-    nodes = forms.CharField(initial="1", label="Nodes (gang)", help_text="More than 1: whole GPUs on each")
-    priority = forms.ChoiceField(required=False, label="Priority class")
-    max_runtime = forms.CharField(required=False, label="Runtime limit", help_text="e.g. 2h, 30m, 1h30m")
-    checkpoint_interval = forms.CharField(
-        required=False,
-        label="Checkpoints every",
-        help_text="Optional, e.g. 30m: preemption prefers jobs that lose the least work",
-    )
-    notify = forms.MultipleChoiceField(
-        required=False,
-        label="Tell me when it",
-        choices=[("start", "starts"), ("end", "ends"), ("fail", "fails"), ("preempt", "is preempted")],
-        widget=forms.CheckboxSelectMultiple,
-        help_text="By email or your webhook (your notification settings); none ticked: your default",
-    )
-    cpu = forms.CharField(required=False, label="CPU per node", help_text="cores (4) or millicores (500m)")
-    memory = forms.CharField(required=False, label="Host memory per node", help_text="e.g. 64GiB")
     command_form = forms.ChoiceField(
         choices=COMMAND_FORMS, initial="argv", widget=forms.RadioSelect, label="Command is"
-    )
-    command = forms.CharField(widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false"}))
-    workdir = forms.CharField(
-        required=False, label="Working directory", help_text="Absolute path on the node; empty: the agent's"
-    )
-    env = forms.CharField(
-        required=False,
-        label="Environment",
-        help_text="One NAME=value a line",
-        widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false"}),
     )
 
     def __init__(self, *args: Any, teams: list[str], models: list[str], priorities: list[str], **kwargs: Any):

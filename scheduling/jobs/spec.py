@@ -13,67 +13,29 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from scheduling.choices import Topology
 from scheduling.errors import ServiceError
+from scheduling.jobs import fields as f
 from scheduling.jobs.documents import SpecError, check_shape, load_document
-from scheduling.jobs.services import (
+from scheduling.jobs.fields import (
     CANNOT_RUN,
     INCOMPATIBLE,
     MAX_CHECKPOINT_INTERVAL_S,
-    MAX_GANG_NODES,
-    MAX_GPUS_PER_JOB_NODE,
+    MAX_COMMAND_CHARS,
+    MAX_CPU_MILLI,
+    MAX_ENV_VALUE_CHARS,
+    MAX_ENV_VARS,
+    MAX_GPU_MODELS,
+    MAX_HOST_MEMORY_MIB,
+    MAX_RUNTIME_S,
+    MAX_SPEC_INT,
+    MAX_WORKDIR_CHARS,
     MIN_CHECKPOINT_INTERVAL_S,
+    OUT_OF_RANGE,
     JobSpec,
-    largest_slice_mib,
+    SpecField,
 )
+from scheduling.jobs.validation import largest_slice_mib
 from scheduling.notifications.services import parse_events
-
-MAX_NAME_CHARS = 200
-MAX_COMMAND_CHARS = 64 * 1024
-MAX_ENV_VARS = 256
-MAX_ENV_VALUE_CHARS = 32 * 1024
-MAX_GPU_MEMORY_MIB = 16 * 1024 * 1024  # 16 TiB: far above any card, keeps integers sane
-MAX_HOST_MEMORY_MIB = 64 * 1024 * 1024
-MAX_CPU_MILLI = 4096 * 1000
-MAX_RUNTIME_S = 365 * 24 * 3600
-MAX_WORKDIR_CHARS = 4096
-MAX_GPU_MODELS = 32
-MAX_SPEC_INT = 2**63 - 1  # the database's bigint
-
-# Every key a spec may carry, with the unit-free aliases the API and the CLI also accept.
-SPEC_FIELDS = (
-    "name",
-    "team",
-    "command",
-    "env",
-    "gpus",
-    "gpu_memory",
-    "compute_pct",
-    "gpu_models",
-    "min_gpu_memory",
-    "min_compute_capability",
-    "topology",
-    "nodes",
-    "cpu",
-    "memory",
-    "priority",
-    "preemptible",
-    "max_runtime",
-    "checkpoint_interval",
-    "requeue_on_node_loss",
-    "workdir",
-    "notify",
-)
-ALIASES = {
-    "gpu_memory_mib": "gpu_memory",
-    "min_gpu_memory_mib": "min_gpu_memory",
-    "memory_mib": "memory",
-    "cpu_milli": "cpu",
-    "max_runtime_s": "max_runtime",
-    "checkpoint_interval_s": "checkpoint_interval",
-    "gpu_model": "gpu_models",
-    "cwd": "workdir",
-}
 
 _BYTES_PER_UNIT = {
     "": None,  # a bare number is refused for memory: "10" could mean anything
@@ -110,11 +72,6 @@ DECIMAL = r" *[0-9]+(\.[0-9]+)? *"
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _QUANTITY = re.compile(r" *([0-9]+(?:\.[0-9]+)?) *([A-Za-z]*) *")
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?) *(d|h|min|m|sec|s)", re.IGNORECASE)
-
-
-# Beyond "invalid" (against the schema), a bound the schema cannot state for a quantity as written ("20TiB", "0s",
-# a digit string); portal/api_schema.py lists every code a 400 may carry.
-OUT_OF_RANGE = "out_of_range"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -424,106 +381,103 @@ def _refuse_odd_numbers(field: str, value: Any) -> None:
             _refuse_odd_numbers(field, item)
 
 
+def _given(field: SpecField, value: Any) -> bool:
+    """Whether a field counts as given: null never does; blank text, and a size of 0 where 0 means none, do not."""
+    if value is None:
+        return False
+    if value == "" and field.kind in (f.TEXT, f.DURATION, f.DIRECTORY, f.MODELS):
+        return False
+    return not (field.zero_is_none and _absent(value, 0, "0"))
+
+
+def _read(field: SpecField, value: Any, *, written_as: str) -> Any:
+    """One field's value in JobSpec's unit, read as its kind is written; refusals name the key as written."""
+    name = field.name
+    match field.kind:
+        case f.TEXT:
+            return _str(name, value, high=field.high).strip()
+        case f.COMMAND:
+            return _command(value)
+        case f.ENV:
+            return _env(value)
+        case f.COUNT:
+            return _int_in(name, value, low=field.low, high=field.high)
+        case f.SIZE:
+            mib = parse_memory_mib(value, field=name, high=field.high)
+            if mib < 1 and not field.zero_is_none:
+                raise SpecError(f"{name} must be at least 1MiB.", field=name, limit="1MiB", code=OUT_OF_RANGE)
+            return mib
+        case f.MODELS:
+            return _gpu_models(value)
+        case f.CAPABILITY:
+            return _compute_capability(value)
+        case f.CHOICE:
+            if value not in field.choices:
+                raise SpecError(
+                    f"{name} must be one of {', '.join(field.choices)} (got {value!r}).", field=name
+                )
+            return value
+        case f.CPU:
+            return parse_cpu_milli(value, field=name)
+        case f.FLAG:
+            return _bool(name, value)
+        case f.DURATION if field.low:
+            return parse_checkpoint_interval_s(value, field=written_as)
+        case f.DURATION:
+            return parse_duration_s(value, field=written_as)
+        case f.DIRECTORY:
+            return _workdir(value)
+        case f.EVENT_LIST:
+            try:
+                return tuple(parse_events(value, field=name))
+            except ServiceError as exc:
+                raise SpecError(exc.message, field=name) from None
+    raise AssertionError(f"no reader for the kind {field.kind!r} of {name}")
+
+
 def spec_from_mapping(data: Any) -> ParsedSpec:
     """Turn a decoded spec (a dict from YAML or JSON) into a JobSpec, refusing unknown keys and bad values."""
     check_shape(data)
     if not isinstance(data, dict):
         raise SpecError("A job spec must be a mapping of fields (name, command, gpus, ...).", field="spec")
-    fields: dict[str, Any] = {}
+    given: dict[str, Any] = {}
     written_as: dict[str, str] = {}
     for key, value in data.items():
-        name = ALIASES.get(key, key)
-        if name not in SPEC_FIELDS:
+        alias = f.ALIAS.get(key)
+        name = alias.field if alias else key
+        if name not in f.FIELD:
             raise SpecError(
-                f"Unknown field {key!r}; a spec may have: {', '.join(SPEC_FIELDS)}.", field=str(key)
+                f"Unknown field {key!r}; a spec may have: {', '.join(f.FIELD_NAMES)}.", field=str(key)
             )
-        if name in fields:
+        if name in given:
             raise SpecError(
                 f"{name} is given twice ({key!r} is another name for it).", field=name, code=INCOMPATIBLE
             )
         _refuse_odd_numbers(name, value)
-        # Unit-free aliases carry the model's units directly.
-        if key in ("gpu_memory_mib", "min_gpu_memory_mib", "memory_mib"):
-            value = f"{_int_in(name, value, low=0, high=MAX_HOST_MEMORY_MIB)}MiB"
-        elif key == "cpu_milli":
-            value = f"{_int_in(name, value, low=1, high=MAX_CPU_MILLI)}m"
-        fields[name] = value
+        if alias and alias.unit:  # a unit-free alias carries the model's unit: write it as the field is
+            value = f"{_int_in(name, value, low=alias.low, high=alias.high)}{alias.unit}"
+        given[name] = value
         written_as[name] = str(key)
 
-    for required in ("name", "command"):
-        if fields.get(required) in (None, ""):
+    for required in f.REQUIRED:
+        if given.get(required) in (None, ""):
             raise SpecError(f"{required} is required.", field=required)
-
-    kwargs: dict[str, Any] = {
-        "name": _str("name", fields["name"], high=MAX_NAME_CHARS).strip(),
-        "command": _command(fields["command"]),
-        "env": _env(fields.get("env")),
+    values = {
+        field.name: _read(field, given[field.name], written_as=written_as[field.name])
+        for field in f.FIELDS
+        if _given(field, given.get(field.name))
     }
-    if not kwargs["name"]:
-        raise SpecError("name must not be empty.", field="name")
-    if not kwargs["command"].strip():
-        raise SpecError("command must not be empty.", field="command")
-    if fields.get("gpus") is not None:
-        kwargs["gpus"] = _int_in("gpus", fields["gpus"], low=0, high=MAX_GPUS_PER_JOB_NODE)
-    if not _absent(fields.get("gpu_memory"), 0, "0"):
-        kwargs["gpu_memory_mib"] = parse_memory_mib(
-            fields["gpu_memory"], field="gpu_memory", high=MAX_GPU_MEMORY_MIB
-        )
-    if fields.get("compute_pct") is not None:
-        kwargs["compute_pct"] = _int_in("compute_pct", fields["compute_pct"], low=0, high=100)
-    kwargs["gpu_models"] = _gpu_models(fields.get("gpu_models"))
-    if not _absent(fields.get("min_gpu_memory"), 0, "0"):
-        kwargs["min_gpu_memory_mib"] = parse_memory_mib(
-            fields["min_gpu_memory"], field="min_gpu_memory", high=MAX_GPU_MEMORY_MIB
-        )
-    if fields.get("min_compute_capability") is not None:
-        kwargs["min_compute_capability"] = _compute_capability(fields["min_compute_capability"])
-    if fields.get("topology") is not None:
-        topology = fields["topology"]
-        if topology not in Topology.values:
-            raise SpecError(
-                f"topology must be one of {', '.join(Topology.values)} (got {fields['topology']!r}).",
-                field="topology",
-            )
-        kwargs["topology"] = topology
-    if fields.get("nodes") is not None:
-        kwargs["nodes"] = _int_in("nodes", fields["nodes"], low=1, high=MAX_GANG_NODES)
-    if fields.get("cpu") is not None:
-        kwargs["cpu_milli"] = parse_cpu_milli(fields["cpu"])
-    if fields.get("memory") is not None:
-        kwargs["memory_mib"] = parse_memory_mib(fields["memory"], field="memory")
-        if kwargs["memory_mib"] < 1:
-            raise SpecError("memory must be at least 1MiB.", field="memory", limit="1MiB", code=OUT_OF_RANGE)
-    if fields.get("priority") not in (None, ""):
-        kwargs["priority"] = _str("priority", fields["priority"], high=50).strip()
-    if fields.get("preemptible") is not None:
-        kwargs["preemptible"] = _bool("preemptible", fields["preemptible"])
-    if fields.get("max_runtime") not in (None, ""):
-        kwargs["max_runtime_s"] = parse_duration_s(fields["max_runtime"])
-    if fields.get("checkpoint_interval") not in (None, ""):
-        # Refusals name the key as written: checkpoint_interval ('30m') or checkpoint_interval_s (seconds).
-        kwargs["checkpoint_interval_s"] = parse_checkpoint_interval_s(
-            fields["checkpoint_interval"], field=written_as["checkpoint_interval"]
-        )
-    if fields.get("requeue_on_node_loss") is not None:
-        kwargs["requeue_on_node_loss"] = _bool("requeue_on_node_loss", fields["requeue_on_node_loss"])
-    if fields.get("workdir") not in (None, ""):
-        kwargs["workdir"] = _workdir(fields["workdir"])
-    if fields.get("notify") is not None:
-        try:
-            kwargs["notify"] = tuple(parse_events(fields["notify"], field="notify"))
-        except ServiceError as exc:
-            raise SpecError(exc.message, field="notify") from None
-    if not kwargs.get("gpus") and not kwargs.get("gpu_memory_mib") and not kwargs.get("compute_pct"):
+    for required in f.REQUIRED:
+        if not str(values[required]).strip():
+            raise SpecError(f"{required} must not be empty.", field=required)
+    if not values.get("gpus") and not values.get("gpu_memory") and not values.get("compute_pct"):
         raise SpecError(
             "Ask for GPUs: set gpus (whole cards) or gpu_memory and/or compute_pct (a slice of one card).",
             field="gpus",
             code=INCOMPATIBLE,
         )
-    team = fields.get("team")
-    return ParsedSpec(
-        team=_str("team", team, high=100).strip() if team not in (None, "") else None, spec=JobSpec(**kwargs)
-    )
+    kwargs = {f.FIELD[name].attr: value for name, value in values.items() if f.FIELD[name].attr}
+    return ParsedSpec(team=values.get("team") or None, spec=JobSpec(**kwargs))
 
 
 def spec_from_text(text: str | bytes) -> ParsedSpec:
@@ -551,7 +505,7 @@ def spec_to_mapping(spec: JobSpec, *, team: str | None = None) -> dict[str, Any]
         out["min_gpu_memory"] = format_mib(spec.min_gpu_memory_mib)
     if spec.min_compute_capability:
         out["min_compute_capability"] = str(spec.min_compute_capability)
-    if spec.topology != Topology.NONE:
+    if spec.topology != "none":
         out["topology"] = spec.topology
     if spec.nodes != 1:
         out["nodes"] = spec.nodes

@@ -222,11 +222,11 @@ def test_the_written_forms_the_schema_states_are_taken(as_alice, extra):
 
 
 def test_the_submit_schema_names_every_field_the_spec_reader_takes(as_alice):
-    from scheduling.jobs.spec import ALIASES, SPEC_FIELDS
+    from scheduling.jobs.fields import ALIAS, FIELD
 
     schema = as_alice.get("/api/schema/?format=json").json()
     body = schema["components"]["schemas"]["JobSubmitRequest"]
-    assert set(body["properties"]) == set(SPEC_FIELDS) | set(ALIASES)
+    assert set(body["properties"]) == set(FIELD) | set(ALIAS)
     assert body["additionalProperties"] is False and body["required"] == ["name", "command"]
 
 

@@ -1,5 +1,6 @@
-"""The job spec a submit takes, as OpenAPI states it: each field's types, written forms and bounds, exactly as
-scheduling.jobs.spec reads them (the patterns are that module's). What a schema cannot state (a size's bound
+"""The job spec a submit takes, as OpenAPI states it: one property per field and alias of scheduling.jobs.fields,
+its schema chosen by how the field is written (its kind) and bounded as that table says; the patterns are the
+reader's (scheduling.jobs.spec). What a schema cannot state (a size's bound
 once written with a unit, fields that do not go together, what this cluster and team allow) is refused with a
 400 whose code says so (portal.api_schema.RULE_CODES).
 
@@ -14,11 +15,10 @@ from typing import Any
 from drf_spectacular.extensions import OpenApiSerializerExtension
 
 from portal.api_params import WHITESPACE, text_pattern
-from scheduling.choices import Topology
+from scheduling.jobs import fields
 from scheduling.jobs import spec as sp
-from scheduling.jobs.services import MAX_GANG_NODES, MAX_GPUS_PER_JOB_NODE
 
-NUMBER = {"type": "number", "minimum": -sp.MAX_SPEC_INT, "maximum": sp.MAX_SPEC_INT}
+NUMBER = {"type": "number", "minimum": -fields.MAX_SPEC_INT, "maximum": fields.MAX_SPEC_INT}
 
 
 def _text(max_chars: int | None, *, blank: bool) -> dict[str, Any]:
@@ -44,7 +44,7 @@ def _whole(low: int, high: int) -> dict[str, Any]:
 
 def _nullable(schema: dict[str, Any], description: str = "") -> dict[str, Any]:
     out = {**schema, "nullable": True}
-    text = " ".join(t for t in (schema.get("description", ""), description, "null: as if not given.") if t)
+    text = " ".join(t for t in (description, schema.get("description", ""), "null: as if not given.") if t)
     out["description"] = text
     return out
 
@@ -63,10 +63,10 @@ def _size(high_mib: int, *, zero: bool) -> dict[str, Any]:
 _ITEM = f"[{WHITESPACE}]*[^,{WHITESPACE}][^,]*"
 GPU_MODELS = {
     "anyOf": [
-        {"type": "string", "pattern": f"^$|^{_ITEM}(,{_ITEM}){{0,{sp.MAX_GPU_MODELS - 1}}}$"},
+        {"type": "string", "pattern": f"^$|^{_ITEM}(,{_ITEM}){{0,{fields.MAX_GPU_MODELS - 1}}}$"},
         {
             "type": "array",
-            "maxItems": sp.MAX_GPU_MODELS,
+            "maxItems": fields.MAX_GPU_MODELS,
             "items": {"type": "string", "pattern": f"^[{WHITESPACE}]*[^{WHITESPACE}][\\s\\S]*$"},
         },
     ],
@@ -75,9 +75,9 @@ GPU_MODELS = {
 DURATION = {
     "anyOf": [
         {"type": "string", "pattern": f"^({sp.DURATION})?$"},
-        {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": sp.MAX_RUNTIME_S},
+        {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": fields.MAX_RUNTIME_S},
     ],
-    "description": f"2h, 30m, 90s, 1h30m, or seconds; at most {sp.MAX_RUNTIME_S} s.",
+    "description": f"2h, 30m, 90s, 1h30m, or seconds; at most {fields.MAX_RUNTIME_S} s.",
 }
 WORKDIR = {
     "anyOf": [
@@ -88,113 +88,126 @@ WORKDIR = {
         {"enum": [""]},
     ],
     "description": "An absolute directory on the node the job starts in (default: the agent's); at most "
-    f"{sp.MAX_WORKDIR_CHARS} characters.",
+    f"{fields.MAX_WORKDIR_CHARS} characters.",
 }
 
-_EVENT_WORDS = ["start", "end", "fail", "preempt", "all", "none"]
+_EVENT_WORDS = [*fields.EVENTS, "all", "none"]
 _EVENT = f"({'|'.join(_EVENT_WORDS)})"
-PROPERTIES: dict[str, dict[str, Any]] = {
-    "name": {"anyOf": [_text(sp.MAX_NAME_CHARS, blank=False), NUMBER]},
-    "team": _nullable(
-        {"anyOf": [_text(100, blank=True), NUMBER]}, "Team slug; optional when you are in one team."
-    ),
-    "command": {
-        "anyOf": [
-            _text(None, blank=False),
-            NUMBER,
-            {
-                "type": "array",
-                "minItems": 1,
-                "items": {"anyOf": [{"type": "string", "pattern": "^[^\\x00]*$"}, NUMBER]},
-            },
-        ],
-        "description": f"A shell command, or a list of arguments; at most {sp.MAX_COMMAND_CHARS} characters.",
-    },
-    "env": _nullable(
+COMMAND = {
+    "anyOf": [
+        _text(None, blank=False),
+        NUMBER,
         {
-            "type": "object",
-            "maxProperties": sp.MAX_ENV_VARS,
-            "description": f"NAME: value; a value of at most {sp.MAX_ENV_VALUE_CHARS} characters.",
-            "propertyNames": {"pattern": f"^{sp.ENV_NAME}$"},
-            "additionalProperties": {
-                "anyOf": [
-                    {"type": "string", "pattern": "^[^\\x00]*$"},
-                    NUMBER,
-                    {"type": "boolean"},
-                ]
-            },
-        }
-    ),
-    "gpus": _nullable(_whole(0, MAX_GPUS_PER_JOB_NODE), "Whole GPUs per node."),
-    "gpu_memory": _nullable(_size(sp.MAX_GPU_MEMORY_MIB, zero=True), "Per GPU slice."),
-    "compute_pct": _nullable(_whole(0, 100), "Per GPU slice, percent of one card."),
-    "gpu_models": _nullable(GPU_MODELS),
-    "min_gpu_memory": _nullable(_size(sp.MAX_GPU_MEMORY_MIB, zero=True), "Only cards with this much."),
-    "min_compute_capability": _nullable(
-        {
-            "anyOf": [
-                {"type": "number", "minimum": 0, "maximum": 99.9},
-                {"type": "string", "pattern": f"^{sp.DECIMAL}$"},
-            ],
-            "description": "e.g. 8.0; 0 to 99.9, read to one decimal.",
-        }
-    ),
-    "topology": _nullable({"type": "string", "enum": [*Topology.values, None]}),
-    "nodes": _nullable(_whole(1, MAX_GANG_NODES), "Gang size (whole-GPU jobs)."),
-    "cpu": _nullable(
-        {
-            "anyOf": [
-                {"type": "number", "minimum": 0.001, "maximum": sp.MAX_CPU_MILLI // 1000},
-                {"type": "string", "pattern": f"^{sp.CPU}$"},
-            ],
-            "description": f"Cores ('4', 0.5) or millicores ('500m'), in whole millicores; at most "
-            f"{sp.MAX_CPU_MILLI // 1000} cores.",
-        }
-    ),
-    "memory": _nullable(_size(sp.MAX_HOST_MEMORY_MIB, zero=False), "Host memory per node."),
-    "priority": _nullable({"anyOf": [_text(50, blank=True), NUMBER]}, "Priority class; blank: the default."),
-    "preemptible": _nullable({"type": "boolean"}),
-    "max_runtime": _nullable(DURATION),
-    "checkpoint_interval": _nullable(
-        DURATION,
-        "How often the job checkpoints, in whole seconds from 1m to 7d (a refusal says out_of_range).",
-    ),
-    "requeue_on_node_loss": _nullable({"type": "boolean"}),
-    "workdir": _nullable(WORKDIR),
-    "notify": _nullable(
-        {
-            "anyOf": [
-                {"type": "string", "pattern": f"^$|^ *{_EVENT}( *, *{_EVENT})* *$"},
-                {"type": "array", "items": {"type": "string", "enum": _EVENT_WORDS}, "maxItems": 8},
-            ],
+            "type": "array",
+            "minItems": 1,
+            "items": {"anyOf": [{"type": "string", "pattern": "^[^\\x00]*$"}, NUMBER]},
         },
-        "Tell the submitter when the job starts, ends, fails or is preempted: a comma list of start, end, fail, "
-        "preempt (or all, none); unset: their default.",
-    ),
+    ],
 }
-# The unit-free aliases (scheduling.jobs.spec.ALIASES): give a field under one name only.
-PROPERTIES.update(
-    {
-        "gpu_memory_mib": _whole(0, sp.MAX_GPU_MEMORY_MIB),
-        "min_gpu_memory_mib": _whole(0, sp.MAX_GPU_MEMORY_MIB),
-        "memory_mib": _whole(1, sp.MAX_HOST_MEMORY_MIB),
-        "cpu_milli": _whole(1, sp.MAX_CPU_MILLI),
-        "max_runtime_s": _nullable(DURATION),
-        "checkpoint_interval_s": _nullable(DURATION),
-        "gpu_model": _nullable(GPU_MODELS),
-        "cwd": _nullable(WORKDIR),
-    }
-)
-for _alias, _field in sp.ALIASES.items():
-    PROPERTIES[_alias] = {
-        **PROPERTIES[_alias],
-        "description": f"{_field} under another name. {PROPERTIES[_alias].get('description', '')}".strip(),
-    }
+ENV = {
+    "type": "object",
+    "maxProperties": fields.MAX_ENV_VARS,
+    "propertyNames": {"pattern": f"^{sp.ENV_NAME}$"},
+    "additionalProperties": {
+        "anyOf": [
+            {"type": "string", "pattern": "^[^\\x00]*$"},
+            NUMBER,
+            {"type": "boolean"},
+        ]
+    },
+}
+CAPABILITY = {
+    "anyOf": [
+        {"type": "number", "minimum": 0, "maximum": 99.9},
+        {"type": "string", "pattern": f"^{sp.DECIMAL}$"},
+    ],
+    "description": "0 to 99.9, read to one decimal.",
+}
+CPU = {
+    "anyOf": [
+        {"type": "number", "minimum": 0.001, "maximum": fields.MAX_CPU_MILLI // 1000},
+        {"type": "string", "pattern": f"^{sp.CPU}$"},
+    ],
+    "description": f"In whole millicores; at most {fields.MAX_CPU_MILLI // 1000} cores.",
+}
+EVENTS = {
+    "anyOf": [
+        {"type": "string", "pattern": f"^$|^ *{_EVENT}( *, *{_EVENT})* *$"},
+        {"type": "array", "items": {"type": "string", "enum": _EVENT_WORDS}, "maxItems": 8},
+    ],
+}
+
+
+def _of_kind(kind: str, *, low: int, high: int | None, required: bool, zero: bool, choices: tuple[str, ...]):
+    """The schema of a value written as `kind` (scheduling.jobs.fields) within its bounds."""
+    match kind:
+        case fields.TEXT:
+            return {"anyOf": [_text(high, blank=not required), NUMBER]}
+        case fields.COMMAND:
+            return COMMAND
+        case fields.ENV:
+            return ENV
+        case fields.COUNT:
+            return _whole(low, high)
+        case fields.SIZE:
+            return _size(high, zero=zero)
+        case fields.MODELS:
+            return GPU_MODELS
+        case fields.CAPABILITY:
+            return CAPABILITY
+        case fields.CHOICE:
+            return {"type": "string", "enum": [*choices, None]}
+        case fields.CPU:
+            return CPU
+        case fields.FLAG:
+            return {"type": "boolean"}
+        case fields.DURATION:
+            seconds = high or fields.MAX_RUNTIME_S
+            return {**DURATION, "description": f"2h, 30m, 90s, 1h30m, or seconds; at most {seconds} s."}
+        case fields.DIRECTORY:
+            return WORKDIR
+        case fields.EVENT_LIST:
+            return EVENTS
+    raise AssertionError(f"no schema for the kind {kind!r}")
+
+
+def _described(schema: dict[str, Any], text: str) -> dict[str, Any]:
+    joined = " ".join(t for t in (text, schema.get("description", "")) if t)
+    return {**schema, "description": joined}
+
+
+def _property(field: fields.SpecField) -> dict[str, Any]:
+    schema = _of_kind(
+        field.kind,
+        low=field.low,
+        high=field.high,
+        required=field.required,
+        zero=field.zero_is_none,
+        choices=field.choices,
+    )
+    help_text = field.help[0].upper() + field.help[1:] + "."
+    if field.required:
+        return _described(schema, help_text)
+    return _nullable(schema, help_text)
+
+
+def _alias_property(alias: fields.SpecAlias) -> dict[str, Any]:
+    """A unit-free alias (a count in the model's unit) is a number; the others are written as their field is."""
+    schema = _of_kind(alias.kind, low=alias.low, high=alias.high, required=False, zero=False, choices=())
+    text = f"{alias.field} under another name" + (f", in {alias.unit}" if alias.unit else "") + "."
+    if alias.kind == fields.COUNT:
+        return _described(schema, text)
+    return _nullable(schema, text)
+
+
+# Every field and alias a spec may carry (scheduling.jobs.fields): give a field under one name only.
+PROPERTIES: dict[str, dict[str, Any]] = {field.name: _property(field) for field in fields.FIELDS}
+PROPERTIES.update({alias.name: _alias_property(alias) for alias in fields.ALIASES})
 
 JOB_SPEC_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": PROPERTIES,
-    "required": ["name", "command"],
+    "required": list(fields.REQUIRED),
     "additionalProperties": False,
     "description": "The job spec as JSON (YAML is taken too with Content-Type: application/yaml).",
 }
