@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from portal.client import ExitCode
+from cli.client import ExitCode
 from scheduling.jobs import services
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ def cli(live_server, tmp_path):
 
     def run(*argv: str, stdin: str | None = None) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "portal.cli", *argv],
+            [sys.executable, "-m", "cli", *argv],
             input=stdin,
             capture_output=True,
             text=True,
@@ -239,7 +239,7 @@ def test_top_refreshes_in_a_terminal_and_quits_on_q(logged_in):
     pid, fd = pty.fork()
     if pid == 0:  # the child: tessera top on a terminal
         os.chdir(ROOT)
-        os.execve(sys.executable, [sys.executable, "-m", "portal.cli", "top", "--interval", "0.3"], env)
+        os.execve(sys.executable, [sys.executable, "-m", "cli", "top", "--interval", "0.3"], env)
     screen = b""
     deadline = time.time() + 30
     while screen.count(b"tessera top") < 2 and time.time() < deadline:  # at least one refresh
@@ -268,7 +268,7 @@ def test_a_reader_that_stops_early_ends_ls_and_nodes_quietly(logged_in, alice, t
         os.close(read_end)  # the reader is gone before the first line
         try:
             done = subprocess.run(
-                [sys.executable, "-m", "portal.cli", command],
+                [sys.executable, "-m", "cli", command],
                 stdout=write_end,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -301,7 +301,7 @@ def test_logs_follow_of_a_pending_job_says_where_it_waits_then_ends(logged_in, a
     env = {k: v for k, v in os.environ.items() if not k.startswith("TESSERA_")}
     env["TESSERA_CONFIG"] = str(logged_in.config)
     follower = subprocess.Popen(
-        [sys.executable, "-m", "portal.cli", "logs", str(job.pk), "-f", "--interval", "0.2"],
+        [sys.executable, "-m", "cli", "logs", str(job.pk), "-f", "--interval", "0.2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

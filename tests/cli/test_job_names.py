@@ -2,7 +2,7 @@
 
 import pytest
 
-from portal.commands import default_job_name
+from cli.submit import default_job_name
 
 
 @pytest.mark.parametrize(

@@ -88,7 +88,7 @@ def test_300_kb_of_nul_bytes_and_of_random_binary_arrive_intact_and_the_agent_st
     config.write_text(f'{{"url": "http://127.0.0.1:{pipe.port}", "token": "{token}"}}')
     config.chmod(0o600)
     cli = subprocess.run(
-        [sys.executable, "-m", "portal.cli", "logs", "--stderr", str(job.pk)],
+        [sys.executable, "-m", "cli", "logs", "--stderr", str(job.pk)],
         capture_output=True,
         cwd=REPO,
         env={**os.environ, "TESSERA_CONFIG": str(config)},

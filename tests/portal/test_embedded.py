@@ -171,7 +171,7 @@ def test_the_readme_first_job_runs_on_the_embedded_demo(embedded_server):
     simulated agent to success and its output is readable with `tessera logs`."""
     base, _, env, var = embedded_server
     cli_env = {**env, "TESSERA_CONFIG": str(var / "cli.json")}
-    tessera = [sys.executable, "-m", "portal.cli"]
+    tessera = [sys.executable, "-m", "cli"]
 
     def cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
         return subprocess.run(

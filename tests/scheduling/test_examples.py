@@ -24,7 +24,7 @@ EXAMPLES = {
 
 
 def _as_the_cli_sends_it(path: Path, capsys) -> dict:
-    from portal.commands import submit
+    from cli.submit import submit
 
     assert submit([str(path), "--dry-run"]) == 0
     return json.loads(capsys.readouterr().out)

@@ -189,7 +189,7 @@ def test_the_api_and_the_cli_take_notify_with_the_job(alice, teams, node):
         [
             sys.executable,
             "-m",
-            "portal.cli",
+            "cli",
             "submit",
             "--dry-run",
             "-G",

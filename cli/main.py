@@ -1,4 +1,5 @@
-"""`tessera`: the command line. Subcommands are registered in COMMANDS; each loads its code lazily."""
+"""`tessera`: the command line's parser and dispatch. Subcommands are registered in COMMANDS; each loads its code
+lazily, so `tessera --help` starts without importing any of them."""
 
 from __future__ import annotations
 
@@ -9,19 +10,19 @@ from collections.abc import Callable, Sequence
 
 # name -> ("module:function", one-line help). The function takes the remaining argv and returns an exit code.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "simulate": ("portal.cli:simulate", "replay traces and scenarios through the scheduling engine"),
-    # The API client (portal/commands.py; exit codes in portal.client.ExitCode and docs/api.md).
-    "login": ("portal.commands:login", "get a personal API token and save it"),
-    "whoami": ("portal.commands:whoami", "who the saved token belongs to"),
-    "submit": ("portal.commands:submit", "submit a job from a spec file, a script or flags (sbatch)"),
-    "queue": ("portal.commands:queue", "pending jobs in the scheduler's order (squeue)"),
-    "ls": ("portal.commands:ls", "your teams' jobs"),
-    "show": ("portal.commands:show", "one job in detail with its events"),
-    "cancel": ("portal.commands:cancel", "cancel jobs (scancel)"),
-    "logs": ("portal.commands:logs", "a job's output; --follow to keep reading"),
-    "usage": ("portal.commands:usage", "GPU-hours by team, user, day (sacct); --csv"),
-    "nodes": ("portal.commands:nodes", "nodes and GPUs (sinfo)"),
-    "top": ("portal.commands:top", "live cluster view; q quits"),
+    "simulate": ("cli.main:simulate", "replay traces and scenarios through the scheduling engine"),
+    # The API client (cli/client.py; exit codes in cli.client.ExitCode and docs/api.md).
+    "login": ("cli.account:login", "get a personal API token and save it"),
+    "whoami": ("cli.account:whoami", "who the saved token belongs to"),
+    "usage": ("cli.account:usage", "GPU-hours by team, user, day (sacct); --csv"),
+    "submit": ("cli.submit:submit", "submit a job from a spec file, a script or flags (sbatch)"),
+    "queue": ("cli.jobs:queue", "pending jobs in the scheduler's order (squeue)"),
+    "ls": ("cli.jobs:ls", "your teams' jobs"),
+    "show": ("cli.jobs:show", "one job in detail with its events"),
+    "cancel": ("cli.jobs:cancel", "cancel jobs (scancel)"),
+    "logs": ("cli.jobs:logs", "a job's output; --follow to keep reading"),
+    "nodes": ("cli.cluster:nodes", "nodes and GPUs (sinfo)"),
+    "top": ("cli.cluster:top", "live cluster view; q quits"),
 }
 
 SIMULATE_MODES: dict[str, tuple[str, str]] = {
