@@ -598,8 +598,10 @@ def queue_jobs(*, people: list, count: int, command: str, models: tuple[str, ...
     """`count` pending jobs with the rows job_submit writes (the job and its "submitted" event), in bulk."""
     from quotas.selectors import team_allowance
     from scheduling.choices import ActorKind, JobState
+    from scheduling.jobs.fields import JobSpec
     from scheduling.jobs.models import Job, JobEvent
-    from scheduling.jobs.services import JobSpec, job_from_spec, job_spec_validate_for_team
+    from scheduling.jobs.submit import job_from_spec
+    from scheduling.jobs.validation import job_spec_validate_for_team
 
     t0 = time.perf_counter()
     rng = random.Random(5)

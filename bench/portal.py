@@ -251,7 +251,7 @@ def push_to_dom(*, env: dict, people: dict, pages: int, changes: int) -> dict:
 
     from scheduling.choices import ActorKind, JobState
     from scheduling.jobs.models import Job
-    from scheduling.jobs.services import job_transition
+    from scheduling.jobs.transitions import job_transition
 
     port = free_port()
     server = _daphne(env, port)

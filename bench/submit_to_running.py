@@ -67,8 +67,9 @@ def main() -> int:
     from scheduling.coordination import redis_client
     from scheduling.cycle.models import NodeSync
     from scheduling.cycle.requests import KEYS
+    from scheduling.jobs.fields import JobSpec
     from scheduling.jobs.models import Job
-    from scheduling.jobs.services import JobSpec, job_submit
+    from scheduling.jobs.submit import job_submit
     from tests.pipeline.harness import Cluster, seed, wait_for
 
     call_command("migrate", verbosity=0)

@@ -30,9 +30,10 @@ from scheduling.errors import ServiceError
 from scheduling.inventory.selectors import gpu_model_rows
 from scheduling.jobs import selectors as job_selectors
 from scheduling.jobs.chargeback import usage_rows
-from scheduling.jobs.services import job_cancel, job_submit
 from scheduling.jobs.spec import spec_check_card_limits, spec_from_mapping, spec_to_mapping
 from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES, IllegalTransition
+from scheduling.jobs.submit import job_submit
+from scheduling.jobs.transitions import job_cancel
 
 JOBS_PAGE_SIZE = 50
 

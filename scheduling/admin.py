@@ -6,9 +6,9 @@ from portal.admin_base import ReadOnlyAdmin, ReadOnlyInline
 from scheduling.choices import ActorKind, NodeState
 from scheduling.inventory import services as inventory_services
 from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node, NodeStateChange
-from scheduling.jobs import services as job_services
 from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
 from scheduling.jobs.states import IllegalTransition
+from scheduling.jobs.transitions import job_cancel, job_requeue
 from scheduling.notifications.models import Notification, NotificationSettings
 
 
@@ -138,7 +138,7 @@ def cancel_jobs(modeladmin, request, queryset):
     done = 0
     for job in queryset:
         try:
-            job_services.job_cancel(job=job, actor=request.user, actor_kind=ActorKind.ADMIN)
+            job_cancel(job=job, actor=request.user, actor_kind=ActorKind.ADMIN)
             done += 1
         except IllegalTransition as exc:
             modeladmin.message_user(request, str(exc), messages.WARNING)
@@ -150,7 +150,7 @@ def requeue_jobs(modeladmin, request, queryset):
     done = 0
     for job in queryset:
         try:
-            job_services.job_requeue(job=job, actor=request.user, reason="Requeued in the admin site.")
+            job_requeue(job=job, actor=request.user, reason="Requeued in the admin site.")
             done += 1
         except IllegalTransition as exc:
             modeladmin.message_user(request, str(exc), messages.WARNING)

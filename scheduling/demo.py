@@ -32,8 +32,11 @@ from scheduling.history.models import (
 from scheduling.history.partitions import partitions_ensure
 from scheduling.inventory import services as inventory_services
 from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node
-from scheduling.jobs import services as job_services
+from scheduling.jobs.fields import JobSpec
+from scheduling.jobs.ledger import slice_allocate
 from scheduling.jobs.models import Job
+from scheduling.jobs.submit import job_submit
+from scheduling.jobs.transitions import job_transition
 
 GIB = 1024
 
@@ -211,7 +214,7 @@ def _people_and_teams() -> dict[str, object]:
 
 
 def _run(job: Job, gpus: list[Gpu], *, memory_mib: int | None = None, compute_pct: int = 100) -> None:
-    job_services.job_transition(
+    job_transition(
         job=job,
         to_state=JobState.PLACED,
         actor_kind=ActorKind.SCHEDULER,
@@ -219,12 +222,8 @@ def _run(job: Job, gpus: list[Gpu], *, memory_mib: int | None = None, compute_pc
         message="Placed by the demo loader.",
     )
     for gpu in gpus:
-        job_services.slice_allocate(
-            job=job, gpu=gpu, memory_mib=memory_mib or gpu.memory_mib, compute_pct=compute_pct
-        )
-    job_services.job_transition(
-        job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT, code="started"
-    )
+        slice_allocate(job=job, gpu=gpu, memory_mib=memory_mib or gpu.memory_mib, compute_pct=compute_pct)
+    job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT, code="started")
 
 
 def _jobs(users: dict) -> None:
@@ -236,16 +235,12 @@ def _jobs(users: dict) -> None:
 
     def submit(user: str, team: Team, **spec) -> Job:
         spec.setdefault("command", "python train.py")
-        return job_services.job_submit(submitter=users[user], team=team, spec=job_services.JobSpec(**spec))
+        return job_submit(submitter=users[user], team=team, spec=JobSpec(**spec))
 
     done = submit("alice", training, name="bert-pretrain-smoke", gpus=1, max_runtime_s=3600)
-    job_services.job_transition(
-        job=done, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER, code="placed"
-    )
-    job_services.job_transition(
-        job=done, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT, code="started"
-    )
-    job_services.job_transition(
+    job_transition(job=done, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER, code="placed")
+    job_transition(job=done, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT, code="started")
+    job_transition(
         job=done,
         to_state=JobState.SUCCEEDED,
         actor_kind=ActorKind.AGENT,
@@ -254,13 +249,9 @@ def _jobs(users: dict) -> None:
         data={"exit_code": 0},
     )
     failed = submit("dave", research, name="sweep-lr-3e-4", gpus=1, max_runtime_s=1800)
-    job_services.job_transition(
-        job=failed, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER, code="placed"
-    )
-    job_services.job_transition(
-        job=failed, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT, code="started"
-    )
-    job_services.job_transition(
+    job_transition(job=failed, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER, code="placed")
+    job_transition(job=failed, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT, code="started")
+    job_transition(
         job=failed,
         to_state=JobState.FAILED,
         actor_kind=ActorKind.AGENT,

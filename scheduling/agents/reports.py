@@ -29,17 +29,12 @@ from scheduling.cycle.models import NodeSync
 from scheduling.cycle.requests import cycle_request_after_commit
 from scheduling.cycle.watchdog import job_lose_then_requeue, job_requeue_or_fail, last_placement
 from scheduling.inventory.models import Gpu, Node
+from scheduling.jobs.batches import StartWrite, jobs_start
+from scheduling.jobs.gangs import gang_member_end, gang_member_started, gang_members_unstarted_stop
 from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
 from scheduling.jobs.selectors import gang_first_failure
-from scheduling.jobs.services import (
-    StartWrite,
-    gang_member_end,
-    gang_member_started,
-    gang_members_unstarted_stop,
-    job_transition,
-    jobs_start,
-)
 from scheduling.jobs.states import ACTIVE_STATES
+from scheduling.jobs.transitions import job_transition
 from scheduling.realtime import events, groups
 
 log = logging.getLogger(__name__)

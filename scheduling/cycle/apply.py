@@ -23,20 +23,13 @@ from scheduling.choices import ActorKind, JobState, NodeState
 from scheduling.cycle.lease import epoch_claim
 from scheduling.engine import types as eng
 from scheduling.inventory.models import Gpu
+from scheduling.jobs.batches import PlacementWrite, SliceWant, jobs_place
+from scheduling.jobs.gangs import NoRendezvousPort, gang_members_place
+from scheduling.jobs.ledger import SliceDoesNotFit, slice_allocate
 from scheduling.jobs.models import Job, Slice
 from scheduling.jobs.selectors import gangs_failing
-from scheduling.jobs.services import (
-    NoRendezvousPort,
-    PlacementWrite,
-    SliceDoesNotFit,
-    SliceWant,
-    gang_members_place,
-    job_moving,
-    job_transition,
-    jobs_place,
-    slice_allocate,
-)
 from scheduling.jobs.states import ACTIVE_STATES
+from scheduling.jobs.transitions import job_moving, job_transition
 from scheduling.jobs.wording import job_ref
 from scheduling.realtime import events
 

@@ -23,8 +23,8 @@ from scheduling.cycle.requests import cycle_request
 from scheduling.inventory.models import Node
 from scheduling.jobs.models import Job, JobEvent, Slice
 from scheduling.jobs.selectors import gang_first_failure
-from scheduling.jobs.services import job_transition
 from scheduling.jobs.states import ACTIVE_STATES
+from scheduling.jobs.transitions import job_transition
 from scheduling.notifications.services import admin_notify
 from scheduling.realtime import events, groups
 

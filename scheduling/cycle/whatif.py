@@ -25,8 +25,10 @@ from scheduling.engine import run_cycle
 from scheduling.engine import types as eng
 from scheduling.engine.reasons import duration_words
 from scheduling.errors import ServiceError
+from scheduling.jobs.fields import JobSpec
 from scheduling.jobs.models import JobEvent
-from scheduling.jobs.services import JobSpec, job_from_spec, job_spec_validate_for_team
+from scheduling.jobs.submit import job_from_spec
+from scheduling.jobs.validation import job_spec_validate_for_team
 
 SNAPSHOT_TTL_S = 5.0
 # A snapshot this cheap to read is read again, on the request, as soon as any job changed (a submit, a start, an

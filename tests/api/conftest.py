@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from scheduling.jobs import services
+from scheduling.jobs.fields import JobSpec
+from scheduling.jobs.submit import job_submit
 
 
 @pytest.fixture(autouse=True)
@@ -76,6 +77,6 @@ def submit():
         spec.setdefault("command", "python train.py")
         if not spec.get("gpus") and not spec.get("gpu_memory_mib") and not spec.get("compute_pct"):
             spec["gpus"] = 1
-        return services.job_submit(submitter=user, team=team, spec=services.JobSpec(**spec))
+        return job_submit(submitter=user, team=team, spec=JobSpec(**spec))
 
     return _submit

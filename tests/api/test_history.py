@@ -26,8 +26,9 @@ from scheduling.history.models import (
     wait_quantile,
 )
 from scheduling.inventory.models import Gpu
-from scheduling.jobs import services
+from scheduling.jobs.ledger import slice_allocate
 from scheduling.jobs.models import Job
+from scheduling.jobs.transitions import job_transition
 
 pytestmark = pytest.mark.django_db
 
@@ -52,9 +53,9 @@ def _sample(node, utils: dict[int, float]) -> None:
 
 
 def _run(job, gpu, *, memory_mib, compute_pct):
-    services.job_transition(job=job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
-    services.slice_allocate(job=job, gpu=gpu, memory_mib=memory_mib, compute_pct=compute_pct)
-    services.job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
+    job_transition(job=job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
+    slice_allocate(job=job, gpu=gpu, memory_mib=memory_mib, compute_pct=compute_pct)
+    job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
 
 
 def test_a_minute_is_recorded_once_with_the_cluster_as_it_stands(alice, teams, node, submit):

@@ -3,8 +3,8 @@
 import pytest
 
 from scheduling.choices import JobState
-from scheduling.jobs import services
 from scheduling.jobs.models import Job
+from scheduling.jobs.transitions import job_transition
 
 pytestmark = pytest.mark.django_db
 
@@ -313,9 +313,9 @@ def test_the_submit_response_is_the_job_as_the_list_and_detail_show_it(as_alice,
     job = Job.objects.get(pk=response.json()["id"])
     assert response.json() == JobSerializer(job).data
     # Every nullable field filled in too, so each one's formatting is compared.
-    services.job_transition(job=job, to_state=JobState.PLACED, actor_kind="system")
-    services.job_transition(job=job, to_state=JobState.RUNNING, actor_kind="system")
-    services.job_transition(job=job, to_state=JobState.SUCCEEDED, actor_kind="system")
+    job_transition(job=job, to_state=JobState.PLACED, actor_kind="system")
+    job_transition(job=job, to_state=JobState.RUNNING, actor_kind="system")
+    job_transition(job=job, to_state=JobState.SUCCEEDED, actor_kind="system")
     job = Job.objects.get(pk=job.pk)
     job.exit_code, job.queue_position = 0, 3
     assert job_payload(job) == dict(JobSerializer(job).data)

@@ -24,7 +24,8 @@ from schemathesis.specs.openapi.checks import (
 
 from portal.api_schema import RULE_CODES
 from portal.wsgi import application
-from scheduling.jobs import services
+from scheduling.jobs.ledger import slice_allocate
+from scheduling.jobs.transitions import job_transition
 
 schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", application)
 # About 3,300 requests over the 22 operations (half of them schemathesis's coverage phase, which the limit does
@@ -91,10 +92,8 @@ def token(keep_the_test_connection, alice, bob, teams, node, submit, carol):
     mine = submit(alice, teams["training"], name="mine")
     submit(bob, teams["inference"], name="theirs")
     running = submit(carol, teams["training"], gpus=0, gpu_memory_mib=10240, compute_pct=25)
-    services.job_transition(job=running, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
-    services.slice_allocate(
-        job=running, gpu=Gpu.objects.get(node=node, index=6), memory_mib=10240, compute_pct=25
-    )
+    job_transition(job=running, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
+    slice_allocate(job=running, gpu=Gpu.objects.get(node=node, index=6), memory_mib=10240, compute_pct=25)
     joblogs.log_append(job_id=mine.pk, stream="stdout", data="hello\n")
     spare, _ = api_token_create(user=alice, name="spare")
     return {

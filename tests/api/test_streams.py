@@ -9,7 +9,9 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
-from scheduling.jobs import services
+from scheduling.jobs.fields import JobSpec
+from scheduling.jobs.submit import job_submit
+from scheduling.jobs.transitions import job_cancel
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -43,7 +45,7 @@ async def _open(path: str, headers: list[tuple[bytes, bytes]]) -> tuple[Websocke
 def _submit(user, team, **spec):
 
     spec = {"name": "job", "command": "run", "gpus": 1, **spec}
-    return services.job_submit(submitter=user, team=team, spec=services.JobSpec(**spec))
+    return job_submit(submitter=user, team=team, spec=JobSpec(**spec))
 
 
 def test_an_anonymous_socket_is_refused(node):
@@ -82,7 +84,7 @@ def test_another_teams_job_stream_is_refused_and_my_job_stream_gets_its_changes(
         assert connected
         assert (await communicator.receive_json_from())["type"] == "hello"
 
-        await sync_to_async(services.job_cancel)(job=mine, actor=alice)
+        await sync_to_async(job_cancel)(job=mine, actor=alice)
         event = await communicator.receive_json_from(timeout=3)
         assert (event["type"], event["job_id"], event["state"]) == ("job.changed", mine.pk, "cancelled")
         await communicator.disconnect()

@@ -9,16 +9,17 @@ from django.utils import timezone
 from quotas.models import ApiToken
 from scheduling.choices import ActorKind, JobState
 from scheduling.inventory.models import Gpu
-from scheduling.jobs import services
+from scheduling.jobs.ledger import slice_allocate
 from scheduling.jobs.models import Job, JobEvent
+from scheduling.jobs.transitions import job_transition
 
 pytestmark = pytest.mark.django_db
 
 
 def _run(job, gpu, *, memory_mib, compute_pct, borrowed=False):
-    services.job_transition(job=job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
-    services.slice_allocate(job=job, gpu=gpu, memory_mib=memory_mib, compute_pct=compute_pct)
-    services.job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
+    job_transition(job=job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
+    slice_allocate(job=job, gpu=gpu, memory_mib=memory_mib, compute_pct=compute_pct)
+    job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
     if borrowed:
         Job.objects.filter(pk=job.pk).update(borrowed=True)
 
@@ -44,9 +45,9 @@ def test_borrowed_is_what_the_team_holds_beyond_its_guarantee_in_the_team_and_th
     as_alice, alice, teams, node, submit
 ):
     job = submit(alice, teams["training"], gpus=6)
-    services.job_transition(job=job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
+    job_transition(job=job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
     for gpu in Gpu.objects.filter(node=node, index__lt=6):
-        services.slice_allocate(job=job, gpu=gpu, memory_mib=gpu.memory_mib, compute_pct=100)
+        slice_allocate(job=job, gpu=gpu, memory_mib=gpu.memory_mib, compute_pct=100)
     assert not Job.objects.get(pk=job.pk).borrowed  # the label is the engine's to keep; it is not counted
     # Guaranteed 4 GPUs and 320 GiB, holding 6 GPUs and 480 GiB: 2 GPUs and 160 GiB are borrowed.
     team = as_alice.get(f"/api/v1/teams/{teams['training'].pk}/").json()
@@ -65,7 +66,7 @@ def test_a_teams_queue_share_counts_decayed_past_usage_over_its_weight(as_alice,
     half_life_s = 7 * 24 * 3600
     job = submit(alice, teams["training"], gpus=4)
     _run(job, Gpu.objects.get(node=node, index=0), memory_mib=81920, compute_pct=100)
-    services.job_transition(job=job, to_state=JobState.SUCCEEDED, actor_kind=ActorKind.AGENT)
+    job_transition(job=job, to_state=JobState.SUCCEEDED, actor_kind=ActorKind.AGENT)
     # Four GPUs for one half-life, ending one half-life ago: 4000 milli x h / ln 2 x (1/2 - 1/4).
     now = timezone.now()
     Job.objects.filter(pk=job.pk).update(
@@ -146,7 +147,7 @@ def test_usage_counts_a_quarter_slice_as_a_quarter_gpu_and_survives_slice_deleti
 ):
     job = submit(alice, teams["training"], gpus=0, gpu_memory_mib=20480, compute_pct=25)
     _run(job, Gpu.objects.get(node=node, index=6), memory_mib=20480, compute_pct=25)
-    services.job_transition(job=job, to_state=JobState.SUCCEEDED, actor_kind=ActorKind.AGENT)
+    job_transition(job=job, to_state=JobState.SUCCEEDED, actor_kind=ActorKind.AGENT)
     assert not job.slices.exists()
     _backdate(job, hours_ago_start=6, hours_ago_end=2)  # 4 h at a quarter card = 1 GPU-hour
     rows = as_alice.get("/api/v1/usage/?group_by=team,user").json()
@@ -164,11 +165,11 @@ def test_usage_counts_a_quarter_slice_as_a_quarter_gpu_and_survives_slice_deleti
 def test_usage_splits_by_day_and_exports_csv(as_admin, alice, teams, node, submit):
     job = submit(alice, teams["training"], gpus=2)
     gpus = list(Gpu.objects.filter(node=node, index__in=[0, 1]))
-    services.job_transition(job=job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
+    job_transition(job=job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
     for gpu in gpus:
-        services.slice_allocate(job=job, gpu=gpu, memory_mib=gpu.memory_mib, compute_pct=100)
-    services.job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
-    services.job_transition(job=job, to_state=JobState.SUCCEEDED, actor_kind=ActorKind.AGENT)
+        slice_allocate(job=job, gpu=gpu, memory_mib=gpu.memory_mib, compute_pct=100)
+    job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
+    job_transition(job=job, to_state=JobState.SUCCEEDED, actor_kind=ActorKind.AGENT)
     _backdate(job, hours_ago_start=30, hours_ago_end=0)
     rows = as_admin.get("/api/v1/usage/?group_by=day").json()
     assert len(rows) >= 2
@@ -227,15 +228,15 @@ def test_the_schema_and_the_interactive_docs_are_served_without_the_network(as_a
 
 def test_usage_reads_what_a_placement_held_from_its_event(as_alice, alice, teams, node, submit):
     job = submit(alice, teams["training"], gpus=0, gpu_memory_mib=40960, compute_pct=10)
-    services.job_transition(
+    job_transition(
         job=job,
         to_state=JobState.PLACED,
         actor_kind=ActorKind.SCHEDULER,
         code="placed",
         data={"gpus": [["a100-01", 6, 40960, 100]]},
     )
-    services.job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
-    services.job_transition(job=job, to_state=JobState.SUCCEEDED, actor_kind=ActorKind.AGENT)
+    job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
+    job_transition(job=job, to_state=JobState.SUCCEEDED, actor_kind=ActorKind.AGENT)
     _backdate(job, hours_ago_start=3, hours_ago_end=1)  # 2 h at half a card (memory dominates)
     rows = as_alice.get("/api/v1/usage/?group_by=user").json()
     assert rows == [{"user": "alice", "gpu_hours": 1.0, "gpu_memory_gib_hours": 80.0, "jobs": 1}]

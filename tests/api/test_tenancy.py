@@ -6,7 +6,8 @@ from rest_framework.test import APIClient
 
 from scheduling.choices import ActorKind, JobState
 from scheduling.inventory.models import Gpu
-from scheduling.jobs import services
+from scheduling.jobs.ledger import slice_allocate
+from scheduling.jobs.transitions import job_transition
 
 pytestmark = pytest.mark.django_db
 
@@ -134,8 +135,8 @@ def test_the_queue_shows_other_teams_entries_anonymously(as_alice, alice, teams,
 
 def test_the_cluster_shows_other_teams_slices_anonymously(as_alice, node, bobs_job):
     gpu = Gpu.objects.get(node=node, index=0)
-    services.job_transition(job=bobs_job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
-    services.slice_allocate(job=bobs_job, gpu=gpu, memory_mib=gpu.memory_mib, compute_pct=100)
+    job_transition(job=bobs_job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
+    slice_allocate(job=bobs_job, gpu=gpu, memory_mib=gpu.memory_mib, compute_pct=100)
     body = as_alice.get("/api/v1/cluster/nodes/a100-01/").json()
     held = body["gpus"][0]["slices"]
     assert held == [

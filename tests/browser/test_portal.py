@@ -171,7 +171,7 @@ LATE_SOCKET = """
 
 
 def test_a_change_made_before_the_pages_socket_opened_shows_once_it_opens(browse):
-    from scheduling.jobs.services import job_cancel
+    from scheduling.jobs.transitions import job_cancel
 
     job = submit(browse.cluster, name="changes-early", command="sleep 300", gpus=1)
     wait_state(job, "running")

@@ -108,7 +108,8 @@ def test_fairness_shows_the_tree_and_who_borrows_from_whom(browse):
     membership_set(user=people["tara"], team=people["detect"], role="team_admin")
     running = submit(browse.cluster, name="held", command="sleep 120", gpus=2, nodes=2)
     wait_state(running, "running")
-    from scheduling.jobs.services import JobSpec, job_submit
+    from scheduling.jobs.fields import JobSpec
+    from scheduling.jobs.submit import job_submit
 
     borrower = job_submit(
         submitter=people["tara"],

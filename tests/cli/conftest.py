@@ -2,7 +2,8 @@
 
 import pytest
 
-from scheduling.jobs import services
+from scheduling.jobs.fields import JobSpec
+from scheduling.jobs.submit import job_submit
 
 
 @pytest.fixture
@@ -10,6 +11,6 @@ def submit_as():
 
     def _submit(user, team, **spec):
         spec = {"name": "job", "command": "python train.py", "gpus": 1, **spec}
-        return services.job_submit(submitter=user, team=team, spec=services.JobSpec(**spec))
+        return job_submit(submitter=user, team=team, spec=JobSpec(**spec))
 
     return _submit

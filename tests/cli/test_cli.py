@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cli.client import ExitCode
-from scheduling.jobs import services
+from scheduling.jobs.transitions import job_cancel
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -192,7 +192,7 @@ def test_logs_prints_the_output_and_follow_stops_when_the_job_ends(
     joblogs.log_append(job_id=job.pk, stream="stdout", data="epoch 1\nepoch 2\n")
     assert logged_in("logs", str(job.pk)).stdout == "epoch 1\nepoch 2\n"
     assert logged_in("logs", str(job.pk), "--tail", "1").stdout == "epoch 2\n"
-    assert services.job_cancel(job=job, actor=alice).state == JobState.CANCELLED
+    assert job_cancel(job=job, actor=alice).state == JobState.CANCELLED
     followed = logged_in("logs", str(job.pk), "--follow", "--interval", "0.1")
     assert followed.returncode == 0 and followed.stdout == "epoch 1\nepoch 2\n"
 
@@ -312,7 +312,7 @@ def test_logs_follow_of_a_pending_job_says_where_it_waits_then_ends(logged_in, a
         first = follower.stderr.readline()
         assert first.startswith("pending: position "), first
         time.sleep(0.3)
-        services.job_cancel(job=job, actor=alice)
+        job_cancel(job=job, actor=alice)
         out, err = follower.communicate(timeout=30)
     finally:
         follower.kill()

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 from scheduling.choices import JobState
+from scheduling.jobs.fields import JobSpec
 from scheduling.jobs.models import Job
-from scheduling.jobs.services import JobSpec, job_cancel, job_submit
+from scheduling.jobs.submit import job_submit
+from scheduling.jobs.transitions import job_cancel
 from tests.moves.conftest import screenshot
 from tests.pipeline.harness import path_of, wait_state
 

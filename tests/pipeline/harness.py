@@ -405,7 +405,8 @@ def _seed_layout(name: str, layout: str, root: Path) -> None:
 
 def submit(pipe, **spec):
     """Submit as alice to the pipeline team; whole-GPU jobs go to the A100s unless told otherwise."""
-    from scheduling.jobs.services import JobSpec, job_submit
+    from scheduling.jobs.fields import JobSpec
+    from scheduling.jobs.submit import job_submit
 
     spec.setdefault("name", "e2e")
     spec.setdefault("gpu_models", ("A100-80GB",))
@@ -563,8 +564,8 @@ def cancel_live_jobs() -> None:
     """
     from scheduling import lock_objects
     from scheduling.jobs.models import Job
-    from scheduling.jobs.services import job_cancel
     from scheduling.jobs.states import LIVE_STATES, IllegalTransition
+    from scheduling.jobs.transitions import job_cancel
 
     with transaction.atomic():
         list(lock_objects.nodes_for_update())

@@ -9,8 +9,9 @@ from scheduling.choices import GpuHealth, JobState, NodeState
 from scheduling.cycle import apply, lease
 from scheduling.engine import types as eng
 from scheduling.inventory.models import Gpu, Node
+from scheduling.jobs.fields import JobSpec
 from scheduling.jobs.models import Job
-from scheduling.jobs.services import JobSpec, job_submit
+from scheduling.jobs.submit import job_submit
 
 pytestmark = pytest.mark.django_db
 
@@ -191,7 +192,7 @@ def test_an_event_sent_again_with_the_same_message_id_is_recorded_once(node, run
 
 
 def test_an_event_about_a_job_that_has_ended_is_refused(node, running, alice):
-    from scheduling.jobs.services import job_cancel
+    from scheduling.jobs.transitions import job_cancel
 
     job_cancel(job=running, actor=alice)
     before = running.events.count()

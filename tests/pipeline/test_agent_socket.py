@@ -17,8 +17,9 @@ from scheduling.cycle import apply, lease
 from scheduling.engine import types as eng
 from scheduling.inventory.models import Gpu, Node
 from scheduling.inventory.services import node_issue_token
+from scheduling.jobs.fields import JobSpec
 from scheduling.jobs.models import JobEvent
-from scheduling.jobs.services import JobSpec, job_submit
+from scheduling.jobs.submit import job_submit
 from tests.pipeline.harness import forget_live_metrics
 
 pytestmark = pytest.mark.django_db(transaction=True)

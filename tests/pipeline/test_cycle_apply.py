@@ -16,8 +16,10 @@ from scheduling.cycle.watchdog import lost_jobs_check, nodes_check
 from scheduling.engine import types as eng
 from scheduling.inventory.models import Gpu, Node
 from scheduling.jobs import usage
+from scheduling.jobs.fields import JobSpec
 from scheduling.jobs.models import Job, Slice
-from scheduling.jobs.services import JobSpec, job_cancel, job_submit
+from scheduling.jobs.submit import job_submit
+from scheduling.jobs.transitions import job_cancel
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,7 @@ from scheduling.agents import joblogs
 from scheduling.choices import JobState, NodeState
 from scheduling.inventory.models import Node
 from scheduling.jobs.models import Job, JobEvent
-from scheduling.jobs.services import job_cancel
+from scheduling.jobs.transitions import job_cancel
 from tests.pipeline.harness import FENCE_AFTER_S, NODE_LOST_AFTER_S, path_of, submit, wait_for, wait_state
 
 

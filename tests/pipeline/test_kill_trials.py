@@ -15,7 +15,7 @@ import pytest
 
 from scheduling.choices import JobState, NodeState
 from scheduling.inventory.models import Node
-from scheduling.jobs.services import job_cancel
+from scheduling.jobs.transitions import job_cancel
 from tests.pipeline.harness import FENCE_AFTER_S, submit, wait_for, wait_state
 
 TRIALS = int(os.environ.get("TESSERA_KILL_TRIALS", "0"))

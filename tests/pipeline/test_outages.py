@@ -12,7 +12,7 @@ import pytest
 from agent import procfs
 from scheduling.choices import JobState
 from scheduling.inventory.models import Node
-from scheduling.jobs.services import job_cancel
+from scheduling.jobs.transitions import job_cancel
 from tests.pipeline.harness import FENCE_AFTER_S, NODE_LOST_AFTER_S, submit, wait_for, wait_state
 
 # Outage lengths; longer ones measure the production figures (with TESSERA_TEST_FENCE_AFTER_S above them).

@@ -17,7 +17,8 @@ from scheduling.cycle import apply, lease
 from scheduling.engine import types as eng
 from scheduling.inventory.models import Gpu, Node
 from scheduling.inventory.services import _hash_token, node_issue_token, node_set_state
-from scheduling.jobs.services import JobSpec, job_submit
+from scheduling.jobs.fields import JobSpec
+from scheduling.jobs.submit import job_submit
 from scheduling.notifications.models import Notification
 from scheduling.notifications.services import notification_settings_save
 

@@ -12,7 +12,10 @@ from django.test.utils import CaptureQueriesContext
 from scheduling.choices import ActorKind, JobState, LinkKind, NodeState
 from scheduling.inventory import cluster_map
 from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node, NodeStateChange
-from scheduling.jobs import services
+from scheduling.jobs.fields import JobSpec
+from scheduling.jobs.ledger import slice_allocate
+from scheduling.jobs.submit import job_submit
+from scheduling.jobs.transitions import job_transition
 
 pytestmark = pytest.mark.django_db
 
@@ -24,15 +27,13 @@ def _signed_in(user) -> Client:
 
 
 def _placed(user, team, gpu, *, memory_mib: int, compute_pct: int, name: str):
-    job = services.job_submit(
+    job = job_submit(
         submitter=user,
         team=team,
-        spec=services.JobSpec(
-            name=name, command="python run.py", gpu_memory_mib=memory_mib, compute_pct=compute_pct
-        ),
+        spec=JobSpec(name=name, command="python run.py", gpu_memory_mib=memory_mib, compute_pct=compute_pct),
     )
-    services.job_transition(job=job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
-    services.slice_allocate(job=job, gpu=gpu, memory_mib=memory_mib, compute_pct=compute_pct)
+    job_transition(job=job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
+    slice_allocate(job=job, gpu=gpu, memory_mib=memory_mib, compute_pct=compute_pct)
     return job
 
 

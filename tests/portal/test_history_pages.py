@@ -12,8 +12,9 @@ from django.test import Client
 from scheduling.history import recorder
 from scheduling.history.models import UsageHour
 from scheduling.inventory.models import Gpu, Node
-from scheduling.jobs import services
+from scheduling.jobs.fields import JobSpec
 from scheduling.jobs.models import Job
+from scheduling.jobs.submit import job_submit
 
 pytestmark = pytest.mark.django_db
 
@@ -65,9 +66,7 @@ def test_staff_see_every_user(admin_user, alice, bob, teams, node):
 def test_queue_times_are_read_from_their_rollup_and_the_p95_says_it_is_from_a_histogram(alice, teams, node):
     started = datetime.now(UTC).replace(minute=5, second=0, microsecond=0) - timedelta(hours=3)
     for wait in (10, 20, 30, 40, 1000):
-        job = services.job_submit(
-            submitter=alice, team=teams["training"], spec=services.JobSpec(name="j", command="x", gpus=1)
-        )
+        job = job_submit(submitter=alice, team=teams["training"], spec=JobSpec(name="j", command="x", gpus=1))
         Job.objects.filter(pk=job.pk).update(
             submitted_at=started - timedelta(seconds=wait), started_at=started
         )

@@ -103,19 +103,19 @@ def test_each_job_state_change_is_logged_once_with_its_job_id(
     caplog, alice, teams, node, django_capture_on_commit_callbacks
 ):
     from scheduling.choices import ActorKind, JobState
-    from scheduling.jobs import services
+    from scheduling.jobs.fields import JobSpec
+    from scheduling.jobs.submit import job_submit
+    from scheduling.jobs.transitions import job_transition
 
     caplog.set_level(logging.INFO, logger="tessera.jobs")
     with django_capture_on_commit_callbacks(execute=True):
-        job = services.job_submit(
-            submitter=alice, team=teams["training"], spec=services.JobSpec(name="t", command="x", gpus=1)
-        )
+        job = job_submit(submitter=alice, team=teams["training"], spec=JobSpec(name="t", command="x", gpus=1))
         for state, actor in (
             (JobState.PLACED, ActorKind.SCHEDULER),
             (JobState.RUNNING, ActorKind.AGENT),
             (JobState.SUCCEEDED, ActorKind.AGENT),
         ):
-            services.job_transition(job=job, to_state=state, actor_kind=actor, code=state)
+            job_transition(job=job, to_state=state, actor_kind=actor, code=state)
     records = [r for r in caplog.records if r.name == "tessera.jobs"]
     assert [r.getMessage().split(": ")[1].split(" (")[0] for r in records] == [
         "pending",

@@ -8,8 +8,9 @@ import re
 import pytest
 from django.test import Client
 
-from scheduling.jobs import services
+from scheduling.jobs.fields import JobSpec
 from scheduling.jobs.models import Job
+from scheduling.jobs.submit import job_submit
 
 pytestmark = pytest.mark.django_db
 
@@ -22,7 +23,7 @@ def _signed_in(user) -> Client:
 
 def _submit(user, team, **spec):
     spec = {"name": "job", "command": "python run.py", "gpus": 1, **spec}
-    return services.job_submit(submitter=user, team=team, spec=services.JobSpec(**spec))
+    return job_submit(submitter=user, team=team, spec=JobSpec(**spec))
 
 
 def test_signed_out_home_shows_the_cluster_and_a_sign_in_link_and_no_jobs(alice, teams, node):

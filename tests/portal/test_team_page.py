@@ -13,8 +13,11 @@ from django.test import Client
 from scheduling.choices import ActorKind, JobState
 from scheduling.history import recorder
 from scheduling.inventory.models import Gpu
-from scheduling.jobs import services
+from scheduling.jobs.fields import JobSpec
+from scheduling.jobs.ledger import slice_allocate
 from scheduling.jobs.models import Job
+from scheduling.jobs.submit import job_submit
+from scheduling.jobs.transitions import job_transition
 
 pytestmark = pytest.mark.django_db
 
@@ -27,10 +30,10 @@ def _signed_in(user) -> Client:
 
 def _running(user, team, gpu, **spec):
     spec = {"name": "train", "command": "python train.py", "gpus": 1, **spec}
-    job = services.job_submit(submitter=user, team=team, spec=services.JobSpec(**spec))
-    services.job_transition(job=job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
-    services.slice_allocate(job=job, gpu=gpu, memory_mib=gpu.memory_mib, compute_pct=100)
-    services.job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
+    job = job_submit(submitter=user, team=team, spec=JobSpec(**spec))
+    job_transition(job=job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
+    slice_allocate(job=job, gpu=gpu, memory_mib=gpu.memory_mib, compute_pct=100)
+    job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
     return job
 
 

@@ -7,7 +7,8 @@ import pytest
 from django.test import Client
 
 from quotas.models import Quota, QuotaChange
-from scheduling.jobs import services
+from scheduling.jobs.fields import JobSpec
+from scheduling.jobs.submit import job_submit
 
 pytestmark = pytest.mark.django_db
 
@@ -71,10 +72,10 @@ def test_the_preview_shows_capacity_and_saves_nothing(admin_user, teams, node):
 
 
 def test_fairness_shows_the_tree_to_any_member_without_jobs(alice, bob, teams, node):
-    services.job_submit(
+    job_submit(
         submitter=alice,
         team=teams["training"],
-        spec=services.JobSpec(name="secret-name", command="x", gpus=1),
+        spec=JobSpec(name="secret-name", command="x", gpus=1),
     )
     page = _signed_in(bob).get("/fairness/").content.decode()
     assert "ai-lab/training" in page and "ai-lab/inference" in page and "(organisation)" in page
@@ -82,9 +83,7 @@ def test_fairness_shows_the_tree_to_any_member_without_jobs(alice, bob, teams, n
 
 
 def test_a_pending_jobs_page_explains_how_the_teams_stand(alice, teams, node):
-    job = services.job_submit(
-        submitter=alice, team=teams["training"], spec=services.JobSpec(name="j", command="x", gpus=1)
-    )
+    job = job_submit(submitter=alice, team=teams["training"], spec=JobSpec(name="j", command="x", gpus=1))
     client = _signed_in(alice)
     assert f'hx-get="/jobs/{job.pk}/?part=ahead"' in client.get(f"/jobs/{job.pk}/").content.decode()
     part = client.get(f"/jobs/{job.pk}/?part=ahead").content.decode()

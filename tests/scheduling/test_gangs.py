@@ -20,9 +20,10 @@ from scheduling.cycle.desired_state import desired_jobs
 from scheduling.cycle.watchdog import lost_jobs_check, node_mark_lost
 from scheduling.engine import types as eng
 from scheduling.inventory.models import Gpu, Node
+from scheduling.jobs.fields import JobSpec
 from scheduling.jobs.models import GangMember, Job
 from scheduling.jobs.selectors import job_phases
-from scheduling.jobs.services import JobSpec, job_submit
+from scheduling.jobs.submit import job_submit
 from scheduling.realtime import groups
 
 pytestmark = pytest.mark.django_db

@@ -10,8 +10,9 @@ from quotas.models import Quota
 from quotas.services import quota_save
 from scheduling.choices import JobState
 from scheduling.cycle import runner, snapshot
+from scheduling.jobs.fields import JobSpec
 from scheduling.jobs.models import Slice
-from scheduling.jobs.services import JobSpec, job_submit
+from scheduling.jobs.submit import job_submit
 
 pytestmark = pytest.mark.django_db
 

@@ -17,9 +17,12 @@ from django.utils import timezone
 from scheduling.choices import ActorKind, JobState
 from scheduling.errors import ServiceError
 from scheduling.inventory.models import Gpu, Node
-from scheduling.jobs import services
+from scheduling.jobs.fields import JobSpec
+from scheduling.jobs.ledger import slice_allocate
 from scheduling.jobs.models import Job
 from scheduling.jobs.spec import spec_from_mapping
+from scheduling.jobs.submit import job_submit
+from scheduling.jobs.transitions import job_transition
 from scheduling.notifications.models import Notification
 from scheduling.notifications.services import (
     notification_settings_save,
@@ -65,16 +68,16 @@ def hook():
 
 def _run(job, node, index=0):
     gpu = Gpu.objects.get(node=node, index=index)
-    services.job_transition(job=job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
-    services.slice_allocate(job=job, gpu=gpu, memory_mib=gpu.memory_mib, compute_pct=100)
-    return services.job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
+    job_transition(job=job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
+    slice_allocate(job=job, gpu=gpu, memory_mib=gpu.memory_mib, compute_pct=100)
+    return job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
 
 
 def _submit(user, team, **spec):
-    return services.job_submit(
+    return job_submit(
         submitter=user,
         team=team,
-        spec=services.JobSpec(name="train", command="python train.py", gpus=1, **spec),
+        spec=JobSpec(name="train", command="python train.py", gpus=1, **spec),
     )
 
 
@@ -84,7 +87,7 @@ def test_a_job_asking_for_start_and_fail_tells_its_owner_by_email_and_webhook(al
     notification_settings_save(user=alice, job_events=[], email=True, webhook_url=hook.url)
     job = _submit(alice, teams["training"], notify=("start", "fail"))
     _run(job, node)
-    services.job_transition(job=job, to_state=JobState.FAILED, actor_kind=ActorKind.AGENT, message="exit 1")
+    job_transition(job=job, to_state=JobState.FAILED, actor_kind=ActorKind.AGENT, message="exit 1")
     assert notifications_deliver_due() == 4  # start and fail, each by email and webhook
     assert [m.subject for m in mail.outbox] == [
         f"[Tessera] job {job.pk} train started",
@@ -103,7 +106,7 @@ def test_without_a_choice_the_owners_default_holds_and_nothing_by_default(alice,
     notification_settings_save(user=alice, job_events="end", email=True, webhook_url="")
     job = _submit(alice, teams["training"])
     _run(job, node, index=1)
-    services.job_transition(job=job, to_state=JobState.SUCCEEDED, actor_kind=ActorKind.AGENT)
+    job_transition(job=job, to_state=JobState.SUCCEEDED, actor_kind=ActorKind.AGENT)
     assert list(Notification.objects.values_list("kind", flat=True)) == ["end"]
 
 

@@ -7,8 +7,9 @@ import pytest
 
 from scheduling.choices import ActorKind, JobState
 from scheduling.inventory.cluster_map import recent_moves
+from scheduling.jobs.fields import JobSpec
 from scheduling.jobs.models import JobEvent
-from scheduling.jobs.services import JobSpec, job_submit
+from scheduling.jobs.submit import job_submit
 
 
 @pytest.mark.django_db

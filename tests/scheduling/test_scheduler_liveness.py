@@ -10,14 +10,15 @@ from django.utils import timezone
 
 from scheduling.cycle import liveness
 from scheduling.cycle.models import SchedulerLease
-from scheduling.jobs import services
+from scheduling.jobs.fields import JobSpec
+from scheduling.jobs.submit import job_submit
 
 pytestmark = pytest.mark.django_db
 
 
 def _submit(user, team):
-    spec = services.JobSpec(name="waits", command="python train.py", gpus=1)
-    return services.job_submit(submitter=user, team=team, spec=spec)
+    spec = JobSpec(name="waits", command="python train.py", gpus=1)
+    return job_submit(submitter=user, team=team, spec=spec)
 
 
 def _last_cycle(ago_s: float) -> None:

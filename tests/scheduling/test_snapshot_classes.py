@@ -11,7 +11,9 @@ from quotas.models import Team
 from scheduling.choices import ActorKind, JobState
 from scheduling.cycle import snapshot
 from scheduling.engine import types as eng
-from scheduling.jobs.services import JobSpec, job_submit, job_transition
+from scheduling.jobs.fields import JobSpec
+from scheduling.jobs.submit import job_submit
+from scheduling.jobs.transitions import job_transition
 
 pytestmark = pytest.mark.django_db
 

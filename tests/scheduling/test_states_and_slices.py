@@ -6,15 +6,18 @@ from django.db import IntegrityError, connection, transaction
 from scheduling.choices import ActorKind, JobState
 from scheduling.inventory.models import Gpu
 from scheduling.inventory.selectors import overcommitted_gpus
-from scheduling.jobs import services
+from scheduling.jobs.fields import JobSpec
+from scheduling.jobs.ledger import SliceDoesNotFit, slice_allocate
 from scheduling.jobs.models import Job, JobEvent, Slice
 from scheduling.jobs.states import TRANSITIONS, IllegalTransition, check_transition
+from scheduling.jobs.submit import job_submit
+from scheduling.jobs.transitions import job_requeue, job_transition
 
 
 def _job(alice, teams, **spec) -> Job:
     spec.setdefault("name", "train")
     spec.setdefault("command", "python train.py")
-    return services.job_submit(submitter=alice, team=teams["training"], spec=services.JobSpec(**spec))
+    return job_submit(submitter=alice, team=teams["training"], spec=JobSpec(**spec))
 
 
 def test_every_state_has_its_transitions_declared():
@@ -40,13 +43,13 @@ def test_an_illegal_transition_raises_with_the_allowed_ones(from_state, to_state
 @pytest.mark.django_db
 def test_a_job_walks_its_life_and_every_step_is_an_event(alice, teams, node):
     job = _job(alice, teams, gpus=1)
-    services.job_transition(job=job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
-    services.job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
-    services.job_transition(job=job, to_state=JobState.SUCCEEDED, actor_kind=ActorKind.AGENT)
+    job_transition(job=job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
+    job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
+    job_transition(job=job, to_state=JobState.SUCCEEDED, actor_kind=ActorKind.AGENT)
     steps = list(JobEvent.objects.filter(job=job).values_list("from_state", "to_state"))
     assert steps == [("", "pending"), ("pending", "placed"), ("placed", "running"), ("running", "succeeded")]
     with pytest.raises(IllegalTransition):
-        services.job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
+        job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
     job.refresh_from_db()
     assert job.state == JobState.SUCCEEDED and job.finished_at is not None
 
@@ -56,9 +59,9 @@ def test_a_requeued_job_keeps_its_submit_time_and_gives_back_its_slices(alice, t
     job = _job(alice, teams, gpus=1)
     submitted_at = job.submitted_at
     gpu = Gpu.objects.get(node=node, index=0)
-    services.job_transition(job=job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
-    services.slice_allocate(job=job, gpu=gpu, memory_mib=gpu.memory_mib, compute_pct=100)
-    services.job_requeue(job=job, actor=None, reason="node maintenance")
+    job_transition(job=job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
+    slice_allocate(job=job, gpu=gpu, memory_mib=gpu.memory_mib, compute_pct=100)
+    job_requeue(job=job, actor=None, reason="node maintenance")
     job.refresh_from_db()
     gpu.refresh_from_db()
     assert job.state == JobState.PENDING and job.submitted_at == submitted_at
@@ -69,10 +72,10 @@ def test_a_requeued_job_keeps_its_submit_time_and_gives_back_its_slices(alice, t
 def test_the_service_refuses_a_slice_larger_than_the_free_memory(alice, teams, node):
     gpu = Gpu.objects.get(node=node, index=6)  # MPS
     first = _job(alice, teams, gpu_memory_mib=60 * 1024, compute_pct=50)
-    services.slice_allocate(job=first, gpu=gpu, memory_mib=60 * 1024, compute_pct=50)
+    slice_allocate(job=first, gpu=gpu, memory_mib=60 * 1024, compute_pct=50)
     second = _job(alice, teams, gpu_memory_mib=30 * 1024, compute_pct=10)
-    with pytest.raises(services.SliceDoesNotFit, match="20480 MiB and 50% compute free") as caught:
-        services.slice_allocate(job=second, gpu=gpu, memory_mib=30 * 1024, compute_pct=10)
+    with pytest.raises(SliceDoesNotFit, match="20480 MiB and 50% compute free") as caught:
+        slice_allocate(job=second, gpu=gpu, memory_mib=30 * 1024, compute_pct=10)
     assert caught.value.field == "memory_mib"
     gpu.refresh_from_db()
     assert gpu.allocated_memory_mib == 60 * 1024 and gpu.allocated_compute_pct == 50
@@ -82,8 +85,8 @@ def test_the_service_refuses_a_slice_larger_than_the_free_memory(alice, teams, n
 def test_the_service_refuses_a_slice_of_an_exclusive_gpu(alice, teams, node):
     gpu = Gpu.objects.get(node=node, index=0)
     job = _job(alice, teams, gpu_memory_mib=1024, compute_pct=10)
-    with pytest.raises(services.SliceDoesNotFit, match="exclusive"):
-        services.slice_allocate(job=job, gpu=gpu, memory_mib=1024, compute_pct=10)
+    with pytest.raises(SliceDoesNotFit, match="exclusive"):
+        slice_allocate(job=job, gpu=gpu, memory_mib=1024, compute_pct=10)
 
 
 @pytest.mark.django_db
@@ -109,9 +112,9 @@ def test_twenty_threads_racing_for_one_gpu_leave_exactly_one_winner(alice, teams
     def allocate(job: Job) -> None:
         barrier.wait()
         try:
-            services.slice_allocate(job=job, gpu=gpu, memory_mib=50 * 1024, compute_pct=10)
+            slice_allocate(job=job, gpu=gpu, memory_mib=50 * 1024, compute_pct=10)
             results.append("won")
-        except services.SliceDoesNotFit:
+        except SliceDoesNotFit:
             results.append("conflict")
         finally:
             connection.close()

@@ -10,13 +10,14 @@ from scheduling import errors
 from scheduling.choices import GpuHealth
 from scheduling.inventory import selectors as inventory_selectors
 from scheduling.inventory.models import Gpu, GpuModel, Node
-from scheduling.jobs import services
+from scheduling.jobs.fields import JobSpec
+from scheduling.jobs.submit import job_submit
 
 
 def _submit(user, team, **spec):
     spec.setdefault("name", "job")
     spec.setdefault("command", "python run.py")
-    return services.job_submit(submitter=user, team=team, spec=services.JobSpec(**spec))
+    return job_submit(submitter=user, team=team, spec=JobSpec(**spec))
 
 
 def _add_node(name, model, *, gpus, numa_split=4):

@@ -3,14 +3,15 @@ from decimal import Decimal
 import pytest
 
 from scheduling import errors
-from scheduling.jobs import services
+from scheduling.jobs.fields import JobSpec
 from scheduling.jobs.models import Job
+from scheduling.jobs.submit import job_spec_of, job_submit
 
 
 def _submit(user, team, **spec):
     spec.setdefault("name", "job")
     spec.setdefault("command", "python run.py")
-    return services.job_submit(submitter=user, team=team, spec=services.JobSpec(**spec))
+    return job_submit(submitter=user, team=team, spec=JobSpec(**spec))
 
 
 @pytest.mark.django_db
@@ -77,7 +78,7 @@ def test_the_database_refuses_a_checkpoint_interval_of_zero(alice, teams, node):
 @pytest.mark.django_db
 def test_a_resubmitted_job_keeps_its_checkpoint_interval(alice, teams, node):
     job = _submit(alice, teams["training"], gpus=1, checkpoint_interval_s=1800)
-    again = services.job_submit(submitter=alice, team=teams["training"], spec=services.job_spec_of(job))
+    again = job_submit(submitter=alice, team=teams["training"], spec=job_spec_of(job))
     again.refresh_from_db()
     assert again.checkpoint_interval_s == 1800
 

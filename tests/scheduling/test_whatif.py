@@ -10,8 +10,11 @@ import pytest
 
 from scheduling.cycle import whatif
 from scheduling.cycle.runner import cycle_run_once
-from scheduling.jobs import services
+from scheduling.jobs.fields import JobSpec
+from scheduling.jobs.ledger import slice_allocate
 from scheduling.jobs.models import Job
+from scheduling.jobs.submit import job_submit
+from scheduling.jobs.transitions import job_transition
 
 
 @pytest.fixture(autouse=True)
@@ -19,10 +22,10 @@ def _fresh_snapshot(monkeypatch):
     monkeypatch.setattr(whatif, "_cached", None)
 
 
-def _spec(**fields) -> services.JobSpec:
+def _spec(**fields) -> JobSpec:
     fields.setdefault("name", "what-if")
     fields.setdefault("command", "python train.py")
-    return services.JobSpec(**fields)
+    return JobSpec(**fields)
 
 
 @pytest.mark.django_db
@@ -45,7 +48,7 @@ def test_a_job_that_can_never_run_says_why(alice, teams, node):
 @pytest.mark.django_db
 def test_on_a_full_node_the_answer_is_when_the_running_jobs_max_runtimes_end(alice, bob, teams, node):
     for i in range(8):
-        services.job_submit(
+        job_submit(
             submitter=alice, team=teams["training"], spec=_spec(name=f"hold-{i}", gpus=1, max_runtime_s=3600)
         )
     cycle_run_once()
@@ -64,14 +67,12 @@ def test_a_request_over_the_team_limit_waits_and_names_the_nearer_one_that_start
     from scheduling.inventory.models import Gpu
 
     # inference may hold 128 GiB and holds 70 GiB: a 60 GiB slice must wait for it, a 30 GiB one need not
-    held = services.job_submit(
+    held = job_submit(
         submitter=bob, team=teams["inference"], spec=_spec(gpu_memory_mib=70 * 1024, compute_pct=10)
     )
-    services.job_transition(job=held, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
-    services.slice_allocate(
-        job=held, gpu=Gpu.objects.get(node=node, index=6), memory_mib=70 * 1024, compute_pct=10
-    )
-    services.job_transition(job=held, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
+    job_transition(job=held, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
+    slice_allocate(job=held, gpu=Gpu.objects.get(node=node, index=6), memory_mib=70 * 1024, compute_pct=10)
+    job_transition(job=held, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
     answer = whatif.job_whatif(
         user=bob, team=teams["inference"], spec=_spec(gpu_memory_mib=60 * 1024, compute_pct=10)
     )

@@ -1,6 +1,7 @@
 """Shapes of jobs, queue entries, events, logs and usage in the API.
 
-Serializers only shape data: submit parsing is scheduling.jobs.spec's, writes are scheduling.jobs.services'.
+Serializers only shape data: submit parsing is scheduling.jobs.spec's, writes are scheduling.jobs.submit's and
+transitions'.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from rest_framework import serializers
 from scheduling.choices import JobState
 from scheduling.jobs.models import Job, JobEvent
 from scheduling.jobs.selectors import can_cancel_job, job_request_fields, pending_reason
-from scheduling.jobs.services import job_spec_of
 from scheduling.jobs.spec import spec_to_mapping
+from scheduling.jobs.submit import job_spec_of
 
 
 class JobRequestSerializer(serializers.Serializer):

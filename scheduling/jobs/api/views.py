@@ -42,9 +42,10 @@ from scheduling.jobs.chargeback import MAX_WINDOW, usage_rows
 from scheduling.jobs.documents import MAX_DEPTH, MAX_SPEC_BYTES, MAX_VALUES
 from scheduling.jobs.models import Job, Slice
 from scheduling.jobs.selectors import can_cancel_job, jobs_visible_to, queue, queue_entries
-from scheduling.jobs.services import job_cancel, job_submit
 from scheduling.jobs.spec import SpecError, spec_check_card_limits, spec_from_mapping, spec_from_text
 from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES
+from scheduling.jobs.submit import job_submit
+from scheduling.jobs.transitions import job_cancel
 from scheduling.realtime import listeners
 
 MAX_IDEMPOTENCY_KEY_CHARS = 200

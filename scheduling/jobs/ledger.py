@@ -1,0 +1,87 @@
+"""The GPU ledger: every `Gpu` row's allocated memory and compute change only here, through an UPDATE that adds
+`allocated = allocated + x` guarded by what the card has free, so two writers racing for one card cannot both win;
+the CHECK constraints on Gpu are the last guard."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.db.models import F
+
+from portal.database import fetch_rows
+from scheduling.choices import SharingMode
+from scheduling.errors import ServiceError
+from scheduling.inventory.models import Gpu
+from scheduling.jobs.models import Job, Slice
+
+
+class SliceDoesNotFit(ServiceError):
+    pass
+
+
+def slice_check(*, gpu: Gpu, memory_mib: int, compute_pct: int) -> None:
+    """Refuse a slice no card could hold this way, whatever it has free (SliceDoesNotFit)."""
+    if memory_mib < 0 or compute_pct < 0:
+        raise SliceDoesNotFit("A slice cannot be negative.", field="memory_mib")
+    if gpu.sharing_mode == SharingMode.EXCLUSIVE and (memory_mib, compute_pct) != (gpu.memory_mib, 100):
+        raise SliceDoesNotFit(f"{gpu} is exclusive: only whole-GPU jobs may use it.", field="gpu")
+
+
+def slice_allocate(*, job: Job, gpu: Gpu, memory_mib: int, compute_pct: int) -> Slice:
+    """Take part of one GPU for a job, or refuse cleanly if it no longer fits.
+
+    The check and the increment are one UPDATE, so concurrent allocations of the same card serialise in the
+    database: exactly one of two racing writers wins the last free memory.
+    """
+    slice_check(gpu=gpu, memory_mib=memory_mib, compute_pct=compute_pct)
+    with transaction.atomic():
+        updated = Gpu.objects.filter(
+            pk=gpu.pk,
+            allocated_memory_mib__lte=F("memory_mib") - memory_mib,
+            allocated_compute_pct__lte=F("compute_capacity_pct") - compute_pct,
+        ).update(
+            allocated_memory_mib=F("allocated_memory_mib") + memory_mib,
+            allocated_compute_pct=F("allocated_compute_pct") + compute_pct,
+        )
+        if not updated:
+            gpu.refresh_from_db(fields=["allocated_memory_mib", "allocated_compute_pct"])
+            raise SliceDoesNotFit(
+                f"{gpu} has {gpu.free_memory_mib} MiB and {gpu.free_compute_pct}% compute free; "
+                f"the slice needs {memory_mib} MiB and {compute_pct}%.",
+                field="memory_mib" if memory_mib > gpu.free_memory_mib else "compute_pct",
+                code="does_not_fit",
+            )
+        return Slice.objects.create(job=job, gpu=gpu, memory_mib=memory_mib, compute_pct=compute_pct)
+
+
+def gpus_allocate(*, per_gpu: dict[int, tuple[int, int]]) -> list[int]:
+    """Add (memory MiB, compute %) to each GPU's allocation in one UPDATE, each card only if it stays within
+    what it has: slice_allocate's guard for many cards at once. Returns the ids of the cards that refused
+    (nothing was added to them); the caller rolls back what the others took."""
+    table = Gpu._meta.db_table
+    rows = sorted(per_gpu.items())  # one lock order for every writer of the ledger
+    taken = fetch_rows(
+        f"UPDATE {table} AS g SET allocated_memory_mib = g.allocated_memory_mib + v.memory_mib, "
+        "allocated_compute_pct = g.allocated_compute_pct + v.compute_pct "
+        "FROM unnest(%s::integer[], %s::integer[], %s::integer[]) AS v(id, memory_mib, compute_pct) "
+        "WHERE g.id = v.id AND g.allocated_memory_mib <= g.memory_mib - v.memory_mib "
+        "AND g.allocated_compute_pct <= g.compute_capacity_pct - v.compute_pct RETURNING g.id",
+        [
+            [gpu_id for gpu_id, _ in rows],
+            [memory_mib for _, (memory_mib, _) in rows],
+            [compute_pct for _, (_, compute_pct) in rows],
+        ],
+    )
+    return sorted(set(per_gpu) - {r[0] for r in taken})
+
+
+def job_release_slices(*, job: Job) -> int:
+    """Give back every slice the job holds; returns how many were released."""
+    released = 0
+    for sl in Slice.objects.select_for_update().filter(job=job).order_by("gpu_id"):
+        Gpu.objects.filter(pk=sl.gpu_id).update(
+            allocated_memory_mib=F("allocated_memory_mib") - sl.memory_mib,
+            allocated_compute_pct=F("allocated_compute_pct") - sl.compute_pct,
+        )
+        sl.delete()
+        released += 1
+    return released
