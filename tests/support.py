@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import math
 import os
 import socket
@@ -29,6 +31,35 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
         time.sleep(interval_s)
+
+
+async def wait_for_async(
+    what: str, predicate: Callable[[], Any], *, timeout_s: float = 10.0, interval_s: float = 0.05
+) -> Any:
+    """As wait_for, inside an event loop (which runs on meanwhile); `predicate` may return an awaitable."""
+    timeout_s *= TIMEOUT_SCALE
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        await asyncio.sleep(interval_s)
+
+
+def holds_for(what: str, predicate: Callable[[], Any], *, for_s: float, interval_s: float = 0.1) -> None:
+    """Check that `predicate` stays true for `for_s` seconds, failing at the first time it is not. For what must
+    not happen during a span the scenario itself sets (an outage, a fence), not for a guess at how long
+    something takes: that is wait_for's."""
+    end = time.monotonic() + for_s
+    while True:
+        assert predicate(), f"{what}: no longer so {for_s - (end - time.monotonic()):.1f} s in"
+        if time.monotonic() >= end:
+            return
+        time.sleep(min(interval_s, max(0.0, end - time.monotonic())))
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -17,6 +17,7 @@ from websockets.asyncio.server import serve
 
 from agent import protocol
 from agent.config import ConfigError, add_arguments, load_config, parse_sharing
+from tests.support import TIMEOUT_SCALE, wait_for_async
 
 REPO = Path(__file__).resolve().parents[2]
 SIM_YAML = REPO / "agent/examples/sim-node.yaml"
@@ -232,13 +233,19 @@ def test_an_agent_killed_with_sigkill_and_restarted_adopts_its_job_and_never_run
         async with serve(handler, "127.0.0.1", 0) as server:
             port = server.sockets[0].getsockname()[1]
             first = await agent_proc()
-            await asyncio.wait_for(started.wait(), 30)
+            await asyncio.wait_for(started.wait(), 30 * TIMEOUT_SCALE)
             first.kill()  # SIGKILL: no clean-up at all
             await first.wait()
             second = await agent_proc()
             try:
-                await asyncio.wait_for(readopted.wait(), 30)
-                await asyncio.sleep(1.0)  # several ticks of convergence on the same desired state
+                await asyncio.wait_for(readopted.wait(), 30 * TIMEOUT_SCALE)
+                # Several ticks of convergence on the same desired state: a sample goes out each second (every fifth
+                # tick at --sample-s 0.2).
+                await wait_for_async(
+                    "two samples from the restarted agent",
+                    lambda: sum(m["type"] == "metrics" for m in sessions[1]) >= 2,
+                    timeout_s=30,
+                )
             finally:
                 second.send_signal(signal.SIGTERM)
                 await second.wait()

@@ -80,16 +80,22 @@ def test_max_runtime_is_enforced(tmp_path):
 
 def test_stop_sends_sigterm_waits_the_grace_then_sigkills_a_job_that_ignores_it(tmp_path):
     ex = Executor(tmp_path)
-    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
-    h = ex.start(spec("stubborn", py(code), grace_s=0.6))
-    wait_for("the condition", lambda: ex.tail_log(h.key, "stdout") == ["ready"])
+    # It says when it ignores SIGTERM, so the test knows the grace has begun without guessing.
+    code = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: print('ignored', flush=True))\n"
+        "print('ready', flush=True)\n"
+        "while True: time.sleep(60)"
+    )
+    h = ex.start(spec("stubborn", py(code), grace_s=2.0))
+    wait_for("the job to start", lambda: ex.tail_log(h.key, "stdout") == ["ready"])
     t0 = time.monotonic()
     ex.stop(h.key, reason="not_desired")
-    time.sleep(0.3)
+    wait_for("the job to ignore its SIGTERM", lambda: "ignored" in ex.tail_log(h.key, "stdout"))
     ex.poll()
     assert h.state != FINISHED  # SIGTERM was ignored and the grace has not passed
     done = ex.wait(h.key, 10)
-    assert time.monotonic() - t0 >= 0.6
+    assert time.monotonic() - t0 >= 2.0
     assert done.outcome == "stopped" and done.exit_code == -signal.SIGKILL
     assert procfs.group_members(h.pgid) == []
 
