@@ -144,7 +144,7 @@ def setup_data(*, users: int) -> list[str]:
     from quotas.models import ApiToken, IdempotencyRecord, Team
     from quotas.services import membership_set
     from quotas.tokens import api_token_create
-    from scheduling.demo import load_demo
+    from demo.seed import load_demo
     from scheduling.jobs.models import Job, JobEvent, Slice
 
     call_command("migrate", verbosity=0)

@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "scheduling",
     "scheduling.history",
     "frontend",
+    "demo",
 ]
 
 MIDDLEWARE = [

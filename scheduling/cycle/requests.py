@@ -4,7 +4,7 @@ Cycles are requested, not run, by writers (`cycle_request_after_commit`): a "wan
 coalesce a burst of submits into one or two cycles. One cycle runs at a time under a Redis lock; the lock is
 not trusted for correctness, the database lease's fencing epoch is. The lock is short and its holder keeps it
 alive (`LockKeeper`), so a holder killed mid-cycle holds up scheduling for at most one lock TTL. Without Redis (the embedded demo) the same
-requests wake an in-process loop instead (`scheduling.management.commands.run_demo`).
+requests wake an in-process loop instead (`demo.management.commands.run_demo`).
 
 Writers call this module; it names the cycle task rather than importing it (the task runs the cycle, whose
 modules write through the services that call here).

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def with_history(cluster_for_test):
-    from scheduling.demo import history_backfill
+    from demo.history import history_backfill
     from scheduling.history.models import ClusterMinute
 
     first = ClusterMinute.objects.order_by("at").values_list("at", flat=True).first()

@@ -207,7 +207,7 @@ def test_the_readme_first_job_runs_on_the_embedded_demo(embedded_server):
 
 @pytest.mark.django_db
 def test_loading_the_demo_twice_keeps_one_copy():
-    from scheduling.demo import load_demo
+    from demo.seed import load_demo
     from scheduling.inventory.models import Gpu, Node
     from scheduling.inventory.selectors import overcommitted_gpus
     from scheduling.jobs.models import Job

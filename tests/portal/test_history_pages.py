@@ -113,7 +113,7 @@ def test_capacity_shows_now_by_model_and_a_heatmap_row_per_pool_then_per_node(al
 
 
 def test_the_demo_writes_a_day_of_generated_history_once(db):
-    from scheduling.demo import load_demo
+    from demo.seed import load_demo
     from scheduling.history.models import ClusterMinute, NodeHour, NodeMinute
 
     load_demo(history_days=1)

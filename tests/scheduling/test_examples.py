@@ -33,7 +33,7 @@ def _as_the_cli_sends_it(path: Path, capsys) -> dict:
 @pytest.fixture
 def demo(db):
     from scheduling.cycle import whatif
-    from scheduling.demo import load_demo
+    from demo.seed import load_demo
 
     load_demo()
     whatif._cached = None  # another test's snapshot is not this database's
@@ -71,7 +71,7 @@ def test_each_example_is_accepted_and_starts_at_once_for_its_demo_user(demo, cap
 
 
 def test_the_demo_agents_have_every_program_the_examples_run(tmp_path, capsys):
-    from scheduling.management.commands.run_demo import write_stand_ins
+    from demo.management.commands.run_demo import write_stand_ins
 
     write_stand_ins(tmp_path)
     on_path = {p.name for p in tmp_path.iterdir()}

@@ -5,7 +5,7 @@ import logging
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from scheduling.demo import demo_logins, load_demo
+from demo.seed import demo_logins, load_demo
 
 
 class Command(BaseCommand):
