@@ -13,7 +13,7 @@ from typing import Any
 
 from cli.client import ApiError, Client, ExitCode
 from cli.output import command_parser, print_json, run_command
-from portal.submit_flags import SUBMIT_FLAGS
+from portal.submit_flags import COUNTS, REPEATED, SUBMIT_FLAGS
 
 SHELL_LINE, ARGV = "shell line", "argv"
 
@@ -94,7 +94,7 @@ def submit(argv: Sequence[str]) -> int:
     parser.add_argument("file", nargs="?", help="job spec (.yaml/.json) or a script; flags override it")
     for flags, field, text in SUBMIT_FLAGS:
         kwargs: dict[str, Any] = {"dest": field, "help": text}
-        if field == "gpu_models":
+        if field in REPEATED:
             kwargs["action"] = "append"
         parser.add_argument(*flags, **kwargs)
     parser.add_argument("--env", "-e", action="append", default=[], metavar="NAME=VALUE", help="repeatable")
@@ -134,7 +134,7 @@ def submit(argv: Sequence[str]) -> int:
             value = getattr(args, field)
             if value is not None:
                 spec[field] = value
-        for field in ("gpus", "compute_pct", "nodes"):
+        for field in COUNTS:
             if isinstance(spec.get(field), str) and spec[field].isdigit():
                 spec[field] = int(spec[field])
         if args.env:
