@@ -141,10 +141,10 @@ def setup_data(*, users: int) -> list[str]:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
+    from demo.seed import load_demo
     from quotas.models import ApiToken, IdempotencyRecord, Team
     from quotas.services import membership_set
     from quotas.tokens import api_token_create
-    from demo.seed import load_demo
     from scheduling.jobs.models import Job, JobEvent, Slice
 
     call_command("migrate", verbosity=0)

@@ -32,8 +32,8 @@ def _as_the_cli_sends_it(path: Path, capsys) -> dict:
 
 @pytest.fixture
 def demo(db):
-    from scheduling.cycle import whatif
     from demo.seed import load_demo
+    from scheduling.cycle import whatif
 
     load_demo()
     whatif._cached = None  # another test's snapshot is not this database's
