@@ -1,7 +1,9 @@
-"""Template filters for the portal: requests in words, sizes, durations and times the browser localises."""
+"""Template filters for the portal: requests in words, sizes, durations and times the browser localises, and when a
+live part of a page is re-requested."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 from django import template
@@ -148,3 +150,28 @@ def why_pending(job: Job) -> str:
     """Why a pending job waits, as scheduling.jobs.selectors.pending_reason tells it (the scheduler's own state
     included)."""
     return pending_reason(job)[1] or "Waiting for the next scheduling cycle."
+
+
+# A live part is re-requested this long after the last of a burst of its events: one request for the burst (a
+# job's change comes as job.changed and queue.changed together; a cycle places many jobs in one commit).
+REFRESH_DEBOUNCE_MS = 200
+_EVENT = re.compile(r"([\w.-]+)(?:\[([^\]]*)\])?")
+
+
+@register.simple_tag
+def refresh_on(events: str, when: str = "") -> str:
+    """The hx-trigger of a live part: re-requested on the page's stream `events` (portal.js turns each message into
+    `tessera:<type>` on <body>), debounced, and whenever the page catches up (`tessera:catch-up`: its socket
+    opened, or every 5 s while it is down). An event may carry an htmx filter of its own
+    ("job.changed queue.changed[!!this.querySelector('#why')]"); `when` is one for every trigger, catching up too.
+    htmx keeps an event only where its filter is `true` itself, not merely truthy, and reads a bare name in it off
+    the event first (`null` is `event.null`)."""
+
+    def trigger(event: str, test: str, modifiers: str) -> str:
+        tests = " && ".join(f"({t})" for t in (test, when) if t)
+        return f"tessera:{event}{f'[{tests}]' if tests else ''} from:body{modifiers}"
+
+    triggers = [
+        trigger(name, test, f" delay:{REFRESH_DEBOUNCE_MS}ms") for name, test in _EVENT.findall(events)
+    ]
+    return ", ".join([*triggers, trigger("catch-up", "", "")])
