@@ -133,9 +133,6 @@
     }, 150);
   });
   document.addEventListener("DOMContentLoaded", function () { drawAll(); });
-  document.addEventListener("tessera:refreshed", function (e) {
-    const el = e.detail && document.getElementById(e.detail.id);
-    if (el) drawAll(el);
-  });
+  document.addEventListener("htmx:afterSwap", function (e) { drawAll(e.target); });
   window.TesseraCharts = { draw: draw, drawAll: drawAll };
 })();

@@ -1,13 +1,12 @@
-// Tessera cluster map (/cluster/) and node page (/cluster/<name>/). The server renders every tile and cell;
-// this script only
-//  - fetches a group's tiles when it is opened (then portal.js re-requests them on node/queue events),
-//  - re-requests the groups' rows on those events (debounced) and every 5 s (their mean utilisation),
+// Tessera cluster map (/cluster/) and node page (/cluster/<name>/). The server renders every tile and cell, and htmx
+// fetches a group's tiles when it is opened and re-requests the open groups, the groups' rows and the node's table
+// on the stream's events (their hx-trigger); this script only
 //  - moves each rendered GPU cell's utilisation fill as the stream's gpu.metrics samples arrive (one frame
 //    per batch, nothing fetched), and keeps the heartbeat ages counting,
+//  - keeps the legend naming the teams of the open groups' slices,
 //  - opens the cordon / drain / uncordon dialog for staff (the form posts; the server decides).
 (function () {
   "use strict";
-  const DEBOUNCE_MS = 200;
   const TICK_MS = 5000;
 
   function gib(mib) { // as the server says it (frontend/templatetags/portal.py: gib)
@@ -23,48 +22,12 @@
     return Math.round(s / 86400) + " d";
   }
 
-  // --- groups: open on demand, rows refreshed -----------------------------------------------------------
-  function bodyOf(details) { return document.getElementById(details.id + "-body"); }
-  function onToggle(details) {
-    const body = bodyOf(details);
-    if (!body) return;
-    if (details.open) {
-      if (!body.dataset.src) body.dataset.src = body.dataset.lazySrc;
-      body.dataset.refreshOn = "node.changed queue.changed gpu.health";
-      window.tessera.refresh(body);
-    } else {
-      delete body.dataset.refreshOn; // a closed group is not re-requested
-    }
-  }
-
-  let summaryTimer = null, summaryBusy = false;
-  function refreshSummaries() {
-    const box = document.getElementById("cluster-groups");
-    if (!box || summaryTimer) return;
-    summaryTimer = setTimeout(function () {
-      summaryTimer = null;
-      if (summaryBusy) return;
-      summaryBusy = true;
-      fetch(box.dataset.summariesSrc, { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
-        .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
-        .then(function (html) {
-          const doc = new DOMParser().parseFromString(html, "text/html");
-          doc.querySelectorAll("[data-summary-for]").forEach(function (fresh) {
-            const live = document.querySelector("[data-summary-for='" + fresh.dataset.summaryFor + "']");
-            if (live) live.innerHTML = fresh.innerHTML;
-          });
-        })
-        .catch(function () { /* the next event or tick tries again */ })
-        .finally(function () { summaryBusy = false; });
-    }, DEBOUNCE_MS);
-  }
-
   // The legend lists the teams of every open group's slices.
   function updateLegend() {
     const legend = document.getElementById("map-legend");
     if (!legend) return;
     const seen = {};
-    document.querySelectorAll(".group[open] .group-body[data-legend]").forEach(function (b) {
+    document.querySelectorAll(".group[open] [data-legend]").forEach(function (b) {
       b.dataset.legend.split(";").filter(Boolean).forEach(function (pair) {
         const i = pair.lastIndexOf("=");
         seen[pair.slice(0, i)] = pair.slice(i + 1);
@@ -161,37 +124,17 @@
     const nodePage = document.getElementById("node-page");
     if (!map && !nodePage) return;
     setupStateDialog();
-    document.querySelectorAll("details.group").forEach(function (d) {
-      d.addEventListener("toggle", function () { onToggle(d); updateLegend(); });
-    });
-    document.addEventListener("click", function (e) { // a group's pages of nodes, fetched in place
-      const link = e.target.closest("a[data-group-page]");
-      if (!link) return;
-      const body = link.closest(".group-body");
-      if (!body) return;
-      e.preventDefault();
-      const src = new URL(body.dataset.src, location.href);
-      src.searchParams.set("page", link.dataset.groupPage);
-      body.dataset.src = src.pathname + src.search;
-      window.tessera.refresh(body);
-    });
-    document.addEventListener("tessera:refreshed", function () { updateLegend(); tickHeartbeats(); });
+    if (map) { // the node page's legend is the server's, for its one node
+      document.querySelectorAll("details.group").forEach(function (d) { d.addEventListener("toggle", updateLegend); });
+      document.addEventListener("htmx:afterSwap", updateLegend);
+    }
+    document.addEventListener("htmx:afterSwap", tickHeartbeats);
     document.addEventListener("mouseover", function (e) { // a cell's hover text is its aria-label
       const cell = e.target.closest && e.target.closest(".gpu-cell[aria-label]");
       if (cell && !e.target.closest(".gpu-slice")) cell.title = cell.getAttribute("aria-label");
     });
-    document.addEventListener("tessera:message", function (e) {
-      const msg = e.detail || {};
-      if (msg.type === "gpu.metrics") onSample(msg);
-      else if (msg.type === "node.changed" || msg.type === "queue.changed" || msg.type === "gpu.health") refreshSummaries();
-    });
-    setInterval(function () {
-      tickHeartbeats();
-      if (document.hidden) return;
-      if (map) refreshSummaries();
-      const gpus = document.getElementById("node-gpus");
-      if (gpus) window.tessera.refresh(gpus); // temperature, power, clocks: the table follows the samples
-    }, TICK_MS);
+    document.addEventListener("tessera:gpu.metrics", function (e) { onSample(e.detail); });
+    setInterval(tickHeartbeats, TICK_MS);
     tickHeartbeats();
   });
 })();

@@ -1,0 +1,110 @@
+// Tessera portal: what every page does in the browser besides re-requesting its parts (htmx, portal.js):
+//  - shows times in the browser's timezone, relative where that reads best, counting on;
+//  - shows a job's new state in its badges the moment the stream says so, a toast for one's own jobs, and the
+//    live GPU utilisation of running jobs in the lists;
+//  - asks before cancelling, and shows the submit form's whole-GPU or slice fields.
+(function () {
+  "use strict";
+  const body = document.body;
+  const me = body.dataset.userId ? Number(body.dataset.userId) : null;
+
+  // --- times -------------------------------------------------------------------------------------------
+  const rtf = window.Intl && Intl.RelativeTimeFormat ? new Intl.RelativeTimeFormat(undefined, { numeric: "auto" }) : null;
+  function relative(date) {
+    const s = (date.getTime() - Date.now()) / 1000;
+    const a = Math.abs(s);
+    if (!rtf) return date.toLocaleString();
+    if (a < 60) return rtf.format(Math.round(s), "second");
+    if (a < 3600) return rtf.format(Math.round(s / 60), "minute");
+    if (a < 86400) return rtf.format(Math.round(s / 3600), "hour");
+    return rtf.format(Math.round(s / 86400), "day");
+  }
+  function span(seconds) { // as the server says it (frontend/templatetags/portal.py: duration)
+    const s = Math.max(0, Math.round(seconds));
+    if (s < 90) return s + " s";
+    if (s < 3600) return Math.round(s / 60) + " min";
+    if (s < 86400) { const m = Math.round(s / 60), h = Math.floor(m / 60); return m % 60 ? h + " h " + (m % 60) + " min" : h + " h"; }
+    const h = Math.round(s / 3600), d = Math.floor(h / 24);
+    return h % 24 ? d + " d " + (h % 24) + " h" : d + " d";
+  }
+  function localiseTimes(root) {
+    (root || document).querySelectorAll("time[datetime]").forEach(function (el) {
+      const d = new Date(el.getAttribute("datetime"));
+      if (isNaN(d)) return;
+      el.textContent = el.dataset.style === "absolute" ? d.toLocaleString()
+        : el.dataset.style === "elapsed" ? span((Date.now() - d.getTime()) / 1000) : relative(d);
+      el.title = d.toLocaleString() + " (" + (el.dataset.utc || el.getAttribute("title") || "") + ")";
+      el.dataset.utc = el.dataset.utc || el.getAttribute("title") || "";
+    });
+  }
+
+  // --- a job's state, at once ----------------------------------------------------------------------------
+  const TOAST_STATES = { running: "started", preempted: "was preempted", failed: "failed", succeeded: "succeeded", lost: "lost its node" };
+  function toast(text, kind) {
+    const box = document.getElementById("toasts");
+    if (!box) return;
+    const t = document.createElement("div");
+    t.className = "toast " + (kind || "");
+    t.textContent = text;
+    box.appendChild(t);
+    setTimeout(function () { t.remove(); }, 8000);
+  }
+
+  // The badge's label is the server's (data-state-labels); the parts around it follow when htmx re-requests them.
+  let labels = {};
+  try { labels = JSON.parse(body.dataset.stateLabels || "{}"); } catch (e) { labels = {}; }
+  function onJobChanged(msg) {
+    if (labels[msg.state]) {
+      document.querySelectorAll("[data-job-state='" + msg.job_id + "']").forEach(function (el) {
+        el.textContent = labels[msg.state];
+        el.className = el.className.replace(/state-\S+/, "state-" + msg.state);
+      });
+    }
+    if (me !== null && msg.submitter_id === me && TOAST_STATES[msg.state]) {
+      toast("Job " + msg.job_id + " " + TOAST_STATES[msg.state] + (msg.message ? ": " + msg.message : ""), "state-" + msg.state);
+    }
+  }
+
+  function onJobMetrics(msg) { // the lists' "GPU use" column: the mean of the job's cards
+    const utils = (msg.gpus || []).map(function (g) { return g.util_pct; }).filter(function (u) { return typeof u === "number"; });
+    if (!utils.length) return;
+    const mean = utils.reduce(function (a, b) { return a + b; }, 0) / utils.length;
+    document.querySelectorAll("[data-util-job='" + msg.job_id + "']").forEach(function (el) {
+      el.textContent = Math.round(mean) + "% GPU";
+    });
+  }
+
+  // --- forms -------------------------------------------------------------------------------------------
+  function setupForms() {
+    document.addEventListener("submit", function (e) {
+      const form = e.target;
+      if (form.dataset.confirm) {
+        if (form.id === "cancel-form" && !form.querySelector("input[name=job]:checked")) {
+          e.preventDefault(); toast("Select the jobs to cancel first."); return;
+        }
+        if (!window.confirm(form.dataset.confirm)) e.preventDefault();
+      }
+    });
+    const jobForm = document.getElementById("job-form");
+    const invalid = document.querySelector(".field.invalid input, .field.invalid textarea, .field.invalid select");
+    if (invalid) invalid.focus(); // after a refused submit, the first field to fix
+    if (jobForm) {
+      const apply = function () {
+        const kind = (jobForm.querySelector("input[name=kind]:checked") || {}).value || "whole";
+        jobForm.querySelectorAll(".when-whole").forEach(function (el) { el.hidden = kind !== "whole"; });
+        jobForm.querySelectorAll(".when-slice").forEach(function (el) { el.hidden = kind !== "slice"; });
+      };
+      jobForm.addEventListener("change", apply);
+      apply();
+    }
+  }
+
+  document.addEventListener("tessera:job.changed", function (e) { onJobChanged(e.detail); });
+  document.addEventListener("tessera:job.metrics", function (e) { onJobMetrics(e.detail); });
+  document.addEventListener("htmx:afterSwap", function (e) { localiseTimes(e.target); });
+  document.addEventListener("DOMContentLoaded", function () {
+    localiseTimes();
+    setInterval(function () { localiseTimes(); }, 5000);
+    setupForms();
+  });
+})();
