@@ -1,5 +1,6 @@
 """A researcher's day in the browser, live: sign in, submit from the form, watch, read logs, cancel; what other
-teams see; refusals next to their field; the what-if; a dropped socket."""
+teams see; refusals next to their field; the what-if; a list that follows its jobs (htmx re-requesting its rows on
+the stream's events); a dropped socket."""
 
 from __future__ import annotations
 
@@ -130,19 +131,70 @@ def test_the_what_if_answer_changes_when_the_request_changes(browse):
     )
 
 
+# Every request htmx makes for a part of the page, as (path, status), and whether the page was ever reloaded.
+WATCH_PARTS = """
+window.__noReload = true;
+window.__parts = [];
+document.body.addEventListener("htmx:afterRequest", function (e) {
+  window.__parts.push([e.detail.pathInfo.requestPath, e.detail.xhr.status]);
+});
+"""
+
+
+def _rows_requests(page) -> list:
+    return [status for path, status in page.evaluate("window.__parts") if "part=rows" in path]
+
+
+def test_a_jobs_row_follows_its_job_through_htmx_while_alice_types_and_keeps_her_selection(browse):
+    from scheduling.jobs.transitions import job_cancel
+
+    page = browse("alice")
+    _expect_text(page, "#live", "live")
+    page.evaluate(WATCH_PARTS)
+    kept = submit(browse.cluster, name="kept-selected", command="sleep 300", gpus=1)
+    # A new row: only the re-requested rows can bring it.
+    _expect_text(page, f"tr[data-job='{kept.pk}']", "Running")
+    page.check(f"#select-job-{kept.pk}")
+    job = submit(browse.cluster, name="follow-me", command="sleep 300", gpus=1)
+    _expect_text(page, f"tr[data-job='{job.pk}']", "Running")
+    page.fill("#main input[name=q]", "half-typed")  # the filter form, outside the rows: she is typing in it
+    asked = len(_rows_requests(page))
+    browse.shots(page, "before")
+    job_cancel(job=job, actor=job.submitter)
+    # The badge changes at once from the event; the row's class and its box only come with the re-requested rows.
+    page.wait_for_selector(f"tr[data-job='{job.pk}'].state-cancelled", timeout=30_000)
+    assert page.locator(f"#select-job-{job.pk}").count() == 0  # a cancelled job has nothing to select
+    assert len(_rows_requests(page)) > asked and set(_rows_requests(page)) == {200}
+    assert page.is_checked(f"#select-job-{kept.pk}"), "the selection was lost when the rows were swapped"
+    assert page.evaluate("document.activeElement.name") == "q"
+    assert page.input_value("#main input[name=q]") == "half-typed"
+    assert page.evaluate("window.__noReload") is True, "the page reloaded"
+    browse.shots(page, "after")
+    assert page.errors == []
+
+
 def test_when_the_server_drops_the_socket_the_page_says_reconnecting_then_catches_up(browse):
+    from scheduling.jobs.transitions import job_cancel
+
     cluster = browse.cluster
     page = browse("alice")
     _expect_text(page, "#live", "live")
+    page.evaluate(WATCH_PARTS)
     cluster.procs["web"].kill9()
     _expect_text(page, "#live", "reconnecting")
     browse.shots(page, "reconnecting")
     job = submit(cluster, name="while-you-were-away", command="sleep 300", gpus=1)
     cluster.start_web()
     _expect_text(page, "#live", "live", timeout_s=40)
-    _expect_text(page, "#job-rows", "while-you-were-away")
+    _expect_text(page, "#job-rows", "while-you-were-away")  # caught up on opening
     browse.shots(page, "caught-up")
-    assert job.pk
+    wait_state(job, "running")
+    job.refresh_from_db()
+    job_cancel(job=job, actor=job.submitter)
+    # The new socket carries events again: the row follows through htmx, with no reload.
+    page.wait_for_selector(f"tr[data-job='{job.pk}'].state-cancelled", timeout=30_000)
+    assert page.evaluate("window.__noReload") is True, "the page reloaded"
+    assert page.errors == []
 
 
 # The page's socket opens this late: what changes between the page's render and the socket joining its groups

@@ -1,0 +1,109 @@
+"""The live parts of every page, in Chromium: each part htmx re-requests when the page catches up (what portal.js
+fires once its socket opens) is answered and swapped in place; a closed group of the cluster map is left alone until
+it is opened again; a waiting job's page reads how the teams stand after it loads and follows the queue's movement;
+the signed-out summary, which has no stream, is re-requested every 5 s. Screenshots under test-artifacts/."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.browser.test_portal import _expect_text
+from tests.pipeline.harness import submit, wait_state
+
+pytestmark = pytest.mark.slow
+
+LIVE_PAGES = (
+    "/jobs/",
+    "/queue/",
+    "/cluster/",
+    "/cluster/pipe-a/",
+    "/fairness/",
+    "/history/",
+    "/capacity/",
+    "/teams/pipe-lab/",
+)
+
+# The parts htmx asked for (as it sends: at once for an event that is not debounced), and the status of the last
+# answer it had for each, by the part's id.
+WATCH_ANSWERS = """
+window.__asked = [];
+window.__answers = {};
+document.body.addEventListener("htmx:beforeRequest", function (e) { window.__asked.push(e.detail.elt.id); });
+document.body.addEventListener("htmx:afterRequest", function (e) {
+  window.__answers[e.detail.elt.id] = e.detail.xhr.status;
+});
+"""
+
+# The page's live parts, but a closed group's tiles (not re-requested until it is opened).
+LIVE_PART_IDS = """
+Array.from(document.querySelectorAll("[hx-trigger*='tessera:catch-up']"))
+  .filter(function (el) { return !el.closest("details:not([open])"); })
+  .map(function (el) { return el.id; })
+"""
+
+
+def _all_answered(page, ids: list[str]) -> None:
+    page.wait_for_function("ids => ids.every(id => window.__answers[id] === 200)", arg=ids, timeout=30_000)
+
+
+def test_every_live_part_of_every_page_is_re_requested_when_the_page_catches_up(browse):
+    page = browse("alice")
+    for path in LIVE_PAGES:
+        page.goto(path)
+        _expect_text(page, "#live", "live")
+        parts = page.evaluate(LIVE_PART_IDS)
+        assert parts and all(parts), (path, parts)
+        page.evaluate(WATCH_ANSWERS)
+        page.evaluate("htmx.trigger(document.body, 'tessera:catch-up')")
+        _all_answered(page, parts)
+        assert page.evaluate(LIVE_PART_IDS) == parts, path  # swapped in place: every part is still there
+        browse.shots(page, path.strip("/").replace("/", "-"))
+    assert page.errors == []
+
+
+def test_a_closed_groups_tiles_are_not_re_requested_and_opening_it_again_asks_for_them(browse):
+    page = browse("alice")
+    page.goto("/cluster/")
+    _expect_text(page, "#live", "live")
+    _expect_text(page, ".node-tile[data-node='pipe-a']", "heartbeat")
+    body = page.evaluate("document.querySelector('details.group .group-body').id")
+    page.click("details.group > summary")  # closes it
+    page.wait_for_selector("details.group:not([open])", state="attached")
+    page.evaluate(WATCH_ANSWERS)
+    page.evaluate("htmx.trigger(document.body, 'tessera:catch-up')")
+    asked = page.evaluate("window.__asked")
+    assert "cluster-groups" in asked and body not in asked, asked  # the rows follow; a closed group does not
+    page.click("details.group > summary")  # open again: what changed while it was closed is asked for
+    _all_answered(page, [body])
+    _expect_text(page, f"#{body} .node-tile[data-node='pipe-a']", "heartbeat")
+    assert page.errors == []
+
+
+def test_a_waiting_jobs_page_reads_how_the_teams_stand_and_follows_the_queue(browse):
+    blocker = submit(browse.cluster, name="blocker", command="sleep 300", gpus=2, nodes=2)
+    wait_state(blocker, "running")
+    waiting = submit(browse.cluster, name="waits-its-turn", command="sleep 300", gpus=1)
+    page = browse("alice")
+    page.goto(f"/jobs/{waiting.pk}/")
+    _expect_text(page, "#ahead", "guarantee|has not ranked")  # asked for once the page had loaded
+    _expect_text(page, "#live", "live")
+    assert "Why it waits" in page.inner_text("#job-live")
+    page.evaluate(WATCH_ANSWERS)
+    # What the stream sends when the queue moves: while the job waits, both parts follow it.
+    page.evaluate(
+        "htmx.trigger(document.body, 'tessera:queue.changed', {type: 'queue.changed', state: 'pending'})"
+    )
+    _all_answered(page, ["job-live", "ahead"])
+    browse.shots(page, "waiting")
+    assert page.errors == []
+
+
+def test_the_signed_out_summary_has_no_stream_and_is_re_requested_every_5_s(browse):
+    page = browse(None)
+    page.goto("/")
+    page.evaluate(WATCH_ANSWERS)
+    _all_answered(page, ["summary"])
+    assert page.locator("#live").is_hidden()
+    assert "GPUs" in page.inner_text("#summary")
+    browse.shots(page, "signed-out")
+    assert page.errors == []
