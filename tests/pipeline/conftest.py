@@ -33,4 +33,6 @@ def pipe(cluster, django_db_blocker, request):
         yield cluster
         if getattr(request.node, "pipeline_failed", False):
             print(cluster.logs())
+        # A Celery process a test's Redis outage made exit is started again, as production's supervisor would.
+        cluster.restart_exited_celery()
         idle_again()

@@ -148,6 +148,7 @@ class Cluster:
     extra_env: dict[str, str] = field(default_factory=dict)
     redis_port: int | None = None  # a private redis-server (start_redis); None: settings.REDIS_URL
     redis: Proc | None = None  # the private redis-server running now (start_redis replaces it)
+    restarted: list[str] = field(default_factory=list)  # Celery processes restart_exited_celery started again
 
     @property
     def redis_url(self) -> str:
@@ -236,6 +237,25 @@ class Cluster:
             str(self.root / "beat-schedule"),
         ]
         return self._proc("beat", argv)
+
+    def restart_exited_celery(self) -> list[str]:
+        """Start again the Celery worker or beat that has exited, as production's supervisor does (docker-compose:
+        restart: unless-stopped): Celery may exit on losing its Redis broker (a kombu failure mode,
+        celery/celery#7705 and kin). The names restarted, also kept in `restarted`."""
+        restarted = [name for name in ("worker", "beat") if name in self.procs and not self.procs[name].alive]
+        for name in restarted:
+            self.start_worker() if name == "worker" else self.start_beat()
+        self.restarted.extend(restarted)
+        return restarted
+
+    def supervised(self, predicate: Callable[[], object]) -> Callable[[], object]:
+        """`predicate` for wait_for, checked after restarting whatever Celery process has exited."""
+
+        def check() -> object:
+            self.restart_exited_celery()
+            return predicate()
+
+        return check
 
     def work_dir(self, node: str) -> Path:
         return self.root / "agents" / node

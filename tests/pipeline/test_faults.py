@@ -21,6 +21,7 @@ from scheduling.jobs.models import Job, Slice
 from scheduling.jobs.states import LIVE_STATES
 from scheduling.realtime import listeners
 from tests.pipeline.harness import path_of, submit, wait_for, wait_state
+from tests.support import holds_for
 
 
 def ledger_violations() -> dict[str, int]:
@@ -108,7 +109,7 @@ def test_cycles_racing_from_two_workers_and_a_rogue_caller_never_double_book_a_g
                     continue
                 outcomes["cycles"] += 1
                 outcomes["stale"] += report.stale
-                time.sleep(random.uniform(0, 0.05))
+                time.sleep(random.uniform(0, 0.05))  # jitter, so it collides at varied moments
         finally:
             conn.close()
 
@@ -141,7 +142,7 @@ def test_cycles_racing_from_two_workers_and_a_rogue_caller_never_double_book_a_g
             v = ledger_violations()
             if v != CLEAN:
                 violations.append(v)
-            time.sleep(0.15)
+            time.sleep(0.15)  # the pace of the submits racing the cycles, not a wait for anything
     finally:
         stop.set()
         for t in threads:
@@ -228,10 +229,14 @@ def test_a_worker_killed_holding_the_cycle_lock_stalls_scheduling_for_one_lock_t
         killed_epoch = epochs()
         second = pipe.start_worker("second", **lock_env)
         wait_for("the second worker to be ready", lambda: " ready." in second.tail(200), timeout_s=60)
-        # Half a TTL past its expiry, had nobody renewed it: the paused holder still holds it.
-        time.sleep(max(0.0, paused_at + 1.5 * ttl_s - time.monotonic()))
-        assert holder is not None and r.get(KEY_LOCK) == holder
-        assert epochs() == killed_epoch, "another cycle started while the holder lived"
+        # Until half a TTL past its expiry, had nobody renewed it, the paused holder holds it, and no cycle starts.
+        assert holder is not None
+        holds_for(
+            "the paused holder keeps the cycle lock, and no other cycle starts",
+            lambda: r.get(KEY_LOCK) == holder and epochs() == killed_epoch,
+            for_s=max(0.0, paused_at + 1.5 * ttl_s - time.monotonic()),
+            interval_s=0.5,
+        )
         faulty.kill9()
         killed_at = time.time()
         wait_state(
@@ -365,16 +370,19 @@ def test_a_redis_restart_loses_no_job_and_cycles_resume(pipe):
     job = submit(pipe, gpus=1, command="echo survived", name="through-a-redis-restart")
     job.refresh_from_db()
     assert job.state == JobState.PENDING  # committed: PostgreSQL holds it while the broker is gone
-    time.sleep(1.0)
+    time.sleep(1.0)  # the outage
     pipe.start_redis()
-    # Celery's worker may exit on losing its Redis broker (a kombu failure mode, celery/celery#7705 and kin);
-    # production runs it under a supervisor (docker-compose: restart: unless-stopped). Play that supervisor.
-    time.sleep(2.0)
-    restarted = [name for name in ("worker", "beat") if not pipe.procs[name].alive]
-    for name in restarted:
-        pipe.start_worker() if name == "worker" else pipe.start_beat()
-    # Nothing in Redis survived (no persistence): beat's next tick and the agents' reconnects carry on.
-    wait_state(job, JobState.SUCCEEDED, timeout_s=60)
+    # Celery's worker may exit on losing its Redis broker; production runs it under a supervisor, and so does
+    # the wait (restart_exited_celery). Nothing in Redis survived (no persistence): beat's next tick and the
+    # agents' reconnects carry on.
+    restarts_before = len(pipe.restarted)
+
+    def succeeded() -> bool:
+        job.refresh_from_db()
+        return job.state == JobState.SUCCEEDED
+
+    wait_for(f"job #{job.pk} to succeed after the restart", pipe.supervised(succeeded), timeout_s=60)
+    restarted = pipe.restarted[restarts_before:]
     print(f"redis restart: restarted by the supervisor: {restarted or 'nothing'}")
     path = path_of(job)
     # The watchdog gives every node a full NODE_LOST_AFTER_S after it resumes (Redis, which holds its marks,

@@ -4,7 +4,6 @@ statements that does not grow with the batch; and a cycle's lock on its nodes ne
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from django.db import OperationalError, connection, connections, transaction
@@ -187,9 +186,9 @@ def test_a_cycle_holding_its_nodes_never_holds_up_their_heartbeats_but_does_hold
         assert held.wait(5)
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = '2s'")
-        t0 = time.monotonic()
+        # Had it waited for the cycle's commit, it would have failed on the 2 s lock timeout, as the cordon does.
         seen = node_heartbeat_checked(node_id=node.pk, token_hash=node.agent_token_hash, running=[])
-        assert seen.token_current and time.monotonic() - t0 < 1.5
+        assert seen.token_current
         with pytest.raises(OperationalError, match="lock timeout"):  # a cordon waits for the cycle's commit
             node_set_state(node=node, state=NodeState.CORDONED, actor=admin_user, reason="maintenance")
     finally:
