@@ -295,8 +295,6 @@ def test_show_wraps_long_event_messages_whole(logged_in, alice, teams, submit_as
 
 
 def test_logs_follow_of_a_pending_job_says_where_it_waits_then_ends(logged_in, alice, teams, submit_as):
-    import time
-
     job = submit_as(alice, teams["training"])
     env = {k: v for k, v in os.environ.items() if not k.startswith("TESSERA_")}
     env["TESSERA_CONFIG"] = str(logged_in.config)
@@ -311,8 +309,7 @@ def test_logs_follow_of_a_pending_job_says_where_it_waits_then_ends(logged_in, a
     try:
         first = follower.stderr.readline()
         assert first.startswith("pending: position "), first
-        time.sleep(0.3)
-        job_cancel(job=job, actor=alice)
+        job_cancel(job=job, actor=alice)  # while it follows
         out, err = follower.communicate(timeout=30)
     finally:
         follower.kill()

@@ -4,7 +4,6 @@ storing nothing; on a large cluster the snapshot is read again in the background
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -100,9 +99,19 @@ def test_a_dear_snapshot_is_read_again_in_the_background(alice, teams, node, a10
     Gpu.objects.create(node=added, index=0, uuid="GPU-added-0", model=a100, memory_mib=81920)
     assert whatif._snapshot() is first  # within the TTL: the one held
     whatif._cached.read_at -= whatif.SNAPSHOT_TTL_S + 1
-    started = time.monotonic()
-    assert whatif._snapshot() is first  # stale: still answered from it, with no wait
-    assert time.monotonic() - started < 0.5
-    refresher = next(t for t in threading.enumerate() if t.name == "whatif-snapshot")
+    let_read = threading.Event()
+    read = whatif._read
+
+    def slow_read():  # a read that takes its time: until the test lets it go
+        let_read.wait(30)
+        return read()
+
+    monkeypatch.setattr(whatif, "_read", slow_read)
+    try:
+        assert whatif._snapshot() is first  # stale: still answered from it...
+        refresher = next(t for t in threading.enumerate() if t.name == "whatif-snapshot")
+        assert refresher.is_alive(), "...with no wait for the read in the background"
+    finally:
+        let_read.set()
     refresher.join(timeout=30)
     assert sorted(n.name for n in whatif._snapshot().nodes) == ["a100-01", "a100-02"]
