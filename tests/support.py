@@ -62,13 +62,79 @@ def holds_for(what: str, predicate: Callable[[], Any], *, for_s: float, interval
         time.sleep(min(interval_s, max(0.0, end - time.monotonic())))
 
 
+def listening_socket(host: str = "127.0.0.1") -> socket.socket:
+    """A TCP socket bound to a port of the kernel's choosing and listening, for a server that takes an open socket
+    (daphne --fd, uvicorn fd=, asyncio sock=; to a child process through Popen's pass_fds). Whoever holds it
+    holds the port: nothing else can take it between a server's stop and its restart, and connections made while
+    no server runs wait in its backlog (as under systemd's socket activation) instead of being refused."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, 0))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def refusing_address(host: str = "127.0.0.1") -> tuple[socket.socket, str]:
+    """A socket bound to a port and not listening, with its `host:port`: connections there are refused for as long
+    as the socket is held (a server that does not answer; no other process can start one there meanwhile)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((host, 0))
+    return sock, f"{host}:{sock.getsockname()[1]}"
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now, for a server that takes a port number (daphne, redis-server, Prometheus)
-    and that a test may stop and start again at the same address. The kernel hands it out for an ephemeral bind
-    and takes it back; the caller then waits for its own server to answer there."""
+    """A port nothing listens on now, for a program that takes only a port number (redis-server, Prometheus, the
+    embedded demo). The kernel hands it out for an ephemeral bind and takes it back, so another process may take
+    it before the program binds it: start the program with `start_on_free_port`, which tries again when so."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+ADDRESS_IN_USE = (
+    "address already in use"  # how redis-server, Prometheus and twisted say EADDRINUSE (any case)
+)
+
+
+def start_on_free_port(
+    what: str,
+    start: Callable[[int], Any],
+    up: Callable[[Any], bool],
+    failed: Callable[[Any], str | None],
+    *,
+    port: int | None = None,
+    timeout_s: float = 30.0,
+    stop: Callable[[Any], object] | None = None,
+) -> tuple[Any, int]:
+    """Start a program that takes only a port number and wait until it answers: `start(port)` starts it, `up(it)`
+    says whether it answers, `failed(it)` what it said if it has exited (None while it runs). If it exited because
+    the port was taken meanwhile, it is started again: on another free port, or on `port` itself when the caller
+    must keep that one (a restart others know the address of). Returns what `start` returned and the port; on
+    failure, `stop(it)` ends the one still running."""
+    keep = port is not None
+    port = port if keep else free_port()
+    timeout_s *= TIMEOUT_SCALE
+    deadline = time.monotonic() + timeout_s
+    started = start(port)
+    while True:
+        if up(started):
+            return started, port
+        said = failed(started)
+        if said is not None:
+            if ADDRESS_IN_USE not in said.lower():
+                raise AssertionError(f"{what} exited:\n{said[-3000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: port {port} stayed taken for {timeout_s:.0f} s")
+            port = port if keep else free_port()
+            started = start(port)
+        elif time.monotonic() > deadline:
+            if stop is not None:
+                stop(started)
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what} to answer")
+        time.sleep(0.1)
 
 
 def percentile(values: Iterable[float], pct: float) -> float:

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,7 +22,12 @@ from django.core.management import call_command
 from django.db import OperationalError, connection, transaction
 
 from agent import procfs
-from tests.support import TIMEOUT_SCALE, free_port, wait_for  # noqa: F401 - the pipeline tests import them from here
+from tests.support import (  # noqa: F401 - the pipeline tests import wait_for and TIMEOUT_SCALE from here
+    TIMEOUT_SCALE,
+    listening_socket,
+    start_on_free_port,
+    wait_for,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -85,7 +91,7 @@ def _redis_ping(url: str) -> bool:
     import redis
 
     try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=1).ping())
     except redis.RedisError:
         return False
 
@@ -102,14 +108,31 @@ class Proc:
     argv: list[str]
     env: dict[str, str]
     log: Path
+    pass_fds: tuple[int, ...] = ()  # open sockets it is handed (a listening one, for daphne's --fd)
     popen: subprocess.Popen | None = None
+    log_from: int = 0  # where this start's output begins in its log
 
     def start(self) -> Proc:
         out = open(self.log, "ab")  # noqa: SIM115 - the child keeps it
+        self.log_from = out.tell()
         self.popen = subprocess.Popen(
-            self.argv, cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            self.argv,
+            cwd=REPO,
+            env=self.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=self.pass_fds,
         )
         return self
+
+    def exited_saying(self) -> str | None:
+        """What this start wrote before it exited; None while it runs."""
+        if self.alive:
+            return None
+        with open(self.log, "rb") as f:
+            f.seek(self.log_from)
+            return f.read().decode(errors="replace")
 
     @property
     def alive(self) -> bool:
@@ -139,7 +162,10 @@ class Proc:
 @dataclass
 class Cluster:
     root: Path
-    port: int = field(default_factory=free_port)
+    # The web's listening socket, held for the cluster's life and handed to every daphne it starts (--fd): no other
+    # process can take its port between a web's kill and its restart, and while no web runs, connections wait in
+    # its backlog (as under systemd's socket activation) rather than being refused.
+    web_socket: socket.socket = field(default_factory=listening_socket)
     procs: dict[str, Proc] = field(default_factory=dict)
     nodes: tuple[str, ...] = ("pipe-a", "pipe-b")
     # node -> a layout of LAYOUTS; the others have two NVLinked A100s and an MPS L4 (SIM_NODE).
@@ -151,6 +177,10 @@ class Cluster:
     restarted: list[str] = field(default_factory=list)  # Celery processes restart_exited_celery started again
 
     @property
+    def port(self) -> int:
+        return self.web_socket.getsockname()[1]
+
+    @property
     def redis_url(self) -> str:
         return f"redis://127.0.0.1:{self.redis_port}/0" if self.redis_port else settings.REDIS_URL
 
@@ -159,22 +189,25 @@ class Cluster:
         exe = shutil.which("redis-server")
         if exe is None:
             return None
-        self.redis_port = self.redis_port or free_port()
-        argv = [
-            exe,
-            "--port",
-            str(self.redis_port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ]
-        # The one a test killed is replaced: a later test's kill must stop this one (it killed the dead one
-        # instead, so its outage never happened and its restart, finding the port taken, left this one running).
-        self.redis = self._proc("redis", argv)
-        wait_for("redis to answer", lambda: _redis_ping(self.redis_url), timeout_s=10)
+
+        def start(port: int) -> Proc:
+            self.redis_port = port
+            argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+            # The one a test killed is replaced: a later test's kill must stop this one (it killed the dead one
+            # instead, so its outage never happened and its restart, finding the port taken, left this one running).
+            self.redis = self._proc("redis", argv)
+            return self.redis
+
+        # redis-server takes only a port number: tried again if another process took it meanwhile. A restart keeps
+        # the port every process of the cluster was given.
+        start_on_free_port(
+            "redis-server",
+            start,
+            lambda _: _redis_ping(self.redis_url),
+            Proc.exited_saying,
+            port=self.redis_port,
+            timeout_s=10,
+        )
         return self.redis
 
     @property
@@ -200,14 +233,15 @@ class Cluster:
         path.mkdir(exist_ok=True)
         return path
 
-    def _proc(self, name: str, argv: list[str], **extra: str) -> Proc:
-        proc = Proc(name, argv, {**self.env, **extra}, self.root / f"{name}.log")
+    def _proc(self, name: str, argv: list[str], pass_fds: tuple[int, ...] = (), **extra: str) -> Proc:
+        proc = Proc(name, argv, {**self.env, **extra}, self.root / f"{name}.log", pass_fds=pass_fds)
         self.procs[name] = proc
         return proc.start()
 
     def start_web(self) -> Proc:
+        fd = self.web_socket.fileno()
         return self._proc(
-            "web", [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(self.port), "portal.asgi:application"]
+            "web", [str(BIN / "daphne"), "--fd", str(fd), "portal.asgi:application"], pass_fds=(fd,)
         )
 
     def start_worker(self, name: str = "worker", **extra: str) -> Proc:
@@ -562,6 +596,7 @@ def running_cluster(
             raise
         finally:
             c.stop_all()
+            c.web_socket.close()
             c.kill_job_processes()
             if redirected is not None:
                 redirected()

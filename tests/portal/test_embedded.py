@@ -7,13 +7,12 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import requests
 
-from tests.support import free_port
+from tests.support import start_on_free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -109,38 +108,46 @@ def embedded_server(tmp_path_factory):
     loaded = subprocess.run(
         [*manage, "load_demo"], env=env, cwd=ROOT, check=True, capture_output=True, text=True
     )
-    port = free_port()
-    log = (var / "demo.log").open("w")
-    server = subprocess.Popen(
-        [*manage, "run_demo", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        # A loaded machine starts it slowly and may answer its first requests late: wait, with a clear failure.
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                requests.get(f"{base}/healthz", timeout=10)
-                break
-            except requests.RequestException:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise AssertionError(
-                        f"the embedded demo did not answer within 90 s:\n{(var / 'demo.log').read_text()[-3000:]}"
-                    ) from None
-                time.sleep(0.2)
-        yield base, loaded.stdout, env, var
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
+    log_path = var / "demo.log"
+
+    def start(port: int) -> tuple[subprocess.Popen, str]:
+        with log_path.open("w") as log:
+            server = subprocess.Popen(
+                [*manage, "run_demo", "--host", "127.0.0.1", "--port", str(port)],
+                env=env,
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return server, f"http://127.0.0.1:{port}"
+
+    def answers(started) -> bool:
         try:
-            server.wait(timeout=20)
+            requests.get(f"{started[1]}/healthz", timeout=10)
+        except requests.RequestException:
+            return False
+        return True
+
+    def exited_saying(started) -> str | None:
+        return None if started[0].poll() is None else log_path.read_text()
+
+    def stop(started) -> None:
+        os.killpg(started[0].pid, signal.SIGTERM)
+        try:
+            started[0].wait(timeout=20)
         except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-        log.close()
+            os.killpg(started[0].pid, signal.SIGKILL)
+
+    # run_demo takes a port number only: started again elsewhere if another process took it meanwhile. A loaded
+    # machine starts it slowly and may answer its first requests late: waited for, with a clear failure.
+    started, _ = start_on_free_port(
+        "the embedded demo", start, answers, exited_saying, timeout_s=30, stop=stop
+    )
+    try:
+        yield started[1], loaded.stdout, env, var
+    finally:
+        stop(started)
 
 
 def test_the_demo_serves_the_portal_and_the_admin_with_no_services(embedded_server):
@@ -185,24 +192,24 @@ def test_the_readme_first_job_runs_on_the_embedded_demo(embedded_server):
     )
     assert submit.returncode == 0, submit.stderr
     job_id = json.loads(submit.stdout)["id"]
-    state = None
-    for _ in range(120):
+
+    def ended() -> str | None:
         listed = cli("ls", "--json")
         assert listed.returncode == 0, listed.stderr
         rows = json.loads(listed.stdout)
         rows = rows["results"] if isinstance(rows, dict) else rows
         state = next(row["state"] for row in rows if row["id"] == job_id)
-        if state in ("succeeded", "failed"):
-            break
-        time.sleep(0.5)
+        return state if state in ("succeeded", "failed") else None
+
+    state = wait_for(f"job {job_id} to end", ended, timeout_s=20, interval_s=0.5)
     assert state == "succeeded", (state, (var / "demo.log").read_text()[-3000:])
-    deadline = time.monotonic() + 60  # the agent ships log chunks every couple of seconds
-    while True:
+
+    def logged() -> subprocess.CompletedProcess | None:
         logs = cli("logs", str(job_id))
-        if "hello from tessera" in logs.stdout or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    assert "hello from tessera" in logs.stdout, logs.stdout + logs.stderr
+        return logs if "hello from tessera" in logs.stdout else None
+
+    # The agent ships log chunks every couple of seconds.
+    wait_for("its output in `tessera logs`", logged, timeout_s=20, interval_s=0.5)
 
 
 @pytest.mark.django_db

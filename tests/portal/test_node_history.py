@@ -18,7 +18,7 @@ from django.test import Client
 
 from scheduling.agents.live_metrics import live_metrics_store
 from scheduling.history import recorder
-from tests.support import free_port
+from tests.support import refusing_address, start_on_free_port
 
 pytestmark = pytest.mark.django_db
 
@@ -83,27 +83,36 @@ def prometheus_with_samples(tmp_path, node):
         timeout=60,
     )
     (tmp_path / "prometheus.yml").write_text("global: {scrape_interval: 1m}\nscrape_configs: []\n")
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            "prometheus",
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tsdb}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    log_path = tmp_path / "prometheus.log"
+
+    def start(port: int) -> tuple[subprocess.Popen, str]:
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [
+                    "prometheus",
+                    f"--config.file={tmp_path / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={tsdb}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+        return proc, f"http://127.0.0.1:{port}"
+
+    def ready(started) -> bool:
+        try:
+            return requests.get(f"{started[1]}/-/ready", timeout=1).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def exited_saying(started) -> str | None:
+        return None if started[0].poll() is None else log_path.read_text(errors="replace")
+
+    # Prometheus takes only an address: started again on another port if one was taken meanwhile.
+    (proc, url), _ = start_on_free_port(
+        "Prometheus", start, ready, exited_saying, timeout_s=10, stop=lambda started: started[0].kill()
     )
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                if requests.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
         yield url
     finally:
         proc.terminate()
@@ -122,6 +131,8 @@ def test_with_prometheus_the_node_page_reads_its_history_from_it(
 
 
 def test_when_prometheus_does_not_answer_the_page_says_so_and_shows_the_rollups(alice, node, settings):
-    settings.PROMETHEUS_URL = f"http://127.0.0.1:{free_port()}"
-    page = _signed_in(alice).get(f"/cluster/{node.name}/").content.decode()
+    refusing, address = refusing_address()  # held for the test: nothing can start listening there meanwhile
+    with refusing:
+        settings.PROMETHEUS_URL = f"http://{address}"
+        page = _signed_in(alice).get(f"/cluster/{node.name}/").content.decode()
     assert "did not answer" in page and "showing the portal&#x27;s own 5-minute history instead" in page
