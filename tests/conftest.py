@@ -5,17 +5,31 @@ from __future__ import annotations
 
 import os
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 
-# Property tests run the same examples every time (a red run is the code's, never the draw's); HYPOTHESIS_PROFILE=
-# explore draws new ones and keeps the failures it finds in .hypothesis/ to replay.
-settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
-settings.register_profile("explore", derandomize=False)
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DIR = REPO.parent / "shared"
+
+# Property tests run the same examples every time, `make test` and CI alike (a red run is the code's, never the
+# draw's): derandomized, with no deadline and no health check on speed (a loaded machine is slow, not wrong), and
+# a failure prints the blob that replays it (@reproduce_failure); derandomized, Hypothesis keeps no database.
+# HYPOTHESIS_PROFILE=explore draws new examples and keeps the failures it finds in .hypothesis/ (git-ignored), which
+# the next explore runs replay first.
+EXAMPLES = DirectoryBasedExampleDatabase(REPO / ".hypothesis" / "examples")
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("explore", derandomize=False, database=EXAMPLES, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
-SHARED_DIR = __import__("pathlib").Path(__file__).resolve().parents[1].parent / "shared"
 
 
 @pytest.fixture
