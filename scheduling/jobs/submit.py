@@ -3,13 +3,9 @@ way in)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import connection, transaction
+from django.db import transaction
 
-from portal import database
-from portal.database import fetch_rows
 from quotas.models import PriorityClass, Team
 from quotas.selectors import team_allowance
 from scheduling.choices import ActorKind, JobState
@@ -20,43 +16,6 @@ from scheduling.jobs.models import Job, JobEvent
 from scheduling.jobs.transitions import job_change_log_on_commit
 from scheduling.jobs.validation import job_spec_validate_for_team
 from scheduling.realtime import events
-
-
-def _insert_values(obj: Any) -> tuple[list[str], list[Any]]:
-    """Columns and database values of a new row, as `Model.save` would write them (defaults, auto_now_add)."""
-    fields = [f for f in obj._meta.concrete_fields if not f.primary_key]
-    return [f.column for f in fields], [
-        f.get_db_prep_save(f.pre_save(obj, True), connection=connection) for f in fields
-    ]
-
-
-def _insert_job_and_event(*, job: Job, event: JobEvent) -> None:
-    """INSERT a new job and its first event. On PostgreSQL it is one statement (a data-modifying CTE): one
-    round trip and no ORM save machinery per submit; other databases take the two ordinary saves."""
-    if not database.postgresql():
-        job.save(force_insert=True)
-        event.job = job
-        event.save(force_insert=True)
-        return
-    job_columns, job_values = _insert_values(job)
-    event_columns, event_values = _insert_values(event)
-    at = event_columns.index("job_id")
-    del event_columns[at], event_values[at]
-    marks = ", ".join(["%s"] * len(event_values))
-    rows = fetch_rows(
-        f"""
-        WITH new_job AS (
-            INSERT INTO {Job._meta.db_table} ({", ".join(job_columns)})
-            VALUES ({", ".join(["%s"] * len(job_values))}) RETURNING id
-        )
-        INSERT INTO {JobEvent._meta.db_table} (job_id, {", ".join(event_columns)})
-        SELECT new_job.id, {marks} FROM new_job RETURNING job_id, id""",
-        [*job_values, *event_values],
-    )
-    job.pk, event.pk = rows[0]
-    event.job = job
-    for obj in (job, event):
-        obj._state.adding, obj._state.db = False, connection.alias
 
 
 def job_from_spec(
@@ -125,7 +84,9 @@ def job_submit(*, submitter: AbstractBaseUser, team: Team, spec: JobSpec) -> Job
     priority_class = job_spec_validate_for_team(spec=spec, team=team, allowance=allowance)
     job = job_from_spec(submitter=submitter, team=team, spec=spec, priority_class=priority_class)
     job.pending_reason_code, job.pending_reason = "queued", "Waiting for the next scheduling cycle."
-    event = JobEvent(
+    job.save(force_insert=True)
+    event = JobEvent.objects.create(
+        job=job,
         from_state="",
         to_state=JobState.PENDING,
         actor_kind=ActorKind.USER,
@@ -133,7 +94,6 @@ def job_submit(*, submitter: AbstractBaseUser, team: Team, spec: JobSpec) -> Job
         code="submitted",
         message=f"Submitted by {submitter} to {team.slug}.",
     )
-    _insert_job_and_event(job=job, event=event)
     job_change_log_on_commit(
         job_id=job.id, from_state="", to_state=job.state, code="submitted", message=event.message
     )
