@@ -19,7 +19,8 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from scheduling.errors import ServiceError
-from scheduling.history import selectors as history
+from scheduling.history.selectors.nodes import gpu_events, node_gpu_history
+from scheduling.history.selectors.windows import window
 from scheduling.inventory import cluster_map
 from scheduling.inventory.models import Node
 from scheduling.inventory.services import NODE_STATE_REASON_MAX, node_set_state
@@ -166,8 +167,8 @@ def _node_history(request: HttpRequest, node_row: Node) -> dict:
     """The node's GPUs over the chosen window (the time picker), one chart per measure with a line per GPU, and
     its XID events in the window."""
     name = request.GET.get("window", "")
-    w = history.window(name if name in NODE_WINDOWS else "", default="24h")
-    found = history.node_gpu_history(node_id=node_row.pk, node_name=node_row.name, w=w)
+    w = window(name if name in NODE_WINDOWS else "", default="24h")
+    found = node_gpu_history(node_id=node_row.pk, node_name=node_row.name, w=w)
     charts = []
     for key, title, y_label, unit in NODE_CHARTS:
         series = [{"label": f"GPU {g['index']}", "values": g[key]} for g in found.gpus]
@@ -187,7 +188,7 @@ def _node_history(request: HttpRequest, node_row: Node) -> dict:
         "history_source": found,
         "history_charts": charts,
         "history_empty": not any(v is not None for g in found.gpus for k, *_ in NODE_CHARTS for v in g[k]),
-        "gpu_events": history.gpu_events(node_id=node_row.pk, w=w),
+        "gpu_events": gpu_events(node_id=node_row.pk, w=w),
     }
 
 

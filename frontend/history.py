@@ -23,7 +23,11 @@ from django.shortcuts import render
 from quotas.models import Team
 from quotas.selectors import team_ids_for_user
 from scheduling.choices import JobState
-from scheduling.history import selectors as history
+from scheduling.history.selectors.capacity import capacity_now, capacity_series, queue_series
+from scheduling.history.selectors.nodes import Pool, node_pools, pool_heatmap
+from scheduling.history.selectors.usage import usage_by_team_user_model, usage_daily, usage_series
+from scheduling.history.selectors.waits import WAIT_P95_NOTE, wait_series, wait_stats
+from scheduling.history.selectors.windows import Window, window
 from scheduling.inventory.models import GpuModel, Node
 from scheduling.jobs.models import Job
 from scheduling.jobs.states import ACTIVE_STATES
@@ -61,11 +65,11 @@ def chart(
 # --- /history/ ------------------------------------------------------------------------------------------------
 @login_required
 def history_page(request: HttpRequest) -> HttpResponse:
-    w = history.window(_choice(request.GET.get("window"), HISTORY_WINDOWS), default="7d")
+    w = window(_choice(request.GET.get("window"), HISTORY_WINDOWS), default="7d")
     stack = _choice(request.GET.get("by"), STACK_GROUPS)
     user = request.user
     own = None if user.is_staff else team_ids_for_user(user=user)
-    breakdown = history.usage_by_team_user_model(since=w.since, until=w.until)
+    breakdown = usage_by_team_user_model(since=w.since, until=w.until)
     teams = _totals_by(breakdown, "team")
     total_hours = sum(r["gpu_hours"] for r in teams)
     users = _totals_by([r for r in breakdown if own is None or r[0] in own], "user")
@@ -78,7 +82,7 @@ def history_page(request: HttpRequest) -> HttpResponse:
             )
     # The cluster's count, mean, p95 and daily means: one read of the queue-time rollup (and the jobs' own rows
     # for the partial hours at the window's ends).
-    waits = history.wait_series(w=w)
+    waits = wait_series(w=w)
     context = {
         "nav": "history",
         "w": w,
@@ -91,8 +95,8 @@ def history_page(request: HttpRequest) -> HttpResponse:
         "models": _with_share(_totals_by(breakdown, "model"), total_hours),
         "total_hours": round(total_hours, 1),
         "waits": waits,
-        "p95_note": history.WAIT_P95_NOTE,
-        "own_waits": history.wait_stats(since=w.since, until=w.until, team_ids=own) if own else None,
+        "p95_note": WAIT_P95_NOTE,
+        "own_waits": wait_stats(since=w.since, until=w.until, team_ids=own) if own else None,
         "now": _queue_now(),
         "usage_chart": _usage_chart(w=w, group=stack, own=own),
         "wait_chart": _wait_chart(waits["series"]),
@@ -138,11 +142,11 @@ def _names(group: str, ids: list[int]) -> dict[int, str]:
     return dict(GpuModel.objects.filter(pk__in=ids).values_list("pk", "name"))
 
 
-def _usage_chart(*, w: history.Window, group: str, own: set[int] | None) -> dict[str, Any]:
+def _usage_chart(*, w: Window, group: str, own: set[int] | None) -> dict[str, Any]:
     """GPU-hours a day, stacked by team, user or model: the largest get a series each, the rest one "others";
     a member's user stack shows their own teams' users and everyone else as "other teams"."""
     day = 86400
-    daily = history.usage_daily(w=w, group=group, team_ids=own if group == "user" else None)
+    daily = usage_daily(w=w, group=group, team_ids=own if group == "user" else None)
     first = (int(w.since.timestamp()) // day) * day
     t = list(range(first, int(w.until.timestamp()) + 1, day))
     names = _names(group, list(daily))
@@ -158,7 +162,7 @@ def _usage_chart(*, w: history.Window, group: str, own: set[int] | None) -> dict
     if rest:
         series.append({"label": "others", "values": rest})
     if group == "user" and own is not None:
-        everyone = history.usage_series(w=w)
+        everyone = usage_series(w=w)
         mine = {b: sum(s["values"].get(b, 0.0) for s in series) for b in t}
         other = {
             b: max(0.0, (v or 0.0) - mine[b])
@@ -195,8 +199,8 @@ def _wait_chart(s: dict[str, list]) -> dict[str, Any]:
     )
 
 
-def _queue_chart(*, w: history.Window) -> dict[str, Any]:
-    s = history.queue_series(w=w)
+def _queue_chart(*, w: Window) -> dict[str, Any]:
+    s = queue_series(w=w)
     return chart(
         title="Queue length",
         t=s["t"],
@@ -214,7 +218,7 @@ def _queue_chart(*, w: history.Window) -> dict[str, Any]:
 # --- /capacity/ -----------------------------------------------------------------------------------------------
 @login_required
 def capacity_page(request: HttpRequest) -> HttpResponse:
-    now = history.capacity_now()
+    now = capacity_now()
     context: dict[str, Any] = {
         "nav": "capacity",
         "models": now,
@@ -223,9 +227,9 @@ def capacity_page(request: HttpRequest) -> HttpResponse:
     if request.GET.get("part") == "now":
         return render(request, "frontend/history/_capacity_now.html", context)
     name = _choice(request.GET.get("window"), CAPACITY_WINDOWS)
-    w = history.window(name, default=CAPACITY_WINDOWS[0])
-    series = history.capacity_series(w=w)
-    pools = history.node_pools()
+    w = window(name, default=CAPACITY_WINDOWS[0])
+    series = capacity_series(w=w)
+    pools = node_pools()
     pool_name = request.GET.get("pool", "")
     pool = next((p for p in pools if p.name == pool_name), None)
     context.update(
@@ -273,7 +277,7 @@ def _capacity_chart(s: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def _stranded_chart(series: list[dict], *, w: history.Window) -> dict[str, Any]:
+def _stranded_chart(series: list[dict], *, w: Window) -> dict[str, Any]:
     first = series[0]["t"] if series else []
     return chart(
         title="Free capacity stranded on partly used cards",
@@ -299,9 +303,9 @@ def _band(util: float | None) -> str:
     return next(css for low, css, _ in UTIL_BANDS if util >= low)
 
 
-def _heatmap(*, pools: list[history.Pool], pool: history.Pool | None, w: history.Window, page: str | None):
+def _heatmap(*, pools: list[Pool], pool: Pool | None, w: Window, page: str | None):
     step = HEATMAP_STEP_S[w.name]
-    hw = history.Window(w.name, w.since, w.until, step)
+    hw = Window(w.name, w.since, w.until, step)
     first = (int(w.since.timestamp()) // step) * step
     columns = list(range(first, int(w.until.timestamp()) + 1, step))
     # A tick every 4 hours over a day, at each midnight (UTC) over a week.
@@ -330,7 +334,7 @@ def _heatmap(*, pools: list[history.Pool], pool: history.Pool | None, w: history
         if b % tick_every == 0
     ]
     if pool is None:
-        found = history.pool_heatmap(pools=pools, w=hw)
+        found = pool_heatmap(pools=pools, w=hw)
         rows = [
             HeatRow(
                 label=p.name,
@@ -345,8 +349,8 @@ def _heatmap(*, pools: list[history.Pool], pool: history.Pool | None, w: history
     node_page = paginator.get_page(page)
     ids = list(node_page.object_list)
     names = dict(Node.objects.filter(pk__in=ids).values_list("pk", "name"))
-    singles = [history.Pool(names.get(i, f"node {i}"), (i,), 0) for i in ids]
-    found = history.pool_heatmap(pools=singles, w=hw)
+    singles = [Pool(names.get(i, f"node {i}"), (i,), 0) for i in ids]
+    found = pool_heatmap(pools=singles, w=hw)
     rows = [
         HeatRow(label=p.name, href="", title=p.name, cells=cells(p.name, found.get(p.name, {})))
         for p in singles

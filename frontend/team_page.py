@@ -22,7 +22,15 @@ from quotas.selectors import team_by_slug, team_ids_for_user
 from quotas.services import quota_may_edit
 from scheduling.cycle.fairness import fairness
 from scheduling.cycle.selectors import team_standings
-from scheduling.history import selectors as history
+from scheduling.history.selectors.teams import (
+    preemptions_suffered,
+    priority_inversions,
+    quota_satisfaction,
+    team_series,
+)
+from scheduling.history.selectors.usage import usage_totals
+from scheduling.history.selectors.waits import wait_stats
+from scheduling.history.selectors.windows import window
 from scheduling.jobs.chargeback import MAX_WINDOW, usage_rows
 from scheduling.jobs.models import Job
 
@@ -103,11 +111,11 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
     team = _team_or_404(slug)
     if request.GET.get("part") == "now":
         return render(request, "frontend/teams/_now.html", {"team": team, "now": _now(team)})
-    w = history.window(request.GET.get("window", ""), default="7d")
+    w = window(request.GET.get("window", ""), default="7d")
     if w.name not in TEAM_WINDOWS:
-        w = history.window("7d")
+        w = window("7d")
     people = _may_see_people(request.user, team)
-    series = history.team_series(team_id=team.pk, w=w)
+    series = team_series(team_id=team.pk, w=w)
     context = {
         "nav": "teams",
         "team": team,
@@ -132,20 +140,17 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
             kind="line",
         ),
         "figures": {
-            "quota_satisfaction": history.quota_satisfaction(team_id=team.pk, since=w.since, until=w.until),
-            **history.wait_stats(since=w.since, until=w.until, team_ids=[team.pk]),
-            "priority_inversions": history.priority_inversions(team_id=team.pk, since=w.since, until=w.until),
-            "preemptions_suffered": history.preemptions_suffered(
-                team_id=team.pk, since=w.since, until=w.until
-            ),
+            "quota_satisfaction": quota_satisfaction(team_id=team.pk, since=w.since, until=w.until),
+            **wait_stats(since=w.since, until=w.until, team_ids=[team.pk]),
+            "priority_inversions": priority_inversions(team_id=team.pk, since=w.since, until=w.until),
+            "preemptions_suffered": preemptions_suffered(team_id=team.pk, since=w.since, until=w.until),
         },
         "may_see_people": people,
         "may_edit_quota": quota_may_edit(actor=request.user, team=team),
     }
     if people:
         hours = {
-            r["user"]: r
-            for r in history.usage_totals(since=w.since, until=w.until, group="user", team_ids=[team.pk])
+            r["user"]: r for r in usage_totals(since=w.since, until=w.until, group="user", team_ids=[team.pk])
         }
         members = Membership.objects.filter(team=team).select_related("user").order_by("user__username")
         context["members"] = [

@@ -3,7 +3,9 @@
 PostgreSQL (production) takes fast paths: arrays and `unnest`, data-modifying CTEs, `FOR KEY SHARE`,
 `date_bin`, repeatable-read snapshots, partitioned history. Every other database (SQLite, the embedded default)
 takes the plain path, the ORM's. Code asks `postgresql()` (or `single_writer()`) here; nothing else reads
-`connection.vendor`. Model instances from rows of hand-written queries are converted as the ORM converts them.
+`connection.vendor`. Where one expression's SQL differs (a chart's time bucket, a duration in seconds), it is an
+ORM expression here with a method per database. Model instances from rows of hand-written queries are converted
+as the ORM converts them.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.db import connection
-from django.db.models import Field, Model
+from django.db.models import BigIntegerField, Field, FloatField, Func, Model
 
 
 def postgresql() -> bool:
@@ -31,16 +33,60 @@ def greatest() -> str:
     return "GREATEST" if postgresql() else "MAX"
 
 
-def least() -> str:
-    """The SQL function of the smaller of several values (SQLite's scalar MIN)."""
-    return "LEAST" if postgresql() else "MIN"
+class TimeBucket(Func):
+    """The `step_s`-second bucket (counted from the Unix epoch) a moment falls in: a key to group rows by (an
+    annotation named in `.values()`), whose start `BucketStart` reads. On PostgreSQL the key is date_bin's moment (twice
+    as fast to group by as arithmetic on the numeric EXTRACT); other databases key on the start's Unix second."""
+
+    arity = 1
+    output_field = Field()  # a key to group by, not a value to read
+
+    def __init__(self, moment: Any, *, step_s: int) -> None:
+        super().__init__(moment)
+        self.step_s = int(step_s)
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple]:
+        moment, params = compiler.compile(self.get_source_expressions()[0])
+        return f"date_bin(%s * INTERVAL '1 second', {moment}, TIMESTAMPTZ 'epoch')", (self.step_s, *params)
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple]:
+        moment, params = compiler.compile(self.get_source_expressions()[0])
+        return f"(CAST(strftime('%%s', {moment}) AS INTEGER) / %s * %s)", (*params, self.step_s, self.step_s)
 
 
-def epoch(column: str) -> str:
-    """SQL of a timestamp column as Unix seconds."""
-    if postgresql():
-        return f"EXTRACT(EPOCH FROM {column})"
-    return f"CAST(strftime('%%s', {column}) AS INTEGER)"
+class BucketStart(Func):
+    """The start of a `TimeBucket` the rows are grouped by, in Unix seconds, read once per group: it is a function
+    of the group's key, so it adds nothing to the GROUP BY. (The key's SQL is written twice, in the select list and
+    in the GROUP BY, with the same parameters: Django binds them client-side, as it does by default.)"""
+
+    arity = 1
+    output_field = BigIntegerField()
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple]:
+        bucket, params = compiler.compile(self.get_source_expressions()[0])
+        return f"EXTRACT(EPOCH FROM {bucket})::bigint", tuple(params)
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple]:
+        return compiler.compile(self.get_source_expressions()[0])
+
+    def get_group_by_cols(self) -> list:
+        return []
+
+
+class Seconds(Func):
+    """A duration (`F("end") - F("start")` of two moments) in seconds, a float: PostgreSQL's interval read
+    through EXTRACT; other databases keep a duration as Django does, a bigint of microseconds."""
+
+    arity = 1
+    output_field = FloatField()
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple]:
+        duration, params = compiler.compile(self.get_source_expressions()[0])
+        return f"EXTRACT(EPOCH FROM {duration})::float8", tuple(params)
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple]:
+        duration, params = compiler.compile(self.get_source_expressions()[0])
+        return f"({duration}) / 1000000.0", tuple(params)
 
 
 @functools.cache

@@ -52,7 +52,7 @@ def query_range(query: str, *, start: float, end: float, step_s: int) -> list[di
 
 def gpu_series(*, node_name: str, since: float, until: float, step_s: int) -> list[dict[str, Any]]:
     """Each GPU of the node: `index` and one list per measure over the buckets `t` (None where Prometheus has no
-    sample), shaped as scheduling.history.selectors.gpu_series shapes the rollups."""
+    sample), shaped as scheduling.history.selectors.nodes.gpu_series shapes the rollups."""
     first = math.floor(since / step_s) * step_s
     ts = list(range(first, int(until) + 1, step_s))
     by_gpu: dict[int, dict[str, Any]] = {}

@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from scheduling.agents.live_metrics import live_metrics_store
 from scheduling.choices import ActorKind, JobState
-from scheduling.history import partitions, recorder, selectors
+from scheduling.history import partitions, recorder
 from scheduling.history.models import (
     ClusterMinute,
     GpuEvent,
@@ -25,6 +25,12 @@ from scheduling.history.models import (
     wait_bucket,
     wait_quantile,
 )
+from scheduling.history.selectors.capacity import capacity_series, queue_series
+from scheduling.history.selectors.nodes import gpu_series
+from scheduling.history.selectors.teams import quota_satisfaction
+from scheduling.history.selectors.usage import usage_totals
+from scheduling.history.selectors.waits import wait_series, wait_stats
+from scheduling.history.selectors.windows import Window
 from scheduling.inventory.models import Gpu
 from scheduling.jobs.ledger import slice_allocate
 from scheduling.jobs.models import Job
@@ -104,7 +110,7 @@ def test_a_gpu_window_holds_the_mean_of_its_minutes(node):
     recorder.history_record(now=T0 + timedelta(minutes=1))
     row = GpuFiveMinute.objects.get(gpu_id=Gpu.objects.get(node=node, index=0).pk)
     assert (row.at, row.samples, row.util_pct_sum, row.temperature_c_max) == (T0, 2, 120.0, 40)
-    series = selectors.gpu_series(node_id=node.pk, w=selectors.Window("1h", T0, T0 + timedelta(hours=1), 300))
+    series = gpu_series(node_id=node.pk, w=Window("1h", T0, T0 + timedelta(hours=1), 300))
     assert series[0]["index"] == 0
     assert series[0]["util_pct"][0] == 60.0
     assert series[0]["util_pct"][1] is None  # a window with no sample is a gap, not a zero
@@ -138,7 +144,7 @@ def test_hourly_gpu_seconds_equal_the_usage_api_to_the_gpu_second(as_admin, alic
     ).json()
     assert hourly == pytest.approx(api[0]["gpu_hours"] * 3600, abs=1.0)
     assert hourly == pytest.approx(2 * 50 * 60, abs=1.0)
-    by_model = selectors.usage_totals(since=now - timedelta(hours=2), until=now, group="model")
+    by_model = usage_totals(since=now - timedelta(hours=2), until=now, group="model")
     assert by_model[0]["model"] == "A100-80GB"
 
 
@@ -174,21 +180,21 @@ def test_the_waits_roll_is_idempotent_and_the_window_ends_come_from_the_jobs(ali
     Job.objects.filter(started_at__lt=T0 + timedelta(hours=1)).update(submitted_at=T0 - timedelta(days=1))
     until = T0 + timedelta(hours=2, minutes=30)
     with CaptureQueriesContext(connection) as queries:
-        stats = selectors.wait_stats(since=T0, until=until, team_ids=[training.pk])
+        stats = wait_stats(since=T0, until=until, team_ids=[training.pk])
     assert len(queries) == 3  # the newest hour rolled, the rollup's sums, the jobs of the open hour
     assert (stats["jobs"], stats["wait_mean_s"]) == (6, round(1600 / 6, 1))  # the mean is exact
     assert stats["wait_p95_s"] == pytest.approx(1000, rel=0.1)
-    alone = selectors.wait_stats(since=T0, until=T0 + timedelta(hours=1), team_ids=[training.pk])
+    alone = wait_stats(since=T0, until=T0 + timedelta(hours=1), team_ids=[training.pk])
     assert (alone["jobs"], alone["wait_mean_s"]) == (5, 220.0)
     assert alone["wait_p95_s"] == pytest.approx(1000, rel=0.1)
     # A window that starts inside an hour reads that hour's part from the jobs (rewritten: a day's wait).
-    part = selectors.wait_stats(since=T0 + timedelta(minutes=35), until=until, team_ids=[training.pk])
+    part = wait_stats(since=T0 + timedelta(minutes=35), until=until, team_ids=[training.pk])
     assert (part["jobs"], part["wait_mean_s"]) == (2, (86400 + 2400 + 500) / 2)
-    everyone = selectors.wait_series(w=selectors.Window("1d", T0, until, 3600), step_s=3600)
+    everyone = wait_series(w=Window("1d", T0, until, 3600), step_s=3600)
     assert everyone["jobs"] == 7
     assert everyone["series"]["started_jobs"][:3] == [6, None, 1]
     assert everyone["series"]["wait_mean_s"][0] == round(1160 / 6, 3)
-    assert selectors.wait_stats(since=T0, until=until, team_ids=[]) == {
+    assert wait_stats(since=T0, until=until, team_ids=[]) == {
         "jobs": 0,
         "wait_mean_s": None,
         "wait_p95_s": None,
@@ -232,18 +238,18 @@ def test_satisfaction_and_inversions_on_known_rows(teams):
             ),
         ]
     )
-    assert selectors.quota_satisfaction(team_id=team.pk, since=T0, until=T0 + timedelta(hours=1)) == 0.75
+    assert quota_satisfaction(team_id=team.pk, since=T0, until=T0 + timedelta(hours=1)) == 0.75
 
 
 def test_series_are_one_query_each_whatever_the_window(node):
     for minute in range(30):
         recorder.history_record(now=T0 + timedelta(minutes=minute))
-    w = selectors.Window("1h", T0, T0 + timedelta(hours=1), 300)
+    w = Window("1h", T0, T0 + timedelta(hours=1), 300)
     with CaptureQueriesContext(connection) as queries:
-        series = selectors.capacity_series(w=w)
+        series = capacity_series(w=w)
     assert len(queries) == 2  # the rows, the model names
     assert series[0]["ready_gpus"][:6] == [8.0] * 6 and series[0]["ready_gpus"][6] is None
-    assert selectors.queue_series(w=w)["pending_jobs"][0] == 0.0
+    assert queue_series(w=w)["pending_jobs"][0] == 0.0
 
 
 def test_xid_events_are_kept_one_row_each(node):
