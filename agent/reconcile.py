@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.executor import FINISHED, RUNNING, Executor
+from agent.executor import Executor
 from agent.jobspec import JobSpec
+from agent.placement import FINISHED, RUNNING
 
 
 @dataclass(frozen=True)

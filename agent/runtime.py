@@ -20,7 +20,8 @@ from typing import Any, Protocol
 
 from agent import __version__, procfs, protocol
 from agent.backends.base import GpuBackend, Sample
-from agent.executor import FINISHED, Executor, Transition
+from agent.executor import Executor
+from agent.placement import FINISHED, Transition
 from agent.reconcile import DesiredState, Reconciler
 from agent.watchdog import MemoryWatchdog
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from agent import procfs
 from agent.backends.base import Sample
-from agent.executor import RUNNING, Executor
+from agent.executor import Executor
+from agent.placement import RUNNING
 
 
 @dataclass(frozen=True)

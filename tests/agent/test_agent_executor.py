@@ -11,9 +11,10 @@ import time
 from agent_test_helpers import py, wait_for
 
 from agent import procfs
-from agent.executor import FINISHED, RUNNING, Executor
+from agent.executor import Executor
 from agent.jobspec import GpuSlice, JobSpec
 from agent.mps import MpsController
+from agent.placement import FINISHED, RUNNING
 from agent.reconcile import DesiredState, Reconciler
 
 GPU_A = GpuSlice(uuid="GPU-aaaa", index=0)

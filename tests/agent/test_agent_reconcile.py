@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from agent_test_helpers import py, wait_for
 
-from agent.executor import FINISHED, RUNNING, STOPPING, Executor
+from agent.executor import Executor
+from agent.placement import FINISHED, RUNNING, STOPPING
 from agent.reconcile import DesiredState, Reconciler
 
 SLEEP = list(py("import time; time.sleep(60)"))

@@ -13,8 +13,9 @@ import time
 from agent_test_helpers import py, wait_for
 
 from agent import procfs
-from agent.executor import FINISHED, RUNNING, Executor
+from agent.executor import Executor
 from agent.jobspec import GpuSlice, JobSpec
+from agent.placement import FINISHED, RUNNING
 from tests.support import TIMEOUT_SCALE, holds_for
 
 GPU = GpuSlice(uuid="GPU-aaaa", index=0)

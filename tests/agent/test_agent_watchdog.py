@@ -5,8 +5,9 @@ from __future__ import annotations
 from agent_test_helpers import py, wait_for
 
 from agent.backends.nvml import NvmlBackend
-from agent.executor import FINISHED, RUNNING, Executor
+from agent.executor import Executor
 from agent.jobspec import GpuSlice, JobSpec
+from agent.placement import FINISHED, RUNNING
 from agent.watchdog import MemoryWatchdog
 
 SLEEPER = "import os, time; print(os.getpid(), flush=True); time.sleep(60)"

@@ -1,0 +1,169 @@
+"""Starting a placement: the job's environment, what its supervisor runs (run.json), the supervisor's process and
+its launch record, and finding that process again when the launch record is missing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Collection, Mapping
+from pathlib import Path
+
+from agent import procfs
+from agent.gang import gang_env
+from agent.isolation import Isolation
+from agent.jobspec import JobSpec, safe_name
+from agent.mps import MpsController
+from agent.placement import JobHandle, write_private_json
+
+SUPERVISOR = Path(__file__).resolve().parent / "supervisor.py"
+# Variables of the agent that a job must never inherit.
+_SECRET_PREFIXES = ("TESSERA_AGENT_TOKEN",)
+_AGENT_SET = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_")
+
+
+class LaunchError(Exception):
+    pass
+
+
+def job_env(
+    spec: JobSpec, handle: JobHandle, *, base_env: Mapping[str, str], mps: MpsController | None
+) -> dict[str, str]:
+    """The job's environment: the agent's (minus its token and GPU selection), the job's, the placement's, its
+    GPUs' and MPS's, and a gang member's rendezvous variables (its hostfile written into the placement's
+    directory). Notes on the handle what MPS said."""
+    env = {
+        k: v
+        for k, v in base_env.items()
+        if not k.startswith(_SECRET_PREFIXES) and not k.startswith(_AGENT_SET)
+    }
+    env.update({k: v for k, v in spec.env.items() if not k.startswith(_AGENT_SET)})
+    env["TESSERA_JOB_ID"] = spec.job_id
+    env["TESSERA_ATTEMPT"] = str(spec.attempt)
+    env["TESSERA_PLACEMENT"] = spec.key
+    # Selects (does not fence) the job's GPUs; UUIDs so a renumbered host cannot shift a job.
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(g.uuid for g in spec.gpus)
+    if any(g.sharing == "mps" for g in spec.gpus):
+        status = mps.ensure_running() if mps is not None else None
+        handle.mps = status.message if status is not None else "no MPS controller configured"
+        pcts = [g.compute_pct for g in spec.gpus if g.sharing == "mps" and g.compute_pct is not None]
+        limits = [g.memory_mib if g.sharing == "mps" else None for g in spec.gpus]
+        client = (
+            mps.client_env(active_thread_pct=min(pcts) if pcts else None, memory_limits_mib=limits)
+            if mps is not None
+            else {}
+        )
+        env.update(client)
+    env.update(gang_env(spec, handle.dir))
+    return env
+
+
+def supervisor_run(
+    spec: JobSpec,
+    handle: JobHandle,
+    *,
+    env: dict[str, str],
+    fence_after_s: float | None,
+    lease_path: Path,
+    isolation: Isolation | None,
+    uids_in_use: Collection[int],
+) -> dict:
+    """What the placement's supervisor runs (run.json): the command, its environment, working directory, user
+    and cgroup, where its output goes, its grace, max runtime and fence. Notes on the handle the job's user."""
+    d = handle.dir
+    command = list(spec.command) if isinstance(spec.command, tuple) else ["/bin/sh", "-c", spec.command]
+    fence = spec.fence_after_s if spec.fence_after_s is not None else fence_after_s
+    cwd, user, cgroup = spec.cwd or str(d), None, {}
+    if isolation is not None and isolation.isolates:
+        identity = isolation.identity(user=spec.user, in_use=set(uids_in_use))
+        work = isolation.private_dir(d, identity)
+        cwd = spec.cwd or str(work)
+        cgroup = isolation.cgroup_for(
+            name=safe_name(spec.key), memory_mib=spec.memory_mib, cpu_milli=spec.cpu_milli
+        )
+        if identity is not None:
+            user = {"uid": identity.uid, "gid": identity.gid}
+            handle.uid = identity.uid
+            env.update({"HOME": identity.home or str(work), "USER": identity.name, "LOGNAME": identity.name})
+    return {
+        "argv": command,
+        "env": env,
+        "cwd": cwd,
+        "user": user,
+        "cgroup": cgroup,
+        "stdout": str(d / "stdout.log"),
+        "stderr": str(d / "stderr.log"),
+        "grace_s": spec.grace_s,
+        "max_runtime_s": spec.max_runtime_s,
+        "fence_after_s": fence,
+        "lease": str(lease_path) if fence is not None else None,
+    }
+
+
+def check_launchable(run: dict) -> None:
+    """What would make the supervisor's start fail, refused here so the agent reports it at once."""
+    words = [*run["argv"], *run["env"].keys(), *run["env"].values(), run["cwd"]]
+    if any("\0" in w for w in words):
+        raise LaunchError("embedded null byte in the command, its environment or its working directory")
+    if not os.path.isdir(run["cwd"]):
+        raise LaunchError(f"the working directory {run['cwd']} does not exist on this node")
+
+
+def supervisor_start(handle: JobHandle, run: dict, *, python: str) -> tuple[subprocess.Popen, list[str]]:
+    """Write run.json and start the placement's supervisor in a session of its own; its process and command
+    line."""
+    d = handle.dir
+    check_launchable(run)
+    write_private_json(d / "run.json", run)
+    argv = [python, "-I", str(SUPERVISOR), str(d)]
+    with open(d / "supervisor.log", "ab") as log_file:
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            # Only what finds it again after an agent crash (`recover_launch`).
+            env={"TESSERA_PLACEMENT": handle.key, "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            cwd=str(d),
+            start_new_session=True,  # its own session: the agent's end (or its terminal's) is not its
+            close_fds=True,
+        )
+    return popen, argv
+
+
+def record_launch(handle: JobHandle, popen: subprocess.Popen, argv: list[str]) -> None:
+    """The supervisor's identity on the handle and in launch.json: what a restarted agent re-adopts it by."""
+    handle.popen = popen
+    handle.pid = popen.pid
+    stat = procfs.read_stat(popen.pid)
+    handle.start_ticks = stat.start_ticks if stat else None
+    handle.started_at = time.time()
+    write_private_json(
+        handle.dir / "launch.json",
+        {
+            "pid": handle.pid,
+            "start_ticks": handle.start_ticks,
+            "cmdline": argv,
+            "started_at": handle.started_at,
+            "mps": handle.mps,
+            "uid": handle.uid,
+        },
+    )
+
+
+def recover_launch(spec: JobSpec, d: Path) -> dict | None:
+    """The launch record is missing: find the supervisor by the placement marker in its environment."""
+    for pid in procfs.find_by_env(f"TESSERA_PLACEMENT={spec.key}"):
+        st = procfs.read_stat(pid)
+        cmdline = procfs.read_cmdline(pid) or []
+        # Ours, for this very directory: another agent's work dir could hold the same placement.
+        if st is not None and st.pid == st.session and str(d) in cmdline:
+            launch = {
+                "pid": pid,
+                "start_ticks": st.start_ticks,
+                "cmdline": cmdline,
+                "started_at": time.time(),
+            }
+            write_private_json(d / "launch.json", launch)
+            return launch
+    return None
