@@ -16,7 +16,8 @@ from scheduling.sim.dynamic import DEFAULT_TEAMS, QOS_CLASSES, run_dynamic
 from scheduling.sim.metrics import summarize
 from scheduling.sim.report import write_run_report
 from scheduling.sim.runs import run_scenario
-from scheduling.sim.scenario import ScenarioError, builtin_scenarios
+from scheduling.sim.scenario import builtin_scenarios
+from scheduling.sim.scenario_types import ScenarioError
 
 DEFAULT_OUT = Path("reports")
 __all__ = ["main", "main_dynamic", "main_scenario", "run_scenario"]  # run_scenario lives in runs.py

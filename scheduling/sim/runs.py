@@ -10,7 +10,8 @@ from pathlib import Path
 
 from scheduling.sim.des import SimResult, simulate
 from scheduling.sim.metrics import summarize
-from scheduling.sim.scenario import Scenario, ScenarioError, build_profile, load_scenario
+from scheduling.sim.scenario import build_profile, load_scenario
+from scheduling.sim.scenario_types import Scenario, ScenarioError
 
 
 def kind_wait(result: SimResult, kind: str) -> tuple[float | None, bool | None]:

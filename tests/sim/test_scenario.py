@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from scheduling.engine.types import Request, Sharing
-from scheduling.sim.scenario import ScenarioError, builtin_scenarios, load_scenario, parse_scenario
+from scheduling.sim.scenario import builtin_scenarios, load_scenario, parse_scenario
+from scheduling.sim.scenario_types import ScenarioError
 from scheduling.sim.synthetic import Arrival, Runtime, Stream, generate, stream_jobs, with_whole_cards
 
 BASE = {
