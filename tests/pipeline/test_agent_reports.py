@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from scheduling.agents.reports import job_report, node_event, node_heartbeat, node_hello
+from scheduling.agents.reports.heartbeats import node_heartbeat
+from scheduling.agents.reports.hello import node_hello
+from scheduling.agents.reports.job_status import job_report
+from scheduling.agents.reports.node_events import node_event
 from scheduling.choices import GpuHealth, JobState, NodeState
 from scheduling.cycle import apply, lease
 from scheduling.engine import types as eng
@@ -141,9 +144,9 @@ def alive(job, **extra):
 @pytest.fixture
 def no_start_grace(monkeypatch):
     """The heartbeat records a missed start at once (not START_REPORT_GRACE_S after the placement)."""
-    from scheduling.agents import reports
+    from scheduling.agents.reports import heartbeats
 
-    monkeypatch.setattr(reports, "START_REPORT_GRACE_S", 0.0)
+    monkeypatch.setattr(heartbeats, "START_REPORT_GRACE_S", 0.0)
 
 
 def test_a_heartbeat_that_shows_the_job_running_records_the_start_report_that_never_came(
@@ -215,10 +218,10 @@ def test_unenforced_mps_is_a_warning_per_real_node_and_said_once_for_simulated_o
 ):
     import logging
 
-    from scheduling.agents import reports
+    from scheduling.agents.reports import node_events
 
-    monkeypatch.setattr(reports, "_simulated_mps_said", False)
-    caplog.set_level(logging.INFO, logger="scheduling.agents.reports")
+    monkeypatch.setattr(node_events, "_simulated_mps_said", False)
+    caplog.set_level(logging.INFO, logger="scheduling.agents.reports.node_events")
     detail = "nvidia-cuda-mps-control not found; MPS limits are not enforced"
     for simulated in (True, True, False, False):
         payload = {"kind": "mps_unavailable", "detail": detail, "simulated": simulated}
@@ -232,7 +235,11 @@ def test_a_checked_heartbeat_records_the_node_alive_and_names_the_starts_it_miss
 
     from django.utils import timezone
 
-    from scheduling.agents.reports import START_REPORT_GRACE_S, heartbeat_catch_up, node_heartbeat_checked
+    from scheduling.agents.reports.heartbeats import (
+        START_REPORT_GRACE_S,
+        heartbeat_catch_up,
+        node_heartbeat_checked,
+    )
     from scheduling.cycle.models import NodeSync
     from scheduling.inventory.services import node_issue_token
 

@@ -1,0 +1,186 @@
+"""Heartbeats: the node is alive (a lost node is revived), in one statement on PostgreSQL; and the starts a heartbeat
+shows whose start reports never came, recorded off the heartbeat's own path."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from portal import database
+from portal.database import fetch_rows
+from scheduling import lock_objects
+from scheduling.agents.reports.job_status import job_report
+from scheduling.agents.reports.nodes import node_revive
+from scheduling.choices import JobState, NodeState
+from scheduling.cycle.models import NodeSync
+from scheduling.inventory.models import Node
+from scheduling.jobs.models import Job
+
+log = logging.getLogger(__name__)
+
+
+def node_heartbeat(*, node_id: int, running: Any = None) -> list[int]:
+    """The node is alive; and what it runs is running. Returns the jobs this heartbeat moved to running.
+
+    `running` is the heartbeat's list of placements alive on the host. A job the database still has as placed or
+    starting while its agent runs it missed its start report (the portal failed to take it, or it was lost):
+    the heartbeat records the start, level-triggered, as a kubelet's status sync does.
+    """
+    if not _heartbeat_record(node_id=node_id):
+        return []  # a node that was lost speaks again: its old placements were requeued meanwhile
+    return heartbeat_catch_up(node_id=node_id, running=running)
+
+
+def _heartbeat_record(*, node_id: int) -> bool:
+    """Note the node alive now; False when it was lost (it is revived: ready again, its old placements gone)."""
+    with transaction.atomic():
+        updated = (
+            Node.objects.filter(pk=node_id)
+            .exclude(state=NodeState.LOST)
+            .update(last_heartbeat_at=timezone.now())
+        )
+        if updated:
+            return True
+        node = lock_objects.nodes_for_update(ids=[node_id]).first()
+        if node is not None:
+            node.last_heartbeat_at = timezone.now()
+            node.save(update_fields=["last_heartbeat_at"])
+            node_revive(node)
+        return False
+
+
+# A start report normally lands within moments of the start: a heartbeat records the starts of jobs placed longer
+# ago than this only, so the two do not race for the same job (at 1,000 nodes a cycle's 1,500 starts were each
+# recorded by both, the heartbeats' share holding up the heartbeats behind them).
+START_REPORT_GRACE_S = 10.0
+
+
+class HeartbeatSeen(NamedTuple):
+    token_current: bool  # False: the node's token is no longer the connection's; nothing was recorded
+    desired_version: int | None  # the node's desired version as the database has it (None before its first)
+    behind: tuple[int, ...]  # jobs it runs whose start report has not come (heartbeat_catch_up records them)
+
+
+def node_heartbeat_checked(*, node_id: int, token_hash: str, running: Any = None) -> HeartbeatSeen:
+    """A heartbeat from a connection holding `token_hash`: the node is alive (a lost node is revived), unless the
+    node's token is no longer that one. The jobs it runs that missed their start reports are returned, for
+    `heartbeat_catch_up` to record off the heartbeat's own path.
+
+    On PostgreSQL the usual case (the token current, the node not lost) is one statement: 1,000 nodes send 200
+    heartbeats a second, and the token check, the UPDATE in its transaction and the two reads were six round
+    trips and most of the agents' database threads' time (bench/agent_traffic.py).
+    """
+    alive = _alive(running)
+    placed_before = timezone.now() - timedelta(seconds=START_REPORT_GRACE_S)
+    if not database.postgresql():
+        if not Node.objects.filter(pk=node_id, agent_token_hash=token_hash).exists():
+            return HeartbeatSeen(False, None, ())
+        _heartbeat_record(node_id=node_id)
+        version = NodeSync.objects.filter(node_id=node_id).values_list("desired_version", flat=True).first()
+        return HeartbeatSeen(True, version, tuple(_behind(alive=alive, placed_before=placed_before)))
+    node_t, sync_t, job_t = (m._meta.db_table for m in (Node, NodeSync, Job))
+    with transaction.atomic():
+        # Not waiting for its WAL flush: a heartbeat lost in a database crash is the next one 5 s later. Waiting,
+        # 200 heartbeats a second queued behind each other's fsync (0.2 s each while a cycle's writes were being
+        # flushed), and busy nodes were declared lost (bench/cluster_scale.py at 1,000 nodes).
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL synchronous_commit TO OFF")
+        ((token_ok, recorded, version, behind),) = _heartbeat_statement(
+            node_t, sync_t, job_t, node_id, token_hash, alive, placed_before
+        )
+    if not token_ok:
+        return HeartbeatSeen(False, None, ())
+    if not recorded:  # a lost node speaking again: revived
+        _heartbeat_record(node_id=node_id)
+    return HeartbeatSeen(True, version, tuple(behind))
+
+
+def _heartbeat_statement(
+    node_t: str,
+    sync_t: str,
+    job_t: str,
+    node_id: int,
+    token_hash: str,
+    alive: dict[int, dict[str, Any]],
+    placed_before: datetime,
+) -> list[tuple]:
+    return fetch_rows(
+        f"""
+        WITH token AS (SELECT id FROM {node_t} WHERE id = %s AND agent_token_hash = %s),
+        beat AS (
+            UPDATE {node_t} AS n SET last_heartbeat_at = %s FROM token
+            WHERE n.id = token.id AND n.state <> %s RETURNING n.id
+        )
+        SELECT EXISTS (SELECT 1 FROM token), EXISTS (SELECT 1 FROM beat),
+            (SELECT desired_version FROM {sync_t} WHERE node_id = %s),
+            ARRAY(
+                SELECT id FROM {job_t}
+                WHERE id = ANY(%s::bigint[]) AND state IN (%s, %s) AND placed_at < %s ORDER BY id
+            )
+        """,
+        [
+            node_id,
+            token_hash,
+            timezone.now(),
+            NodeState.LOST,
+            node_id,
+            list(alive),
+            JobState.PLACED,
+            JobState.STARTING,
+            placed_before,
+        ],
+    )
+
+
+def _alive(running: Any) -> dict[int, dict[str, Any]]:
+    """The heartbeat's placements that run now, by job id (malformed entries skipped)."""
+    alive: dict[int, dict[str, Any]] = {}
+    for entry in running if isinstance(running, list) else []:
+        if not isinstance(entry, dict) or entry.get("state") != "running":
+            continue
+        try:
+            alive[int(entry["job_id"])] = entry
+        except (KeyError, TypeError, ValueError, OverflowError):
+            continue
+    return alive
+
+
+def _behind(*, alive: dict[int, dict[str, Any]], placed_before: datetime) -> list[int]:
+    return list(
+        Job.objects.filter(
+            pk__in=alive, state__in=(JobState.PLACED, JobState.STARTING), placed_at__lt=placed_before
+        )
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+
+
+def heartbeat_catch_up(*, node_id: int, running: Any) -> list[int]:
+    """Record the starts a heartbeat shows whose start reports never came (jobs placed over START_REPORT_GRACE_S
+    ago that run on the node); the jobs moved to running."""
+    alive = _alive(running)
+    behind = _behind(alive=alive, placed_before=timezone.now() - timedelta(seconds=START_REPORT_GRACE_S))
+    if not behind:
+        return []
+    moved = []
+    for job_id in behind:
+        entry = alive[job_id]
+        report = {
+            "job_id": job_id,
+            "attempt": entry.get("attempt"),
+            "state": "started",
+            "pid": entry.get("pid"),
+            "adopted": entry.get("adopted"),
+            "via": "heartbeat",
+        }
+        if job_report(node_id=node_id, payload=report).changed:
+            moved.append(job_id)
+    if moved:
+        log.info(
+            "node %s: heartbeat shows jobs %s running; their start reports had not arrived", node_id, moved
+        )
+    return moved

@@ -1,0 +1,86 @@
+"""The agent's answers to the portal's log requests: checked without the database, stored where the portal asked
+(never where the answer claims), for a job placed on the node."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+from django.db import transaction
+
+from agent import protocol
+from scheduling.agents import joblogs
+from scheduling.agents.reports.job_status import placed_here
+from scheduling.inventory.models import Node
+from scheduling.jobs.models import Job
+from scheduling.realtime import events, groups
+
+
+def log_chunk_check(
+    *, job_id: int, attempt: int, stream: str, offset: int, payload: dict[str, Any]
+) -> tuple[int, int, bytes] | None:
+    """The agent's answer to our logs_request for (job_id, attempt, stream) at `offset`, checked without the
+    database: (next offset, size on the agent's side, bytes), or None for an error answer, an answer about another
+    placement, bytes that are not base64 or not as many as its offsets say, or a chunk larger than asked for."""
+    if stream not in joblogs.STREAMS or "error" in payload:
+        return None
+    claimed = (str(payload.get("job_id")), str(payload.get("attempt")), str(payload.get("stream")))
+    if claimed != (str(job_id), str(attempt), stream):
+        return None
+    try:
+        next_offset, size = int(payload.get("next_offset", offset)), int(payload.get("size", 0))
+    except (TypeError, ValueError):
+        return None
+    # The bytes travel as base64, so they arrive exactly as the job wrote them: exactly as many as the offsets
+    # say, and never more than one chunk.
+    encoded = payload.get("data_b64", "")
+    if not isinstance(encoded, str):
+        return None
+    try:
+        chunk = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    if (
+        not offset <= next_offset <= offset + protocol.MAX_LOG_CHUNK_BYTES
+        or len(chunk) != next_offset - offset
+    ):
+        return None
+    return next_offset, size, chunk
+
+
+def job_logs_store(
+    *, node_id: int, job_id: int, attempt: int, stream: str, offset: int, payload: dict[str, Any]
+) -> tuple[int, int] | None:
+    """Store the agent's answer to our logs_request for (job_id, attempt, stream) at `offset` (both what the
+    portal asked for, never what the answer claims). Returns (next offset, size) on the agent's side, or None
+    when the chunk is refused: an error answer, an answer about another placement, a job not placed on this node,
+    or a chunk larger than asked for."""
+    checked = log_chunk_check(job_id=job_id, attempt=attempt, stream=stream, offset=offset, payload=payload)
+    if checked is None:
+        return None
+    next_offset, size, chunk = checked
+    with transaction.atomic():
+        node = Node.objects.get(pk=node_id)
+        job = Job.objects.filter(pk=job_id).first()
+        if job is None or job.attempt != attempt or not placed_here(job, node):
+            return None
+        base = _attempt_base(job_id, stream, attempt)
+        size_stored = joblogs.log_append(job_id=job_id, stream=stream, data=chunk, offset=base + offset)
+        if chunk:
+            events.publish_after_commit(
+                groups.job(job_id), {"type": "logs.appended", "stream": stream, "size": size_stored}
+            )
+    return next_offset, size
+
+
+def _attempt_base(job_id: int, stream: str, attempt: int) -> int:
+    """Where this attempt's log starts in the portal's per-job file: earlier attempts' logs come first."""
+    marker = joblogs.log_path(job_id=job_id, stream=stream).with_suffix(f".attempt{attempt}")
+    try:
+        return int(marker.read_text())
+    except (FileNotFoundError, ValueError):
+        base = joblogs.log_size(job_id=job_id, stream=stream)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(str(base))
+        return base

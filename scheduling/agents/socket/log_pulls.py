@@ -1,0 +1,155 @@
+"""Pulling the node's job logs (`LogPulls`): the portal asks the agent for new bytes of each running placement's
+streams (`logs_request`), and stores each answer (`logs`) at the offset it asked for.
+
+A stream whose last answers brought nothing new is asked again after twice the wait before, up to
+LOG_UNWATCHED_MAX_S: at 1,000 nodes of 8 quiet jobs, asking every stream each LOG_PULL_INTERVAL_S was 16,000
+frames a second through the portal (bench/cluster_scale.py). New output resets the wait; a finished placement's
+logs are drained at once. A person watching a quiet job (its page open, or following its logs through the API:
+realtime/listeners.py) sees its next line at most TESSERA_LOG_QUIET_MAX_S (10 s) late; a quiet job nobody
+watches is asked every TESSERA_LOG_UNWATCHED_MAX_S (60 s) at most, and at once when someone starts watching.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+from agent import protocol
+from scheduling.agents.reports import log_chunks, nodes
+from scheduling.agents.reports.outcome import Outcome
+from scheduling.agents.socket.db_threads import db
+from scheduling.agents.socket.desired import DesiredStateOut
+from scheduling.agents.socket.link import CLOSE_UNAUTHENTICATED, NodeLink, logged
+from scheduling.realtime import groups, listeners
+
+# How often the portal pulls new log bytes of running jobs from the agent.
+LOG_PULL_INTERVAL_S = 2.0
+# A logs_request unanswered this long is asked again (the agent dropped it).
+LOG_REQUEST_TIMEOUT_S = 30.0
+LOG_QUIET_MAX_S = float(settings.TESSERA_LOG_QUIET_MAX_S)
+LOG_UNWATCHED_MAX_S = float(settings.TESSERA_LOG_UNWATCHED_MAX_S)
+LOG_CHUNK_BYTES = protocol.MAX_LOG_CHUNK_BYTES
+STREAMS = ("stdout", "stderr")
+
+Key = tuple[int, int, str]  # (job, attempt, stream)
+
+
+@dataclass(frozen=True)
+class _LogRequest:
+    key: Key
+    offset: int
+    asked_at: float  # monotonic
+
+
+def _store_logs(node_id: int, token_hash: str, **chunk: Any) -> tuple[int, int] | None | bool:
+    """Store a log chunk unless the connection's token was rotated since it opened (then False)."""
+    if not nodes.node_token_current(node_id=node_id, token_hash=token_hash):
+        return False
+    return log_chunks.job_logs_store(node_id=node_id, **chunk)
+
+
+class LogPulls:
+    def __init__(self, link: NodeLink, desired: DesiredStateOut) -> None:
+        self.link = link
+        self.desired = desired  # its placements are what the agent runs: no database read a node a pull
+        self.next: dict[Key, int] = {}  # -> the agent's offset to ask from
+        self.waiting: dict[str, _LogRequest] = {}  # request id -> what it asked
+        self.asked: set[Key] = set()  # the keys of waiting's requests
+        self.draining: set[tuple[int, int]] = set()  # finished placements whose logs are still coming
+        self.eof: set[Key] = set()
+        self.quiet: dict[Key, tuple[float, float]] = {}  # -> (wait s, ask again at)
+
+    def drain(self, job_id: int, attempt: int) -> None:
+        """The placement has ended: pull its logs to the end, however quiet it was."""
+        self.draining.add((job_id, attempt))
+
+    async def answer(self, payload: dict[str, Any]) -> Outcome | None:
+        """The agent's answer to a logs_request: stored where it was asked; a refusal when it is not the chunk
+        asked for (None: stored, or an answer to nothing asked)."""
+        request = self.waiting.pop(str(payload.get("request_id") or ""), None)
+        if request is None:
+            return None  # an answer to nothing we asked (or asked again since): ignored
+        key = request.key
+        self.asked.discard(key)
+        if request.offset != self.next.get(key, 0):
+            return None  # asked before an earlier answer moved the offset on: the next pull asks again
+        job_id, attempt, stream = key
+        # Stored under the placement and at the offset this connection asked for, never what the answer claims.
+        asked = {"job_id": job_id, "attempt": attempt, "stream": stream, "offset": request.offset}
+        checked = log_chunks.log_chunk_check(**asked, payload=payload)
+        if checked is not None and not checked[2]:
+            stored: tuple[int, int] | None | bool = checked[:2]  # nothing new: no write, no database
+        else:
+            stored = await db(_store_logs)(self.link.node_id, self.link.token_hash, **asked, payload=payload)
+            if stored is False:
+                await self.link.refuse(CLOSE_UNAUTHENTICATED)  # the token was rotated: it speaks for no one
+                return None
+        if stored is None:
+            self.draining.discard(key[:2])
+            if "error" in payload:
+                return None  # the agent's own "cannot read it": nothing to refuse
+            return Outcome(
+                False, f"logs refused: not the chunk asked for job {job_id} attempt {attempt} {stream}"
+            )
+        next_offset, size = stored
+        if next_offset == request.offset and not payload.get("eof"):
+            wait = min(LOG_UNWATCHED_MAX_S, 2 * self.quiet.get(key, (LOG_PULL_INTERVAL_S / 2, 0.0))[0])
+            self.quiet[key] = (wait, time.monotonic() + wait)
+        else:
+            self.quiet.pop(key, None)
+        self.next[key] = next_offset
+        if next_offset < size:
+            await self._request(*key)  # more to read right away
+        elif payload.get("eof"):
+            self.eof.add(key)
+            if all((key[0], key[1], s) in self.eof for s in STREAMS):
+                self.draining.discard(key[:2])
+        return None
+
+    async def pull(self) -> None:
+        """Ask for each stream of the placements sent, and of those draining, unless it is quiet and not due."""
+        now = time.monotonic()
+        listened = await listeners.listened()
+        for job_id, attempt in self.desired.placements | self.draining:
+            draining = (job_id, attempt) in self.draining
+            watched = listened is None or groups.job(job_id) in listened
+            for stream in STREAMS:
+                quiet = self.quiet.get((job_id, attempt, stream))
+                if quiet is not None and not draining:
+                    wait_s, asked_at = quiet[0], quiet[1] - quiet[0]
+                    if now < asked_at + (min(wait_s, LOG_QUIET_MAX_S) if watched else wait_s):
+                        continue  # nothing new the last times asked: asked again later
+                await self._request(job_id, attempt, stream)
+
+    async def forever(self) -> None:
+        while not self.link.closing:
+            await asyncio.sleep(LOG_PULL_INTERVAL_S)
+            await logged(self._turn(), "log pull", self.link.node_name)
+
+    async def _turn(self) -> None:
+        # A request the agent has not answered for a while is asked again; a slow answer is still taken
+        # (dropping every answer older than one interval would starve a busy node's logs).
+        cutoff = time.monotonic() - LOG_REQUEST_TIMEOUT_S
+        for request_id in [i for i, r in self.waiting.items() if r.asked_at < cutoff]:
+            self.asked.discard(self.waiting.pop(request_id).key)
+        await self.pull()
+
+    async def _request(self, job_id: int, attempt: int, stream: str) -> None:
+        key = (job_id, attempt, stream)
+        if key in self.asked:
+            return
+        payload = {
+            "job_id": str(job_id),
+            "attempt": attempt,
+            "stream": stream,
+            "offset": self.next.get(key, 0),
+            "limit_bytes": LOG_CHUNK_BYTES,
+        }
+        msg = protocol.message("logs_request", payload)
+        self.waiting[msg["id"]] = _LogRequest(key, payload["offset"], time.monotonic())
+        self.asked.add(key)
+        await self.link.send_msg(msg)
