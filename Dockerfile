@@ -10,6 +10,8 @@ COPY quotas ./quotas
 COPY scheduling ./scheduling
 COPY agent ./agent
 COPY frontend ./frontend
+COPY cli ./cli
+COPY demo ./demo
 COPY manage.py ./
 # Every process runs as an unprivileged user of its own, which owns only the directories it writes (the code and
 # the collected static files stay root's): the portal's state and logs, and an agent's work dir. Named volumes

@@ -11,7 +11,7 @@ from importlib.metadata import packages_distributions
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-OURS = {"portal", "quotas", "scheduling", "agent", "frontend", "bench", "tests"}
+OURS = {"portal", "quotas", "scheduling", "agent", "frontend", "cli", "demo", "bench", "tests"}
 # Used when the host has it, never required: the MPS smoke test allocates GPU memory with torch where it is
 # installed (agent/mps_probe.py) and reports without it.
 USED_WHEN_PRESENT = {"torch"}
@@ -106,3 +106,10 @@ def test_the_portal_s_own_dependencies_leave_the_agent_s_and_simulator_s_to_thei
 
 def _raw_dev() -> list[str]:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+
+
+def test_the_image_copies_every_package_the_install_ships() -> None:
+    shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    packages = {pattern.rstrip("*") for pattern in shipped["include"]}
+    copied = set(re.findall(r"^COPY (\w+) \./\1$", (ROOT / "Dockerfile").read_text(), re.MULTILINE))
+    assert packages == copied, f"the Dockerfile copies {sorted(copied)}, the install ships {sorted(packages)}"
