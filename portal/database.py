@@ -145,18 +145,22 @@ def update_from_values(
     where: str = "",
     batch_size: int = 50_000,
 ) -> list[int]:
-    """Write many rows' `columns` (each row: its primary key, then the columns' new values) with one
-    `UPDATE ... FROM unnest(...)` per `batch_size` rows; the primary keys of the rows updated. `where`, an extra
-    condition on the table (aliased `t`), guards the write: a row it excludes is not written nor returned.
+    """Write many rows' `columns` (each row: its primary key, then the columns' new values); the primary keys of
+    the rows updated. `where`, an extra condition on the table (aliased `t`), guards the write: a row it excludes
+    is not written nor returned.
 
-    On PostgreSQL. A set-based write of thousands of rows: Django's bulk_update builds a CASE per column per row
-    (seconds at 20,000 rows), and a save per row is a round trip each. Each column travels as one array: a
-    `VALUES` list of a placeholder per value was a statement of 100,000 placeholders at 20,000 rows, which the
-    driver spent over a second splitting before sending it (bench/cluster_scale.py's first cycle)."""
+    On PostgreSQL one `UPDATE ... FROM unnest(...)` per `batch_size` rows: a set-based write of thousands of rows.
+    Django's bulk_update builds a CASE per column per row (seconds at 20,000 rows), and a save per row is a round
+    trip each. Each column travels as one array: a `VALUES` list of a placeholder per value was a statement of
+    100,000 placeholders at 20,000 rows, which the driver spent over a second splitting before sending it
+    (bench/cluster_scale.py's first cycle). Elsewhere (SQLite, in process: no round trips) one guarded UPDATE per
+    row."""
     if not rows:
         return []
     meta = model._meta
     fields = [meta.pk, *(meta.get_field(c) for c in columns)]
+    if not postgresql():
+        return _update_rows(meta.db_table, fields, rows, where=where)
     arrays = ", ".join(f"%s::{f.db_type(connection)}[]" for f in fields)
     assign = ", ".join(f"{f.column} = v.{f.column}" for f in fields[1:])
     names = ", ".join(f.column for f in fields)
@@ -179,4 +183,24 @@ def update_from_values(
                 params,
             )
             updated += [r[0] for r in cursor.fetchall()]
+    return updated
+
+
+def _update_rows(
+    table: str, fields: Sequence[Field], rows: Sequence[Sequence[Any]], *, where: str
+) -> list[int]:
+    """update_from_values' plain path: each row its own UPDATE, values prepared as the ORM saves them."""
+    pk, values = fields[0], fields[1:]
+    assign = ", ".join(f"{f.column} = %s" for f in values)
+    guard = f" AND ({where})" if where else ""
+    sql = f"UPDATE {table} AS t SET {assign} WHERE t.{pk.column} = %s{guard}"
+    updated: list[int] = []
+    with connection.cursor() as cursor:
+        for row in rows:
+            params = [
+                f.get_db_prep_save(v, connection=connection) for f, v in zip(values, row[1:], strict=True)
+            ]
+            cursor.execute(sql, [*params, row[0]])
+            if cursor.rowcount:
+                updated.append(row[0])
     return updated

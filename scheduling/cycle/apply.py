@@ -16,7 +16,6 @@ from datetime import UTC, datetime, timedelta
 
 from django.db import transaction
 
-from portal import database
 from portal.database import update_from_values
 from scheduling import lock_objects
 from scheduling.choices import ActorKind, JobState, NodeState
@@ -264,7 +263,7 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
                 result.conflicts[job.pk] = f"node {', '.join(unready)} is no longer ready"
                 continue
             write = _placement_write(job, placement, gpus, epoch, freed.get(job.pk))
-            if write is None or not database.postgresql():
+            if write is None:
                 one_by_one.append((job, placement))
             else:
                 batch.append((write, placement))
@@ -402,26 +401,10 @@ def _eta_same(was: datetime | None, now_eta: datetime | None, now: datetime) -> 
 
 
 def _update_pending_rows(rows: list[tuple[int, str, str, int | None, datetime | None]]) -> None:
-    """Write (id, code, reason, position, eta) rows. On PostgreSQL one UPDATE ... FROM unnest(...)
-    (update_from_values): a queue's positions move for every job behind a placed one, so a cycle at 20,000 pending rewrites most
-    of them, and Django's bulk_update (a CASE per column per row) took seconds for that."""
+    """Write (id, code, reason, position, eta) rows with update_from_values (on PostgreSQL one UPDATE ... FROM
+    unnest(...)): a queue's positions move for every job behind a placed one, so a cycle at 20,000 pending rewrites
+    most of them, and Django's bulk_update (a CASE per column per row) took seconds for that."""
     if not rows:
-        return
-    if not database.postgresql():
-        Job.objects.bulk_update(
-            [
-                Job(
-                    pk=pk,
-                    pending_reason_code=code,
-                    pending_reason=reason,
-                    queue_position=pos,
-                    estimated_start_at=eta,
-                )
-                for pk, code, reason, pos, eta in rows
-            ],
-            ["pending_reason_code", "pending_reason", "queue_position", "estimated_start_at"],
-            batch_size=500,
-        )
         return
     update_from_values(
         Job,

@@ -19,7 +19,6 @@ from typing import Any, NamedTuple
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from portal import database
 from portal.database import update_from_values
 from scheduling import lock_objects
 from scheduling.choices import GangMemberOutcome, SharingMode
@@ -261,14 +260,8 @@ def desired_state_sync(*, nodes: list[Node] | None = None) -> list[str]:
 
 
 def _desired_versions_save(rows: list[tuple[int, int, str]]) -> None:
-    """Write (NodeSync id, desired version, digest) rows in one statement (PostgreSQL), else bulk_update's."""
+    """Write (NodeSync id, desired version, digest) rows (update_from_values: one statement on PostgreSQL)."""
     if not rows:
-        return
-    if not database.postgresql():
-        NodeSync.objects.bulk_update(
-            [NodeSync(pk=pk, desired_version=version, desired_digest=digest) for pk, version, digest in rows],
-            ["desired_version", "desired_digest"],
-        )
         return
     update_from_values(NodeSync, ["desired_version", "desired_digest"], rows)
 

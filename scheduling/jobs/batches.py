@@ -10,14 +10,13 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from portal import database
 from portal.database import update_from_values
 from scheduling.choices import ActorKind, JobState
 from scheduling.inventory.models import Gpu
 from scheduling.jobs.ledger import SliceDoesNotFit, gpus_allocate, slice_check
 from scheduling.jobs.models import Job, JobEvent, Slice
 from scheduling.jobs.states import check_transition
-from scheduling.jobs.transitions import job_change_log_on_commit, job_state_enter, job_transition
+from scheduling.jobs.transitions import job_change_log_on_commit, job_state_enter
 from scheduling.notifications.services import job_events_wanted, job_state_notify
 from scheduling.realtime import events
 
@@ -56,7 +55,6 @@ def jobs_place(*, placements: list[PlacementWrite]) -> bool:
     has free, the CHECK constraints behind it); if it refuses any card, nothing is written and False comes back
     (the jobs as they were): the caller then places them one at a time, each in its own savepoint, to find
     which. A cycle placing thousands of jobs spent ~30 ms a job in the one-at-a-time path (bench/cluster_scale.py).
-    On PostgreSQL; elsewhere the caller takes the one-at-a-time path.
     """
     if not placements:
         return True
@@ -171,24 +169,13 @@ def jobs_start(*, starts: list[StartWrite]) -> None:
     change, job for job. The caller holds the jobs' row locks (it has checked each report against them).
 
     A cycle's wave of start reports, one job_transition each, was recorded at 17 jobs a second while the portal
-    served 1,000 nodes (bench/cluster_scale.py); on PostgreSQL, elsewhere one job_transition each."""
+    served 1,000 nodes (bench/cluster_scale.py)."""
     if not starts:
         return
     for s in starts:
         check_transition(job_id=s.job.pk, from_state=s.job.state, to_state=JobState.RUNNING)
         if s.job.nodes > 1:
             raise ValueError(f"job {s.job.pk} is a gang: its members start one by one (gang_member_started)")
-    if not database.postgresql():
-        for s in starts:
-            job_transition(
-                job=s.job,
-                to_state=JobState.RUNNING,
-                actor_kind=ActorKind.AGENT,
-                code="started",
-                message=s.message,
-                data=s.data,
-            )
-        return
     now = timezone.now()
     before = [s.job.state for s in starts]
     for s in starts:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.db.models import F
 
+from portal import database
 from portal.database import fetch_rows
 from scheduling.choices import SharingMode
 from scheduling.errors import ServiceError
@@ -34,15 +35,7 @@ def slice_allocate(*, job: Job, gpu: Gpu, memory_mib: int, compute_pct: int) -> 
     """
     slice_check(gpu=gpu, memory_mib=memory_mib, compute_pct=compute_pct)
     with transaction.atomic():
-        updated = Gpu.objects.filter(
-            pk=gpu.pk,
-            allocated_memory_mib__lte=F("memory_mib") - memory_mib,
-            allocated_compute_pct__lte=F("compute_capacity_pct") - compute_pct,
-        ).update(
-            allocated_memory_mib=F("allocated_memory_mib") + memory_mib,
-            allocated_compute_pct=F("allocated_compute_pct") + compute_pct,
-        )
-        if not updated:
+        if not _gpu_take(gpu_id=gpu.pk, memory_mib=memory_mib, compute_pct=compute_pct):
             gpu.refresh_from_db(fields=["allocated_memory_mib", "allocated_compute_pct"])
             raise SliceDoesNotFit(
                 f"{gpu} has {gpu.free_memory_mib} MiB and {gpu.free_compute_pct}% compute free; "
@@ -53,12 +46,33 @@ def slice_allocate(*, job: Job, gpu: Gpu, memory_mib: int, compute_pct: int) -> 
         return Slice.objects.create(job=job, gpu=gpu, memory_mib=memory_mib, compute_pct=compute_pct)
 
 
+def _gpu_take(*, gpu_id: int, memory_mib: int, compute_pct: int) -> bool:
+    """Add to one card's allocation if it stays within what it has (one guarded UPDATE); whether it did."""
+    return bool(
+        Gpu.objects.filter(
+            pk=gpu_id,
+            allocated_memory_mib__lte=F("memory_mib") - memory_mib,
+            allocated_compute_pct__lte=F("compute_capacity_pct") - compute_pct,
+        ).update(
+            allocated_memory_mib=F("allocated_memory_mib") + memory_mib,
+            allocated_compute_pct=F("allocated_compute_pct") + compute_pct,
+        )
+    )
+
+
 def gpus_allocate(*, per_gpu: dict[int, tuple[int, int]]) -> list[int]:
-    """Add (memory MiB, compute %) to each GPU's allocation in one UPDATE, each card only if it stays within
-    what it has: slice_allocate's guard for many cards at once. Returns the ids of the cards that refused
-    (nothing was added to them); the caller rolls back what the others took."""
-    table = Gpu._meta.db_table
+    """Add (memory MiB, compute %) to each GPU's allocation, each card only if it stays within what it has:
+    slice_allocate's guard for many cards at once. Returns the ids of the cards that refused (nothing was added
+    to them); the caller rolls back what the others took. On PostgreSQL one UPDATE for every card; elsewhere
+    (SQLite, in process) one per card."""
     rows = sorted(per_gpu.items())  # one lock order for every writer of the ledger
+    if not database.postgresql():
+        return [
+            gpu_id
+            for gpu_id, (memory_mib, compute_pct) in rows
+            if not _gpu_take(gpu_id=gpu_id, memory_mib=memory_mib, compute_pct=compute_pct)
+        ]
+    table = Gpu._meta.db_table
     taken = fetch_rows(
         f"UPDATE {table} AS g SET allocated_memory_mib = g.allocated_memory_mib + v.memory_mib, "
         "allocated_compute_pct = g.allocated_compute_pct + v.compute_pct "
