@@ -6,9 +6,13 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-# The test suite talks to the real PostgreSQL and Redis of this machine.
+# The test suite talks to the real PostgreSQL and Redis of this machine. The behaviour tests marked both_databases
+# then run again on SQLite, embedded (no Redis, tasks in process): the plain paths behind portal/database.py. Their
+# test database is a file beside TEST_SQLITE_URL's, removed after the run; pytest's exit status 5 there means
+# PYTEST_ARGS chose none of them.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/tessera
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+TEST_SQLITE_URL ?= sqlite:///$(CURDIR)/var/tessera-test.sqlite3
 
 .PHONY: install demo serve test lint format bench clean vendor
 
@@ -29,6 +33,8 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/python -m pytest $(PYTEST_ARGS)
+	@mkdir -p var
+	DATABASE_URL=$(TEST_SQLITE_URL) REDIS_URL= $(BIN)/python -m pytest -m both_databases $(PYTEST_ARGS) || test $$? -eq 5
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

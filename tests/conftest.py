@@ -1,5 +1,10 @@
 """Shared fixtures: named people (alice trains, bob serves inference, carol is a team admin, admin is staff)
-and a small cluster built through the services, as the portal would build it."""
+and a small cluster built through the services, as the portal would build it.
+
+The suite runs on PostgreSQL; tests marked `both_databases` run a second time on SQLite, embedded (`make test`:
+no Redis, tasks in process), so the plain paths behind portal/database.py are held to the same behaviour. One
+among them that holds what only PostgreSQL has (row locks, set-based statement counts) is also marked
+`postgresql_only(reason)` and skipped there, saying why."""
 
 from __future__ import annotations
 
@@ -30,6 +35,32 @@ settings.register_profile(
 )
 settings.register_profile("explore", derandomize=False, database=EXAMPLES, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
+    """On SQLite the test database is a file beside DATABASE_URL's (test_<name>), not Django's shared in-memory
+    one: threads racing for a write there fail at once ("database table is locked") instead of waiting their
+    turn, as the embedded portal's do on its file."""
+    from django.conf import settings as django_settings
+
+    from portal import database
+
+    if not database.postgresql():
+        test = django_settings.DATABASES["default"].setdefault("TEST", {})
+        if not test.get("NAME"):
+            name = Path(django_settings.DATABASES["default"]["NAME"])
+            test["NAME"] = str(name.with_name(f"test_{name.name}"))
+
+
+@pytest.fixture(autouse=True)
+def _postgresql_only(request):
+    marker = request.node.get_closest_marker("postgresql_only")
+    if marker is not None:
+        from portal import database
+
+        if not database.postgresql():
+            pytest.skip(f"PostgreSQL only: {marker.args[0] if marker.args else 'its fast path'}")
 
 
 @pytest.fixture
