@@ -36,7 +36,7 @@ from scheduling.jobs.ledger import slice_allocate
 from scheduling.jobs.models import Job
 from scheduling.jobs.transitions import job_transition
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
 T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 

@@ -22,6 +22,7 @@ from django.core.management import call_command
 from django.db import OperationalError, connection, transaction
 
 from agent import procfs
+from portal import database
 from tests.support import (  # noqa: F401 - the pipeline tests import wait_for and TIMEOUT_SCALE from here
     TIMEOUT_SCALE,
     listening_socket,
@@ -542,7 +543,7 @@ def running_cluster(
     worker and beat, and the agents of `seed`'s nodes (or of `nodes`: name -> a layout of LAYOUTS, None for the
     default one), with `extra_seed`'s people added. Everything it wrote is flushed at the end, as pytest-django's
     transactional tests do."""
-    if not settings.REDIS_URL or connection.vendor != "postgresql":
+    if not settings.REDIS_URL or not database.postgresql():
         pytest.skip(
             "the end-to-end pipeline needs PostgreSQL and Redis: set DATABASE_URL and REDIS_URL (make test)"
         )

@@ -21,7 +21,7 @@ from scheduling.jobs.submit import job_submit
 from scheduling.notifications.models import Notification
 from scheduling.notifications.services import notification_settings_save
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
 
 @pytest.fixture
@@ -94,6 +94,7 @@ def test_a_batch_of_starts_moves_each_to_running_as_one_report_would(node, secon
     assert told == sorted([jobs[0].pk, jobs[2].pk])
 
 
+@pytest.mark.postgresql_only("set-based writes; SQLite, in process, takes a statement per row")
 def test_the_statements_a_batch_takes_do_not_grow_with_it(node, alice, bob, teams):
     jobs = _placed([alice, bob], teams, [("a100-01", i) for i in range(6)])
     _token(node)
@@ -107,8 +108,6 @@ def test_the_statements_a_batch_takes_do_not_grow_with_it(node, alice, bob, team
         assert all(o.changed for o in outcomes)
         return len(q.captured_queries)
 
-    if connection.vendor != "postgresql":
-        pytest.skip("the set-based write is PostgreSQL's; elsewhere each start is its own transition")
     assert statements(jobs[:1]) == statements(jobs[1:])
 
 
@@ -162,11 +161,10 @@ def test_a_lost_nodes_starts_are_refused_in_a_batch_as_alone(node, alice, bob, t
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.postgresql_only("row locks; SQLite takes one writer at a time")
 def test_a_cycle_holding_its_nodes_never_holds_up_their_heartbeats_but_does_hold_a_state_change(
     node, admin_user
 ):
-    if connection.vendor != "postgresql":
-        pytest.skip("row locks are PostgreSQL's; SQLite takes one writer at a time")
     _token(node)
     node.refresh_from_db()
     held, release = threading.Event(), threading.Event()

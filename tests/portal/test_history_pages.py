@@ -16,7 +16,7 @@ from scheduling.jobs.fields import JobSpec
 from scheduling.jobs.models import Job
 from scheduling.jobs.submit import job_submit
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
 
 def _signed_in(user) -> Client:

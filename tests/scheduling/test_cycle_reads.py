@@ -25,7 +25,7 @@ from scheduling.jobs.selectors import gang_members_of, gangs_failing
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.jobs.usage import decayed_usage
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
 NOW_S = 1.9e9
 
@@ -130,9 +130,8 @@ def shrink_to(*, nodes: int) -> None:
     gone.delete()
 
 
+@pytest.mark.postgresql_only("decayed usage's plain path reads each slice job's card on its own")
 def test_the_snapshot_reads_the_same_number_of_statements_whatever_the_cluster_size(cluster):
-    if connection.vendor != "postgresql":
-        pytest.skip("decayed usage's SQLite fallback reads each slice job's card on its own")
     with CaptureQueriesContext(connection) as large:
         snapshot.snapshot_from_db(now_s=NOW_S)
     shrink_to(nodes=3)
@@ -258,18 +257,7 @@ def test_only_the_nodes_whose_jobs_changed_move_and_are_told(cluster, django_cap
     assert desired_state.desired_state_sync(nodes=[node]) == []
 
 
-def test_the_portable_write_of_moved_versions_writes_what_the_postgresql_one_does(cluster, monkeypatch):
-    desired_state.desired_state_sync()
-    rows = [
-        (pk, version + 5, f"d{pk}") for pk, version in NodeSync.objects.values_list("pk", "desired_version")
-    ]
-    desired_state._desired_versions_save(rows[:6])
-    monkeypatch.setattr(connection, "vendor", "sqlite")
-    desired_state._desired_versions_save(rows[6:])
-    monkeypatch.undo()
-    assert sorted(NodeSync.objects.values_list("pk", "desired_version", "desired_digest")) == sorted(rows)
-
-
+@pytest.mark.postgresql_only("set-based writes; SQLite, in process, takes a statement per row")
 def test_the_sync_reads_and_writes_the_same_number_of_statements_whatever_the_cluster_size(cluster):
     def counts() -> tuple[int, int, int]:
         NodeSync.objects.all().delete()

@@ -26,7 +26,7 @@ from scheduling.jobs.selectors import job_phases
 from scheduling.jobs.submit import job_submit
 from scheduling.realtime import groups
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
 
 @pytest.fixture

@@ -13,6 +13,8 @@ from scheduling.jobs.states import TRANSITIONS, IllegalTransition, check_transit
 from scheduling.jobs.submit import job_submit
 from scheduling.jobs.transitions import job_requeue, job_transition
 
+pytestmark = pytest.mark.both_databases
+
 
 def _job(alice, teams, **spec) -> Job:
     spec.setdefault("name", "train")
