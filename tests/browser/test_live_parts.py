@@ -1,7 +1,8 @@
 """The live parts of every page, in Chromium: each part htmx re-requests when the page catches up (what portal.js
 fires once its socket opens) is answered and swapped in place; a closed group of the cluster map is left alone until
-it is opened again; a waiting job's page reads how the teams stand after it loads and follows the queue's movement;
-the signed-out summary, which has no stream, is re-requested every 5 s. Screenshots under test-artifacts/."""
+it is opened again; a part keeps what it shows when its answer is the sign-in page; a waiting job's page reads how
+the teams stand after it loads and follows the queue's movement; the signed-out summary, which has no stream, is
+re-requested every 5 s. Screenshots under test-artifacts/."""
 
 from __future__ import annotations
 
@@ -46,6 +47,11 @@ def _all_answered(page, ids: list[str]) -> None:
     page.wait_for_function("ids => ids.every(id => window.__answers[id] === 200)", arg=ids, timeout=30_000)
 
 
+def _quiet(page) -> None:
+    """Wait until no part of the page has a request in flight (htmx marks the part asking with htmx-request)."""
+    page.wait_for_function("() => !document.querySelector('.htmx-request')", timeout=30_000)
+
+
 def test_every_live_part_of_every_page_is_re_requested_when_the_page_catches_up(browse):
     page = browse("alice")
     for path in LIVE_PAGES:
@@ -69,13 +75,31 @@ def test_a_closed_groups_tiles_are_not_re_requested_and_opening_it_again_asks_fo
     body = page.evaluate("document.querySelector('details.group .group-body').id")
     page.click("details.group > summary")  # closes it
     page.wait_for_selector("details.group:not([open])", state="attached")
+    _quiet(page)  # what was asked before it closed has been answered
     page.evaluate(WATCH_ANSWERS)
     page.evaluate("htmx.trigger(document.body, 'tessera:catch-up')")
+    # The rows follow: asked at once, or (htmx queues it) once a request of theirs then in flight has been answered:
+    # they are also asked every 5 s and on the stream's node, queue and health events. The closed group never is.
+    _all_answered(page, ["cluster-groups"])
     asked = page.evaluate("window.__asked")
-    assert "cluster-groups" in asked and body not in asked, asked  # the rows follow; a closed group does not
+    assert "cluster-groups" in asked and body not in asked, asked
     page.click("details.group > summary")  # open again: what changed while it was closed is asked for
     _all_answered(page, [body])
     _expect_text(page, f"#{body} .node-tile[data-node='pipe-a']", "heartbeat")
+    assert page.errors == []
+
+
+def test_a_part_keeps_what_it_shows_when_the_session_has_ended(browse):
+    from django.contrib.sessions.models import Session
+
+    page = browse("alice")
+    _expect_text(page, "#live", "live")
+    shown = page.inner_text("#job-rows")
+    Session.objects.all().delete()  # signed out elsewhere: the part's next answer is the sign-in page
+    page.evaluate(WATCH_ANSWERS)
+    page.evaluate("htmx.trigger(document.body, 'tessera:catch-up')")
+    _all_answered(page, ["job-rows"])
+    assert page.inner_text("#job-rows") == shown
     assert page.errors == []
 
 

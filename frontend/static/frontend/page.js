@@ -2,7 +2,8 @@
 //  - shows times in the browser's timezone, relative where that reads best, counting on;
 //  - shows a job's new state in its badges the moment the stream says so, a toast for one's own jobs, and the
 //    live GPU utilisation of running jobs in the lists;
-//  - asks before cancelling, and shows the submit form's whole-GPU or slice fields.
+//  - asks before cancelling, and shows the submit form's whole-GPU or slice fields;
+//  - leaves a part as it is when its answer is another page (a sign-in page: the session ended).
 (function () {
   "use strict";
   const body = document.body;
@@ -99,6 +100,14 @@
     }
   }
 
+  // A part answered with another page (the sign-in page, once the session has ended) keeps what it shows, as it does
+  // after an error; the next event asks again.
+  document.addEventListener("htmx:beforeSwap", function (e) {
+    const path = e.detail.pathInfo;
+    if (path.responsePath && path.responsePath.split("?")[0] !== path.finalRequestPath.split("?")[0]) {
+      e.detail.shouldSwap = false;
+    }
+  });
   document.addEventListener("tessera:job.changed", function (e) { onJobChanged(e.detail); });
   document.addEventListener("tessera:job.metrics", function (e) { onJobMetrics(e.detail); });
   document.addEventListener("htmx:afterSwap", function (e) { localiseTimes(e.target); });
