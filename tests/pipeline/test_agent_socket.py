@@ -12,7 +12,8 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from agent import protocol
-from scheduling.agents import consumers, joblogs
+from scheduling.agents import joblogs
+from scheduling.agents.socket import db_threads, desired, handlers, lanes, link, log_pulls
 from scheduling.cycle import apply, lease
 from scheduling.engine import types as eng
 from scheduling.inventory.models import Gpu, Node
@@ -21,6 +22,7 @@ from scheduling.jobs.fields import JobSpec
 from scheduling.jobs.models import JobEvent
 from scheduling.jobs.submit import job_submit
 from tests.pipeline.harness import forget_live_metrics
+from tests.support import TIMEOUT_SCALE, wait_for, wait_for_async
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,9 +31,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def _in_memory(settings, tmp_path, monkeypatch):
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     settings.TESSERA_LOG_DIR = str(tmp_path / "logs")
-    monkeypatch.setattr(consumers, "LOG_PULL_INTERVAL_S", 0.05)
+    monkeypatch.setattr(log_pulls, "LOG_PULL_INTERVAL_S", 0.05)
     yield
-    consumers.db_pool_shutdown()  # no database work of this test's connections outlives it
+    db_threads.db_pool_shutdown()  # no database work of this test's connections outlives it
 
 
 def _place(job, node_name: str, gpu_index: int):
@@ -75,12 +77,32 @@ async def _connect(token: str, name: str) -> WebsocketCommunicator:
 
 
 async def _next(communicator: WebsocketCommunicator, type_: str, **match) -> dict:
-    """The next message of this type (and payload fields) from the portal within 5 s, skipping the others."""
-    async with asyncio.timeout(5):
+    """The next message of this type (and payload fields) from the portal within 5 s (scaled), skipping the
+    others."""
+    async with asyncio.timeout(5 * TIMEOUT_SCALE):
         while True:
-            msg = protocol.decode(await communicator.receive_from(timeout=5))
+            msg = protocol.decode(await communicator.receive_from(timeout=5 * TIMEOUT_SCALE))
             if msg["type"] == type_ and all(msg["payload"].get(k) == v for k, v in match.items()):
                 return msg
+
+
+async def _handled_so_far(communicator: WebsocketCommunicator, *, held: list[dict] | None = None) -> None:
+    """Wait until the portal has handled every frame sent before: it reads a node's frames and queued reports in
+    order, and answers a message type it does not know in its turn. Messages read meanwhile go to `held`."""
+    barrier = protocol.message("barrier", {})
+    await communicator.send_to(text_data=protocol.encode(barrier))
+    async with asyncio.timeout(5 * TIMEOUT_SCALE):
+        while True:
+            msg = protocol.decode(await communicator.receive_from(timeout=5 * TIMEOUT_SCALE))
+            if msg["type"] == "ack" and msg["payload"].get("ack_id") == barrier["id"]:
+                return
+            if held is not None:
+                held.append(msg)
+
+
+def _stored_log(job_id: int):
+    """An awaitable of what the portal has stored of a job's stdout."""
+    return sync_to_async(lambda: joblogs.log_read(job_id=job_id, stream="stdout")[0])()
 
 
 def test_node_bs_agent_cannot_record_an_event_on_a_job_of_node_a(two_nodes):
@@ -180,8 +202,9 @@ def test_node_bs_agent_writes_its_own_jobs_log_where_the_portal_asked(two_nodes)
     async def scenario():
         communicator = await _connect(token_b, "a100-02")
         request = await _next(communicator, "logs_request", job_id=str(on_b.pk), stream="stdout")
-        # A slow agent (a busy host) answers ten pull intervals later: the answer is still taken.
-        await asyncio.sleep(10 * consumers.LOG_PULL_INTERVAL_S)
+        # A slow agent (a busy host) answers ten pull intervals later: the answer is still taken. (The sleep is
+        # the agent's slowness, not a wait for the portal.)
+        await asyncio.sleep(10 * log_pulls.LOG_PULL_INTERVAL_S)
         answer = {
             **request["payload"],
             "request_id": request["id"],
@@ -191,11 +214,7 @@ def test_node_bs_agent_writes_its_own_jobs_log_where_the_portal_asked(two_nodes)
         answer.update(next_offset=6, size=6)
         await communicator.send_to(text_data=protocol.encode(protocol.message("logs", answer)))
         # The consumer stores the chunk in its own time: wait for it (a loaded machine is slow), then hang up.
-        deadline = time.monotonic() + 15
-        stored = b""
-        while not stored and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-            stored = (await sync_to_async(joblogs.log_read)(job_id=on_b.pk, stream="stdout"))[0]
+        stored = await wait_for_async("the answer to be stored", lambda: _stored_log(on_b.pk), timeout_s=15)
         await communicator.disconnect()
         return stored
 
@@ -217,8 +236,10 @@ def test_any_bytes_are_stored_exactly_and_a_chunk_not_matching_its_offsets_is_re
             if fits(msg):
                 held.remove(msg)
                 return msg
-        async with asyncio.timeout(15):
-            while not fits(msg := protocol.decode(await communicator.receive_from(timeout=15))):
+        async with asyncio.timeout(15 * TIMEOUT_SCALE):
+            while not fits(
+                msg := protocol.decode(await communicator.receive_from(timeout=15 * TIMEOUT_SCALE))
+            ):
                 held.append(msg)
         return msg
 
@@ -246,11 +267,7 @@ def test_any_bytes_are_stored_exactly_and_a_chunk_not_matching_its_offsets_is_re
             sent = await answer(communicator, **fields)
             refused.append((await next_of(communicator, "ack", ack_id=sent["id"]))["payload"]["ok"])
         await answer(communicator, data_b64=_b64(chunk), next_offset=len(chunk), size=len(chunk))
-        deadline = time.monotonic() + 15
-        stored = b""
-        while not stored and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-            stored = (await sync_to_async(joblogs.log_read)(job_id=on_b.pk, stream="stdout"))[0]
+        stored = await wait_for_async("the chunk to be stored", lambda: _stored_log(on_b.pk), timeout_s=15)
         await communicator.disconnect()
         return refused, stored
 
@@ -305,9 +322,9 @@ def test_a_desired_state_over_the_frame_limit_is_not_sent_and_the_connection_sta
         communicator = await _connect(token_b, "a100-02")
         seen: dict[str, dict] = {}
         # The connection carries on: the hello is acked and the portal asks for the huge job's logs.
-        async with asyncio.timeout(15):
+        async with asyncio.timeout(15 * TIMEOUT_SCALE):
             while not {"ack", "logs_request"} <= seen.keys():
-                msg = protocol.decode(await communicator.receive_from(timeout=15))
+                msg = protocol.decode(await communicator.receive_from(timeout=15 * TIMEOUT_SCALE))
                 if msg["type"] == "ack" or msg["payload"].get("job_id") == str(huge.pk):
                     seen.setdefault(msg["type"], msg)
         await communicator.disconnect()
@@ -317,11 +334,12 @@ def test_a_desired_state_over_the_frame_limit_is_not_sent_and_the_connection_sta
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append
-    consumers.log.addHandler(handler)
+    room_log = logging.getLogger("scheduling.agents.socket")  # the parent of each part's logger
+    room_log.addHandler(handler)
     try:
         hello_ack, request = async_to_sync(scenario)()
     finally:
-        consumers.log.removeHandler(handler)
+        room_log.removeHandler(handler)
     assert hello_ack["payload"]["ok"] is True and request["payload"]["stream"] in ("stdout", "stderr")
     refused = [r.getMessage() for r in records if "not sending desired_state" in r.getMessage()]
     assert refused and f"over the frame limit of {protocol.MAX_FRAME_BYTES} bytes" in refused[0]
@@ -343,26 +361,47 @@ def test_a_connection_whose_token_was_rotated_cannot_write_logs(two_nodes):
             "next_offset": 5,
         }
         await communicator.send_to(text_data=protocol.encode(protocol.message("logs", answer)))
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(5 * TIMEOUT_SCALE):
             while True:
-                out = await communicator.receive_output(timeout=5)
+                out = await communicator.receive_output(timeout=5 * TIMEOUT_SCALE)
                 if out["type"] == "websocket.close":
                     return out["code"]
 
-    assert async_to_sync(scenario)() == consumers.CLOSE_UNAUTHENTICATED
+    assert async_to_sync(scenario)() == link.CLOSE_UNAUTHENTICATED
     assert joblogs.log_read(job_id=on_b.pk, stream="stdout")[0] == b""
 
 
-def test_the_newest_gpu_sample_reaches_the_rest_cluster_view_typed_and_for_a_while_only(
-    two_nodes, alice, monkeypatch
-):
+def _live_sample_life_s(node_name: str) -> float:
+    """How long the node's kept sample has left to live, wherever this process keeps it (0: none)."""
+    from scheduling.agents import live_metrics
+    from scheduling.coordination import redis_client
+
+    r = redis_client()
+    if r is None:
+        kept = live_metrics._local.get(node_name)
+        return max(0.0, kept[0] - time.monotonic()) if kept else 0.0
+    return max(0, r.pttl(live_metrics.live_metrics_key(node_name))) / 1000
+
+
+def _live_sample_expire(node_name: str) -> None:
+    """Age the node's kept sample past its TTL at once: its expiry is the store's, not a wait for the clock."""
+    from scheduling.agents import live_metrics
+    from scheduling.coordination import redis_client
+
+    r = redis_client()
+    if r is None:
+        live_metrics._local[node_name] = (time.monotonic() - 1, live_metrics._local[node_name][1])
+    else:
+        assert r.pexpire(live_metrics.live_metrics_key(node_name), 1)
+
+
+def test_the_newest_gpu_sample_reaches_the_rest_cluster_view_typed_and_for_a_while_only(two_nodes, alice):
     from rest_framework.test import APIClient
 
     from scheduling.agents import live_metrics
 
     *_, token_b = two_nodes
     forget_live_metrics("a100-01", "a100-02")
-    monkeypatch.setattr(live_metrics, "LIVE_METRICS_TTL_S", 6)
     sample = {
         "sampled_at": 1_700_000_000.5,
         "gpus": [
@@ -384,9 +423,8 @@ def test_the_newest_gpu_sample_reaches_the_rest_cluster_view_typed_and_for_a_whi
         communicator = await _connect(token_b, "a100-02")
         await communicator.send_to(text_data=protocol.encode(protocol.message("metrics", sample)))
         kept = sync_to_async(live_metrics.live_metrics_for_nodes)
-        async with asyncio.timeout(15):  # the consumer handles it after the hello's database work
-            while not await kept(node_names=["a100-02"]):
-                await asyncio.sleep(0.05)
+        # The consumer handles it after the hello's database work.
+        await wait_for_async("the sample to be kept", lambda: kept(node_names=["a100-02"]), timeout_s=15)
         await communicator.disconnect()
 
     async_to_sync(scenario)()
@@ -406,11 +444,14 @@ def test_the_newest_gpu_sample_reaches_the_rest_cluster_view_typed_and_for_a_whi
         "health": "ok",
     }
     assert by_node["a100-01"]["gpus"][0]["metrics"] is None  # its agent never reported
-    # Gone once the TTL has passed (polled, with a deadline well past it).
-    deadline = time.monotonic() + live_metrics.LIVE_METRICS_TTL_S + 10
-    while client.get("/api/v1/cluster/nodes/a100-02/").json()["gpus"][0]["metrics"] is not None:
-        assert time.monotonic() < deadline, "a sample older than the TTL must not be shown as live"
-        time.sleep(0.1)
+    # Kept for the TTL at most; once that has passed (aged here rather than waited for) the view shows nothing.
+    assert 0 < _live_sample_life_s("a100-02") <= live_metrics.LIVE_METRICS_TTL_S
+    _live_sample_expire("a100-02")
+    wait_for(
+        "the expired sample to leave the view (a sample older than the TTL must not be shown as live)",
+        lambda: client.get("/api/v1/cluster/nodes/a100-02/").json()["gpus"][0]["metrics"] is None,
+        timeout_s=5,
+    )
 
 
 def test_a_report_the_database_failed_on_is_acked_for_a_retry_and_lands_when_sent_again(
@@ -418,10 +459,10 @@ def test_a_report_the_database_failed_on_is_acked_for_a_retry_and_lands_when_sen
 ):
     from django.db import OperationalError
 
-    from scheduling.agents import reports as agent_services
+    from scheduling.agents.reports import job_status
 
     _, on_b, _, token_b = two_nodes
-    real = agent_services.job_starts_record  # start reports are recorded in batches
+    real = job_status.job_starts_record  # start reports are recorded in batches
     calls = []
 
     def deadlocked_once(**kw):
@@ -430,7 +471,7 @@ def test_a_report_the_database_failed_on_is_acked_for_a_retry_and_lands_when_sen
             raise OperationalError("deadlock detected")
         return real(**kw)
 
-    monkeypatch.setattr(agent_services, "job_starts_record", deadlocked_once)
+    monkeypatch.setattr(job_status, "job_starts_record", deadlocked_once)
     started = protocol.message(
         "job_status", {"job_id": str(on_b.pk), "attempt": on_b.attempt, "state": "started", "pid": 9}
     )
@@ -452,9 +493,9 @@ def test_a_report_the_database_failed_on_is_acked_for_a_retry_and_lands_when_sen
 
 
 def test_a_heartbeat_showing_a_placed_job_running_moves_it_to_running(two_nodes, monkeypatch):
-    from scheduling.agents import reports
+    from scheduling.agents.reports import heartbeats
 
-    monkeypatch.setattr(reports, "START_REPORT_GRACE_S", 0.0)  # its start report is taken as lost at once
+    monkeypatch.setattr(heartbeats, "START_REPORT_GRACE_S", 0.0)  # its start report is taken as lost at once
     _, on_b, _, token_b = two_nodes
     entry = {"job_id": str(on_b.pk), "attempt": on_b.attempt, "state": "running", "pid": 9, "adopted": False}
     heartbeat = protocol.message(
@@ -464,13 +505,14 @@ def test_a_heartbeat_showing_a_placed_job_running_moves_it_to_running(two_nodes,
     async def scenario():
         communicator = await _connect(token_b, "a100-02")
         await communicator.send_to(text_data=protocol.encode(heartbeat))
-        deadline = time.monotonic() + 15
-        state = on_b.state
-        while state != "running" and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-            state = await sync_to_async(lambda: type(on_b).objects.get(pk=on_b.pk).state)()
+        job_state = sync_to_async(lambda: type(on_b).objects.get(pk=on_b.pk).state)
+
+        async def running() -> bool:
+            return await job_state() == "running"
+
+        await wait_for_async("the job to be running", running, timeout_s=15)
         await communicator.disconnect()
-        return state
+        return await job_state()
 
     assert on_b.state == "placed"
     assert async_to_sync(scenario)() == "running"
@@ -480,18 +522,21 @@ def test_a_heartbeat_showing_a_placed_job_running_moves_it_to_running(two_nodes,
 def test_a_backlog_of_heartbeats_is_handled_as_the_newest_one_and_never_holds_up_a_job_report(
     two_nodes, monkeypatch
 ):
-    from scheduling.agents import reports as agent_services
+    import threading
+
+    from scheduling.agents.reports import heartbeats
 
     _, on_b, _, token_b = two_nodes
-    real = agent_services.node_heartbeat_checked
+    real = heartbeats.node_heartbeat_checked
     seen = []
+    release = threading.Event()
 
-    def slow_heartbeat(**kw):  # a database that takes its time
+    def stuck_heartbeat(**kw):  # a database that holds the heartbeats up until the test lets it go
         seen.append([e["pid"] for e in kw["running"]])
-        time.sleep(0.3)
+        release.wait(10 * TIMEOUT_SCALE)
         return real(**kw)
 
-    monkeypatch.setattr(agent_services, "node_heartbeat_checked", slow_heartbeat)
+    monkeypatch.setattr(heartbeats, "node_heartbeat_checked", stuck_heartbeat)
     entry = {"job_id": str(on_b.pk), "attempt": on_b.attempt, "state": "running", "adopted": False}
     beats = [
         protocol.message("heartbeat", {"node": "a100-02", "seq": i, "running": [{**entry, "pid": i}]})
@@ -507,33 +552,38 @@ def test_a_backlog_of_heartbeats_is_handled_as_the_newest_one_and_never_holds_up
         for beat in beats:
             await communicator.send_to(text_data=protocol.encode(beat))
         await communicator.send_to(text_data=protocol.encode(report))
-        sent = time.monotonic()
         ack = await _next(communicator, "ack", ack_id=report["id"])
-        acked_after_s = time.monotonic() - sent
-        while not seen or seen[-1] != [29]:
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)
+        handled_by_then = list(seen)
+        release.set()
+        await wait_for_async("the newest heartbeat to be handled", lambda: seen and seen[-1] == [29])
         await communicator.disconnect()
-        return ack, acked_after_s
+        return ack, handled_by_then
 
-    ack, acked_after_s = async_to_sync(scenario)()
+    try:
+        ack, handled_by_then = async_to_sync(scenario)()
+    finally:
+        release.set()
     assert ack["payload"]["ok"] is True
-    # Thirty heartbeats at 0.3 s each would hold the report up 9 s; the newest is handled, most never are.
-    assert acked_after_s < 4.5, acked_after_s
-    assert seen[-1] == [29] and len(seen) <= 5, seen
+    # The report was answered while a heartbeat still waited on the database, the other 29 behind it.
+    assert len(handled_by_then) <= 1, handled_by_then
+    # By then every frame had been read: the backlog behind the stuck one is handled as its newest heartbeat.
+    assert seen[-1] == [29] and len(seen) <= 2, seen
 
 
 def test_an_answer_asked_before_the_previous_chunk_was_stored_is_not_stored_twice(two_nodes, monkeypatch):
-    from scheduling.agents import reports as agent_services
+    import threading
+
+    from scheduling.agents.reports import log_chunks
 
     _, on_b, _, token_b = two_nodes
-    real = agent_services.job_logs_store
+    real = log_chunks.job_logs_store
+    asked_again = threading.Event()
 
     def slow_store(**kw):  # while it writes, the pull loop asks again from the offset it still holds
-        time.sleep(0.5)
+        asked_again.wait(10 * TIMEOUT_SCALE)
         return real(**kw)
 
-    monkeypatch.setattr(agent_services, "job_logs_store", slow_store)
+    monkeypatch.setattr(log_chunks, "job_logs_store", slow_store)
 
     def answer(request):
         payload = {
@@ -550,13 +600,17 @@ def test_an_answer_asked_before_the_previous_chunk_was_stored_is_not_stored_twic
         first = await _next(communicator, "logs_request", job_id=str(on_b.pk), stream="stdout")
         await communicator.send_to(text_data=answer(first))
         again = await _next(communicator, "logs_request", job_id=str(on_b.pk), stream="stdout")
+        asked_again.set()  # the first answer's write ends now
         # The agent answers what it was asked: the same first six bytes (its file has not grown).
         await communicator.send_to(text_data=answer(again))
-        await asyncio.sleep(1.5)
+        await _handled_so_far(communicator)  # both answers
         await communicator.disconnect()
         return first, again
 
-    first, again = async_to_sync(scenario)()
+    try:
+        first, again = async_to_sync(scenario)()
+    finally:
+        asked_again.set()
     assert first["payload"]["offset"] == again["payload"]["offset"] == 0
     assert joblogs.log_read(job_id=on_b.pk, stream="stdout")[0] == b"hello\n"
 
@@ -564,14 +618,14 @@ def test_an_answer_asked_before_the_previous_chunk_was_stored_is_not_stored_twic
 def test_a_report_that_fails_for_a_reason_other_than_the_database_is_refused_not_retried(
     two_nodes, monkeypatch
 ):
-    from scheduling.agents import reports as agent_services
+    from scheduling.agents.reports import job_status
 
     _, on_b, _, token_b = two_nodes
 
     def broken(**kw):
         raise ValueError("a bug, or a report no retry can fix")
 
-    monkeypatch.setattr(agent_services, "job_starts_record", broken)  # where start reports are recorded
+    monkeypatch.setattr(job_status, "job_starts_record", broken)  # where start reports are recorded
     report = protocol.message(
         "job_status", {"job_id": str(on_b.pk), "attempt": on_b.attempt, "state": "started"}
     )
@@ -595,7 +649,7 @@ def test_a_nodes_samples_go_only_to_the_groups_a_browser_listens_to(two_nodes, m
 
     _, on_b, _, token_b = two_nodes
     forget_live_metrics("a100-02")
-    monkeypatch.setattr(consumers, "METRICS_PUBLISH_INTERVAL_S", 0.0)
+    monkeypatch.setattr(handlers, "METRICS_PUBLISH_INTERVAL_S", 0.0)
     job_group = groups.job(on_b.pk)
 
     def sample(util: float) -> str:
@@ -609,17 +663,20 @@ def test_a_nodes_samples_go_only_to_the_groups_a_browser_listens_to(two_nodes, m
         return protocol.encode(protocol.message("metrics", {"sampled_at": time.time(), "gpus": [gpu]}))
 
     async def published(communicator, channel: str, util: float) -> list[dict]:
-        """Send a sample, wait until the live store holds it (the consumer has handled it), then what the
-        job's group received."""
+        """Send a sample, wait until the consumer has handled it (published it where it publishes, and the live
+        store holds it), then what the job's group received."""
         await communicator.send_to(text_data=sample(util))
+        await _handled_so_far(communicator)  # the sample's frame was handled, its sends made
         kept = sync_to_async(live_metrics.live_metrics_for_nodes)
-        async with asyncio.timeout(15):
-            while (await kept(node_names=["a100-02"])).get("a100-02", {}).get(0, {}).get("util_pct") != util:
-                await asyncio.sleep(0.05)
+
+        async def stored() -> bool:
+            return (await kept(node_names=["a100-02"])).get("a100-02", {}).get(0, {}).get("util_pct") == util
+
+        await wait_for_async(f"the sample of {util} % to be kept", stored, timeout_s=15)
         got = []
-        with pytest.raises(asyncio.TimeoutError):
+        with pytest.raises(asyncio.TimeoutError):  # what was sent is in the channel already: taken at once
             while True:
-                got.append(await asyncio.wait_for(layer.receive(channel), timeout=0.5))
+                got.append(await asyncio.wait_for(layer.receive(channel), timeout=0.1))
         return [m for m in got if m["type"] == "job.metrics"]
 
     layer = get_channel_layer()
@@ -647,59 +704,66 @@ def test_a_quiet_jobs_logs_are_asked_for_often_only_while_someone_watches_it(two
     from scheduling.realtime import groups, listeners
 
     _, on_b, _, token_b = two_nodes
-    monkeypatch.setattr(consumers, "LOG_QUIET_MAX_S", 0.2)
-    monkeypatch.setattr(consumers, "LOG_UNWATCHED_MAX_S", 100.0)
+    monkeypatch.setattr(log_pulls, "LOG_QUIET_MAX_S", 0.2)
+    monkeypatch.setattr(log_pulls, "LOG_UNWATCHED_MAX_S", 100.0)
     job_group = groups.job(on_b.pk)
 
-    async def asked_within(communicator, seconds: float) -> int:
-        """Answer every logs request with nothing new for `seconds`; how many came."""
-        count = 0
-        end = time.monotonic() + seconds
-        while end > time.monotonic():
+    async def answered(communicator, *, for_s: float | None = None, per_stream: int = 0) -> dict[str, int]:
+        """Answer every logs request with nothing new, for `for_s` seconds, or until each stream has been asked
+        `per_stream` times (failing after 20 s); how often each stream was asked."""
+        asked = {"stdout": 0, "stderr": 0}
+        end = time.monotonic() + (for_s if for_s is not None else 20)
+        while for_s is not None or min(asked.values()) < per_stream:
+            if time.monotonic() > end:
+                if for_s is not None:
+                    return asked
+                raise AssertionError(f"asked {asked} in 20 s, not {per_stream} times a stream")
             if await communicator.receive_nothing(timeout=0.02):  # (a receive that times out ends the app)
                 continue
             msg = protocol.decode(await communicator.receive_from())
             if msg["type"] != "logs_request":
                 continue
-            count += 1
             p = msg["payload"]
+            asked[p["stream"]] += 1
             answer = {**p, "request_id": msg["id"], "data_b64": "", "eof": False}
             answer.update(next_offset=p["offset"], size=p["offset"])
             await communicator.send_to(text_data=protocol.encode(protocol.message("logs", answer)))
-        return count
+        return asked
 
     async def scenario():
         listeners.forget()
         communicator = await _connect(token_b, "a100-02")
-        await asked_within(communicator, 1.5)  # the quiet streams' waits grow past LOG_QUIET_MAX_S
-        unwatched = await asked_within(communicator, 1.5)
+        # Each empty answer doubles a stream's wait from 0.05 s: after six, each waits 1.6 s, past LOG_QUIET_MAX_S.
+        await answered(communicator, per_stream=6)
+        unwatched = sum((await answered(communicator, for_s=1.5)).values())
         await sync_to_async(listeners.listening_add)(groups=[job_group], channel="a-browser", for_s=60)
         listeners.forget()
-        watched = await asked_within(communicator, 1.5)
+        # Watched, each waits at most 0.2 s: four more asks a stream come within a second or so, where unwatched
+        # they would take 3.2 + 6.4 + 12.8 + 25.6 s (`answered` fails after 20).
+        await answered(communicator, per_stream=4)
         await sync_to_async(listeners.listening_remove)(groups=[job_group], channel="a-browser")
         await communicator.disconnect()
-        return unwatched, watched
+        return unwatched
 
-    unwatched, watched = async_to_sync(scenario)()
-    # Two streams: unwatched, each waits 1.6 s then 3.2 s; watched, at most 0.2 s (with a 0.05 s pull loop).
+    unwatched = async_to_sync(scenario)()
+    # Two streams, each waiting 1.6 s then 3.2 s: at most one ask each in 1.5 s (fewer on a slow machine).
     assert unwatched <= 4, f"{unwatched} requests in 1.5 s for a quiet job nobody watches"
-    assert watched >= 8, f"only {watched} requests in 1.5 s for a quiet job someone watches"
 
 
 def test_a_nodes_heartbeats_are_recorded_while_its_reports_wait_on_the_database(two_nodes, monkeypatch):
     import threading
 
-    from scheduling.agents import reports as agent_services
+    from scheduling.agents.reports import job_status
 
     _, on_b, node_b, token_b = two_nodes
-    real = agent_services.job_starts_record
+    real = job_status.job_starts_record
     release = threading.Event()
 
     def stuck(**kw):  # a database where the start reports wait (a cycle's wave of them, a lock)
-        release.wait(10)
+        release.wait(10 * TIMEOUT_SCALE)
         return real(**kw)
 
-    monkeypatch.setattr(agent_services, "job_starts_record", stuck)
+    monkeypatch.setattr(job_status, "job_starts_record", stuck)
     started = protocol.message(
         "job_status", {"job_id": str(on_b.pk), "attempt": on_b.attempt, "state": "started", "pid": 9}
     )
@@ -732,32 +796,59 @@ def test_a_nodes_heartbeats_are_recorded_while_its_reports_wait_on_the_database(
 def test_a_storm_of_change_notices_is_read_back_once_or_twice_and_a_failed_read_keeps_the_socket(
     two_nodes, monkeypatch
 ):
+    import threading
+
     from channels.layers import get_channel_layer
 
     from scheduling.realtime import groups
 
     _, _, _, token_b = two_nodes
-    real = consumers._desired_for
-    reads = []
+    real = desired.read_desired
+    reads, done = [], []
+    storm_in = threading.Event()
 
-    def slow_read(node_id):  # a busy database; the first read fails
+    def slow_read(node_id):  # a busy database: the first read fails, the second lasts the whole storm
         reads.append(node_id)
-        time.sleep(0.3)
-        if len(reads) == 1:
-            raise RuntimeError("the database went away for a moment")
-        return real(node_id)
+        try:
+            if len(reads) == 1:
+                raise RuntimeError("the database went away for a moment")
+            if len(reads) == 2:
+                storm_in.wait(10 * TIMEOUT_SCALE)
+            return real(node_id)
+        finally:
+            done.append(node_id)
+
+    notices = []
+    real_notice = desired.DesiredStateOut.notice
+
+    async def counted(self, event):
+        notices.append(event)
+        await real_notice(self, event)
+
+    monkeypatch.setattr(desired.DesiredStateOut, "notice", counted)
+    # Django's setup, run when the test first opens a socket, replaces the root logger's handlers (caplog's too).
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    room_log = logging.getLogger("scheduling.agents.socket")  # the parent of each part's logger
 
     async def scenario():
         communicator = await _connect(token_b, "a100-02")
         await _next(communicator, "desired_state")  # after hello
-        monkeypatch.setattr(consumers, "_desired_for", slow_read)
+        monkeypatch.setattr(desired, "read_desired", slow_read)
         layer = get_channel_layer()
         notice = {"type": "desired.changed", "node": "a100-02"}
         await layer.group_send(groups.node("a100-02"), notice)  # its read fails
-        await asyncio.sleep(0.6)
+        await wait_for_async(
+            "the failed read to be logged",
+            lambda: any("desired state failed" in r.getMessage() for r in records),
+        )
         for _ in range(20):  # a wave of job ends on the node, a notice each
             await layer.group_send(groups.node("a100-02"), notice)
-        await asyncio.sleep(1.5)
+        await wait_for_async("the storm's notices to reach the socket", lambda: len(notices) == 21)
+        storm_in.set()  # all 20 came while the read for the first of them was under way
+        await wait_for_async("the storm's reads to end", lambda: len(done) >= 3)
+        await _handled_so_far(communicator)  # a few turns of the loop, for any further read to begin
         read_for_notices = len(reads)
         beat = protocol.message("heartbeat", {"node": "a100-02", "seq": 7, "running": []})
         await communicator.send_to(text_data=protocol.encode(beat))
@@ -765,9 +856,15 @@ def test_a_storm_of_change_notices_is_read_back_once_or_twice_and_a_failed_read_
         await communicator.disconnect()
         return acked, read_for_notices
 
-    acked, read_for_notices = async_to_sync(scenario)()
+    room_log.addHandler(handler)
+    try:
+        acked, read_for_notices = async_to_sync(scenario)()
+    finally:
+        room_log.removeHandler(handler)
+        storm_in.set()
     assert acked["payload"]["seq"] == 7
-    assert 2 <= read_for_notices <= 3, f"{read_for_notices} reads for 21 notices"
+    # The failed one; then one for the storm's first notice, and one more for the 19 that came while it ran.
+    assert read_for_notices == 3, f"{read_for_notices} reads for 21 notices"
 
 
 def test_past_the_queue_limit_a_nodes_report_is_answered_send_it_again_and_lands_when_it_is(
@@ -775,18 +872,19 @@ def test_past_the_queue_limit_a_nodes_report_is_answered_send_it_again_and_lands
 ):
     import threading
 
-    from scheduling.agents import reports as agent_services
+    from scheduling.agents.reports import node_events
 
     _, on_b, _, token_b = two_nodes
-    monkeypatch.setattr(consumers, "MAX_QUEUED_REPORTS", 2)
-    real = agent_services.node_event
-    release = threading.Event()
+    monkeypatch.setattr(lanes, "MAX_QUEUED_REPORTS", 2)
+    real = node_events.node_event
+    release, entered = threading.Event(), threading.Event()
 
     def stuck(**kw):  # the database holds the first event up; the next ones queue behind it
-        release.wait(10)
+        entered.set()
+        release.wait(10 * TIMEOUT_SCALE)
         return real(**kw)
 
-    monkeypatch.setattr(agent_services, "node_event", stuck)
+    monkeypatch.setattr(node_events, "node_event", stuck)
     events = [
         protocol.message(
             "event",
@@ -804,7 +902,7 @@ def test_past_the_queue_limit_a_nodes_report_is_answered_send_it_again_and_lands
         communicator = await _connect(token_b, "a100-02")
         await _next(communicator, "desired_state")  # the hello is handled: the queue is empty
         await communicator.send_to(text_data=protocol.encode(events[0]))
-        await asyncio.sleep(0.3)  # taken from the queue, waiting on the database
+        await wait_for_async("the first event to be taken from the queue", entered.is_set)
         for event in events[1:]:
             await communicator.send_to(text_data=protocol.encode(event))
         busy = await _next(communicator, "ack", ack_id=events[3]["id"])
@@ -831,14 +929,14 @@ def test_an_xid_event_in_a_sample_is_kept_without_holding_up_the_nodes_frames(tw
     from scheduling.history.models import GpuEvent
 
     _, _, _, token_b = two_nodes
-    real = consumers.gpu_events_record
+    real = handlers.gpu_events_record
     release = threading.Event()
 
     def slow_record(**kw):  # a database that takes its time with the event
-        release.wait(10)
+        release.wait(10 * TIMEOUT_SCALE)
         return real(**kw)
 
-    monkeypatch.setattr(consumers, "gpu_events_record", slow_record)
+    monkeypatch.setattr(handlers, "gpu_events_record", slow_record)
     assert recorder.gpu_events_record is real
     gpu = {"index": 0, "uuid": "GPU-b-0", "util_pct": 1.0, "xid_events": [79]}
     sample = protocol.message("metrics", {"sampled_at": time.time(), "gpus": [gpu]})
@@ -852,9 +950,7 @@ def test_an_xid_event_in_a_sample_is_kept_without_holding_up_the_nodes_frames(tw
         acked = await _next(communicator, "heartbeat_ack")  # while the event is still being written
         kept_meanwhile = await sync_to_async(GpuEvent.objects.count)()
         release.set()
-        async with asyncio.timeout(10):
-            while not await sync_to_async(GpuEvent.objects.count)():
-                await asyncio.sleep(0.05)
+        await wait_for_async("the XID event to be kept", sync_to_async(GpuEvent.objects.count))
         await communicator.disconnect()
         return acked, kept_meanwhile
 
