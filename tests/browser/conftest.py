@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from django.db import connections
 
-from tests.pipeline.harness import REPO, idle_again, running_cluster
+from tests.pipeline.harness import REPO, idle_again, running_cluster, wait_for
 from tests.support import CHROMIUM, launch_chromium, sign_in
 
 ARTIFACTS = REPO / "test-artifacts"
@@ -63,9 +63,12 @@ def chromium(portal):
 
 @pytest.fixture
 def cluster_for_test(portal, django_db_blocker):
+    """The package's cluster for one test, left as the next test expects it: no job alive, every node ready and
+    its agent heard (a test that drops the web drops the agents too; the next one must not meet them away)."""
     with django_db_blocker.unblock():
         yield portal
         idle_again()
+        wait_for("every node ready, its agent heard", portal.nodes_ready, timeout_s=20)
 
 
 class Screens:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.utils import timezone
 
 from scheduling.jobs.models import Job
 from tests.pipeline.harness import submit, wait_for, wait_state
@@ -184,6 +185,7 @@ def test_when_the_server_drops_the_socket_the_page_says_reconnecting_then_catche
     _expect_text(page, "#live", "reconnecting")
     browse.shots(page, "reconnecting")
     job = submit(cluster, name="while-you-were-away", command="sleep 300", gpus=1)
+    back_at = timezone.now()
     cluster.start_web()
     _expect_text(page, "#live", "live", timeout_s=40)
     _expect_text(page, "#job-rows", "while-you-were-away")  # caught up on opening
@@ -195,6 +197,8 @@ def test_when_the_server_drops_the_socket_the_page_says_reconnecting_then_catche
     page.wait_for_selector(f"tr[data-job='{job.pk}'].state-cancelled", timeout=30_000)
     assert page.evaluate("window.__noReload") is True, "the page reloaded"
     assert page.errors == []
+    # The agents lost the web with the page: both are back on the restarted one before the next test begins.
+    wait_for("both agents heard by the restarted web", lambda: cluster.nodes_ready(heard_since=back_at))
 
 
 # The page's socket opens this late: what changes between the page's render and the socket joining its groups

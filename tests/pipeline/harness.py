@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -291,6 +292,21 @@ class Cluster:
             return predicate()
 
         return check
+
+    def nodes_ready(self, *, heard_since: datetime | None = None) -> bool:
+        """Whether every node of the cluster is ready and its agent heard: since `heard_since` (it came back after
+        an outage), or within half the time after which a node is lost. What a test should leave for the next."""
+        from django.utils import timezone
+
+        from scheduling.choices import NodeState
+        from scheduling.inventory.models import Node
+
+        since = heard_since or timezone.now() - timedelta(seconds=NODE_LOST_AFTER_S / 2)
+        nodes = list(Node.objects.filter(name__in=self.nodes))
+        return len(nodes) == len(self.nodes) and all(
+            n.state == NodeState.READY and n.last_heartbeat_at is not None and n.last_heartbeat_at > since
+            for n in nodes
+        )
 
     def work_dir(self, node: str) -> Path:
         return self.root / "agents" / node
