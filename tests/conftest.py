@@ -53,6 +53,23 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
             test["NAME"] = str(name.with_name(f"test_{name.name}"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _job_logs_of_this_run(tmp_path_factory):
+    """Job logs the portal keeps go to a directory of this run's (the servers a test starts inherit it): the test
+    database's job ids start again at 1 every run, and a log left under var/logs by an earlier run is no log of
+    theirs."""
+    from django.conf import settings as django_settings
+
+    logs = str(tmp_path_factory.mktemp("portal-logs"))
+    before = os.environ.get("TESSERA_LOG_DIR")
+    django_settings.TESSERA_LOG_DIR = os.environ["TESSERA_LOG_DIR"] = logs
+    yield
+    if before is None:
+        os.environ.pop("TESSERA_LOG_DIR", None)
+    else:
+        os.environ["TESSERA_LOG_DIR"] = before
+
+
 @pytest.fixture(autouse=True)
 def _postgresql_only(request):
     marker = request.node.get_closest_marker("postgresql_only")

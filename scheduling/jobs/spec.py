@@ -1,7 +1,8 @@
-"""Job specs as people write them (YAML or JSON, with units such as "10GiB", "2h", "500m") into services.JobSpec.
+"""Job specs as people write them (YAML or JSON, with units such as "10GiB", "2h", "500m") into a JobSpec.
 
-Parsing checks shape and absolute limits and names the field and the limit; whether the cluster can ever run the
-job is `services.job_spec_validate`'s call.
+Each field is read as its kind is written and bounded as the spec's one definition says (scheduling.jobs.fields);
+a refusal names the field and the limit. Whether the cluster can ever run the job is
+`validation.job_spec_validate`'s call.
 """
 
 from __future__ import annotations
@@ -544,7 +545,7 @@ def format_duration(seconds: int) -> str:
 def spec_check_card_limits(spec: JobSpec) -> None:
     """Refuse a slice larger than the largest card the spec allows, naming that card's size as the limit.
 
-    services.job_spec_validate refuses it too (the same rule, `largest_slice_mib`); this only adds the limit."""
+    validation.job_spec_validate refuses it too (the same rule, `largest_slice_mib`); this only adds the limit."""
     if not spec.gpu_memory_mib:
         return
     largest = largest_slice_mib(spec=spec)
