@@ -27,6 +27,7 @@ def _expect_text(page, selector: str, pattern: str, timeout_s: float = 30) -> No
     )
 
 
+@pytest.mark.timeout(150, func_only=True)  # its job counts to 20 s; about 30 s in all
 def test_alice_submits_a_slice_from_the_form_and_watches_it_run_and_finish_with_its_logs_live(browse):
     page = browse("alice")
     page.goto("/jobs/new/")
@@ -174,6 +175,7 @@ def test_a_jobs_row_follows_its_job_through_htmx_while_alice_types_and_keeps_her
     assert page.errors == []
 
 
+@pytest.mark.timeout(150, func_only=True)  # about 30 s
 def test_when_the_server_drops_the_socket_the_page_says_reconnecting_then_catches_up(browse):
     from scheduling.jobs.transitions import job_cancel
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from agent import procfs
 from scheduling.agents import joblogs
 from scheduling.choices import JobState, NodeState
@@ -88,6 +90,7 @@ def test_a_high_priority_job_preempts_a_low_one_which_is_requeued_and_runs_later
     assert path_of(victim) == ["pending", "placed", "running", "preempted", "pending", "placed", "running"]
 
 
+@pytest.mark.timeout(150, func_only=True)  # its fence is 20 s; about 30 s in all
 def test_a_killed_agent_stops_nothing_until_the_fence_and_its_job_is_placed_again_only_after_it_ended(pipe):
     """kill -9 of an agent: its job runs on under its supervisor; the node is lost after the timeout (nothing is
     placed on it), the supervisor stops the job at its fence, and only then is the job placed elsewhere: it never

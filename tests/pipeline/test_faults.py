@@ -91,6 +91,7 @@ def test_a_burst_of_submits_coalesces_into_a_few_cycles(pipe):
     assert all(j.pending_reason for j in Job.objects.filter(pk__in=[j.pk for j in burst]))
 
 
+@pytest.mark.timeout(150, func_only=True)  # races for up to 60 s by design
 def test_cycles_racing_from_two_workers_and_a_rogue_caller_never_double_book_a_gpu(pipe):
     pipe.start_worker("worker2")
     stop = threading.Event()
@@ -162,6 +163,7 @@ def test_cycles_racing_from_two_workers_and_a_rogue_caller_never_double_book_a_g
     assert ledger_violations() == CLEAN
 
 
+@pytest.mark.timeout(180, func_only=True)  # 15-50 s on a loaded 2-core machine
 def test_a_worker_killed_mid_cycle_leaves_no_partial_decision(pipe):
     left = list(Job.objects.filter(state__in=LIVE_STATES).values_list("pk", "name", "state"))
     assert left == [], f"the cluster must start idle for this test; live jobs left over: {left}"
@@ -204,6 +206,7 @@ def test_a_worker_killed_mid_cycle_leaves_no_partial_decision(pipe):
         assert job.attempt == 1, path
 
 
+@pytest.mark.timeout(180, func_only=True)  # 30-50 s on a loaded 2-core machine
 def test_a_worker_killed_holding_the_cycle_lock_stalls_scheduling_for_one_lock_ttl_at_most(pipe):
     """The holder keeps its short lock alive for as long as its cycle takes; killed, it frees it within a TTL."""
     from scheduling.coordination import redis_client
@@ -361,6 +364,7 @@ def test_a_rotated_token_stops_speaking_for_its_node_at_once(pipe):
     )
 
 
+@pytest.mark.timeout(120, func_only=True)  # about 10 s
 def test_a_redis_restart_loses_no_job_and_cycles_resume(pipe):
     if pipe.redis is None:
         pytest.skip(

@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from tests.pipeline.harness import REPO
 
 
@@ -22,6 +24,7 @@ def _health(pipe, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.timeout(120, func_only=True)  # 15-40 s on a loaded machine
 def test_web_worker_and_beat_are_healthy_while_they_run(pipe):
     checks = {
         "web": ["web", "--url", f"http://127.0.0.1:{pipe.port}/healthz"],
@@ -41,6 +44,7 @@ def test_a_missing_web_or_worker_is_unhealthy_and_says_why(pipe):
     assert worker.returncode == 1 and f"worker nobody@{socket.gethostname()} did not answer" in worker.stderr
 
 
+@pytest.mark.timeout(120, func_only=True)  # 20-30 s
 def test_readyz_is_ready_while_all_runs_and_says_the_scheduler_stopped_when_the_worker_does(pipe):
     import requests
 

@@ -34,6 +34,7 @@ def _alive(pid: int) -> bool:
     return st is not None and st.state not in ("Z", "X")
 
 
+@pytest.mark.timeout(150, func_only=True)  # its outage is 25 s; 35-40 s in all on a loaded machine
 def test_redis_down_for_longer_than_the_fence_stops_no_job(pipe):
     if pipe.redis is None:
         pytest.skip(
@@ -61,6 +62,7 @@ def test_redis_down_for_longer_than_the_fence_stops_no_job(pipe):
     wait_for("the cancelled job's process to end", pipe.supervised(lambda: not _alive(pid)), timeout_s=30)
 
 
+@pytest.mark.timeout(150, func_only=True)  # about 25 s
 def test_a_web_outage_stops_no_job_and_one_that_ended_meanwhile_keeps_its_end_time(pipe):
     long = submit(pipe, gpus=1, command="sleep 600", name="through-a-web-outage")
     short = submit(pipe, gpus=1, command="sleep 4", name="ends-during-the-outage")

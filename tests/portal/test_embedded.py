@@ -173,6 +173,7 @@ def test_the_demo_serves_the_portal_and_the_admin_with_no_services(embedded_serv
     assert session.get(f"{base}/static/admin/css/base.css", timeout=30).status_code == 200
 
 
+@pytest.mark.timeout(120, func_only=True)  # about 20 s
 def test_the_readme_first_job_runs_on_the_embedded_demo(embedded_server):
     """The README's three commands (login, submit, ls) against what `make demo` serves; the job then runs on a
     simulated agent to success and its output is readable with `tessera logs`."""
@@ -239,6 +240,7 @@ def test_channel_layer_reads_outlast_its_blocking_waits(settings):
     assert host["socket_timeout"] > RedisChannelLayer.brpop_timeout
 
 
+@pytest.mark.timeout(120, func_only=True)  # about 35 s
 def test_the_embedded_demo_takes_a_flood_of_submits_retries_and_cancels_without_a_server_error(
     embedded_server,
 ):
