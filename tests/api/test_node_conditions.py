@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from scheduling.agents import reports
+from scheduling.agents.reports.node_events import node_event
 from scheduling.choices import NodeState
 from scheduling.cycle.models import NodeSync
 from scheduling.inventory.models import Node
@@ -60,7 +60,7 @@ def test_the_api_shows_conditions_and_the_last_agent_reported_problem(as_alice, 
     assert (body["cordoned"], body["draining"], body["schedulable"]) == (False, False, True)
 
     Node.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now(), state=NodeState.DRAINING)
-    reports.node_event(
+    node_event(
         node_id=node.pk, payload={"kind": "mps_unavailable", "detail": "nvidia-cuda-mps-control: not found"}
     )
     body = as_alice.get(NODE).json()["conditions"]
@@ -70,7 +70,7 @@ def test_the_api_shows_conditions_and_the_last_agent_reported_problem(as_alice, 
     assert body["last_error_at"]
 
     uuid = node.gpus.get(index=2).uuid
-    reports.node_event(node_id=node.pk, payload={"kind": "gpu_health", "gpu_uuid": uuid, "health": "failed"})
+    node_event(node_id=node.pk, payload={"kind": "gpu_health", "gpu_uuid": uuid, "health": "failed"})
     assert NodeSync.objects.get(node=node).last_error == "GPU 2 reported failed"
     listed = as_alice.get("/api/v1/cluster/nodes/").json()["results"][0]["conditions"]
     assert listed["last_error"] == "GPU 2 reported failed"

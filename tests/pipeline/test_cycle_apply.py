@@ -209,7 +209,7 @@ def test_a_silent_node_is_lost_after_the_timeout_and_its_jobs_requeued_only_once
 def test_a_lost_node_that_comes_back_before_its_fence_keeps_its_jobs(
     node, alice, teams, settings, fresh_watch
 ):
-    from scheduling.agents.reports import node_heartbeat
+    from scheduling.agents.reports.heartbeats import node_heartbeat
 
     settings.TESSERA_NODE_LOST_AFTER_S = 30
     job = submit(alice, teams["training"], gpus=1)

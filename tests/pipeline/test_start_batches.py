@@ -10,7 +10,8 @@ from django.db import OperationalError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from scheduling import lock_objects
-from scheduling.agents.reports import StartReport, job_report, job_starts_record, node_heartbeat_checked
+from scheduling.agents.reports.heartbeats import node_heartbeat_checked
+from scheduling.agents.reports.job_status import StartReport, job_report, job_starts_record
 from scheduling.choices import JobState, NodeState
 from scheduling.cycle import apply, lease
 from scheduling.engine import types as eng

@@ -13,7 +13,8 @@ from django.db import IntegrityError, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from scheduling.agents.reports import job_report, node_hello
+from scheduling.agents.reports.hello import node_hello
+from scheduling.agents.reports.job_status import job_report
 from scheduling.choices import JobState
 from scheduling.cycle import apply, lease
 from scheduling.cycle.desired_state import desired_jobs
