@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grimp
 
-PACKAGES = ("portal", "quotas", "scheduling", "agent", "frontend")
+PACKAGES = ("portal", "quotas", "scheduling", "agent", "frontend", "cli", "demo")
 
 
 def _circles(graph: grimp.ImportGraph) -> list[list[str]]:
