@@ -506,10 +506,13 @@ def path_of(job) -> list[str]:
 
 
 def forget_live_metrics(*names: str) -> None:
-    """Drop the nodes' newest GPU samples, wherever this process keeps them (Redis, or memory embedded)."""
+    """Drop the nodes' newest GPU samples, wherever this process keeps them (Redis, or memory embedded), and
+    those still waiting to be written: a test that ended before its batch was flushed left them to the next
+    test's event loop, which wrote them after this (a stale sample of a node that sent none)."""
     from scheduling.agents import live_metrics
     from scheduling.coordination import redis_client
 
+    live_metrics._batch.waiting = [kept for kept in live_metrics._batch.waiting if kept[0] not in names]
     r = redis_client()
     if r is None:
         for name in names:
