@@ -43,6 +43,9 @@ NODE_LOST_AFTER_S = 10.0
 # TESSERA_TEST_FENCE_AFTER_S sets another, for measurements with longer outages (docs/operations.md).
 FENCE_AFTER_S = float(os.environ.get("TESSERA_TEST_FENCE_AFTER_S", "20"))
 FENCE_MARGIN_S = 2.0
+# An agent's reconnect backoff starts afresh only after a session this long (agent/transport.py: run_agent's
+# healthy_after_s); after shorter ones it doubles, up to 30 s.
+AGENT_HEALTHY_AFTER_S = 10.0
 ENV = {
     "TESSERA_NODE_LOST_AFTER_S": str(NODE_LOST_AFTER_S),
     "TESSERA_AGENT_FENCE_AFTER_S": str(FENCE_AFTER_S),
@@ -306,6 +309,22 @@ class Cluster:
         return len(nodes) == len(self.nodes) and all(
             n.state == NodeState.READY and n.last_heartbeat_at is not None and n.last_heartbeat_at > since
             for n in nodes
+        )
+
+    def agents_settled(self) -> bool:
+        """Whether every node is ready and its agent connected for long enough that its reconnect backoff starts
+        afresh: a test that drops the web then silences each agent for the outage and a first retry, however short
+        the sessions some earlier outage left it (repeated outages back off up to 30 s: the node is lost)."""
+        from django.utils import timezone
+
+        from scheduling.cycle.models import NodeSync
+
+        since = timezone.now() - timedelta(seconds=AGENT_HEALTHY_AFTER_S)
+        syncs = list(NodeSync.objects.filter(node__name__in=self.nodes))
+        return (
+            self.nodes_ready()
+            and len(syncs) == len(self.nodes)
+            and all(s.connected_at is not None and s.connected_at <= since for s in syncs)
         )
 
     def work_dir(self, node: str) -> Path:

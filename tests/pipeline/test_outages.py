@@ -64,6 +64,8 @@ def test_redis_down_for_longer_than_the_fence_stops_no_job(pipe):
 
 @pytest.mark.timeout(150, func_only=True)  # about 25 s
 def test_a_web_outage_stops_no_job_and_one_that_ended_meanwhile_keeps_its_end_time(pipe):
+    # Before the short job starts (it must end during the outage, not while this waits).
+    wait_for("every agent connected long enough to retry at once", pipe.agents_settled, timeout_s=10)
     long = submit(pipe, gpus=1, command="sleep 600", name="through-a-web-outage")
     short = submit(pipe, gpus=1, command="sleep 4", name="ends-during-the-outage")
     wait_state(long, JobState.RUNNING)
