@@ -13,11 +13,20 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def with_history(cluster_for_test):
+    """Two days of generated history, ending at the start of the first hour the cluster's own recorder wrote.
+    The recorder adds each minute into its hour's rows, and the usage roll rewrites the last two hours from the
+    jobs, from the cluster's start on; the backfill inserts. Ending at the first recorded minute collided with
+    the hour rows once the recorder had run (a later test in the package, a slow start): a unique violation."""
     from demo.history import history_backfill
-    from scheduling.history.models import ClusterMinute
+    from scheduling.history.models import ClusterMinute, NodeHour, UsageHour
 
-    first = ClusterMinute.objects.order_by("at").values_list("at", flat=True).first()
-    history_backfill(days=2, now=first or datetime.now(UTC))
+    recorded = [
+        ClusterMinute.objects.order_by("at").values_list("at", flat=True).first(),
+        NodeHour.objects.order_by("hour").values_list("hour", flat=True).first(),
+        UsageHour.objects.order_by("hour").values_list("hour", flat=True).first(),
+    ]
+    until = min([t for t in recorded if t is not None] + [datetime.now(UTC)])
+    history_backfill(days=2, now=until.replace(minute=0, second=0, microsecond=0))
     return cluster_for_test
 
 
