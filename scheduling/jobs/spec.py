@@ -422,7 +422,7 @@ def _read(field: SpecField, value: Any, *, written_as: str) -> Any:
             return parse_cpu_milli(value, field=name)
         case f.FLAG:
             return _bool(name, value)
-        case f.DURATION if field.low:
+        case f.DURATION if field.low:  # a bounded interval (checkpoints): whole seconds between its bounds
             return parse_checkpoint_interval_s(value, field=written_as)
         case f.DURATION:
             return parse_duration_s(value, field=written_as)

@@ -1,61 +1,20 @@
-"""Nodes and their GPUs over a window: a node's series, its GPUs' (from Prometheus or the 5-minute rollups) and
-their events, and the utilisation heatmaps per node and per pool."""
+"""Nodes and their GPUs over a window: a node's GPUs' series (from Prometheus or the 5-minute rollups) and their
+events, the node pools and their utilisation heatmap."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db.models import Avg, Case, Count, F, IntegerField, Max, Min, Sum, Value, When
+from django.db.models import Case, Count, F, IntegerField, Max, Min, Sum, Value, When
 from django.db.models.functions import NullIf
 
-from scheduling.history.models import GpuEvent, GpuFiveMinute, NodeHour, NodeMinute
+from scheduling.history.models import GpuEvent, GpuFiveMinute, NodeHour
 from scheduling.history.selectors.windows import MILLI, Window, bucket_start, bucketed, columns
 from scheduling.inventory.models import Gpu, Node
-
-
-def node_heatmap(*, node_ids: Collection[int], w: Window) -> dict[int, dict[int, float | None]]:
-    """node id -> bucket (Unix s) -> mean utilisation (%) of its GPUs; the per-node heatmap's cells."""
-    if not node_ids:
-        return {}
-    minutes = NodeMinute.objects.filter(node_id__in=list(node_ids), at__gte=w.since, at__lt=w.until)
-    rows = (
-        bucketed(minutes, at="at", step_s=w.step_s)
-        .values("node_id", "time_bucket")
-        .annotate(b=bucket_start(), util=Avg("util_pct"))
-        .values_list("node_id", "b", "util")
-        .order_by()
-    )
-    out: dict[int, dict[int, float | None]] = {}
-    for node_id, b, util in rows:
-        out.setdefault(node_id, {})[b] = None if util is None else round(float(util), 1)
-    return out
-
-
-def node_series(*, node_id: int, w: Window) -> dict[str, list]:
-    """One node over the window: allocated and used GPUs, memory allocated and used (GiB), power (W)."""
-    minutes = NodeMinute.objects.filter(node_id=node_id, at__gte=w.since, at__lt=w.until)
-    rows = (
-        bucketed(minutes, at="at", step_s=w.step_s)
-        .values("time_bucket")
-        .annotate(
-            b=bucket_start(),
-            allocated=Avg("allocated_milli") / MILLI,
-            used=Avg("util_pct") * Avg("gpus") / 100,
-            memory_allocated=Avg("memory_allocated_mib") / 1024,
-            memory_used=Avg("memory_used_mib") / 1024,
-            power=Avg("power_w"),
-        )
-        .values_list("b", "allocated", "used", "memory_allocated", "memory_used", "power")
-        .order_by()
-    )
-    return columns(
-        rows, ("allocated_gpus", "used_gpus", "memory_allocated_gib", "memory_used_gib", "power_w"), w=w
-    )
-
 
 GPU_MEASURES = (
     "util_pct",
