@@ -31,7 +31,7 @@ def cmd_run(config: AgentConfig) -> int:
     from agent.isolation import Isolation, IsolationError
     from agent.mps import MpsController
     from agent.runtime import Agent
-    from agent.transport import connect_websocket, run_agent, ws_url
+    from agent.transport import WebSocketConnector, run_agent, ws_url
 
     config.require_portal()
     try:
@@ -98,7 +98,7 @@ def cmd_run(config: AgentConfig) -> int:
             loop.add_signal_handler(sig, stop.set)
         # Jobs keep running when the agent stops: the next agent re-adopts them.
         await run_agent(
-            agent, lambda: connect_websocket(url, token=config.token, node_name=config.node_name), stop=stop
+            agent, WebSocketConnector(url, token=config.token, node_name=config.node_name), stop=stop
         )
 
     try:

@@ -1,5 +1,12 @@
 """Transport to the portal: a websocket client with token auth and reconnect backoff, and an in-process
-channel pair so tests (and embedded demos) run the same agent loop against a given message source."""
+channel pair so tests (and embedded demos) run the same agent loop against a given message source.
+
+Reconnecting is what keeps jobs alive through a portal outage: each job's supervisor stops it once the portal has
+not acknowledged a heartbeat for the fence (agent/supervisor.py), so the time an agent stays away after the portal
+is back comes straight off the outage the fence tolerates. The backoff is capped near the heartbeat interval, and
+while the portal does not answer at all (connection refused, no handshake) the agent knocks once a second (a bare
+TCP connect) and reconnects as soon as something accepts: back within about a second of the portal, however long
+it was down. A portal that answers and refuses (a 503 while it starts, a bad token) gets the plain backoff."""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from urllib.parse import urlsplit, urlunsplit
 
@@ -109,11 +116,20 @@ class QueueChannel:
             self._inbox.put_nowait(self._CLOSED)
 
 
+# How often an agent that cannot reach the portal knocks (a TCP connect), and how long one knock may take.
+KNOCK_INTERVAL_S = 1.0
+KNOCK_TIMEOUT_S = 1.0
+# The reconnect backoff's cap: the heartbeat interval, within these bounds (a 1,000-node site whose portal comes
+# back sees its agents spread over up to this long by the jitter, not all in one second).
+BACKOFF_MIN_CAP_S = 1.0
+BACKOFF_MAX_CAP_S = 30.0
+
+
 class Backoff:
     """Exponential reconnect delays with jitter, reset after a session that got going."""
 
     def __init__(
-        self, initial_s: float = 0.5, max_s: float = 30.0, factor: float = 2.0, jitter: float = 0.2
+        self, initial_s: float = 0.5, max_s: float = 5.0, factor: float = 2.0, jitter: float = 0.2
     ) -> None:
         self.initial_s, self.max_s, self.factor, self.jitter = initial_s, max_s, factor, jitter
         self._next = initial_s
@@ -126,8 +142,55 @@ class Backoff:
     def reset(self) -> None:
         self._next = self.initial_s
 
+    @classmethod
+    def for_heartbeat(cls, heartbeat_s: float) -> Backoff:
+        """Capped at one heartbeat interval (within BACKOFF_MIN_CAP_S..BACKOFF_MAX_CAP_S)."""
+        return cls(max_s=min(BACKOFF_MAX_CAP_S, max(BACKOFF_MIN_CAP_S, heartbeat_s)))
+
 
 Connector = Callable[[], AbstractAsyncContextManager[Channel]]
+
+
+class WebSocketConnector:
+    """Opens a websocket session to the portal (the Connector run_agent takes), and knocks: whether anything
+    accepts a TCP connection at the portal's address now."""
+
+    def __init__(self, url: str, *, token: str, node_name: str) -> None:
+        self.url, self.token, self.node_name = url, token, node_name
+        parts = urlsplit(url)
+        self.host = parts.hostname or "localhost"
+        self.port = parts.port or (443 if parts.scheme == "wss" else 80)
+
+    def __call__(self) -> AbstractAsyncContextManager[Channel]:
+        return connect_websocket(self.url, token=self.token, node_name=self.node_name)
+
+    async def knock(self) -> bool:
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.port), timeout=KNOCK_TIMEOUT_S
+            )
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
+
+
+async def _wait_to_reconnect(
+    stop: asyncio.Event, delay_s: float, knock: Callable[[], Awaitable[bool]] | None
+) -> None:
+    """Wait `delay_s` (or until stop is set); with `knock`, end the wait as soon as a knock is answered."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + delay_s
+    while not stop.is_set():
+        left = deadline - loop.time()
+        if left <= 0:
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=min(left, KNOCK_INTERVAL_S) if knock else left)
+        if knock is not None and not stop.is_set() and await knock():
+            return
 
 
 async def run_agent(
@@ -138,12 +201,16 @@ async def run_agent(
     backoff: Backoff | None = None,
     healthy_after_s: float = 10.0,
 ) -> None:
-    """Run the agent until stop is set: ticks all along, and sessions over `connect()` with reconnects."""
-    backoff = backoff or Backoff()
+    """Run the agent until stop is set: ticks all along, and sessions over `connect()` with reconnects. A connector
+    with a `knock()` (WebSocketConnector) is knocked at while the portal does not answer, and the agent reconnects
+    as soon as it does."""
+    backoff = backoff or Backoff.for_heartbeat(agent.heartbeat_s)
+    knock = getattr(connect, "knock", None)
     ticks = asyncio.create_task(agent.run_ticks(stop))
     try:
         while not stop.is_set():
             started = asyncio.get_running_loop().time()
+            unanswered = False  # nothing at the portal's address answered: knock until something does
             try:
                 async with connect() as channel:
                     session = asyncio.create_task(agent.run_session(channel))
@@ -157,6 +224,7 @@ async def run_agent(
             except ChannelClosed as exc:
                 log.info("portal connection closed: %s", exc)
             except (TimeoutError, OSError) as exc:
+                unanswered = True
                 log.warning("cannot reach the portal: %s", exc)
             except Exception as exc:  # noqa: BLE001 - websockets raises InvalidStatus/InvalidHandshake etc.
                 log.warning("portal connection failed: %s: %s", type(exc).__name__, exc)
@@ -164,9 +232,7 @@ async def run_agent(
                 break
             if asyncio.get_running_loop().time() - started >= healthy_after_s:
                 backoff.reset()
-            delay = backoff.next_delay()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=delay)
+            await _wait_to_reconnect(stop, backoff.next_delay(), knock if unanswered else None)
     finally:
         stop.set()
         await ticks

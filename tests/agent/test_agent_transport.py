@@ -20,8 +20,8 @@ from agent.backends.sim import SimBackend
 from agent.executor import Executor
 from agent.jobspec import JobSpec
 from agent.runtime import Agent
-from agent.transport import Backoff, QueueChannel, connect_websocket, run_agent, ws_url
-from tests.support import TIMEOUT_SCALE, holds_for, wait_for_async
+from agent.transport import Backoff, QueueChannel, WebSocketConnector, connect_websocket, run_agent, ws_url
+from tests.support import TIMEOUT_SCALE, holds_for, refusing_address, wait_for_async
 
 TOKEN = "node-token-123"
 SIM = {
@@ -128,7 +128,7 @@ class Portal:
             await ws.send(protocol.encode(request))
 
     async def __aenter__(self):
-        self.server = await serve(self.handler, "127.0.0.1", 0, process_request=self.process_request)
+        self.server = await serve(self.handler, "127.0.0.1", self.port, process_request=self.process_request)
         self.port = self.server.sockets[0].getsockname()[1]
         return self
 
@@ -319,6 +319,49 @@ def test_a_bad_token_gets_no_session_and_the_agent_keeps_retrying(tmp_path):
     portal = asyncio.run(scenario())
     assert portal.received == []
     assert all(h["Authorization"] == "Bearer wrong" for h in portal.headers)
+
+
+# How long the portal is down in the reconnect test: long enough that a backoff doubling from 0.5 s without a
+# knock would have waited until 15.5 s, 7.5 s after the portal came back.
+PORTAL_DOWN_S = 8.0
+
+
+def test_an_agent_is_back_within_a_second_or_two_of_the_portal_however_long_it_was_down(tmp_path):
+    """Each second the portal is away comes off the outage its jobs' fence tolerates: while nothing answers at the
+    portal's address, the agent knocks once a second and reconnects as soon as something does."""
+
+    async def scenario():
+        agent = _agent(tmp_path, heartbeat_s=5)
+        held, address = refusing_address()
+        port = int(address.rsplit(":", 1)[1])
+        portal = Portal([{"version": 1, "jobs": []}])
+        portal.port = port
+        stop = asyncio.Event()
+        connector = WebSocketConnector(portal.url, token=TOKEN, node_name="sim-1")
+        task = asyncio.create_task(run_agent(agent, connector, stop=stop))
+        try:
+            await asyncio.sleep(PORTAL_DOWN_S)  # the outage itself: connections to the port are refused
+            held.close()
+            async with portal:
+                back_at = time.monotonic()
+                await _until(lambda: portal.received and _of(portal.received[0], "hello"), timeout_s=30)
+                reconnected_after_s = time.monotonic() - back_at
+        finally:
+            held.close()
+            stop.set()
+            await task
+        return reconnected_after_s
+
+    reconnected_after_s = asyncio.run(scenario())
+    # A knock each second: about one second at most, and far from the 7.5 s a bare doubling backoff waited.
+    assert reconnected_after_s < 3.0, f"back {reconnected_after_s:.1f} s after the portal"
+
+
+def test_the_reconnect_backoff_is_capped_at_the_heartbeat_interval():
+    backoff = Backoff.for_heartbeat(5.0)
+    delays = [backoff.next_delay() for _ in range(12)]
+    assert max(delays) <= 5.0 and delays[-1] >= 5.0 * 0.8
+    assert Backoff.for_heartbeat(0.1).max_s == 1.0 and Backoff.for_heartbeat(120).max_s == 30.0
 
 
 def test_after_a_reconnect_the_agent_converges_on_the_whole_state_and_resends_what_was_not_acked(tmp_path):
