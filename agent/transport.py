@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from urllib.parse import urlsplit, urlunsplit
@@ -207,12 +208,17 @@ async def run_agent(
     backoff = backoff or Backoff.for_heartbeat(agent.heartbeat_s)
     knock = getattr(connect, "knock", None)
     ticks = asyncio.create_task(agent.run_ticks(stop))
+    away_since: float | None = None  # the first failed attempt of this spell away from the portal
     try:
         while not stop.is_set():
             started = asyncio.get_running_loop().time()
             unanswered = False  # nothing at the portal's address answered: knock until something does
+            failure = None
             try:
                 async with connect() as channel:
+                    if away_since is not None:
+                        log.info("connected to the portal again after %.1f s", time.monotonic() - away_since)
+                        away_since = None
                     session = asyncio.create_task(agent.run_session(channel))
                     stopper = asyncio.create_task(stop.wait())
                     await asyncio.wait({session, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -225,9 +231,16 @@ async def run_agent(
                 log.info("portal connection closed: %s", exc)
             except (TimeoutError, OSError) as exc:
                 unanswered = True
-                log.warning("cannot reach the portal: %s", exc)
+                failure = f"cannot reach the portal: {exc}"
             except Exception as exc:  # noqa: BLE001 - websockets raises InvalidStatus/InvalidHandshake etc.
-                log.warning("portal connection failed: %s: %s", type(exc).__name__, exc)
+                failure = f"portal connection failed: {type(exc).__name__}: {exc}"
+            if failure is not None:
+                # Once a spell away, then quietly: an agent knocking each second must not flood its log.
+                if away_since is None:
+                    away_since = time.monotonic()
+                    log.warning("%s; trying again until it answers", failure)
+                else:
+                    log.debug("%s", failure)
             if stop.is_set():
                 break
             if asyncio.get_running_loop().time() - started >= healthy_after_s:

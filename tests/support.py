@@ -68,6 +68,9 @@ def listening_socket(host: str = "127.0.0.1") -> socket.socket:
     holds the port: nothing else can take it between a server's stop and its restart, and connections made while
     no server runs wait in its backlog (as under systemd's socket activation) instead of being refused."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # Its port can be listened on again once it is closed, while the connections a killed server had accepted
+    # (which inherit the option) are still closing.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, 0))
         sock.listen(128)

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -44,7 +45,7 @@ NODE_LOST_AFTER_S = 10.0
 FENCE_AFTER_S = float(os.environ.get("TESSERA_TEST_FENCE_AFTER_S", "20"))
 FENCE_MARGIN_S = 2.0
 # An agent's reconnect backoff starts afresh only after a session this long (agent/transport.py: run_agent's
-# healthy_after_s); after shorter ones it doubles, up to 30 s.
+# healthy_after_s); after shorter ones it doubles, up to the heartbeat interval (1 s here).
 AGENT_HEALTHY_AFTER_S = 10.0
 ENV = {
     "TESSERA_NODE_LOST_AFTER_S": str(NODE_LOST_AFTER_S),
@@ -171,6 +172,8 @@ class Cluster:
     # process can take its port between a web's kill and its restart, and while no web runs, connections wait in
     # its backlog (as under systemd's socket activation) rather than being refused.
     web_socket: socket.socket = field(default_factory=listening_socket)
+    web_started_at: float = 0.0  # monotonic, the last start_web
+    web_boot_s: float | None = None  # how long the last started daphne took to answer (wait_web_answers)
     procs: dict[str, Proc] = field(default_factory=dict)
     nodes: tuple[str, ...] = ("pipe-a", "pipe-b")
     # node -> a layout of LAYOUTS; the others have two NVLinked A100s and an MPS L4 (SIM_NODE).
@@ -181,9 +184,32 @@ class Cluster:
     redis: Proc | None = None  # the private redis-server running now (start_redis replaces it)
     restarted: list[str] = field(default_factory=list)  # Celery processes restart_exited_celery started again
 
+    def __post_init__(self) -> None:
+        self._web_port = self.web_socket.getsockname()[1]
+
     @property
     def port(self) -> int:
-        return self.web_socket.getsockname()[1]
+        return self._web_port
+
+    def drop_web(self) -> None:
+        """Kill daphne and stop listening: until start_web, connections to the portal are refused, as when a web
+        host is down (without a socket held for it, they would wait in its backlog instead)."""
+        self.procs["web"].kill9()
+        self.web_socket.close()
+
+    def web_answers(self) -> bool:
+        """Whether the web answers HTTP now (GET /healthz); records how long its start took the first time."""
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as response:
+                answered = response.status == 200
+        except (OSError, urllib.error.URLError):
+            return False
+        if answered and self.web_boot_s is None:
+            self.web_boot_s = time.monotonic() - self.web_started_at
+        return answered
 
     @property
     def redis_url(self) -> str:
@@ -244,6 +270,12 @@ class Cluster:
         return proc.start()
 
     def start_web(self) -> Proc:
+        if self.web_socket.fileno() == -1:  # dropped: listen again on the port every process was given
+            self.web_socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.web_socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.web_socket.bind(("127.0.0.1", self._web_port))
+            self.web_socket.listen(128)
+        self.web_started_at, self.web_boot_s = time.monotonic(), None
         fd = self.web_socket.fileno()
         return self._proc(
             "web", [str(BIN / "daphne"), "--fd", str(fd), "portal.asgi:application"], pass_fds=(fd,)
@@ -314,7 +346,7 @@ class Cluster:
     def agents_settled(self) -> bool:
         """Whether every node is ready and its agent connected for long enough that its reconnect backoff starts
         afresh: a test that drops the web then silences each agent for the outage and a first retry, however short
-        the sessions some earlier outage left it (repeated outages back off up to 30 s: the node is lost)."""
+        the sessions some earlier outage left it."""
         from django.utils import timezone
 
         from scheduling.cycle.models import NodeSync
@@ -617,6 +649,8 @@ def running_cluster(
             c.people.update(extra_seed(c))
         try:
             c.start_web()
+            # How long daphne takes to start here: a web outage's test counts it as part of the outage.
+            wait_for("the web to answer", c.web_answers, timeout_s=60)
             c.start_worker()
             c.start_beat()
             for node in c.nodes:
