@@ -47,8 +47,10 @@ class NodeSync(models.Model):
     disconnected_at = models.DateTimeField(null=True, blank=True)
     # The node's last problem, as the portal heard it: a refused report, MPS unavailable, a GPU's health turning
     # bad, GPUs missing from its inventory. One row per node, overwritten: the newest one only (nodes' conditions).
+    # Its kind (NodeErrorKind) says what clears it: the condition ending, not time.
     last_error = models.CharField(max_length=500, blank=True)
     last_error_at = models.DateTimeField(null=True, blank=True)
+    last_error_kind = models.CharField(max_length=20, blank=True)
 
     def __str__(self) -> str:
         return f"{self.node} desired v{self.desired_version} (acked v{self.acked_version})"

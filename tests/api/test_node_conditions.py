@@ -74,3 +74,27 @@ def test_the_api_shows_conditions_and_the_last_agent_reported_problem(as_alice, 
     assert NodeSync.objects.get(node=node).last_error == "GPU 2 reported failed"
     listed = as_alice.get("/api/v1/cluster/nodes/").json()["results"][0]["conditions"]
     assert listed["last_error"] == "GPU 2 reported failed"
+
+
+def test_a_gpus_bad_health_stays_the_last_error_until_every_gpu_of_the_node_is_ok_again(node):
+    first, second = (node.gpus.get(index=i).uuid for i in (0, 1))
+    node_event(node_id=node.pk, payload={"kind": "gpu_health", "gpu_uuid": first, "health": "failed"})
+    node_event(node_id=node.pk, payload={"kind": "gpu_health", "gpu_uuid": second, "health": "degraded"})
+    node_event(node_id=node.pk, payload={"kind": "gpu_health", "gpu_uuid": second, "health": "ok"})
+    assert NodeSync.objects.get(node=node).last_error == "GPU 1 reported degraded"
+    node_event(node_id=node.pk, payload={"kind": "gpu_health", "gpu_uuid": first, "health": "ok"})
+    sync = NodeSync.objects.get(node=node)
+    assert (sync.last_error, sync.last_error_at) == ("", None)
+
+
+def test_mps_trouble_is_cleared_by_the_agents_next_hello(node):
+    from scheduling.agents.reports.hello import node_hello
+
+    node_event(node_id=node.pk, payload={"kind": "mps_unavailable", "detail": "no daemon"})
+    assert NodeSync.objects.get(node=node).last_error == "MPS unavailable: no daemon"
+    gpus = [
+        {"index": g.index, "uuid": g.uuid, "memory_mib": g.memory_mib, "model": g.model.name}
+        for g in node.gpus.all()
+    ]
+    node_hello(node_id=node.pk, payload={"node": node.name, "inventory": {"gpus": gpus}})
+    assert NodeSync.objects.get(node=node).last_error == ""

@@ -135,6 +135,55 @@ def test_node_bs_agent_cannot_record_an_event_on_a_job_of_node_a(two_nodes):
     assert sync.last_error.startswith("event refused: stale event: job ") and sync.last_error_at
 
 
+def test_a_refusal_shown_as_the_nodes_last_error_clears_once_a_report_is_accepted_again(two_nodes):
+    on_a, _, _, token_b = two_nodes
+    wrong = protocol.message(
+        "event", {"kind": "prevented_neighbour_interference", "job_id": str(on_a.pk), "attempt": on_a.attempt}
+    )
+    uuid = Gpu.objects.filter(node__name="a100-02").values_list("uuid", flat=True).first()
+    fine = protocol.message("event", {"kind": "gpu_health", "gpu_uuid": uuid, "health": "ok"})
+    from scheduling.cycle.models import NodeSync
+
+    async def scenario():
+        communicator = await _connect(token_b, "a100-02")
+        await communicator.send_to(text_data=protocol.encode(wrong))
+        await _next(communicator, "ack", ack_id=wrong["id"])
+        shown = await sync_to_async(lambda: NodeSync.objects.get(node__name="a100-02").last_error)()
+        await communicator.send_to(text_data=protocol.encode(fine))
+        ack = await _next(communicator, "ack", ack_id=fine["id"])
+        await communicator.disconnect()
+        return shown, ack
+
+    shown, ack = async_to_sync(scenario)()
+    assert shown.startswith("event refused: stale event: ")
+    assert ack["payload"]["ok"] is True
+    sync = NodeSync.objects.get(node__name="a100-02")
+    assert (sync.last_error, sync.last_error_at, sync.last_error_kind) == ("", None, "")
+
+
+def test_a_report_about_an_attempt_the_portal_has_moved_on_from_is_refused_quietly(two_nodes):
+    _, on_b, _, token_b = two_nodes
+    # An agent back after its job was fenced and placed again: its report of the old attempt.
+    type(on_b).objects.filter(pk=on_b.pk).update(attempt=on_b.attempt + 1)
+    old = protocol.message(
+        "job_status", {"job_id": str(on_b.pk), "attempt": on_b.attempt, "state": "exited", "exit_code": 0}
+    )
+
+    async def scenario():
+        communicator = await _connect(token_b, "a100-02")
+        await communicator.send_to(text_data=protocol.encode(old))
+        ack = await _next(communicator, "ack", ack_id=old["id"])
+        await communicator.disconnect()
+        return ack
+
+    ack = async_to_sync(scenario)()
+    assert ack["payload"]["ok"] is False and "is not placed on a100-02" in ack["payload"]["error"]
+    from scheduling.cycle.models import NodeSync
+
+    # (Its hello, with no GPUs in it, left the node's last error: GPU 0 missing from its inventory.)
+    assert "refused" not in NodeSync.objects.get(node__name="a100-02").last_error
+
+
 def test_an_event_on_its_own_job_keeps_only_known_bounded_fields(two_nodes):
     _, on_b, _, token_b = two_nodes
     event = protocol.message(

@@ -138,10 +138,12 @@ def test_a_killed_agent_stops_nothing_until_the_fence_and_its_job_is_placed_agai
     )
     assert outcome["outcome"] == "stopped" and "no word from the agent" in outcome["detail"]
     wait_for(
-        "the portal to refuse the restarted agent's report of attempt 1 as stale",
-        lambda: f"job {job.pk} attempt 1 is not placed" in NodeSync.objects.get(node__name=node).last_error,
+        "the portal to answer the restarted agent's report of attempt 1",
+        lambda: (pipe.placements_on(node, job.pk)[1]["outcome"] or {}).get("reported"),
         timeout_s=30,
     )
+    # Refused as stale: expected after a fence, and no error of the node's.
+    assert NodeSync.objects.get(node__name=node).last_error == ""
     job.refresh_from_db()
     assert job.state == JobState.RUNNING and job.attempt == 2
     assert sorted(p.name for p in starts.glob(f"{job.pk}.*")) == [f"{job.pk}.1", f"{job.pk}.2"]

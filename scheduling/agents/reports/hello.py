@@ -10,7 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from scheduling import lock_objects
-from scheduling.agents.reports.nodes import node_error_note, node_revive
+from scheduling.agents.reports.nodes import NodeErrorKind, node_error_clear, node_error_note, node_revive
 from scheduling.choices import GpuHealth
 from scheduling.cycle.models import NodeSync
 from scheduling.cycle.requests import cycle_request_after_commit
@@ -76,9 +76,18 @@ def node_hello(*, node_id: int, payload: dict[str, Any]) -> dict[str, Any]:
         sync.save(update_fields=["agent_version", "inventory", "connected_at"])
         if report["missing"] or report["uuid_updated"]:
             cycle_request_after_commit()
+        # A new connection: refusals of the last one, and MPS trouble (probed again), are in the past.
+        cleared = (NodeErrorKind.REFUSED, NodeErrorKind.MPS)
         if report["missing"]:
             missing = ", ".join(str(i) for i in report["missing"])
-            node_error_note(node_id=node.pk, message=f"GPU(s) {missing} missing from the agent's inventory.")
+            node_error_note(
+                node_id=node.pk,
+                message=f"GPU(s) {missing} missing from the agent's inventory.",
+                kind=NodeErrorKind.GPU_MISSING,
+            )
+        else:
+            cleared += (NodeErrorKind.GPU_MISSING,)
+        node_error_clear(node_id=node.pk, kinds=cleared)
     if any(report.values()):
         log.info("node %s inventory reconciled: %s", node.name, report)
     return report

@@ -72,17 +72,30 @@ def job_report(*, node_id: int, payload: dict[str, Any]) -> Outcome:
     with transaction.atomic():
         node = Node.objects.get(pk=node_id)
         if node.state == NodeState.LOST:
-            return Outcome(False, f"node {node.name} is lost; its reports are refused until it says hello")
+            return lost_refusal(node)
         job = lock_objects.jobs_for_update(ids=[job_id]).first()
         if job is None:
             return Outcome(False, f"no job {job_id}")
         if attempt != job.attempt or not placed_here(job, node):
-            return stale_refusal(job_id, attempt, node)
+            return stale_refusal(job, attempt, node)
         return _apply_report(job, node, state, payload, _report_data(node, attempt, payload))
 
 
-def stale_refusal(job_id: int, attempt: int, node: Node) -> Outcome:
-    return Outcome(False, f"stale report: job {job_id} attempt {attempt} is not placed on {node.name}")
+def stale_refusal(job: Job, attempt: int, node: Node) -> Outcome:
+    """A report about a placement that is not the job's current one on this node. About one the portal has moved
+    on from (an earlier attempt, or the job no longer running: requeued after a fence, cancelled), it is expected
+    after an outage and no error of the node's; about the job's current placement elsewhere it is."""
+    moved_on = attempt < job.attempt or job.state not in ACTIVE_STATES
+    return Outcome(
+        False, f"stale report: job {job.pk} attempt {attempt} is not placed on {node.name}", stale=moved_on
+    )
+
+
+def lost_refusal(node: Node) -> Outcome:
+    """A report of a node declared lost, before its hello: its jobs are being placed elsewhere."""
+    return Outcome(
+        False, f"node {node.name} is lost; its reports are refused until it says hello", stale=True
+    )
 
 
 def _report_data(node: Node, attempt: int, payload: dict[str, Any]) -> dict[str, Any]:
@@ -135,9 +148,7 @@ def job_starts_record(*, reports: list[StartReport]) -> list[Outcome | None]:
                 continue
             if node.state == NodeState.LOST:
                 del asked[i]
-                outcomes[i] = Outcome(
-                    False, f"node {node.name} is lost; its reports are refused until it says hello"
-                )
+                outcomes[i] = lost_refusal(node)
         jobs = {j.pk: j for j in lock_objects.jobs_for_update(ids={job_id for job_id, _ in asked.values()})}
         here = set(Slice.objects.filter(job_id__in=list(jobs)).values_list("job_id", "gpu__node_id"))
         starts: list[StartWrite] = []
@@ -151,7 +162,7 @@ def job_starts_record(*, reports: list[StartReport]) -> list[Outcome | None]:
             elif job.nodes > 1 or (job_id, node.pk) not in here or job_id in starting:
                 one_by_one.append(i)
             elif attempt != job.attempt:
-                outcomes[i] = stale_refusal(job_id, attempt, node)
+                outcomes[i] = stale_refusal(job, attempt, node)
             elif job.state not in (JobState.PLACED, JobState.STARTING):
                 outcomes[i] = Outcome(True)
             else:

@@ -9,7 +9,7 @@ from typing import Any
 from django.db import transaction
 
 from scheduling.agents.reports.job_status import placed_here
-from scheduling.agents.reports.nodes import node_error_note
+from scheduling.agents.reports.nodes import NodeErrorKind, node_error_clear, node_error_note
 from scheduling.agents.reports.outcome import Outcome, db_text
 from scheduling.choices import ActorKind, GpuHealth
 from scheduling.cycle.requests import cycle_request_after_commit
@@ -81,10 +81,15 @@ def node_event(*, node_id: int, payload: dict[str, Any], message_id: str = "") -
             job = Job.objects.select_for_update().filter(pk=job_id).first()
             if job is None or attempt != job.attempt or not placed_here(job, node):
                 return Outcome(
-                    False, f"stale event: job {job_id} attempt {attempt} is not placed on {node.name}"
+                    False,
+                    f"stale event: job {job_id} attempt {attempt} is not placed on {node.name}",
+                    # An earlier attempt is the past; the current one placed elsewhere is a wrong claim.
+                    stale=job is not None and attempt < job.attempt,
                 )
             if job.state not in ACTIVE_STATES:
-                return Outcome(False, f"job {job_id} has ended ({job.state}): no more events about it")
+                return Outcome(
+                    False, f"job {job_id} has ended ({job.state}): no more events about it", stale=True
+                )
             if (
                 message_id
                 and JobEvent.objects.filter(job=job, code=kind, data__message_id=message_id).exists()
@@ -112,9 +117,16 @@ def node_event(*, node_id: int, payload: dict[str, Any], message_id: str = "") -
                 detail = f": {data['detail']}" if data.get("detail") else ""
                 if not detail and isinstance(xids, list) and xids:
                     detail = f" (XID {', '.join(db_text(x)[:20] for x in xids[:5])})"
-                node_error_note(node_id=node.pk, message=f"{which} reported {health}{detail}")
+                node_error_note(
+                    node_id=node.pk,
+                    message=f"{which} reported {health}{detail}",
+                    kind=NodeErrorKind.GPU_HEALTH,
+                )
             updated = Gpu.objects.filter(node=node, uuid=data.get("gpu_uuid")).exclude(health=health)
-            if updated.update(health=health):
+            changed = updated.update(health=health)
+            if health == GpuHealth.OK and not Gpu.objects.filter(node=node).exclude(health=health).exists():
+                node_error_clear(node_id=node.pk, kinds=(NodeErrorKind.GPU_HEALTH,))
+            if changed:
                 events.publish_after_commit(
                     groups.CLUSTER,
                     {
@@ -130,7 +142,7 @@ def node_event(*, node_id: int, payload: dict[str, Any], message_id: str = "") -
             simulated = payload.get("simulated") is True
             if not simulated:  # a simulated node has no MPS daemon by design: not an error of the node's
                 detail = f": {data['detail']}" if data.get("detail") else ""
-                node_error_note(node_id=node.pk, message=f"MPS unavailable{detail}")
+                node_error_note(node_id=node.pk, message=f"MPS unavailable{detail}", kind=NodeErrorKind.MPS)
             _log_mps_unavailable(node=node.name, detail=data.get("detail", ""), simulated=simulated)
             return Outcome(True)
         log.info("node %s event %s: %s", node.name, kind, data, extra={"node": node.name})

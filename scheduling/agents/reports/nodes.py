@@ -28,14 +28,33 @@ def node_revive(node: Node) -> None:
 LAST_ERROR_CHARS = 500  # NodeSync.last_error
 
 
-def node_error_note(*, node_id: int, message: str) -> None:
+class NodeErrorKind:
+    """What a node's last error is about, which decides what clears it."""
+
+    REFUSED = "refused"  # a report refused: cleared by the next one accepted, or by a new connection's hello
+    GPU_MISSING = "gpu_missing"  # cleared by a hello whose inventory has every GPU
+    GPU_HEALTH = "gpu_health"  # cleared once every GPU of the node reports OK again
+    MPS = "mps"  # cleared by a hello (the agent probes MPS again when it starts jobs)
+
+
+def node_error_note(*, node_id: int, message: str, kind: str) -> None:
     """Keep the node's newest problem (a refused report, MPS unavailable, a GPU gone bad): one row update, shown
-    in the node's conditions (the API, `tessera nodes`, its tile and page)."""
+    in the node's conditions (the API, `tessera nodes`, its tile and page) until its condition ends."""
     text = db_text(message)[:LAST_ERROR_CHARS]
-    if not NodeSync.objects.filter(node_id=node_id).update(last_error=text, last_error_at=timezone.now()):
-        NodeSync.objects.get_or_create(
-            node_id=node_id, defaults={"last_error": text, "last_error_at": timezone.now()}
-        )
+    now = timezone.now()
+    fields = {"last_error": text, "last_error_at": now, "last_error_kind": kind}
+    if not NodeSync.objects.filter(node_id=node_id).update(**fields):
+        NodeSync.objects.get_or_create(node_id=node_id, defaults=fields)
+
+
+def node_error_clear(*, node_id: int, kinds: tuple[str, ...]) -> bool:
+    """The condition behind the node's last error has ended: cleared, if it is of one of these kinds (a newer
+    error of another kind stays). Whether one was cleared."""
+    return bool(
+        NodeSync.objects.filter(node_id=node_id, last_error_kind__in=kinds)
+        .exclude(last_error="")
+        .update(last_error="", last_error_at=None, last_error_kind="")
+    )
 
 
 def node_disconnected(*, node_id: int) -> None:

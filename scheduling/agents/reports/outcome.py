@@ -9,12 +9,15 @@ from typing import Any
 @dataclass(frozen=True)
 class Outcome:
     """The answer to one report: accepted or not, and why (sent back in the ack). `retry`: not refused, the portal
-    failed to handle it (a database error): the agent keeps the report and sends it again shortly."""
+    failed to handle it (a database error): the agent keeps the report and sends it again shortly. `stale`: refused
+    as expected, about a placement the portal has moved on from (an agent back after its jobs were fenced and
+    requeued): the agent drops it, and it is no error of the node's."""
 
     ok: bool
     error: str | None = None
     changed: bool = False
     retry: bool = False
+    stale: bool = False
 
 
 def db_text(value: Any) -> str:

@@ -54,6 +54,7 @@ class ReportHandlers:
         self.pulls = pulls
         self.last_metrics_at = 0.0
         self.metrics_failing = False
+        self.refusal_shown = False  # this connection made a refusal the node's last error
         # The reports that wait their turn on the node's report lane, by kind.
         self.queued: dict[str, Callable[[dict[str, Any]], Awaitable[Outcome | None]]] = {
             "hello": self.on_hello,
@@ -106,14 +107,26 @@ class ReportHandlers:
 
     async def answer(self, kind: str, msg: dict[str, Any], outcome: Outcome | None) -> None:
         """Count a handled report, keep the node's newest refusal, and ack it where the agent waits for one."""
-        AGENT_REPORTS.labels(kind, "ok" if outcome is None or outcome.ok else "refused").inc()
-        if outcome is not None and not outcome.ok and not outcome.retry:
-            try:  # the node's conditions show its newest refusal
+        refused = outcome is not None and not outcome.ok
+        AGENT_REPORTS.labels(
+            kind, "stale" if refused and outcome.stale else "refused" if refused else "ok"
+        ).inc()
+        try:
+            if refused and not outcome.retry and not outcome.stale:
+                # The node's conditions show its newest refusal, until a report is accepted again.
                 await db(nodes.node_error_note)(
-                    node_id=self.link.node_id, message=f"{kind} refused: {outcome.error}"
+                    node_id=self.link.node_id,
+                    message=f"{kind} refused: {outcome.error}",
+                    kind=nodes.NodeErrorKind.REFUSED,
                 )
-            except (DatabaseError, InterfaceError) as exc:
-                log.warning("node %s: its last error not kept (%s)", self.link.node_name, exc)
+                self.refusal_shown = True
+            elif not refused and self.refusal_shown:
+                self.refusal_shown = False
+                await db(nodes.node_error_clear)(
+                    node_id=self.link.node_id, kinds=(nodes.NodeErrorKind.REFUSED,)
+                )
+        except (DatabaseError, InterfaceError) as exc:
+            log.warning("node %s: its last error not kept (%s)", self.link.node_name, exc)
         # Reliable messages are always acked; others only when refused, so the agent can log why.
         if kind in protocol.RELIABLE or (outcome is not None and not outcome.ok):
             ok = outcome.ok if outcome is not None else True

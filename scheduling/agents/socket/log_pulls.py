@@ -92,9 +92,11 @@ class LogPulls:
             self.draining.discard(key[:2])
             if "error" in payload:
                 return None  # the agent's own "cannot read it": nothing to refuse
-            return Outcome(
-                False, f"logs refused: not the chunk asked for job {job_id} attempt {attempt} {stream}"
-            )
+            if checked is not None:
+                # A good chunk of a placement that is no longer this node's (requeued after a fence, moved): the
+                # portal asked before it moved on. Not stored, and no error of the node's.
+                return Outcome(False, f"job {job_id} attempt {attempt} is no longer placed here", stale=True)
+            return Outcome(False, f"not the chunk asked for job {job_id} attempt {attempt} {stream}")
         next_offset, size = stored
         if next_offset == request.offset and not payload.get("eof"):
             wait = min(LOG_UNWATCHED_MAX_S, 2 * self.quiet.get(key, (LOG_PULL_INTERVAL_S / 2, 0.0))[0])
