@@ -2,7 +2,9 @@
 
 Agents send log chunks with their job status reports; whoever receives them calls `log_append`. The API reads
 through `log_read` and `log_tail`, so the storage can change (object store, database) behind these functions.
-Files live under settings.TESSERA_LOG_DIR (default: var/logs)/<job_id>/<stream>.log.
+Files live under settings.TESSERA_LOG_DIR (default: var/logs)/<job_id>/<stream>.log. They are tenant data: each
+file is the portal's alone (0600) in directories only the portal may enter (0700), so a job running on the same
+host as the portal, under any other uid, reads no team's output.
 """
 
 from __future__ import annotations
@@ -27,13 +29,40 @@ def log_path(*, job_id: int, stream: str) -> Path:
     return _log_dir() / str(int(job_id)) / f"{stream}.log"
 
 
+PRIVATE_FILE = 0o600
+PRIVATE_DIR = 0o700
+
+
+def _job_dir(job_id: int) -> Path:
+    """The job's log directory, made the portal's alone (and the log root, when it is made here)."""
+    root = _log_dir()
+    if not root.is_dir():
+        root.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+    path = root / str(int(job_id))
+    path.mkdir(mode=PRIVATE_DIR, exist_ok=True)
+    return path
+
+
+def _open_private(path: Path, flags: int):
+    """A file of the job's log directory, created 0600 whatever the process's umask."""
+    fd = os.open(path, flags | os.O_CREAT, PRIVATE_FILE)
+    try:
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, PRIVATE_FILE)  # made before logs were private
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
 def log_append(*, job_id: int, stream: str, data: bytes | str, offset: int | None = None) -> int:
     """Append a chunk; returns the new size. With `offset` (where the agent says the chunk starts), a chunk
     already stored (a resend after a reconnect) is skipped and an overlapping one is trimmed."""
     path = log_path(job_id=job_id, stream=stream)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _job_dir(job_id)
     chunk = data.encode() if isinstance(data, str) else data
-    with open(path, "ab") as out:
+    with os.fdopen(_open_private(path, os.O_WRONLY | os.O_APPEND), "ab") as out:
+        out.seek(0, os.SEEK_END)
         size = out.tell()
         if offset is not None:
             if offset + len(chunk) <= size:
@@ -42,6 +71,14 @@ def log_append(*, job_id: int, stream: str, data: bytes | str, offset: int | Non
                 chunk = chunk[size - offset :]
         out.write(chunk)
         return size + len(chunk)
+
+
+def log_marker_write(*, job_id: int, stream: str, name: str, text: str) -> None:
+    """A small private file beside the job's log (`<stream>.<name>`), e.g. where an attempt's log starts."""
+    path = log_path(job_id=job_id, stream=stream).with_suffix(f".{name}")
+    _job_dir(job_id)
+    with os.fdopen(_open_private(path, os.O_WRONLY | os.O_TRUNC), "w") as out:
+        out.write(text)
 
 
 def log_size(*, job_id: int, stream: str) -> int:

@@ -81,6 +81,5 @@ def _attempt_base(job_id: int, stream: str, attempt: int) -> int:
         return int(marker.read_text())
     except (FileNotFoundError, ValueError):
         base = joblogs.log_size(job_id=job_id, stream=stream)
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(str(base))
+        joblogs.log_marker_write(job_id=job_id, stream=stream, name=f"attempt{attempt}", text=str(base))
         return base
