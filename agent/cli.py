@@ -40,13 +40,9 @@ def cmd_run(config: AgentConfig) -> int:
         raise ConfigError(str(exc)) from exc
     if isolation.root:
         # What the agent writes (its state, the jobs' run records and logs) is its own; jobs may only pass
-        # through to their own working directories.
+        # through to their own trees (the executor opens those: agent/isolation.py).
         os.umask(0o077)
     config.work_dir.mkdir(parents=True, exist_ok=True)
-    if isolation.root:
-        for d in (config.work_dir, config.work_dir / "jobs"):
-            d.mkdir(exist_ok=True)
-            os.chmod(d, 0o711)
     logformat.configure(
         level=config.log_level,
         log_format=config.log_format,
@@ -109,7 +105,7 @@ def cmd_run(config: AgentConfig) -> int:
 
 
 def cmd_check(config: AgentConfig, args: argparse.Namespace) -> int:
-    from agent.check import format_report, gather, mps_smoke
+    from agent.check import format_report, gather, job_host_report, mps_smoke
     from agent.isolation import Isolation, IsolationError
 
     work_dir = config.work_dir / "check"
@@ -122,6 +118,7 @@ def cmd_check(config: AgentConfig, args: argparse.Namespace) -> int:
             report["isolation"] = [
                 {"what": what, "enforced": ok, "detail": detail} for what, ok, detail in isolation.report()
             ]
+            report["isolation"] += job_host_report(isolation, work_dir=config.work_dir, reach=args.reach)
         except IsolationError as exc:
             report["isolation"] = [{"what": "job users", "enforced": False, "detail": str(exc)}]
         if args.mps_smoke:
@@ -140,6 +137,14 @@ def cmd_check(config: AgentConfig, args: argparse.Namespace) -> int:
     return 0 if smoke is None or smoke.get("ok") else 1
 
 
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")  # [::1]:5432
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, e.g. 127.0.0.1:5432 (got {text!r})")
+    return host, int(port)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tessera-agent", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -150,6 +155,15 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.add_argument(
         "--mps-smoke", action="store_true", help="start one MPS-limited job and report its limits"
+    )
+    check.add_argument(
+        "--reach",
+        action="append",
+        type=_host_port,
+        default=[],
+        metavar="HOST:PORT",
+        help="also try whether a job's uid can open a TCP connection to HOST:PORT (repeatable; loopback's"
+        " PostgreSQL and Redis ports and DATABASE_URL / REDIS_URL are tried anyway)",
     )
     check.add_argument("--gpu", type=int, default=0, help="GPU index for --mps-smoke (0)")
     check.add_argument(

@@ -20,7 +20,7 @@ from pathlib import Path
 from agent import procfs
 from agent.backends.base import JobUsageHint
 from agent.ending import ending_of, kill, overdue, stop_request, supervisor_exited
-from agent.isolation import Isolation, IsolationError
+from agent.isolation import Isolation, IsolationError, close_job_tree
 from agent.jobspec import JobSpec
 from agent.launch import LaunchError, job_env, record_launch, recover_launch, supervisor_run, supervisor_start
 from agent.mps import MpsController
@@ -58,6 +58,8 @@ class Executor:
         self.isolation = isolation
         self.jobs_dir = self.work_dir / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        if isolation is not None:
+            isolation.open_work_dir(self.work_dir, self.jobs_dir)
         self.mps = mps
         self.python = python
         self.clock = clock
@@ -71,6 +73,10 @@ class Executor:
         if not self.lease_path.exists():
             self.renew_lease()
         self._load()
+
+    @property
+    def _isolates(self) -> bool:
+        return self.isolation is not None and self.isolation.isolates
 
     # -- queries --------------------------------------------------------------------------------------------
     def handle(self, key: str) -> JobHandle | None:
@@ -194,6 +200,8 @@ class Executor:
         finished_at: float | None = None,
         grace_given_s: float | None = None,
     ) -> None:
+        if self._isolates:
+            close_job_tree(handle.dir)  # before its uid is free for another job
         handle.state = FINISHED
         handle.outcome = outcome
         handle.exit_code = exit_code
@@ -262,6 +270,8 @@ class Executor:
         outcome = read_json(d / "outcome.json")
         launch = read_json(d / "launch.json")
         if outcome is not None:
+            if self._isolates:
+                close_job_tree(d)  # ended under an agent that left it open
             restore_outcome(handle, outcome)
             self._jobs[spec.key] = handle
             return handle

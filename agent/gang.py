@@ -21,17 +21,24 @@ def hostfile_text(gang: Gang) -> str:
     return "".join(f"{m.address} slots={m.slots}\n" for m in gang.members)
 
 
+def write_hostfile(gang: Gang, job_dir: Path) -> Path:
+    """The gang's hostfile in the placement's directory, readable by the job whatever user it runs as (the
+    directory keeps other users out: agent/isolation.py)."""
+    hostfile = job_dir / HOSTFILE
+    tmp = hostfile.with_suffix(".tmp")
+    tmp.write_text(hostfile_text(gang))
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, hostfile)
+    return hostfile
+
+
 def gang_env(spec: JobSpec, job_dir: Path) -> dict[str, str]:
     """Write the gang's hostfile into the placement's directory and return the environment naming it, with the
     rendezvous variables. Nothing for a job of one node."""
     gang = spec.gang
     if gang is None:
         return {}
-    hostfile = job_dir / HOSTFILE
-    tmp = hostfile.with_suffix(".tmp")
-    tmp.write_text(hostfile_text(gang))
-    os.chmod(tmp, 0o644)  # the job reads it, whatever user it runs as
-    os.replace(tmp, hostfile)
+    hostfile = write_hostfile(gang, job_dir)
     master, me = gang.members[0], gang.members[gang.rank]
     values = {
         "MASTER_ADDR": master.address,

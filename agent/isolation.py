@@ -5,7 +5,11 @@ CPU and host memory. Only an agent running as root can do this; `tessera-agent c
   `TESSERA_AGENT_UID_POOL` (`60000-60999`; the gid is the same number, no /etc/passwd entry is needed);
   `account` runs each job as the Unix account named like its submitter, as Slurm does (the site maps portal
   users to accounts); `agent` runs jobs as the agent's own user (no isolation, the only choice without root).
-- **Working directory**: `<job dir>/work`, owned by the job's user, mode 700 (the default `cwd`).
+- **The job's tree**: the placement's directory is the agent's (its records, mode 600) and only the job's group may
+  pass through it (710, root and the job's gid); in it the job owns `work` (its `HOME` and default `cwd`) and `tmp`
+  (its `TMPDIR`), mode 700, and reads its gang's `hostfile`. The agent's work dir, `jobs/` and `jobs/<id>/` are
+  711: passable, not listable. Once the job has ended its `tmp` is removed and its directory closed (700): the
+  pool hands its uid to later jobs.
 - **cgroups**: a job's host memory (`memory_mib`) and CPU (`cpu_milli`) requests become limits: cgroup v2
   (`memory.max`, `memory.swap.max`, `cpu.max`) where the unified hierarchy has the memory and cpu controllers,
   else cgroup v1 (`memory.limit_in_bytes`, `cpu.cfs_quota_us`). A job past its memory is killed by the kernel and
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +31,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 DEFAULT_UID_POOL = (60000, 60999)
 MODES = ("pool", "account", "agent")
 CPU_PERIOD_US = 100_000
+HOME_DIR, TMP_DIR = "work", "tmp"  # in a placement's directory: the job's own
 
 
 class IsolationError(Exception):
@@ -38,6 +44,23 @@ class Identity:
     gid: int
     name: str
     home: str | None = None  # an account's home; a pool user's is its working directory
+
+
+@dataclass(frozen=True)
+class JobTree:
+    """What an isolated job owns in its placement's directory."""
+
+    home: Path  # its HOME (a pool user's; an account keeps its own) and its default working directory
+    tmp: Path  # its TMPDIR
+
+
+def close_job_tree(job_dir: Path) -> None:
+    """The job has ended: its TMPDIR goes and its directory is closed to its uid, which a later job may get."""
+    try:
+        os.chmod(job_dir, 0o700)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(job_dir / TMP_DIR, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -137,15 +160,24 @@ class Isolation:
                 return Identity(uid, uid, f"tessera-{uid}")
         raise IsolationError(f"every uid of the pool {low}-{high} is in use by a running job")
 
-    def private_dir(self, job_dir: Path, identity: Identity | None) -> Path:
-        """The job's own working directory: mode 700, its user's. The job directory around it stays the agent's
-        (its spec, run record and logs); others may pass through it but not list it."""
-        work = job_dir / "work"
-        work.mkdir(mode=0o700, exist_ok=True)
-        if identity is not None:
-            os.chown(work, identity.uid, identity.gid)
-            os.chmod(job_dir, 0o711)
-        return work
+    def open_work_dir(self, work_dir: Path, jobs_dir: Path) -> None:
+        """The agent's work dir and its jobs/: a job may pass through them to its own placement, not list them."""
+        if self.isolates:
+            for d in (work_dir, jobs_dir):
+                os.chmod(d, 0o711)
+
+    def job_tree(self, job_dir: Path, identity: Identity) -> JobTree:
+        """Open the placement's directory to its job: passable by the job's group alone, with a home and a TMPDIR
+        of the job's own in it. Modes are set, not left to the umask (the agent's is 077)."""
+        os.chmod(job_dir.parent, 0o711)  # jobs/<id>/: each attempt's job passes through to its own
+        os.chown(job_dir, -1, identity.gid)
+        os.chmod(job_dir, 0o710)
+        tree = JobTree(home=job_dir / HOME_DIR, tmp=job_dir / TMP_DIR)
+        for d in (tree.home, tree.tmp):
+            d.mkdir(mode=0o700, exist_ok=True)
+            os.chown(d, identity.uid, identity.gid)
+            os.chmod(d, 0o700)
+        return tree
 
     # -- cgroups -----------------------------------------------------------------------------------------------
     def cgroup_for(self, *, name: str, memory_mib: int | None, cpu_milli: int | None) -> dict:

@@ -76,15 +76,19 @@ def supervisor_run(
     cwd, user, cgroup = spec.cwd or str(d), None, {}
     if isolation is not None and isolation.isolates:
         identity = isolation.identity(user=spec.user, in_use=set(uids_in_use))
-        work = isolation.private_dir(d, identity)
-        cwd = spec.cwd or str(work)
+        if identity is not None:
+            handle.uid = identity.uid
+            tree = isolation.job_tree(d, identity)
+            cwd = spec.cwd or str(tree.home)
+            user = {"uid": identity.uid, "gid": identity.gid}
+            env.update(
+                {"HOME": identity.home or str(tree.home), "USER": identity.name, "LOGNAME": identity.name}
+            )
+            if "TMPDIR" not in spec.env:  # a job that names its own scratch keeps it
+                env["TMPDIR"] = str(tree.tmp)
         cgroup = isolation.cgroup_for(
             name=safe_name(spec.key), memory_mib=spec.memory_mib, cpu_milli=spec.cpu_milli
         )
-        if identity is not None:
-            user = {"uid": identity.uid, "gid": identity.gid}
-            handle.uid = identity.uid
-            env.update({"HOME": identity.home or str(work), "USER": identity.name, "LOGNAME": identity.name})
     return {
         "argv": command,
         "env": env,
@@ -116,7 +120,7 @@ def supervisor_start(handle: JobHandle, run: dict, *, python: str) -> tuple[subp
     check_launchable(run)
     write_private_json(d / "run.json", run)
     argv = [python, "-I", str(SUPERVISOR), str(d)]
-    with open(d / "supervisor.log", "ab") as log_file:
+    with open(os.open(d / "supervisor.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as log_file:
         popen = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,

@@ -3,7 +3,8 @@
 Each placement (job id + attempt) gets a directory under <work_dir>/jobs/ holding its spec, what its supervisor
 runs (run.json), the supervisor's launch record (pid, start time, command line), the job's own pid and group
 (job.json), the stop request the agent writes (stop.json), the exit record the supervisor writes (exit.json), the
-agent's outcome (outcome.json), and the job's stdout/stderr.
+agent's outcome (outcome.json), and the job's stdout/stderr; for an isolated job also its own home and TMPDIR
+(agent/isolation.py).
 """
 
 from __future__ import annotations

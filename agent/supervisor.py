@@ -5,9 +5,10 @@ JOB_DIR/run.json (the command, its environment, working directory and log files,
 and the fence: the agent's lease file and how long it may go unrenewed), starts the job in a process group of its
 own, and from then on answers to the job directory, not to the agent:
 
-- **stop**: the agent writes JOB_DIR/stop.json (reason, grace_s) and sends SIGUSR1. The job's group gets SIGTERM
-  and the whole grace; whatever is left of it then gets SIGKILL. SIGTERM, SIGINT or SIGHUP to the supervisor
-  itself (a host shutting down) stop the job the same way with run.json's grace.
+- **stop**: the agent writes JOB_DIR/stop.json (reason, grace_s) and sends SIGUSR1. The job's group gets one
+  SIGTERM, as does each descendant that left the group (never one in it twice), and the whole grace; whatever is
+  left then gets SIGKILL. SIGTERM, SIGINT or SIGHUP to the supervisor itself (a host shutting down) stop the job
+  the same way with run.json's grace.
 - **max runtime**: enforced here, so it holds while the agent is down.
 - **fence**: the agent renews its lease while the portal hears from it; once the lease is older than
   `fence_after_s` (the agent died, or lost the portal), the job is stopped as above. The portal re-places a silent
@@ -46,6 +47,11 @@ def _write_atomic(path: str, payload: dict) -> None:
     os.replace(tmp, path)
 
 
+def _log(path: str):
+    """A log of the job's, appended to; the agent's to read, not other jobs' (0600 whatever the umask)."""
+    return open(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
+
+
 def _read(path: str) -> dict | None:
     try:
         with open(path) as fh:
@@ -74,6 +80,25 @@ def _group_members(pgid: int) -> list[int]:
         fields = _stat_fields(int(entry))
         if fields is not None and fields[0] != "Z" and int(fields[2]) == pgid:
             out.append(int(entry))
+    return out
+
+
+def _outside_group(pgid: int) -> list[int]:
+    """This process's live descendants that are not in the process group: those that left the job's group (a
+    session or group of their own), whether their parent is alive or they were re-parented here."""
+    me, kids, group = os.getpid(), {}, {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(int(entry))
+            if fields is not None and fields[0] != "Z":
+                kids.setdefault(int(fields[1]), []).append(int(entry))
+                group[int(entry)] = int(fields[2])
+    out, todo = [], list(kids.get(me, ()))
+    while todo:
+        pid = todo.pop()
+        if group[pid] != pgid:
+            out.append(pid)
+        todo.extend(kids.get(pid, ()))
     return out
 
 
@@ -131,7 +156,7 @@ class Supervisor:
         run = self.run
         env = {str(k): str(v) for k, v in (run.get("env") or {}).items()}
         try:
-            with open(run["stdout"], "ab") as out, open(run["stderr"], "ab") as err:
+            with _log(run["stdout"]) as out, _log(run["stderr"]) as err:
                 self.job = subprocess.Popen(
                     run["argv"],
                     stdin=subprocess.DEVNULL,
@@ -172,13 +197,16 @@ class Supervisor:
         self.killed = self.stop_grace_s <= 0
 
     def _signal_all(self, sig: int) -> None:
-        """The job's group, and any descendant that left it."""
-        if self.job is not None:
-            try:
-                os.killpg(self.job.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        for pid in _children():
+        """One signal to each process of the job: its group as a whole, and each descendant that left the group
+        on its own (never one in the group: it has it already, and a second SIGTERM starts a checkpoint twice)."""
+        if self.job is None:
+            return
+        outside = _outside_group(self.job.pid)  # found first: one that leaves meanwhile gets SIGKILL, not two
+        try:
+            os.killpg(self.job.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in outside:
             try:
                 os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
