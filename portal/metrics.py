@@ -19,8 +19,15 @@ from django.http import HttpRequest, HttpResponse
 from portal.client_address import client_address
 from scheduling.observability.exposition import metrics_text
 from scheduling.observability.instruments import HTTP_DURATION, HTTP_REQUESTS
+from scheduling.observability.readiness import ReadinessCollector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_READINESS = ReadinessCollector()
+
+
+def metrics_body() -> bytes:
+    """What /metrics answers: the exposition with the readiness checks (/readyz's) beside it."""
+    return metrics_text(extra={"readiness": _READINESS})
 
 
 @functools.cache
@@ -48,7 +55,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
             status=403,
             content_type="text/plain; charset=utf-8",
         )
-    return HttpResponse(metrics_text(), content_type=CONTENT_TYPE)
+    return HttpResponse(metrics_body(), content_type=CONTENT_TYPE)
 
 
 class RequestMetricsMiddleware:

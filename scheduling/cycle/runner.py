@@ -15,8 +15,8 @@ from scheduling.cycle.desired_state import desired_state_sync
 from scheduling.cycle.lease import StaleEpoch, epoch_issue
 from scheduling.cycle.snapshot import cycle_profile, snapshot_from_db
 from scheduling.engine import run_cycle
-from scheduling.jobs.selectors import placed_waits
 from scheduling.observability import instruments
+from scheduling.observability.admission import admission_waits
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def _observe(report: CycleReport, decisions, result: ApplyResult) -> None:
     instruments.CYCLES.labels("stale" if report.stale else "applied").inc()
     if report.placed:
         instruments.PLACEMENTS.inc(report.placed)
-        for slug, priority_class, wait_s in placed_waits(job_ids=result.placed):
+        for slug, priority_class, wait_s in admission_waits(job_ids=result.placed):
             instruments.ADMISSION_WAIT.labels(slug, priority_class).observe(wait_s)
     evicted = {str(job_id) for job_id in result.evicted}
     for eviction in decisions.evictions:

@@ -10,26 +10,38 @@ per slice of a shared card (docs/operations.md, "Monitoring", maps every name).
 
 from __future__ import annotations
 
+import logging
 import os
-import time
 from collections import Counter as Tally
 from collections import defaultdict
 from collections.abc import Iterator
 
+from django.conf import settings
 from django.db.models import Count, Max
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import REGISTRY, Collector
 
 from quotas.models import Quota, Team
 from scheduling.agents.live_metrics import live_metrics_for_nodes
-from scheduling.cycle.models import NodeSync, SchedulerLease
+from scheduling.choices import JobState
+from scheduling.cycle.models import SchedulerLease
 from scheduling.cycle.selectors import team_standings
 from scheduling.history.models import GpuEvent
 from scheduling.inventory.models import Gpu, Node
+from scheduling.inventory.selectors import (
+    SILENT_AFTER_HEARTBEATS,
+    heartbeat_interval_s,
+    node_conditions,
+    silent_after_s,
+)
 from scheduling.jobs.models import Job, Slice
 from scheduling.jobs.states import ACTIVE_STATES, LIVE_STATES
+from scheduling.observability.job_events import job_event_counts
+from scheduling.observability.metrics_dir import SHARED_DIR_ENV, SharedDirCollector
+
+log = logging.getLogger(__name__)
 
 GPU_RESOURCE = "nvidia.com/gpu"
 ALL_FLAVORS = "all"
@@ -199,47 +211,134 @@ class GpuCollector(Collector):
 
 
 class AgentCollector(Collector):
-    """Per node: its state, whether its agent is connected, and the age of its last heartbeat."""
+    """Per node: its state, whether its agent is connected (the portal's one rule, as the API and the cluster map
+    say it), the age of its last heartbeat; and the deadlines alerts are measured against."""
 
     def collect(self) -> Iterator[Metric]:
-        now = time.time()
-        connected = _gauge("tessera_agent_connected", "1 while the node's agent holds a websocket.", ["node"])
+        connected = _gauge(
+            "tessera_agent_connected",
+            f"1 while the node's agent is connected: its socket has not closed since its last hello AND it was "
+            f"heard within {SILENT_AFTER_HEARTBEATS} heartbeat intervals (TESSERA_AGENT_HEARTBEAT_S, "
+            f"{silent_after_s():g} s); 0 when silent, disconnected or never connected. A socket the portal never "
+            "saw close (a web process killed) does not count.",
+            ["node"],
+        )
+        connection = _gauge(
+            "tessera_agent_connection",
+            "1 for the node's agent connection: connected, silent (no heartbeat for two intervals), disconnected "
+            "(its socket closed) or never_connected.",
+            ["node", "connection"],
+        )
         age = _gauge(
             "tessera_agent_heartbeat_age_seconds", "Seconds since the node's last heartbeat.", ["node"]
         )
         state = _gauge("tessera_node_state", "1 for the node's current state.", ["node", "state"])
-        syncs = {s.node_id: s for s in NodeSync.objects.only("node_id", "connected_at", "disconnected_at")}
-        for node in Node.objects.only("pk", "name", "state", "last_heartbeat_at"):
-            sync = syncs.get(node.pk)
-            is_connected = bool(
-                sync
-                and sync.connected_at
-                and (sync.disconnected_at is None or sync.disconnected_at < sync.connected_at)
-            )
-            connected.add_metric([node.name], int(is_connected))
-            if node.last_heartbeat_at:
-                age.add_metric([node.name], round(now - node.last_heartbeat_at.timestamp(), 1))
-            state.add_metric([node.name, node.state], 1)
-        yield from (connected, age, state)
+        nodes = list(Node.objects.values_list("pk", "name", "state", "last_heartbeat_at"))
+        conditions = node_conditions(nodes=[(pk, st, heard) for pk, _, st, heard in nodes])
+        for pk, name, node_state, _ in nodes:
+            c = conditions[pk]
+            connected.add_metric([name], int(c.connected))
+            connection.add_metric([name, c.connection], 1)
+            if c.heartbeat_age_s is not None:
+                age.add_metric([name], c.heartbeat_age_s)
+            state.add_metric([name, node_state], 1)
+        yield from (connected, connection, age, state)
+        for name, doc, value in (
+            (
+                "tessera_agent_heartbeat_interval_seconds",
+                "How often agents send a heartbeat (TESSERA_AGENT_HEARTBEAT_S).",
+                heartbeat_interval_s(),
+            ),
+            (
+                "tessera_node_lost_after_seconds",
+                "A node silent this long is lost: nothing more is placed on it (TESSERA_NODE_LOST_AFTER_S).",
+                float(settings.TESSERA_NODE_LOST_AFTER_S),
+            ),
+            (
+                "tessera_agent_fence_after_seconds",
+                "A job's supervisor stops it once its agent's lease is this old (TESSERA_AGENT_FENCE_AFTER_S): "
+                "silence this long costs the node's jobs.",
+                float(settings.TESSERA_AGENT_FENCE_AFTER_S),
+            ),
+        ):
+            setting = _gauge(name, doc, [])
+            setting.add_metric([], value)
+            yield setting
 
 
-_STATE_COLLECTORS = (SchedulerCollector(), GpuCollector(), AgentCollector())
+class JobLossCollector(Collector):
+    """Jobs lost and requeued, counted from their JobEvents (the truth, whichever process wrote them)."""
+
+    def collect(self) -> Iterator[Metric]:
+        lost = CounterMetricFamily(
+            "tessera_jobs_lost",
+            "Placements lost, by reason: node_lost (the node went silent and its supervisors fenced the job), "
+            "agent_lost / agent_stopped (the agent reported the job's process gone), gpus_not_on_node. Counted "
+            "from the jobs' events.",
+            labels=["reason"],
+        )
+        requeued = CounterMetricFamily(
+            "tessera_jobs_requeued",
+            "Jobs sent back to the queue after they had been placed, by reason: requeued_node_lost, requeued (a "
+            "lost process, a preemption, an admin), moved (stopped to make room, its place held). Counted from the "
+            "jobs' events.",
+            labels=["reason"],
+        )
+        for (to_state, code), n in sorted(job_event_counts().items()):
+            (lost if to_state == JobState.LOST else requeued).add_metric([code or "unknown"], n)
+        yield from (lost, requeued)
 
 
-def metrics_text() -> bytes:
-    """The exposition, text format 0.0.4."""
+_STATE_COLLECTORS = {
+    "scheduler": SchedulerCollector(),
+    "gpus": GpuCollector(),
+    "agents": AgentCollector(),
+    "job_events": JobLossCollector(),
+}
+
+
+class _Guarded(Collector):
+    """The collectors' metrics, each collector on its own: one that fails (the database is down) leaves its series
+    out, logs why and says so in `tessera_metrics_collector_success`, so the rest of the scrape (readiness above
+    all) still answers."""
+
+    def __init__(self, collectors: dict[str, Collector]) -> None:
+        self.collectors = collectors
+
+    def collect(self) -> Iterator[Metric]:
+        success = _gauge(
+            "tessera_metrics_collector_success",
+            "1 when this collector's figures were read at this scrape; 0 when it failed (its series are missing: "
+            "the portal's log says why).",
+            ["collector"],
+        )
+        for name, collector in self.collectors.items():
+            try:
+                families = list(collector.collect())
+            except Exception:  # noqa: BLE001 - one failed read must not take the whole scrape with it
+                log.exception("/metrics: the %s collector failed", name)
+                success.add_metric([name], 0)
+                continue
+            success.add_metric([name], 1)
+            yield from families
+        yield success
+
+
+def metrics_text(*, extra: dict[str, Collector] | None = None) -> bytes:
+    """The exposition, text format 0.0.4: the event counters (this process's, or every process's sharing the
+    multiprocess directory, or every container's sharing TESSERA_METRICS_SHARED_DIR) and the state read now,
+    plus `extra` collectors by name (the portal adds readiness)."""
     registry = CollectorRegistry(auto_describe=False)
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        MultiProcessCollector(registry)
+        shared = os.environ.get(SHARED_DIR_ENV)
+        if shared:
+            registry.register(SharedDirCollector(shared))
+        else:
+            MultiProcessCollector(registry)
     else:
         registry = _SumRegistry(REGISTRY)
-    for collector in _STATE_COLLECTORS:
-        registry.register(collector)
-    try:
-        return generate_latest(registry)
-    finally:
-        for collector in _STATE_COLLECTORS:
-            registry.unregister(collector)
+    registry.register(_Guarded({**_STATE_COLLECTORS, **(extra or {})}))
+    return generate_latest(registry)
 
 
 class _SumRegistry(CollectorRegistry):

@@ -34,7 +34,8 @@ EVICTIONS = Counter(
 )
 ADMISSION_WAIT = Histogram(
     "kueue_admission_wait_time_seconds",
-    "From submit to placement, per team (Kueue's cluster_queue) and priority class.",
+    "From the job's last entry into the queue (its submit, or its latest requeue) to its placement, per team "
+    "(Kueue's cluster_queue) and priority class. A requeued job's time running is not a wait.",
     ["cluster_queue", "priority_class"],
     buckets=_WAIT_BUCKETS,
 )

@@ -1,5 +1,6 @@
-"""Readiness: whether this portal can do its work now, each check's state (/readyz, and the web container's
-healthcheck with --url .../readyz). Liveness is /healthz: the process answers."""
+"""Readiness: whether this portal can do its work now, each check's state (/readyz, `python -m portal.health web
+--url .../readyz`, and the same checks as gauges on /metrics, so an alert sees what /readyz sees). Liveness is
+/healthz: the process answers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from scheduling.coordination import BEAT_MARK_KEY, redis_client
 from scheduling.cycle.liveness import scheduler_stall
@@ -71,3 +74,24 @@ def readiness() -> dict[str, Any]:
     if settings.REDIS_URL:
         check("beat", lambda: check_beat(max_age_s=max_age_s))
     return {"ready": all(c["ok"] for c in checks.values()), "checks": checks}
+
+
+class ReadinessCollector(Collector):
+    """/readyz on /metrics: `tessera_ready` and one `tessera_readiness_check` per check, read at each scrape."""
+
+    def collect(self):
+        answer = readiness()
+        ready = GaugeMetricFamily(
+            "tessera_ready", "1 when /readyz answers 200: every tessera_readiness_check holds.", labels=[]
+        )
+        ready.add_metric([], int(answer["ready"]))
+        checks = GaugeMetricFamily(
+            "tessera_readiness_check",
+            "1 while this /readyz check holds, 0 when it fails: database (answers), redis (answers, where "
+            "REDIS_URL is set), cycle (one started within three cycle intervals + 10 s), beat (sent its periodic "
+            "cycle request as recently; with Redis).",
+            labels=["check"],
+        )
+        for name, check in answer["checks"].items():
+            checks.add_metric([name], int(check["ok"]))
+        return iter((ready, checks))

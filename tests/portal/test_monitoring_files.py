@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduling.observability.exposition import metrics_text
+from portal.metrics import metrics_body
 
 MONITORING = Path(__file__).resolve().parents[2] / "docs" / "monitoring"
 NAME = re.compile(r"\b((?:tessera|kueue)_[a-z_]+|DCGM_FI_[A-Z_]+)\b")
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db
 
 def _exported() -> set[str]:
     names = set()
-    for family in text_string_to_metric_families(metrics_text().decode()):
+    for family in text_string_to_metric_families(metrics_body().decode()):
         names.add(family.name)
         names.update(s.name for s in family.samples)
     return names
