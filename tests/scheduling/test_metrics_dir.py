@@ -13,7 +13,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduling.observability.metrics_dir import OWNER, SharedDirCollector, claim, prune_gone
+from scheduling.observability.metrics_dir import SharedDirCollector, claim, prune_gone
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY = [sys.executable, "-m", "scheduling.observability.metrics_dir", "--"]
@@ -72,14 +72,11 @@ def test_each_container_writes_its_own_directory_and_metrics_sums_them_all(tmp_p
 
 
 def test_a_restarted_container_starts_from_an_empty_directory(tmp_path):
-    stale = tmp_path / "web-1"
-    stale.mkdir()
-    (stale / "counter_1.db").write_bytes(b"left by the container's previous run")
-    web = _running(tmp_path, "web-1")
+    _stop(_running(tmp_path, "web-1"))  # its previous run counted one request, as pid 1
+    assert _summed(tmp_path) == 1
+    web = _running(tmp_path, "web-1")  # restarted: pid 1 again, the same file name
     try:
-        assert not (stale / "counter_1.db").exists()
-        assert (stale / OWNER).exists()
-        assert _summed(tmp_path) == 1
+        assert _summed(tmp_path) == 1  # not 2: the previous run's file was emptied, not added to
     finally:
         _stop(web)
 
