@@ -1,20 +1,24 @@
-"""Health checks of the portal's processes, for container healthchecks (docker-compose.yml):
-`python -m portal.health web|worker|beat`. Exit status 0 when healthy, 1 with one line saying why otherwise.
+"""Health checks of Tessera's processes, for container healthchecks (docker-compose.yml):
+`python -m portal.health web|worker|beat|agent`. Exit status 0 when healthy, 1 with one line saying why otherwise.
 
-- web: the portal answers /healthz (the process is alive) or, given --url .../readyz, is ready (database, Redis,
-  a recent scheduling cycle, beat: `readiness`).
+- web: the portal answers /healthz (the process is alive: compose's healthcheck) or, given --url .../readyz, is
+  ready (database, Redis, a recent scheduling cycle, beat: `readiness`; for rollouts and alerts, not restarts).
 - worker: this host's Celery worker answers a ping through the broker.
 - beat: beat sent its periodic cycle request recently. Beat keeps no state a probe could read, so every process
   notes in Redis when it publishes that task (`scheduling.coordination.beat_note_publish`, connected in
-  portal.celery); only beat does.
+  portal.celery); only beat does. A standby beat (portal.beat) is healthy while the active one sends.
+- agent: the node agent's lease (`<work dir>/lease.json`, renewed each time the portal acknowledges one of its
+  heartbeats) is fresh: the agent runs and the portal hears it. Needs no Django and no portal credentials.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -51,6 +55,28 @@ def check_worker(*, node: str, timeout_s: float) -> str | None:
     return None
 
 
+def check_agent(*, work_dir: str, max_age_s: float) -> str | None:
+    """The agent's lease was renewed within `max_age_s` (its monotonic stamp, the clock its supervisors fence by;
+    the wall-clock one after a reboot, when the monotonic clock started again)."""
+    path = os.path.join(work_dir, "lease.json")
+    try:
+        with open(path) as fh:
+            lease = json.load(fh)
+    except FileNotFoundError:
+        return f"no {path}: the agent has not started with this work dir"
+    except (OSError, ValueError) as exc:
+        return f"cannot read {path}: {exc}"
+    age_s = time.monotonic() - float(lease.get("renewed_mono", float("-inf")))
+    if age_s < 0 or age_s == float("inf"):
+        age_s = time.time() - float(lease.get("renewed_at", 0))
+    if age_s > max_age_s:
+        return (
+            f"the agent's lease was last renewed {age_s:.0f} s ago (more than {max_age_s:g} s): the agent is not "
+            "running, or the portal has not acknowledged its heartbeats"
+        )
+    return None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m portal.health", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="process", required=True)
@@ -69,6 +95,18 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="default: three cycle intervals (TESSERA_CYCLE_INTERVAL_S) + 10",
     )
+    agent = sub.add_parser("agent", help="the node agent's lease is fresh (the portal acknowledges it)")
+    agent.add_argument(
+        "--work-dir",
+        default=os.environ.get("TESSERA_AGENT_WORK_DIR", "/var/lib/tessera-agent"),
+        help="the agent's --work-dir (default: TESSERA_AGENT_WORK_DIR, else %(default)s)",
+    )
+    agent.add_argument(
+        "--max-age-s",
+        type=float,
+        default=50.0,
+        help="unhealthy past this (default %(default)s s: the portal's default TESSERA_NODE_LOST_AFTER_S)",
+    )
     return parser
 
 
@@ -76,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.process == "web":
         problem = check_web(url=args.url, timeout_s=args.timeout_s)
+    elif args.process == "agent":
+        problem = check_agent(work_dir=args.work_dir, max_age_s=args.max_age_s)
     else:
         import django
 
