@@ -98,7 +98,9 @@ def ls(argv: Sequence[str]) -> int:
                         r["priority"],
                         ago(r["submitted_at"]),
                         r["queue_position"] or "-",
-                        shorten(r["pending_reason"], 50) if r["state"] == "pending" else "",
+                        shorten(r["pending_reason"], 50)
+                        if r["state"] == "pending"
+                        else _node_words(r.get("node_condition")),
                     ]
                     for r in rows
                 ],
@@ -108,6 +110,15 @@ def ls(argv: Sequence[str]) -> int:
         return ExitCode.OK
 
     return run_command(handle, args)
+
+
+def _node_words(condition: dict | None) -> str:
+    """A job's silent node, in a few words for a table row."""
+    if not condition:
+        return ""
+    if condition["code"] == "releasing":
+        return f"releasing GPUs on {condition['node']} (node silent)"
+    return f"node {condition['node']} not responding since {condition['since'][11:16]} UTC"
 
 
 def show(argv: Sequence[str]) -> int:
@@ -146,6 +157,10 @@ def show(argv: Sequence[str]) -> int:
                 ),
                 ("Why pending", f"[{job['pending_reason_code']}] {job['pending_reason']}"),
             ]
+        condition = job.get("node_condition")
+        if condition:
+            label = "Releasing" if condition["code"] == "releasing" else "Node"
+            fields.append((label, condition["message"]))
         if job["started_at"]:
             fields.append(("Started", job["started_at"]))
         if job["finished_at"]:

@@ -74,6 +74,7 @@ def jobs(request: HttpRequest) -> HttpResponse:
         "states": JobState.choices,
         "teams": team_slugs_visible_to(user=request.user),
         "idle_warn_min": int(IDLE_WARN_AFTER_S // 60),
+        "node_conditions": _node_conditions(page_jobs),
     }
     template = "frontend/jobs/_rows.html" if request.GET.get("part") == "rows" else "frontend/jobs/list.html"
     return render(request, template, context)
@@ -97,6 +98,19 @@ def _right_size(job, peak_mib: int | None) -> dict | None:
         return None
     suggest = -(-(peak_mib + 1024) // 8192) * 8192
     return {"peak_mib": peak_mib, "held_mib": held, "suggest_mib": suggest if suggest < held else None}
+
+
+def _node_conditions(jobs) -> dict:
+    """job id -> its NodeSilence, for the listed jobs on a silent node (the silent nodes read once)."""
+    silent = job_selectors.silent_nodes_named()
+    if not silent:
+        return {}
+    found = {
+        j.pk: job_selectors.job_node_silence(job=j, silent=silent)
+        for j in jobs
+        if j.state != JobState.PENDING
+    }
+    return {pk: c for pk, c in found.items() if c is not None}
 
 
 @login_required
@@ -125,6 +139,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "gpu_hours": _gpu_hours(request, job) if job.state in TERMINAL_STATES else None,
         "streams": joblogs.STREAMS,
         "exit_code": _exit_code(events),
+        "node_condition": job_selectors.job_node_silence(job=job),
     }
     template = (
         "frontend/jobs/_live.html" if request.GET.get("part") == "live" else "frontend/jobs/detail.html"

@@ -18,9 +18,10 @@ register = template.Library()
 
 def _slice_words(s: SliceHolder, card_mib: int) -> str:
     size = f"{gib(s.memory_mib)} + {s.compute_pct}%" if s.memory_mib < card_mib else "the whole card"
+    releasing = " (releasing: the job has ended, its node has not confirmed the stop)" if s.releasing else ""
     if not s.mine:
-        return f"another team: {size}"
-    return f"job {s.job_id} {s.job_name} ({s.user}, {s.team}): {size}"
+        return f"another team: {size}{releasing}"
+    return f"job {s.job_id} {s.job_name} ({s.user}, {s.team}): {size}{releasing}"
 
 
 def cell_words(cell: GpuCell) -> str:

@@ -13,6 +13,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db.models import Q
+
+from scheduling.choices import NodeState
+from scheduling.inventory.models import Node
 
 
 def fence_after_s() -> float:
@@ -25,3 +29,32 @@ def surely_stopped_at(*, last_heard_at: datetime, grace_s: float) -> datetime:
     return last_heard_at + timedelta(
         seconds=fence_after_s() + max(0.0, grace_s) + settings.TESSERA_FENCE_MARGIN_S
     )
+
+
+def silent_since(*, state: str, last_heartbeat_at: datetime | None, created_at: datetime, now: datetime):
+    """When the portal last heard a node that has been silent for longer than TESSERA_NODE_LOST_AFTER_S (or was
+    declared lost); None while it is heard. A node that never reported counts from its registration."""
+    last_heard = last_heartbeat_at or created_at
+    if state == NodeState.LOST or last_heard < now - timedelta(seconds=settings.TESSERA_NODE_LOST_AFTER_S):
+        return last_heard
+    return None
+
+
+def silent_filter(*, now: datetime) -> Q:
+    """The nodes `silent_since` calls silent, as a filter on Node."""
+    threshold = now - timedelta(seconds=settings.TESSERA_NODE_LOST_AFTER_S)
+    return (
+        Q(state=NodeState.LOST)
+        | Q(last_heartbeat_at__lt=threshold)
+        | Q(last_heartbeat_at__isnull=True, created_at__lt=threshold)
+    )
+
+
+def silent_nodes(*, node_ids, now: datetime) -> dict[int, datetime]:
+    """Of these nodes, the silent ones (`silent_since`): node id -> when last heard. One query."""
+    rows = (
+        Node.objects.filter(pk__in=list(node_ids))
+        .filter(silent_filter(now=now))
+        .values_list("pk", "last_heartbeat_at", "created_at")
+    )
+    return {pk: heard or created for pk, heard, created in rows}

@@ -23,8 +23,8 @@ from scheduling.cycle.requests import cycle_request
 from scheduling.inventory.models import Node
 from scheduling.jobs.models import Job, JobEvent, Slice
 from scheduling.jobs.selectors import gang_first_failure
-from scheduling.jobs.states import ACTIVE_STATES
-from scheduling.jobs.transitions import job_transition
+from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES
+from scheduling.jobs.transitions import job_cards_released, job_transition
 from scheduling.notifications.services import admin_notify
 from scheduling.realtime import events, groups
 
@@ -77,6 +77,17 @@ def _silent_nodes(now):
     )
 
 
+def jobs_on_node_changed(*, node: Node, code: str) -> None:
+    """Tell the pages of the jobs holding cards on the node that its standing changed (silent, or heard again):
+    their state is the same, what they say about their node is not."""
+    for job_id, team_id, submitter_id, state in (
+        Job.objects.filter(slices__gpu__node=node)
+        .distinct()
+        .values_list("pk", "team_id", "submitter_id", "state")
+    ):
+        events.job_changed(job_id=job_id, team_id=team_id, submitter_id=submitter_id, state=state, code=code)
+
+
 def node_mark_lost(*, node_id: int, now=None) -> list[int]:
     """Declare one node lost (if it is still silent): nothing more is placed on it. Its jobs stay where they are
     until they have surely stopped (`lost_jobs_check`); it may come back before. Returns its active job ids."""
@@ -97,6 +108,7 @@ def node_mark_lost(*, node_id: int, now=None) -> list[int]:
         events.publish_after_commit(
             groups.CLUSTER, {"type": "node.changed", "node": node.name, "state": NodeState.LOST}
         )
+        jobs_on_node_changed(node=node, code="node_not_responding")
         silent_s = (now - (node.last_heartbeat_at or node.created_at)).total_seconds()
         admin_notify(
             kind="node_lost",
@@ -290,15 +302,71 @@ def preemptions_check(*, now=None) -> list[int]:
     return overdue
 
 
+def releasing_check(*, now=None) -> list[int]:
+    """Ended jobs still holding cards on a node that was silent when they ended ("releasing", job_transition):
+    free once they have surely stopped there. On a node still silent, that is its fence (`surely_stopped_at`);
+    on one heard again, whose agent has had the grace and the lost timeout to confirm the stop and has not (it
+    lost its record of the job), that long after the job ended. Returns the job ids."""
+    now = now or timezone.now()
+    held = (
+        Slice.objects.filter(job__state__in=TERMINAL_STATES)
+        .values_list("job_id", "gpu__node_id")
+        .distinct()
+        .order_by("job_id", "gpu__node_id")
+    )
+    pairs = list(held)
+    if not pairs:
+        return []
+    nodes = {n.pk: n for n in Node.objects.filter(pk__in={node_id for _, node_id in pairs})}
+    jobs = {
+        j.pk: j
+        for j in Job.objects.filter(pk__in={job_id for job_id, _ in pairs}).select_related("priority_class")
+    }
+    freed = []
+    for job_id, node_id in pairs:
+        node, job = nodes[node_id], jobs[job_id]
+        grace_s = job.priority_class.preemption_grace_s
+        silent = node_loss.silent_since(
+            state=node.state, last_heartbeat_at=node.last_heartbeat_at, created_at=node.created_at, now=now
+        )
+        if silent is not None:
+            due, why = (
+                node_loss.surely_stopped_at(last_heard_at=silent, grace_s=grace_s),
+                "its fence has passed",
+            )
+        else:
+            due = (job.finished_at or now) + timedelta(seconds=grace_s + settings.TESSERA_NODE_LOST_AFTER_S)
+            why = "its agent, heard again, has not run it since"
+        if due > now:
+            continue
+        with transaction.atomic():
+            locked = lock_objects.jobs_for_update(ids=[job_id]).first()
+            if locked is not None and job_cards_released(
+                job=locked,
+                node_id=node.pk,
+                node_name=node.name,
+                message=f"Its GPUs on {node.name} are free again: {why}, so the job has surely stopped there.",
+            ):
+                freed.append(job_id)
+    return freed
+
+
 def watchdog_run() -> dict:
     """One watchdog round: silent nodes lost, their jobs requeued once surely stopped, overdue preemptions
-    finished; a cycle asked for if any of it happened."""
+    finished, ended jobs' cards on silent nodes freed once surely stopped; a cycle asked for if any of it
+    happened."""
     lost = nodes_check()
     requeued = lost_jobs_check()
     overdue = preemptions_check()
-    if lost or requeued or overdue:
+    released = releasing_check()
+    if lost or requeued or overdue or released:
         cycle_request()
-    return {"lost": lost, "lost_jobs_requeued": requeued, "preemptions_requeued": overdue}
+    return {
+        "lost": lost,
+        "lost_jobs_requeued": requeued,
+        "preemptions_requeued": overdue,
+        "releasing_freed": released,
+    }
 
 
 def last_placement(job: Job) -> JobEvent | None:

@@ -25,6 +25,7 @@ from scheduling.inventory.selectors import (
     node_conditions,
 )
 from scheduling.jobs.models import JobEvent, Slice
+from scheduling.jobs.states import TERMINAL_STATES
 from scheduling.jobs.usage import slice_share
 from scheduling.jobs.wording import job_ref
 
@@ -53,6 +54,9 @@ class SliceHolder:
     mine: bool  # the viewer may see who holds it (their team's, or staff)
     memory_mib: int
     compute_pct: int
+    # Held by a job that has ended while its node was silent: taken until its stop is confirmed or its fence
+    # has surely passed (scheduling.jobs.selectors.job_node_silence).
+    releasing: bool = False
 
 
 def slice_holder(
@@ -65,6 +69,7 @@ def slice_holder(
     username: str,
     memory_mib: int,
     compute_pct: int,
+    job_state: str = "",
 ) -> SliceHolder:
     """A slice as `visible` (visible_team_ids) may see it: another team's is anonymous, only its size shows."""
     mine = visible is None or team_id in visible
@@ -76,6 +81,7 @@ def slice_holder(
         mine=mine,
         memory_mib=memory_mib,
         compute_pct=compute_pct,
+        releasing=job_state in TERMINAL_STATES,
     )
 
 
@@ -319,7 +325,7 @@ def node_tiles(
         cells[cell.id] = cell
         by_node[row[1]].append(cell)
     visible = visible_team_ids(user)
-    for gpu_id, team_id, slug, job_id, job_name, username, memory_mib, compute_pct in (
+    for gpu_id, team_id, slug, job_id, job_name, username, memory_mib, compute_pct, job_state in (
         Slice.objects.filter(gpu__node_id__in=ids)
         .order_by("gpu_id", "job_id")
         .values_list(
@@ -331,6 +337,7 @@ def node_tiles(
             "job__submitter__username",
             "memory_mib",
             "compute_pct",
+            "job__state",
         )
     ):
         cells[gpu_id].slices.append(
@@ -343,6 +350,7 @@ def node_tiles(
                 username=username,
                 memory_mib=memory_mib,
                 compute_pct=compute_pct,
+                job_state=job_state,
             )
         )
     peers = nvlink_peers(gpu_ids=cells)

@@ -4,6 +4,8 @@ the CHECK constraints on Gpu are the last guard."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from django.db import transaction
 from django.db.models import F
 
@@ -88,10 +90,18 @@ def gpus_allocate(*, per_gpu: dict[int, tuple[int, int]]) -> list[int]:
     return sorted(set(per_gpu) - {r[0] for r in taken})
 
 
-def job_release_slices(*, job: Job) -> int:
-    """Give back every slice the job holds; returns how many were released."""
+def job_release_slices(
+    *, job: Job, on_node_ids: Collection[int] | None = None, keep_node_ids: Collection[int] = ()
+) -> int:
+    """Give back the slices the job holds (only those on `on_node_ids` when given; none on `keep_node_ids`);
+    returns how many were released."""
     released = 0
-    for sl in Slice.objects.select_for_update().filter(job=job).order_by("gpu_id"):
+    held = Slice.objects.select_for_update().filter(job=job)
+    if on_node_ids is not None:
+        held = held.filter(gpu__node_id__in=list(on_node_ids))
+    if keep_node_ids:
+        held = held.exclude(gpu__node_id__in=list(keep_node_ids))
+    for sl in held.order_by("gpu_id"):
         Gpu.objects.filter(pk=sl.gpu_id).update(
             allocated_memory_mib=F("allocated_memory_mib") - sl.memory_mib,
             allocated_compute_pct=F("allocated_compute_pct") - sl.compute_pct,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -12,6 +14,7 @@ from django.utils import timezone
 
 from quotas.selectors import team_ids_administered_by, team_ids_for_user
 from scheduling.choices import GangMemberOutcome, JobState
+from scheduling.cycle import node_loss
 from scheduling.cycle.liveness import SCHEDULER_STALLED, scheduler_stall
 from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
 
@@ -295,3 +298,83 @@ def job_team_ids(*, job_ids: list[int]) -> dict[int, int]:
     if not job_ids:
         return {}
     return dict(Job.objects.filter(pk__in=job_ids).values_list("pk", "team_id"))
+
+
+# -- a job whose node is silent ------------------------------------------------------------------------------------
+NODE_NOT_RESPONDING = "node_not_responding"
+RELEASING = "releasing"
+
+
+@dataclass(frozen=True)
+class NodeSilence:
+    """A live job on a node the portal has not heard for longer than TESSERA_NODE_LOST_AFTER_S (Slurm's NODE_FAIL
+    shown before anything is done about it), or an ended job whose cards there wait for its stop ("releasing")."""
+
+    code: str  # NODE_NOT_RESPONDING or RELEASING
+    node: str
+    since: datetime  # when the node was last heard
+    until: datetime  # when the job has surely stopped there (its fence), if the node stays silent
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "node": self.node,
+            "since": self.since,
+            "until": self.until,
+            "message": self.message,
+        }
+
+
+def silent_nodes_named(*, now: datetime | None = None) -> dict[int, tuple[str, datetime]]:
+    """Every silent node (node_loss.silent_since): id -> (name, last heard). One query; few rows but in an outage."""
+    from scheduling.inventory.models import Node
+
+    rows = Node.objects.filter(node_loss.silent_filter(now=now or timezone.now())).values_list(
+        "pk", "name", "last_heartbeat_at", "created_at"
+    )
+    return {pk: (name, heard or created) for pk, name, heard, created in rows}
+
+
+def job_node_silence(
+    *, job: Job, silent: dict[int, tuple[str, datetime]] | None = None
+) -> NodeSilence | None:
+    """Whether the job is on a silent node (`silent`: silent_nodes_named, read once for many jobs). One query
+    more for a job that holds cards while some node is silent; none otherwise."""
+    from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES
+
+    if job.state not in ACTIVE_STATES and job.state not in TERMINAL_STATES:
+        return None
+    silent = silent_nodes_named() if silent is None else silent
+    if not silent:
+        return None
+    held = [
+        silent[n] for n in Slice.objects.filter(job=job).values_list("gpu__node_id", flat=True) if n in silent
+    ]
+    if not held:
+        return None
+    name, since = min(held, key=lambda pair: pair[1])
+    until = node_loss.surely_stopped_at(last_heard_at=since, grace_s=job.priority_class.preemption_grace_s)
+    heard = f"node {name} has not responded since {since:%H:%M:%S} UTC"
+    if job.state in TERMINAL_STATES:
+        return NodeSilence(
+            RELEASING,
+            name,
+            since,
+            until,
+            f"Its GPUs on {name} are held (releasing) until the node's agent confirms the job has stopped, or "
+            f"until its fence has surely stopped it (about {until:%H:%M} UTC): {heard}.",
+        )
+    then = (
+        "placed again"
+        if job.requeue_on_node_loss
+        else "failed (it asked not to be requeued when its node is lost)"
+    )
+    return NodeSilence(
+        NODE_NOT_RESPONDING,
+        name,
+        since,
+        until,
+        f"{heard[0].upper()}{heard[1:]}: the job may still be running there. If the node stays silent, its "
+        f"supervisor stops it at its fence and it is {then} after about {until:%H:%M} UTC.",
+    )

@@ -13,12 +13,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from scheduling.choices import ActorKind, JobState
+from scheduling.cycle import node_loss
 from scheduling.cycle.requests import cycle_request_after_commit
 from scheduling.jobs.ledger import job_release_slices
 from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
 from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES, IllegalTransition, check_transition
 from scheduling.notifications.services import job_state_notify
-from scheduling.realtime import events
+from scheduling.realtime import events, groups
 
 log = logging.getLogger("tessera.jobs")
 
@@ -129,9 +130,14 @@ def job_transition(
     )
     if from_state in ACTIVE_STATES and to_state not in ACTIVE_STATES:
         # The agents running it must stop it: their desired state changed.
-        for node_name in set(Slice.objects.filter(job=job).values_list("gpu__node__name", flat=True)):
+        nodes = dict(Slice.objects.filter(job=job).values_list("gpu__node_id", "gpu__node__name").distinct())
+        for node_name in nodes.values():
             events.node_desired_state_changed(node_name=node_name)
-        job_release_slices(job=job)
+        # A job that ends while its node is silent may run on there until its fence: its cards stay taken there
+        # ("releasing") until the node's agent confirms the stop or the fence has surely passed (the watchdog).
+        # Not so for a requeue: the job would be placed again while holding them.
+        silent = node_loss.silent_nodes(node_ids=nodes, now=now) if to_state in TERMINAL_STATES else {}
+        job_release_slices(job=job, keep_node_ids=silent)
         GangMember.objects.filter(job=job).delete()  # a gang's members go with its placement
         cycle_request_after_commit()
     elif to_state == JobState.PENDING:
@@ -168,6 +174,37 @@ def job_cancel(*, job: Job, actor: AbstractBaseUser | None, actor_kind: str = Ac
         code="cancelled",
         message=f"Cancelled by {actor or actor_kind}.",
     )
+
+
+def job_cards_released(*, job: Job, node_id: int, node_name: str, message: str) -> bool:
+    """An ended job's cards on a node it may have run on after it ended (its node was silent: "releasing") are
+    free again: its agent confirmed the stop, or its fence has surely passed. Recorded on the job; whether any
+    were held."""
+    if not job_release_slices(job=job, on_node_ids=[node_id]):
+        return False
+    JobEvent.objects.create(
+        job=job,
+        from_state=job.state,
+        to_state=job.state,
+        actor_kind=ActorKind.SYSTEM,
+        code="gpus_released",
+        message=message,
+        data={"node": node_name},
+    )
+    job_change_log_on_commit(
+        job_id=job.pk, from_state=job.state, to_state=job.state, code="gpus_released", message=message
+    )
+    events.publish_after_commit(groups.CLUSTER, {"type": "node.changed", "node": node_name})
+    events.job_changed(
+        job_id=job.pk,
+        team_id=job.team_id,
+        submitter_id=job.submitter_id,
+        state=job.state,
+        code="gpus_released",
+        message=message,
+    )
+    cycle_request_after_commit()
+    return True
 
 
 @transaction.atomic

@@ -148,6 +148,7 @@ def test_the_cluster_shows_other_teams_slices_anonymously(as_alice, node, bobs_j
             "mine": False,
             "memory_mib": 81920,
             "compute_pct": 100,
+            "releasing": False,
         }
     ]
     assert body["gpus"][0]["nvlink_peers"] == [1, 2, 3, 4, 5, 6, 7]

@@ -345,3 +345,22 @@ def test_a_member_of_two_teams_is_told_how_to_name_one_and_whoami_shows_quotas(l
     assert "ai-lab/training" in me and "ai-lab/inference" in me
     assert "GPUs guaranteed, limit" in me and "held now: 0 GPUs" in me
     assert "priority classes: " in me and "default training" in me
+
+
+def test_show_and_ls_say_a_running_jobs_node_is_not_responding(logged_in, alice, teams, submit_as, node, a100):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from scheduling.cycle import apply, lease
+    from scheduling.engine import types as eng
+    from scheduling.inventory.models import Node
+
+    job = submit_as(alice, teams["training"])
+    placement = eng.Placement(str(job.pk), (eng.Assignment(node.name, 0, 81920, 1000),))
+    apply.apply_decisions(decisions=eng.Decisions(placements=(placement,)), epoch=lease.epoch_issue())
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now() - timedelta(minutes=5))
+    shown = logged_in("show", str(job.pk)).stdout
+    assert f"Node {node.name} has not responded since" in " ".join(shown.split())
+    listed = logged_in("ls").stdout
+    assert f"node {node.name} not responding since" in listed

@@ -226,6 +226,40 @@ def test_a_lost_node_that_comes_back_before_its_fence_keeps_its_jobs(
     assert job.state == JobState.PLACED and job.attempt == 1
 
 
+def test_a_job_cancelled_on_a_silent_node_keeps_its_cards_until_it_has_surely_stopped_there(
+    node, alice, teams, settings, fresh_watch
+):
+    settings.TESSERA_NODE_LOST_AFTER_S = 30
+    settings.TESSERA_AGENT_FENCE_AFTER_S = 600
+    settings.TESSERA_FENCE_MARGIN_S = 30
+    job = submit(alice, teams["training"], gpus=1)
+    runner.cycle_run_once()
+    now = timezone.now()
+    heard = now - timedelta(seconds=31)
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=heard)
+    job_cancel(job=job, actor=alice)
+    job.refresh_from_db()
+    assert job.state == JobState.CANCELLED
+    # It may still run there: its card is taken ("releasing") while the node is silent, however long.
+    assert Slice.objects.filter(job=job).count() == 1
+    assert Gpu.objects.filter(node=node, allocated_memory_mib__gt=0).count() == 1
+    surely_stopped = heard + timedelta(seconds=600 + job.priority_class.preemption_grace_s + 30)
+    assert watchdog.releasing_check(now=surely_stopped - timedelta(seconds=1)) == []
+    assert watchdog.releasing_check(now=surely_stopped) == [job.pk]
+    assert not Slice.objects.filter(job=job).exists()
+    assert not Gpu.objects.filter(node=node, allocated_memory_mib__gt=0).exists()
+    assert "its fence has passed" in job.events.get(code="gpus_released").message
+
+
+def test_a_job_cancelled_on_a_heard_node_frees_its_cards_at_once(node, alice, teams):
+    job = submit(alice, teams["training"], gpus=1)
+    runner.cycle_run_once()
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now())
+    job_cancel(job=job, actor=alice)
+    assert not Slice.objects.filter(job=job).exists()
+    assert watchdog.releasing_check() == []
+
+
 def test_requeues_are_bounded(node, alice, teams, settings, fresh_watch):
     settings.TESSERA_MAX_REQUEUES = 1
     settings.TESSERA_NODE_LOST_AFTER_S = 30

@@ -26,7 +26,7 @@ from scheduling.jobs.batches import StartWrite, jobs_start
 from scheduling.jobs.gangs import gang_member_started
 from scheduling.jobs.models import Job, Slice
 from scheduling.jobs.states import ACTIVE_STATES
-from scheduling.jobs.transitions import job_transition
+from scheduling.jobs.transitions import job_cards_released, job_transition
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,9 @@ def placed_here(job: Job, node: Node) -> bool:
     placed = last_placement(job)
     return placed is not None and node.name in (placed.data or {}).get("nodes", [])
 
+
+# The reports that say a placement's processes are gone.
+ENDED = frozenset({"exited", "stopped", "killed", "launch_failed", "lost"})
 
 # A final report's last lines kept in its event: so many, each cut to its last so many characters.
 LOG_TAIL_LINES = 20
@@ -232,7 +235,16 @@ def _apply_report(job: Job, node: Node, state: str, payload: dict[str, Any], dat
         )
         return Outcome(True, changed=True)
     if job.state not in ACTIVE_STATES:
-        return Outcome(True)  # cancelled meanwhile, or already final: nothing left to do
+        # Cancelled meanwhile, or already final. One that ended while this node was silent still holds its cards
+        # here ("releasing"): this report is its stop confirmed.
+        if state in ENDED and job_cards_released(
+            job=job,
+            node_id=node.pk,
+            node_name=node.name,
+            message=f"Its GPUs on {node.name} are free again: the node's agent confirmed the job has stopped.",
+        ):
+            return Outcome(True, changed=True)
+        return Outcome(True)
     if job.nodes > 1:
         gang_outcome = gang_member_end_apply(job, node, state, reason, data)
         if gang_outcome is not None:

@@ -10,18 +10,21 @@ from scheduling.agents.reports.outcome import db_text
 from scheduling.choices import NodeState
 from scheduling.cycle.models import NodeSync
 from scheduling.cycle.requests import cycle_request_after_commit
+from scheduling.cycle.watchdog import jobs_on_node_changed
 from scheduling.inventory.models import Node
 from scheduling.realtime import events, groups
 
 
 def node_revive(node: Node) -> None:
-    """A lost node that speaks again is ready again; its old jobs were already requeued."""
+    """A lost node that speaks again is ready again: jobs of it requeued after its fence run elsewhere, and those
+    it still runs (back before their fence) say so on their pages again."""
     if node.state == NodeState.LOST:
         node.state = NodeState.READY
         node.save(update_fields=["state"])
         events.publish_after_commit(
             groups.CLUSTER, {"type": "node.changed", "node": node.name, "state": node.state}
         )
+        jobs_on_node_changed(node=node, code="node_responding")
         cycle_request_after_commit()
 
 

@@ -15,6 +15,10 @@ class SliceHolderSerializer(serializers.Serializer):
     mine = serializers.BooleanField()
     memory_mib = serializers.IntegerField()
     compute_pct = serializers.IntegerField()
+    releasing = serializers.BooleanField(
+        help_text="Held by a job that ended while its node was silent, until its stop is confirmed or its fence "
+        "has surely passed."
+    )
 
 
 class GpuMetricsSerializer(serializers.Serializer):

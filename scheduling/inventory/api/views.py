@@ -46,6 +46,7 @@ def _node_payload(
                     username=sl.job.submitter.username,
                     memory_mib=sl.memory_mib,
                     compute_pct=sl.compute_pct,
+                    job_state=sl.job.state,
                 )
             )
             for sl in gpu.slices.all()

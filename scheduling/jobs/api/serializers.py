@@ -14,7 +14,13 @@ from rest_framework import serializers
 
 from scheduling.choices import JobState
 from scheduling.jobs.models import Job, JobEvent
-from scheduling.jobs.selectors import can_cancel_job, job_request_fields, pending_reason
+from scheduling.jobs.selectors import (
+    can_cancel_job,
+    job_node_silence,
+    job_request_fields,
+    pending_reason,
+    silent_nodes_named,
+)
 from scheduling.jobs.spec import spec_to_mapping
 from scheduling.jobs.submit import job_spec_of
 
@@ -34,6 +40,20 @@ class JobRequestSerializer(serializers.Serializer):
     checkpoint_interval_s = serializers.IntegerField(
         allow_null=True, help_text="How often the job checkpoints; null: an eviction loses all its work."
     )
+
+
+class NodeConditionSerializer(serializers.Serializer):
+    code = serializers.ChoiceField(
+        choices=["node_not_responding", "releasing"],
+        help_text="node_not_responding: the job's node has been silent past the node-lost timeout; releasing: "
+        "the job has ended and its cards there wait for its stop to be confirmed.",
+    )
+    node = serializers.CharField()
+    since = serializers.DateTimeField(help_text="When the portal last heard the node.")
+    until = serializers.DateTimeField(
+        help_text="When the job has surely stopped there, if the node stays silent."
+    )
+    message = serializers.CharField()
 
 
 class JobSerializer(serializers.Serializer):
@@ -64,6 +84,10 @@ class JobSerializer(serializers.Serializer):
         read_only=True, allow_null=True, help_text="Place in the queue at the last scheduling cycle."
     )
     estimated_start_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    node_condition = serializers.SerializerMethodField(
+        help_text="Set while the job's node is silent (the job may still run there), or while an ended job's cards "
+        "on a silent node are being released; null otherwise."
+    )
 
     def get_pending_reason_code(self, job: Job) -> str:
         """Why it waits, as a code; scheduler_stalled when no scheduling cycle ran for three intervals."""
@@ -75,6 +99,19 @@ class JobSerializer(serializers.Serializer):
     @extend_schema_field(JobRequestSerializer)
     def get_request(self, job: Job) -> dict[str, Any]:
         return job_request_fields(job)  # already in its JSON form (see JobRequestSerializer)
+
+    @extend_schema_field(NodeConditionSerializer(allow_null=True))
+    def get_node_condition(self, job: Job) -> dict[str, Any] | None:
+        if job.state in (JobState.PENDING, JobState.PREEMPTED, JobState.LOST):
+            return None  # holds no cards
+        # The silent nodes are read once per response, however many jobs it lists.
+        silent = self.context.get("silent_nodes")
+        if silent is None:
+            silent = silent_nodes_named()
+            if isinstance(self.context, dict):
+                self.context["silent_nodes"] = silent
+        condition = job_node_silence(job=job, silent=silent)
+        return None if condition is None else NodeConditionSerializer(condition.as_dict()).data
 
 
 _DATETIME = serializers.DateTimeField()
@@ -111,6 +148,7 @@ def job_payload(job: Job) -> dict[str, Any]:
         "pending_reason": pending_reason(job)[1],
         "queue_position": job.queue_position,
         "estimated_start_at": _moment(job.estimated_start_at),
+        "node_condition": None,  # a job just submitted holds no cards
     }
 
 
