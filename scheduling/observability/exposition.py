@@ -266,6 +266,14 @@ class AgentCollector(Collector):
             yield setting
 
 
+# The reasons written today (scheduling/cycle/watchdog.py, scheduling/agents/reports/job_status.py). A counter
+# that first appears at 1 shows no increase() in Prometheus, so these are exported at 0 before their first event.
+_JOB_EVENT_REASONS = [
+    *((JobState.LOST, code) for code in ("node_lost", "agent_lost", "agent_stopped", "gpus_not_on_node")),
+    *((JobState.PENDING, code) for code in ("requeued_node_lost", "requeued", "moved")),
+]
+
+
 class JobLossCollector(Collector):
     """Jobs lost and requeued, counted from their JobEvents (the truth, whichever process wrote them)."""
 
@@ -284,7 +292,11 @@ class JobLossCollector(Collector):
             "jobs' events.",
             labels=["reason"],
         )
-        for (to_state, code), n in sorted(job_event_counts().items()):
+        counts = Tally(
+            {key: 0 for key in _JOB_EVENT_REASONS}
+        )  # each known reason from 0, so increase() sees it
+        counts.update(job_event_counts())
+        for (to_state, code), n in sorted(counts.items()):
             (lost if to_state == JobState.LOST else requeued).add_metric([code or "unknown"], n)
         yield from (lost, requeued)
 
