@@ -1,5 +1,8 @@
-"""docker-compose.yml and the docs name only flags their programs have: each command of the compose file (its
-services' and healthchecks') runs here with `--help`, and every flag it uses must be one the program lists.
+"""docker-compose.yml as an operator reads it: every process checked for health the way its failure should be acted
+on (web's liveness on /healthz, each agent on its lease), one beat guarded by a lock, no GPU agent in a container,
+metrics files per container, the image installed under the lock. And it names only flags its programs have: each
+command of the compose file (its services' and healthchecks') runs here with `--help`, and every flag it uses must
+be one the program lists.
 
 `--help` alone would not do: argparse prints the help and exits 0 before it complains of an unknown flag (the GPU
 agent's `--fence-after-s` passed that way); click (celery) refuses the unknown flag first. Docker itself is not
@@ -75,11 +78,76 @@ def flag_problems(argv: list[str]) -> list[str]:
 COMMANDS = _compose_commands()
 
 
-def test_the_compose_file_runs_every_tessera_process_and_checks_web_worker_and_beat():
+SERVICES = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+DOCKERFILE = (REPO / "Dockerfile").read_text()
+
+
+def _flag(argv: list[str], flag: str) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
+def _agents() -> dict[str, dict]:
+    return {n: s for n, s in SERVICES.items() if (s.get("command") or [""])[0] == "tessera-agent"}
+
+
+def test_the_compose_file_runs_every_tessera_process_and_checks_each_one():
     names = {where.split(":")[0] for where, _ in COMMANDS}
-    assert {"migrate", "web", "worker", "beat", "agent-gpu-01", "agent-sim-01"} <= names
+    assert {"migrate", "web", "worker", "beat", "agent-sim-01"} <= names
     checked = {where.split(":")[0] for where, _ in COMMANDS if where.endswith("healthcheck")}
-    assert {"web", "worker", "beat"} <= checked
+    assert names - {"migrate"} <= checked
+
+
+def test_web_s_healthcheck_is_liveness_on_healthz_never_readyz():
+    test = SERVICES["web"]["healthcheck"]["test"]
+    assert test[1:5] == ["python", "-m", "portal.health", "web"]
+    assert _flag(test, "--url") == "http://localhost:8000/healthz"
+    assert not any("readyz" in part for part in test)
+
+
+def test_each_agent_is_checked_on_its_lease_in_the_work_dir_it_keeps_on_a_volume():
+    assert _agents(), "no agent in the compose file"
+    for name, service in _agents().items():
+        work_dir = _flag(service["command"], "--work-dir")
+        test = service["healthcheck"]["test"]
+        assert test[1:5] == ["python", "-m", "portal.health", "agent"], name
+        assert _flag(test, "--work-dir") == work_dir, name
+        assert any(v.split(":")[1] == work_dir for v in service.get("volumes", [])), f"{name}: no volume"
+
+
+def test_no_real_gpu_agent_runs_in_a_container_where_a_restart_would_kill_its_jobs():
+    for name, service in _agents().items():
+        assert _flag(service["command"], "--backend") == "sim", f"{name}: use deploy/systemd for real GPUs"
+        assert "devices" not in str(service.get("deploy", {})), name
+    unit = (REPO / "deploy" / "systemd" / "tessera-agent.service").read_text()
+    assert "\nKillMode=process\n" in unit
+
+
+def test_one_beat_and_a_lock_behind_it():
+    beat = SERVICES["beat"]
+    assert beat["deploy"]["replicas"] == 1
+    assert _flag(beat["command"], "-S") == "portal.beat:SingleBeatScheduler"
+    module, cls = _flag(beat["command"], "-S").split(":")
+    assert getattr(__import__(module, fromlist=[cls]), cls).__name__ == cls
+
+
+def test_web_and_worker_write_their_metrics_files_each_to_a_directory_of_its_own():
+    shared = {SERVICES[n]["environment"].get("TESSERA_METRICS_SHARED_DIR") for n in ("web", "worker")}
+    assert len(shared) == 1 and None not in shared
+    (path,) = shared
+    for name, service in SERVICES.items():
+        env = service.get("environment") or {}
+        # The entrypoint sets PROMETHEUS_MULTIPROC_DIR per container; set for all, web and worker (both pid 1)
+        # would write the same files.
+        assert "PROMETHEUS_MULTIPROC_DIR" not in env, name
+        if name in ("web", "worker"):
+            assert any(v.split(":")[1] == path for v in service["volumes"]), name
+    assert 'ENTRYPOINT ["python", "-m", "scheduling.observability.metrics_dir", "--"]' in DOCKERFILE
+
+
+def test_the_image_installs_its_dependencies_under_the_lock():
+    assert re.search(r"^COPY [^\n]*\brequirements\.lock\b", DOCKERFILE, re.MULTILINE)
+    installs = re.findall(r"pip install [^\n]*", DOCKERFILE)
+    assert installs and all("-c requirements.lock" in line for line in installs), installs
 
 
 @pytest.mark.parametrize(("where", "argv"), COMMANDS, ids=[where for where, _ in COMMANDS])
@@ -102,8 +170,9 @@ def test_the_check_catches_a_flag_the_program_does_not_have(argv, bad):
     assert problems and bad in problems[0], problems
 
 
-# What the docs say a gang's launcher inside the job (torchrun, deepspeed) is given: their flags, not ours.
-LAUNCHERS_FLAGS = {"--nproc-per-node", "--nnodes", "--node-rank", "--hostfile"}
+# Other programs' flags the agent docs name: what a gang's launcher inside the job (torchrun, deepspeed) is given,
+# and iptables' owner match for firewalling the jobs' uids from the portal's services.
+LAUNCHERS_FLAGS = {"--nproc-per-node", "--nnodes", "--node-rank", "--hostfile", "--uid-owner"}
 
 
 def test_every_flag_the_agent_docs_name_exists():

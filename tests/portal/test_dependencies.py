@@ -113,3 +113,42 @@ def test_the_image_copies_every_package_the_install_ships() -> None:
     packages = {pattern.rstrip("*") for pattern in shipped["include"]}
     copied = set(re.findall(r"^COPY (\w+) \./\1$", (ROOT / "Dockerfile").read_text(), re.MULTILINE))
     assert packages == copied, f"the Dockerfile copies {sorted(copied)}, the install ships {sorted(packages)}"
+
+
+def _locked() -> dict[str, str]:
+    """Distribution (normalised) -> the version requirements.lock pins."""
+    pins = {}
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        if line and not line.startswith((" ", "#")):
+            name, version = line.split(";")[0].strip().split("==")
+            pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return pins
+
+
+def test_the_lock_pins_every_dependency_pyproject_declares_at_a_version_it_allows() -> None:
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = [
+        *project["dependencies"],
+        *(r for extra in project["optional-dependencies"].values() for r in extra),
+    ]
+    pins = _locked()
+    problems = []
+    for text in declared:
+        req = Requirement(text)
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        if name == "tessera":
+            continue  # the dev extra naming the project's own extras
+        if name not in pins:
+            problems.append(f"{text}: not in requirements.lock")
+        elif not req.specifier.contains(pins[name], prereleases=True):
+            problems.append(f"{text}: the lock pins {pins[name]}")
+    assert not problems, "requirements.lock is stale; regenerate it (its first lines say how): " + "; ".join(
+        problems
+    )
+
+
+def test_the_lock_says_how_it_was_made_from_pyproject() -> None:
+    head = (ROOT / "requirements.lock").read_text().splitlines()[:2]
+    assert "uv pip compile pyproject.toml --all-extras" in head[1] and "-o requirements.lock" in head[1]
