@@ -347,7 +347,9 @@ def test_a_member_of_two_teams_is_told_how_to_name_one_and_whoami_shows_quotas(l
     assert "priority classes: " in me and "default training" in me
 
 
-def test_show_and_ls_say_a_running_jobs_node_is_not_responding(logged_in, alice, teams, submit_as, node, a100):
+def test_show_and_ls_say_a_running_jobs_node_is_not_responding(
+    logged_in, alice, teams, submit_as, node, a100
+):
     from datetime import timedelta
 
     from django.utils import timezone
