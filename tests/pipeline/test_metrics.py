@@ -1,5 +1,6 @@
 """/metrics scraped from the live portal while a job runs, parsed with prometheus-client's own parser: the
-scheduler's, Kueue's, dcgm-exporter's and the agents' names with real values, summed over daphne and the worker."""
+scheduler's, Kueue's, dcgm-exporter's and the agents' names with real values, summed over daphne and the worker,
+and /readyz's checks beside them."""
 
 from __future__ import annotations
 
@@ -67,3 +68,10 @@ def test_metrics_name_what_runs_where_with_real_values(pipe):
     assert 0 <= _value(m, "tessera_agent_heartbeat_age_seconds", node=node) < 30
     assert _value(m, "tessera_agent_reports_total", kind="heartbeat", result="ok") >= 1
     assert _value(m, "tessera_http_requests_total", route="metrics", method="GET", status="200") >= 1
+    # /readyz's checks and the jobs' losses, read at scrape time; every collector answered.
+    assert _value(m, "tessera_ready") == 1
+    assert _value(m, "tessera_readiness_check", check="database") == 1
+    assert _value(m, "tessera_readiness_check", check="redis") == 1
+    assert all(s.value == 1 for s in m["tessera_metrics_collector_success"])
+    assert _value(m, "tessera_jobs_lost_total", reason="node_lost") >= 0
+    assert _value(m, "tessera_agent_connection", node=node, connection="connected") == 1
