@@ -29,7 +29,9 @@ LOCK_KEY = "tessera:beat:lock"
 
 
 def lock_ttl_s() -> float:
-    return float(os.environ.get("TESSERA_BEAT_LOCK_TTL_S") or 30)
+    from django.conf import settings
+
+    return float(settings.TESSERA_BEAT_LOCK_TTL_S)
 
 
 class SingleBeatScheduler(PersistentScheduler):

@@ -164,6 +164,9 @@ TESSERA_AGENT_FENCE_AFTER_S = env.float("TESSERA_AGENT_FENCE_AFTER_S", default=6
 # after two of them.
 TESSERA_AGENT_HEARTBEAT_S = env.float("TESSERA_AGENT_HEARTBEAT_S", default=5.0)
 TESSERA_FENCE_MARGIN_S = env.float("TESSERA_FENCE_MARGIN_S", default=30.0)
+# Beat sends periodic tasks only while it holds a Redis lock of this lifetime (portal/beat.py): a second beat stands
+# by and takes over within one TTL of the first one's death.
+TESSERA_BEAT_LOCK_TTL_S = env.float("TESSERA_BEAT_LOCK_TTL_S", default=30.0)
 # Threads (each with its own database connection) that handle the agents' reports in one portal process.
 TESSERA_AGENT_DB_THREADS = env.int("TESSERA_AGENT_DB_THREADS", default=4)
 TESSERA_FAIRSHARE_HALF_LIFE_S = env.float("TESSERA_FAIRSHARE_HALF_LIFE_S", default=7 * 24 * 3600.0)

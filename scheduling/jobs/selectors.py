@@ -273,16 +273,6 @@ def gangs_failing(*, job_ids: Iterable[int]) -> set[int]:
     )
 
 
-def placed_waits(*, job_ids: list[int]) -> list[tuple[str, str, float]]:
-    """(team slug, priority class, seconds from submit to placement) of these placed jobs, in one query."""
-    rows = Job.objects.filter(pk__in=job_ids, placed_at__isnull=False).values_list(
-        "team__slug", "priority_class__name", "submitted_at", "placed_at"
-    )
-    return [
-        (slug, pc, max(0.0, (placed - submitted).total_seconds())) for slug, pc, submitted, placed in rows
-    ]
-
-
 def pending_reason(job: Job) -> tuple[str, str]:
     """(code, sentence) of why a job waits, as people are told it: what the last cycle said, unless the scheduler
     is not running at all; then that (scheduling.cycle.liveness)."""

@@ -70,10 +70,15 @@ def test_a_silent_nodes_job_says_so_and_one_cancelled_meanwhile_keeps_its_cards_
     assert held.count() == 1 and _alive(pid), "the card was shown free while the job still ran"
 
     # The agent comes back: the job is not in its desired state, it stops it and says so; the card is free.
+    restarted_at = time.time()
     pipe.start_agent(node)
     wait_for("the card to be free again", lambda: not held.exists(), timeout_s=45)
+    freed_after_s = time.time() - restarted_at
     assert not _alive(pid)
     released = job.events.get(code="gpus_released")
     assert "agent confirmed" in released.message
     assert _api_job(pipe, token, job.pk)["node_condition"] is None
-    print(f"node {node} silent: shown on its job {shown_after_s:.1f} s after its agent was killed")
+    print(
+        f"node {node} silent: shown on its job {shown_after_s:.1f} s after its agent was killed; the cancelled "
+        f"job's card free {freed_after_s:.1f} s after its agent was started again"
+    )
