@@ -41,7 +41,8 @@ ADMISSION_WAIT = Histogram(
 )
 AGENT_REPORTS = Counter(
     "tessera_agent_reports_total",
-    "Messages from node agents handled, by kind and result (ok or refused).",
+    "Messages from node agents handled, by kind and result: ok, refused, or stale (about a placement the portal "
+    "has moved on from, expected after an outage).",
     ["kind", "result"],
 )
 HTTP_REQUESTS = Counter(
