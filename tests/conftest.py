@@ -206,3 +206,15 @@ def node(db, a100):
         for b in gpus[i + 1 :]:
             GpuLink.objects.create(gpu_a=a, gpu_b=b, kind=LinkKind.NVLINK, nvlink_count=12)
     return node
+
+
+@pytest.fixture
+def fresh_watch():
+    """No record of earlier watchdog runs (the Redis keys other tests left, or the process's own marks)."""
+    from scheduling import coordination
+    from scheduling.cycle import watchdog
+
+    r = coordination.redis_client()
+    if r is not None:
+        r.delete(watchdog._LAST_RUN_KEY, watchdog._RESUMED_KEY)
+    watchdog._local_marks.clear()

@@ -143,15 +143,6 @@ def test_the_desired_version_moves_only_when_the_content_does(node, alice, teams
     assert moved2 and state2.version == state1.version + 1 and state2.jobs == ()
 
 
-@pytest.fixture
-def fresh_watch():
-    """No record of earlier watchdog runs (shared Redis keys from other tests)."""
-    r = coordination.redis_client()
-    if r is not None:
-        r.delete(watchdog._LAST_RUN_KEY, watchdog._RESUMED_KEY)
-    watchdog._local_marks.clear()
-
-
 def _watched_since(start, until, step_s: float = 10.0) -> None:
     """The watchdog ran every step_s from start to just before until (and found everyone alive)."""
     at = start

@@ -12,7 +12,6 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from portal.metrics import metrics_body
-from scheduling import coordination
 from scheduling.choices import ActorKind, JobState
 from scheduling.cycle import runner, watchdog
 from scheduling.cycle.models import NodeSync
@@ -43,14 +42,6 @@ def _submit(alice, teams, **spec) -> Job:
     spec.setdefault("command", "sleep 60")
     spec.setdefault("name", "job")
     return job_submit(submitter=alice, team=teams["training"], spec=JobSpec(gpus=1, **spec))
-
-
-@pytest.fixture
-def fresh_watch():
-    r = coordination.redis_client()
-    if r is not None:
-        r.delete(watchdog._LAST_RUN_KEY, watchdog._RESUMED_KEY)
-    watchdog._local_marks.clear()
 
 
 @pytest.fixture(autouse=True)
