@@ -153,7 +153,11 @@ def show(argv: Sequence[str]) -> int:
                 ("Queue position", job["queue_position"] or "-"),
                 (
                     "Estimated start",
-                    f"{job['estimated_start_at'] or '-'} ({until(job['estimated_start_at'])})",
+                    f"{job['estimated_start_at']} ({until(job['estimated_start_at'])})"
+                    if job["estimated_start_at"]
+                    else "not known yet (give the job a runtime limit, -t, for an estimate)"
+                    if not job["request"].get("max_runtime_s")
+                    else "not known yet",
                 ),
                 ("Why pending", f"[{job['pending_reason_code']}] {job['pending_reason']}"),
             ]
@@ -164,7 +168,8 @@ def show(argv: Sequence[str]) -> int:
         if job["started_at"]:
             fields.append(("Started", job["started_at"]))
         if job["finished_at"]:
-            fields.append(("Finished", f"{job['finished_at']} exit code {job['exit_code']}"))
+            exited = f", exit code {job['exit_code']}" if job["exit_code"] is not None else ""
+            fields.append(("Finished", f"{job['finished_at']} ({job['state']}{exited})"))
         for sl in job.get("slices", []):
             fields.append(
                 (

@@ -366,3 +366,14 @@ def test_show_and_ls_say_a_running_jobs_node_is_not_responding(
     assert f"Node {node.name} has not responded since" in " ".join(shown.split())
     listed = logged_in("ls").stdout
     assert f"node {node.name} not responding since" in listed
+
+
+def test_show_says_what_it_does_not_know_in_words_never_none_or_dashes(logged_in, alice, teams, submit_as):
+    pending = submit_as(alice, teams["training"])
+    shown = " ".join(logged_in("show", str(pending.pk)).stdout.split())
+    assert "Estimated start not known yet (give the job a runtime limit, -t, for an estimate)" in shown
+    assert "(-)" not in shown
+    cancelled = submit_as(alice, teams["training"])
+    job_cancel(job=cancelled, actor=alice)
+    shown = " ".join(logged_in("show", str(cancelled.pk)).stdout.split())
+    assert "(cancelled)" in shown and "None" not in shown

@@ -42,7 +42,10 @@ DEMO_PYTHON = """#!/bin/sh
 if [ -n "$1" ] && [ "${1%.py}" != "$1" ] && [ ! -e "$1" ]; then
   steps=$(( $(od -An -N1 -tu1 /dev/urandom) % 40 + 20 ))
   echo "[demo] $1 is simulated here: $steps steps of 5 s"
-  i=1; while [ $i -le $steps ]; do echo "step $i/$steps loss=$(( 1000 / (i + 1) ))e-3"; sleep 5; i=$((i+1)); done
+  i=1; while [ $i -le $steps ]; do
+    milli=$(( 1000 / (i + 1) )); printf 'step %d/%d loss=%d.%03d\n' $i $steps $((milli / 1000)) $((milli % 1000))
+    sleep 5; i=$((i+1))
+  done
   echo "[demo] done"; exit 0
 fi
 exec "{python}" "$@"
