@@ -29,7 +29,7 @@ demo: $(STAMP)
 	$(BIN)/python manage.py migrate --noinput -v0
 	$(BIN)/python manage.py load_demo
 	@echo "Tessera: portal on http://$(HOST):$(PORT)/ (admin: /admin/), scheduling loop and simulated agents. Ctrl-C stops it."
-	DEBUG=1 REDIS_URL= $(BIN)/python manage.py run_demo --host $(HOST) --port $(PORT)
+	REDIS_URL= $(BIN)/python manage.py run_demo --host $(HOST) --port $(PORT)
 
 test: $(STAMP)
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -102,7 +102,7 @@ def embedded_server(tmp_path_factory):
     """What `make demo` runs: migrate, load the demo, then the portal, the scheduling loop and simulated agents,
     all on SQLite with no Redis."""
     var = tmp_path_factory.mktemp("embedded")
-    env = _embedded_env(var, DEBUG="1")
+    env = _embedded_env(var)
     manage = [sys.executable, "manage.py"]
     subprocess.run([*manage, "migrate", "--noinput", "-v0"], env=env, cwd=ROOT, check=True)
     loaded = subprocess.run(

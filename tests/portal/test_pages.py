@@ -92,6 +92,22 @@ def test_another_teams_job_page_is_404_and_its_queue_entry_anonymous(alice, bob,
     assert [(e["team"], e["id"], e["name"]) for e in api] == [("ai-lab/training", None, None)]
 
 
+def test_a_404_is_the_portals_own_page_with_its_navigation_never_a_debug_page(alice, bob, teams, node):
+    job = _submit(alice, teams["training"], name="alice-secret")
+    page = _signed_in(bob).get(f"/jobs/{job.pk}/")
+    body = " ".join(page.content.decode().split())
+    assert page.status_code == 404 and "<h1>Not found</h1>" in body
+    assert "belongs to a team you are not in" in body and 'href="/jobs/"' in body
+    assert "alice-secret" not in body and "URLconf" not in body and "Traceback" not in body
+
+
+def test_a_500_is_a_plain_page_that_says_nothing_was_lost(client, settings):
+    from django.template.loader import render_to_string
+
+    body = " ".join(render_to_string("500.html").split())  # without a request, as Django's handler renders it
+    assert "Nothing you submitted is lost" in body and "{%" not in body
+
+
 def test_bob_cannot_cancel_alices_job_from_the_portal(alice, bob, teams, node):
     job = _submit(alice, teams["training"])
     response = _signed_in(bob).post("/jobs/cancel/", {"job": [job.pk]})
