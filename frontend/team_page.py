@@ -12,6 +12,7 @@ import io
 from datetime import UTC, date, datetime, time, timedelta
 
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -171,7 +172,11 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
 def team_chargeback_csv(request: HttpRequest, slug: str) -> HttpResponse:
     team = _team_or_404(slug)
     if not _may_see_people(request.user, team):
-        raise Http404(f"No team {slug}.")  # as the usage API: another team's people are not there to see
+        # The team's page is everyone's; its chargeback names its people, as the usage API keeps them to it.
+        raise PermissionDenied(
+            f"the chargeback of {team.slug} names its people: only its members and the site's admins may "
+            "download it"
+        )
     since, until, errors = chargeback_range(request)
     if errors:
         return HttpResponse(" ".join(errors), status=400, content_type="text/plain; charset=utf-8")

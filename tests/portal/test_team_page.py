@@ -4,6 +4,7 @@ CSV equal to the usage API's, bad dates named, and the seed's figures from the r
 from __future__ import annotations
 
 import csv
+import html
 import io
 from datetime import UTC, datetime, timedelta
 
@@ -53,7 +54,10 @@ def test_another_teams_member_sees_aggregates_but_no_people_and_no_csv(alice, bo
     page = client.get("/teams/ai-lab/training/").content.decode()
     assert "GPUs held now" in page
     assert "alice" not in page and "Chargeback" not in page
-    assert client.get("/teams/ai-lab/training/chargeback.csv").status_code == 404
+    refused = client.get("/teams/ai-lab/training/chargeback.csv")
+    words = " ".join(html.unescape(refused.content.decode()).split())
+    # A permission, said as one: not "no such team" about a team whose page bob has just seen.
+    assert refused.status_code == 403 and "only its members and the site's admins may download it" in words
     assert client.get("/teams/no-such-team/").status_code == 404
 
 
