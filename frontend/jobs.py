@@ -34,6 +34,7 @@ from scheduling.jobs.spec import spec_check_card_limits, spec_from_mapping, spec
 from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES, IllegalTransition
 from scheduling.jobs.submit import job_submit
 from scheduling.jobs.transitions import job_cancel
+from scheduling.jobs.wording import LIMIT_STOPS
 
 JOBS_PAGE_SIZE = 50
 
@@ -139,6 +140,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "gpu_hours": _gpu_hours(request, job) if job.state in TERMINAL_STATES else None,
         "streams": joblogs.STREAMS,
         "exit_code": _exit_code(events),
+        "stopped_by_limit": _stopped_by_limit(job, events) if job.state in TERMINAL_STATES else None,
         "node_condition": job_selectors.job_node_silence(job=job),
     }
     template = (
@@ -153,6 +155,12 @@ def _exit_code(events) -> int | None:
         if isinstance(code, int):
             return code
     return None
+
+
+def _stopped_by_limit(job, events) -> str | None:
+    """How a job that one of its limits ended was stopped (its exit code is then the signal's, not the job's)."""
+    ended = next((e for e in reversed(events) if e.to_state == job.state and e.from_state != job.state), None)
+    return LIMIT_STOPS[ended.code] if ended is not None and ended.code in LIMIT_STOPS else None
 
 
 def _gpu_hours(request: HttpRequest, job) -> float:

@@ -3,6 +3,7 @@ refusals, and API docs that fetch nothing from outside. The live behaviour is in
 
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
@@ -106,6 +107,27 @@ def test_a_500_is_a_plain_page_that_says_nothing_was_lost(client, settings):
 
     body = " ".join(render_to_string("500.html").split())  # without a request, as Django's handler renders it
     assert "Nothing you submitted is lost" in body and "{%" not in body
+
+
+def test_a_job_its_host_memory_limit_killed_shows_that_not_exit_code_0(alice, teams, node):
+    from scheduling.agents.reports.job_status import job_report
+    from scheduling.cycle import apply, lease
+    from scheduling.engine import types as eng
+
+    job = _submit(alice, teams["training"], name="oom")
+    placement = eng.Placement(str(job.pk), (eng.Assignment(node.name, 0, 81920, 1000),))
+    apply.apply_decisions(decisions=eng.Decisions(placements=(placement,)), epoch=lease.epoch_issue())
+    job.refresh_from_db()
+    report = {"job_id": job.pk, "attempt": job.attempt}
+    job_report(node_id=node.pk, payload={**report, "state": "started"})
+    # The kernel killed a child at the cgroup's limit; the job's shell itself exited 0.
+    job_report(
+        node_id=node.pk,
+        payload={**report, "state": "killed", "reason": "host_memory_exceeded", "exit_code": 0},
+    )
+    page = " ".join(html.unescape(_signed_in(alice).get(f"/jobs/{job.pk}/").content.decode()).split())
+    assert "Killed: it used more host memory than it asked for (memory_mib)." in page
+    assert "<dt>Exit code</dt><dd>0</dd>" not in page
 
 
 def test_bob_cannot_cancel_alices_job_from_the_portal(alice, bob, teams, node):

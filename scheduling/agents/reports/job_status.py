@@ -27,15 +27,9 @@ from scheduling.jobs.gangs import gang_member_started
 from scheduling.jobs.models import Job, Slice
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.jobs.transitions import job_cards_released, job_transition
+from scheduling.jobs.wording import LIMIT_STOPS
 
 log = logging.getLogger(__name__)
-
-
-_STOP_REASONS = {
-    "max_runtime": "Stopped: it ran longer than its max runtime.",
-    "memory_slice_exceeded": "Stopped: it used more GPU memory than its slice (protecting its neighbours).",
-    "host_memory_exceeded": "Killed: it used more host memory than it asked for (memory_mib).",
-}
 
 
 def placed_here(job: Job, node: Node) -> bool:
@@ -287,8 +281,8 @@ def _apply_report(job: Job, node: Node, state: str, payload: dict[str, Any], dat
             job=job,
             to_state=JobState.FAILED,
             actor_kind=ActorKind.AGENT,
-            code=reason if reason in _STOP_REASONS else state,
-            message=_STOP_REASONS.get(reason)
+            code=reason if reason in LIMIT_STOPS else state,
+            message=LIMIT_STOPS.get(reason)
             or f"{state.replace('_', ' ').capitalize()} on {node.name}: {reason}",
             data=data,
             happened_at=ended_at,
