@@ -241,6 +241,7 @@ def job_phases(*, job: Job, events: list[JobEvent]) -> list[dict[str, Any]]:
             phase["kind"], phase["label"] = "queued", PHASE_LABELS["queued"]
         end = phase["end"] or now
         phase["seconds"] = max(0.0, (end - phase["start"]).total_seconds())
+        phase["open"] = phase["end"] is None  # still going: its length counts on in the page
     return phases
 
 
