@@ -37,7 +37,7 @@ class MpsController:
     def __init__(
         self, work_dir: str | Path, *, control_path: str | None = None, timeout_s: float = 10.0
     ) -> None:
-        self.base = base = Path(work_dir).resolve() / "mps"
+        base = Path(work_dir).resolve() / "mps"
         self.pipe_dir = base / "pipe"
         if len(str(self.pipe_dir)) > _MAX_PIPE_DIR_CHARS:
             # MPS keeps Unix sockets in the pipe directory and a socket path holds at most 107 bytes:
@@ -91,12 +91,6 @@ class MpsController:
             return self._last
         self.pipe_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        # Jobs run as uids of their own reach the daemon through the pipe directory's sockets: it and the way to
-        # it must be passable by them, whatever the agent's umask (077 when it isolates jobs). The log directory
-        # stays the agent's.
-        if self.pipe_dir.parent == self.base:  # not the short directory under /tmp
-            self.base.chmod(0o711)
-        self.pipe_dir.chmod(0o755)
         try:
             proc = subprocess.run(
                 [self.binary, "-d"], env=self._env(), capture_output=True, text=True, timeout=self.timeout_s
