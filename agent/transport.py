@@ -120,8 +120,8 @@ class QueueChannel:
 # How often an agent that cannot reach the portal knocks (a TCP connect), and how long one knock may take.
 KNOCK_INTERVAL_S = 1.0
 KNOCK_TIMEOUT_S = 1.0
-# The reconnect backoff's cap: the heartbeat interval, within these bounds (a 1,000-node site whose portal comes
-# back sees its agents spread over up to this long by the jitter, not all in one second).
+# The reconnect backoff's cap: the heartbeat interval, within these bounds. A portal that comes back after a refusing
+# outage sees its agents within about two knock intervals, each after a random part of one, not all in one instant.
 BACKOFF_MIN_CAP_S = 1.0
 BACKOFF_MAX_CAP_S = 30.0
 
@@ -180,18 +180,23 @@ class WebSocketConnector:
 
 async def _wait_to_reconnect(
     stop: asyncio.Event, delay_s: float, knock: Callable[[], Awaitable[bool]] | None
-) -> None:
-    """Wait `delay_s` (or until stop is set); with `knock`, end the wait as soon as a knock is answered."""
+) -> bool:
+    """Wait `delay_s` (or until stop is set); with `knock`, end the wait soon after a knock is answered: within a
+    random part of a knock interval, so the agents of a portal that comes back do not all connect in the same
+    instant. Whether a knock ended it."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + delay_s
     while not stop.is_set():
         left = deadline - loop.time()
         if left <= 0:
-            return
+            return False
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=min(left, KNOCK_INTERVAL_S) if knock else left)
         if knock is not None and not stop.is_set() and await knock():
-            return
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=random.uniform(0, KNOCK_INTERVAL_S))
+            return True
+    return False
 
 
 async def run_agent(
@@ -209,6 +214,7 @@ async def run_agent(
     knock = getattr(connect, "knock", None)
     ticks = asyncio.create_task(agent.run_ticks(stop))
     away_since: float | None = None  # the first failed attempt of this spell away from the portal
+    knocked = False  # the last wait ended on an answered knock
     try:
         while not stop.is_set():
             started = asyncio.get_running_loop().time()
@@ -245,7 +251,10 @@ async def run_agent(
                 break
             if asyncio.get_running_loop().time() - started >= healthy_after_s:
                 backoff.reset()
-            await _wait_to_reconnect(stop, backoff.next_delay(), knock if unanswered else None)
+            # A knock answered and then no session again (a proxy that accepts and resets): the plain backoff.
+            knocked = await _wait_to_reconnect(
+                stop, backoff.next_delay(), knock if unanswered and not knocked else None
+            )
     finally:
         stop.set()
         await ticks
