@@ -87,7 +87,7 @@ def test_a_gpus_bad_health_stays_the_last_error_until_every_gpu_of_the_node_is_o
     assert (sync.last_error, sync.last_error_at) == ("", None)
 
 
-def test_mps_trouble_is_cleared_by_the_agents_next_hello(node):
+def test_mps_trouble_is_cleared_by_a_hello_saying_the_agent_has_mps(node):
     from scheduling.agents.reports.hello import node_hello
 
     node_event(node_id=node.pk, payload={"kind": "mps_unavailable", "detail": "no daemon"})
@@ -97,4 +97,7 @@ def test_mps_trouble_is_cleared_by_the_agents_next_hello(node):
         for g in node.gpus.all()
     ]
     node_hello(node_id=node.pk, payload={"node": node.name, "inventory": {"gpus": gpus}})
+    assert NodeSync.objects.get(node=node).last_error == "MPS unavailable: no daemon", "still no MPS binary"
+    hello = {"node": node.name, "inventory": {"gpus": gpus}, "capabilities": {"mps": True}}
+    node_hello(node_id=node.pk, payload=hello)
     assert NodeSync.objects.get(node=node).last_error == ""

@@ -76,8 +76,11 @@ def node_hello(*, node_id: int, payload: dict[str, Any]) -> dict[str, Any]:
         sync.save(update_fields=["agent_version", "inventory", "connected_at"])
         if report["missing"] or report["uuid_updated"]:
             cycle_request_after_commit()
-        # A new connection: refusals of the last one, and MPS trouble (probed again), are in the past.
-        cleared = (NodeErrorKind.REFUSED, NodeErrorKind.MPS)
+        # A new connection: refusals of the last one are in the past; MPS trouble too once the agent has the
+        # control daemon's binary (it says "mps_unavailable" once per run, so without it the error stays).
+        cleared = (NodeErrorKind.REFUSED,)
+        if (payload.get("capabilities") or {}).get("mps") is True:
+            cleared += (NodeErrorKind.MPS,)
         if report["missing"]:
             missing = ", ".join(str(i) for i in report["missing"])
             node_error_note(

@@ -34,10 +34,10 @@ LAST_ERROR_CHARS = 500  # NodeSync.last_error
 class NodeErrorKind:
     """What a node's last error is about, which decides what clears it."""
 
-    REFUSED = "refused"  # a report refused: cleared by the next one accepted, or by a new connection's hello
+    REFUSED = "refused"  # a report refused: cleared by the next one of its kind accepted, or a new connection
     GPU_MISSING = "gpu_missing"  # cleared by a hello whose inventory has every GPU
     GPU_HEALTH = "gpu_health"  # cleared once every GPU of the node reports OK again
-    MPS = "mps"  # cleared by a hello (the agent probes MPS again when it starts jobs)
+    MPS = "mps"  # cleared by a hello that says the agent has MPS's control binary
 
 
 def node_error_note(*, node_id: int, message: str, kind: str) -> None:

@@ -54,7 +54,9 @@ class ReportHandlers:
         self.pulls = pulls
         self.last_metrics_at = 0.0
         self.metrics_failing = False
-        self.refusal_shown = False  # this connection made a refusal the node's last error
+        # The kind of report this connection had refused as the node's last error: the next one of that kind
+        # accepted clears it (not any message: an ack or a log answer says nothing about it).
+        self.refusal_shown: str | None = None
         # The reports that wait their turn on the node's report lane, by kind.
         self.queued: dict[str, Callable[[dict[str, Any]], Awaitable[Outcome | None]]] = {
             "hello": self.on_hello,
@@ -119,9 +121,9 @@ class ReportHandlers:
                     message=f"{kind} refused: {outcome.error}",
                     kind=nodes.NodeErrorKind.REFUSED,
                 )
-                self.refusal_shown = True
-            elif not refused and self.refusal_shown:
-                self.refusal_shown = False
+                self.refusal_shown = kind
+            elif not refused and self.refusal_shown == kind:
+                self.refusal_shown = None
                 await db(nodes.node_error_clear)(
                     node_id=self.link.node_id, kinds=(nodes.NodeErrorKind.REFUSED,)
                 )
