@@ -102,16 +102,8 @@ def _right_size(job, peak_mib: int | None) -> dict | None:
 
 
 def _node_conditions(jobs) -> dict:
-    """job id -> its NodeSilence, for the listed jobs on a silent node (the silent nodes read once)."""
-    silent = job_selectors.silent_nodes_named()
-    if not silent:
-        return {}
-    found = {
-        j.pk: job_selectors.job_node_silence(job=j, silent=silent)
-        for j in jobs
-        if j.state != JobState.PENDING
-    }
-    return {pk: c for pk, c in found.items() if c is not None}
+    """job id -> its NodeSilence, for the listed jobs on a silent node (two queries at most)."""
+    return job_selectors.jobs_node_silence(jobs=jobs)
 
 
 @login_required

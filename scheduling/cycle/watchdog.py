@@ -317,7 +317,9 @@ def releasing_check(*, now=None) -> list[int]:
     pairs = list(held)
     if not pairs:
         return []
-    nodes = {n.pk: n for n in Node.objects.filter(pk__in={node_id for _, node_id in pairs})}
+    nodes = {
+        n.pk: n for n in Node.objects.filter(pk__in={node_id for _, node_id in pairs}).select_related("sync")
+    }
     jobs = {
         j.pk: j
         for j in Job.objects.filter(pk__in={job_id for job_id, _ in pairs}).select_related("priority_class")
@@ -335,8 +337,12 @@ def releasing_check(*, now=None) -> list[int]:
                 "its fence has passed",
             )
         else:
-            due = (job.finished_at or now) + timedelta(seconds=grace_s + settings.TESSERA_NODE_LOST_AFTER_S)
-            why = "its agent, heard again, has not run it since"
+            # Heard again: its agent has had the grace and the lost timeout, since the job ended or since it
+            # came back, whichever is later, to confirm the stop.
+            back_at = getattr(getattr(node, "sync", None), "connected_at", None)
+            since = max(t for t in (job.finished_at or now, back_at) if t is not None)
+            due = since + timedelta(seconds=grace_s + settings.TESSERA_NODE_LOST_AFTER_S)
+            why = "its agent, heard again, has not reported it running since"
         if due > now:
             continue
         with transaction.atomic():

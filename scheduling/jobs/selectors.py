@@ -330,21 +330,39 @@ def silent_nodes_named(*, now: datetime | None = None) -> dict[int, tuple[str, d
 def job_node_silence(
     *, job: Job, silent: dict[int, tuple[str, datetime]] | None = None
 ) -> NodeSilence | None:
-    """Whether the job is on a silent node (`silent`: silent_nodes_named, read once for many jobs). One query
-    more for a job that holds cards while some node is silent; none otherwise."""
+    """Whether the job is on a silent node (`silent`: silent_nodes_named, read once for many jobs)."""
+    return jobs_node_silence(jobs=[job], silent=silent).get(job.pk)
+
+
+def jobs_node_silence(
+    *, jobs: Iterable[Job], silent: dict[int, tuple[str, datetime]] | None = None
+) -> dict[int, NodeSilence]:
+    """job id -> NodeSilence, for those of these jobs that hold cards on a silent node: one query for them all
+    (none while no node is silent), the silent nodes read once unless given."""
     from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES
 
-    if job.state not in ACTIVE_STATES and job.state not in TERMINAL_STATES:
-        return None
+    holding = {j.pk: j for j in jobs if j.state in ACTIVE_STATES or j.state in TERMINAL_STATES}
+    if not holding:
+        return {}
     silent = silent_nodes_named() if silent is None else silent
     if not silent:
-        return None
-    held = [
-        silent[n] for n in Slice.objects.filter(job=job).values_list("gpu__node_id", flat=True) if n in silent
-    ]
-    if not held:
-        return None
-    name, since = min(held, key=lambda pair: pair[1])
+        return {}
+    held: dict[int, list[tuple[str, datetime]]] = defaultdict(list)
+    for job_id, node_id in (
+        Slice.objects.filter(job_id__in=list(holding), gpu__node_id__in=list(silent))
+        .values_list("job_id", "gpu__node_id")
+        .distinct()
+    ):
+        held[job_id].append(silent[node_id])
+    return {
+        job_id: _silence(holding[job_id], min(on, key=lambda pair: pair[1])) for job_id, on in held.items()
+    }
+
+
+def _silence(job: Job, on: tuple[str, datetime]) -> NodeSilence:
+    from scheduling.jobs.states import TERMINAL_STATES
+
+    name, since = on
     until = node_loss.surely_stopped_at(last_heard_at=since, grace_s=job.priority_class.preemption_grace_s)
     heard = f"node {name} has not responded since {since:%H:%M:%S} UTC"
     if job.state in TERMINAL_STATES:

@@ -135,8 +135,10 @@ def job_transition(
             events.node_desired_state_changed(node_name=node_name)
         # A job that ends while its node is silent may run on there until its fence: its cards stay taken there
         # ("releasing") until the node's agent confirms the stop or the fence has surely passed (the watchdog).
-        # Not so for a requeue: the job would be placed again while holding them.
-        silent = node_loss.silent_nodes(node_ids=nodes, now=now) if to_state in TERMINAL_STATES else {}
+        # Not so for a requeue (the job would be placed again while holding them), nor for an end its agents
+        # reported (they have seen it end, whatever the age of their last recorded heartbeat).
+        ends_unseen = to_state in TERMINAL_STATES and actor_kind != ActorKind.AGENT
+        silent = node_loss.silent_nodes(node_ids=nodes, now=now) if ends_unseen else {}
         job_release_slices(job=job, keep_node_ids=silent)
         GangMember.objects.filter(job=job).delete()  # a gang's members go with its placement
         cycle_request_after_commit()

@@ -16,10 +16,9 @@ from scheduling.choices import JobState
 from scheduling.jobs.models import Job, JobEvent
 from scheduling.jobs.selectors import (
     can_cancel_job,
-    job_node_silence,
     job_request_fields,
+    jobs_node_silence,
     pending_reason,
-    silent_nodes_named,
 )
 from scheduling.jobs.spec import spec_to_mapping
 from scheduling.jobs.submit import job_spec_of
@@ -104,13 +103,15 @@ class JobSerializer(serializers.Serializer):
     def get_node_condition(self, job: Job) -> dict[str, Any] | None:
         if job.state in (JobState.PENDING, JobState.PREEMPTED, JobState.LOST):
             return None  # holds no cards
-        # The silent nodes are read once per response, however many jobs it lists.
-        silent = self.context.get("silent_nodes")
-        if silent is None:
-            silent = silent_nodes_named()
+        # Read once per response for all the jobs it lists: the silent nodes, then which of the jobs are on them.
+        conditions = self.context.get("node_conditions") if isinstance(self.context, dict) else None
+        if conditions is None or job.pk not in conditions["asked"]:
+            listed = getattr(self.parent, "instance", None) if self.parent is not None else None
+            jobs = list(listed) if listed is not None and job in listed else [job]
+            conditions = {"asked": {j.pk for j in jobs}, "found": jobs_node_silence(jobs=jobs)}
             if isinstance(self.context, dict):
-                self.context["silent_nodes"] = silent
-        condition = job_node_silence(job=job, silent=silent)
+                self.context["node_conditions"] = conditions
+        condition = conditions["found"].get(job.pk)
         return None if condition is None else NodeConditionSerializer(condition.as_dict()).data
 
 
