@@ -33,11 +33,17 @@ PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
 
 
+_private_roots: set[Path] = set()  # log roots this process has made the portal's alone
+
+
 def _job_dir(job_id: int) -> Path:
-    """The job's log directory, made the portal's alone (and the log root, when it is made here)."""
+    """The job's log directory, made the portal's alone. The log root is made 0700 once per process, whoever
+    made it (an image's 0755, logs kept from before they were private): nothing under it is reachable then."""
     root = _log_dir()
-    if not root.is_dir():
+    if root not in _private_roots:
         root.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+        root.chmod(PRIVATE_DIR)
+        _private_roots.add(root)
     path = root / str(int(job_id))
     path.mkdir(mode=PRIVATE_DIR, exist_ok=True)
     return path

@@ -65,10 +65,13 @@ def test_a_job_log_and_its_directories_are_the_portals_alone(open_log_dir):
 def test_a_log_file_made_before_logs_were_private_is_made_private_at_the_next_write(open_log_dir):
     log = joblogs.log_path(job_id=8, stream="stderr")
     log.parent.mkdir(parents=True)
+    open_log_dir.chmod(0o755)  # as an image made it
+    joblogs._private_roots.discard(open_log_dir)  # a portal process starting on it
     log.write_bytes(b"old\n")
     log.chmod(0o644)
     joblogs.log_append(job_id=8, stream="stderr", data=b"new\n")
     assert stat.S_IMODE(log.stat().st_mode) == 0o600 and log.read_bytes() == b"old\nnew\n"
+    assert stat.S_IMODE(open_log_dir.stat().st_mode) == 0o700
 
 
 def test_another_uid_cannot_read_a_job_log(open_log_dir):
