@@ -28,7 +28,7 @@ RUN pip install --no-cache-dir -c requirements.lock '.[agent]' \
 USER tessera
 
 # With TESSERA_METRICS_SHARED_DIR set (web and worker in compose share a metrics volume), each container gets a
-# directory of its own there, emptied at start, as its PROMETHEUS_MULTIPROC_DIR: containers are all pid 1, and
+# directory of its own there (counters kept across restarts) as its PROMETHEUS_MULTIPROC_DIR: containers are all pid 1, and
 # prometheus-client names its files by pid (scheduling/observability/metrics_dir.py). Otherwise it only execs.
 ENTRYPOINT ["python", "-m", "scheduling.observability.metrics_dir", "--"]
 EXPOSE 8000

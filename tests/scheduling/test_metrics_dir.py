@@ -1,5 +1,6 @@
-"""Containers sharing one metrics volume (scheduling/observability/metrics_dir.py): a directory each, emptied at
-start, the directories of containers that are gone removed, and /metrics summing them all. Real processes hold
+"""Containers sharing one metrics volume (scheduling/observability/metrics_dir.py): a directory each, its counters
+kept across restarts, the directories of containers that are gone folded into an archive, and /metrics summing
+them all, never down. Real processes hold
 the locks, as the containers' pid-1 processes do."""
 
 from __future__ import annotations
@@ -71,12 +72,15 @@ def test_each_container_writes_its_own_directory_and_metrics_sums_them_all(tmp_p
         _stop(worker)
 
 
-def test_a_restarted_container_starts_from_an_empty_directory(tmp_path):
+def test_a_restarted_container_counts_on_from_its_last_run_never_down(tmp_path):
     _stop(_running(tmp_path, "web-1"))  # its previous run counted one request, as pid 1
     assert _summed(tmp_path) == 1
+    (tmp_path / "web-1" / "gauge_livesum_1.db").write_bytes(b"")  # a gauge of the last run's process
     web = _running(tmp_path, "web-1")  # restarted: pid 1 again, the same file name
     try:
-        assert _summed(tmp_path) == 1  # not 2: the previous run's file was emptied, not added to
+        # A sum that went back to 1 would read to Prometheus as a reset, and the total as new increase.
+        assert _summed(tmp_path) == 2
+        assert not (tmp_path / "web-1" / "gauge_livesum_1.db").exists()
     finally:
         _stop(web)
 
@@ -90,8 +94,11 @@ def test_a_starting_container_removes_the_directories_of_gone_ones_and_keeps_the
     os.utime(old_unowned, (time.time() - 3600, time.time() - 3600))
     try:
         assert sorted(prune_gone(tmp_path, keep="web-new")) == ["from-before-owner-files", "web-old"]
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["worker-live"]
-        assert _summed(tmp_path) == 1
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["_archive", "worker-live"]
+        assert _summed(tmp_path) == 2, (
+            "the gone container's count is kept in the archive: the sum never drops"
+        )
+        assert prune_gone(tmp_path, keep="web-new") == [] and _summed(tmp_path) == 2
     finally:
         _stop(live)
 
