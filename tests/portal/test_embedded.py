@@ -97,6 +97,12 @@ def test_check_deploy_refuses_the_embedded_secret_key(tmp_path):
     assert result.returncode != 0 and "security.W009" in result.stdout + result.stderr
 
 
+class _Embedded(tuple):
+    """(url, what load_demo printed, env, var dir), and the demo's process (`process`, its group's leader)."""
+
+    process: subprocess.Popen
+
+
 @pytest.fixture(scope="module")
 def embedded_server(tmp_path_factory):
     """What `make demo` runs: migrate, load the demo, then the portal, the scheduling loop and simulated agents,
@@ -133,6 +139,8 @@ def embedded_server(tmp_path_factory):
         return None if started[0].poll() is None else log_path.read_text()
 
     def stop(started) -> None:
+        if started[0].poll() is not None:
+            return  # a test stopped it (as Ctrl-C does)
         os.killpg(started[0].pid, signal.SIGTERM)
         try:
             started[0].wait(timeout=20)
@@ -144,8 +152,10 @@ def embedded_server(tmp_path_factory):
     started, _ = start_on_free_port(
         "the embedded demo", start, answers, exited_saying, timeout_s=30, stop=stop
     )
+    running = _Embedded((started[1], loaded.stdout, env, var))
+    running.process = started[0]
     try:
-        yield started[1], loaded.stdout, env, var
+        yield running
     finally:
         stop(started)
 
@@ -283,3 +293,36 @@ def test_the_embedded_demo_takes_a_flood_of_submits_retries_and_cancels_without_
         statuses = [s for result in pool.map(client, range(8)) for s in result]
     assert statuses and all(s < 500 for s in statuses), sorted(set(statuses))
     assert statuses.count(201) >= 8 * 6  # each key submits once; its retry replays (201 again) or conflicts
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """Live processes whose command line mentions `text` (the demo's var dir: its agents, their supervisors)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in args and state != "Z":
+            found.append(f"{entry.name}: {args.strip()}")
+    return found
+
+
+def test_ctrl_c_stops_the_demo_and_all_it_started_and_frees_its_port(embedded_server):
+    """Last in this file: it stops the module's demo as a terminal's Ctrl-C does (SIGINT to its process group)."""
+    base, _, _, var = embedded_server
+    demo = embedded_server.process
+    wait_for(
+        "the demo's agents to run jobs",
+        lambda: list(var.glob("demo-agents/*/jobs/*/*/job.json")),
+        timeout_s=60,
+    )
+    assert _processes_mentioning(str(var)), "nothing of the demo's to stop"
+    os.killpg(demo.pid, signal.SIGINT)
+    demo.wait(timeout=15)  # it hung for ever when Ctrl-C came during a scheduling cycle
+    wait_for("no process of the demo left", lambda: not _processes_mentioning(str(var)), timeout_s=5)
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"{base}/healthz", timeout=5)

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import yaml
@@ -28,7 +29,7 @@ from django.db import close_old_connections
 from agent import procfs
 from scheduling.choices import LinkKind
 from scheduling.cycle import requests, runner
-from scheduling.cycle.watchdog import lost_jobs_check, nodes_check, preemptions_check
+from scheduling.cycle.watchdog import lost_jobs_check, nodes_check, preemptions_check, releasing_check
 from scheduling.history import recorder
 from scheduling.inventory.models import GpuLink, Node
 from scheduling.notifications.services import notifications_deliver_due
@@ -129,6 +130,18 @@ class Command(BaseCommand):
                     proc.kill()
             if agents:
                 _stop_demo_jobs(Path(settings.VAR_DIR) / "demo-agents")
+            # A scheduling step stopped mid-cycle waits on the event loop it publishes through, which is gone:
+            # Python's exit would join its thread for ever (Ctrl-C, then nothing). All that matters has been
+            # committed or rolled back; what the demo started is stopped above.
+            failed = sys.exc_info()[0] is not None and not issubclass(
+                sys.exc_info()[0], KeyboardInterrupt | SystemExit
+            )
+            if failed:
+                traceback.print_exc()
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1 if failed else 0)
 
     # -- agents -------------------------------------------------------------------------------------------------
     def _start_agents(self, portal_url: str) -> list[subprocess.Popen]:
@@ -270,7 +283,7 @@ def _scheduling_step(state: dict) -> None:
             recorder.history_maintain()
     if now - state["watchdog_at"] >= settings.TESSERA_WATCHDOG_INTERVAL_S:
         state["watchdog_at"] = now
-        if nodes_check() or lost_jobs_check() or preemptions_check():
+        if any([nodes_check(), lost_jobs_check(), preemptions_check(), releasing_check()]):  # each, every round
             requests.local_cycle_wanted.set()
     if requests.local_cycle_wanted.is_set() or now - state["cycle_at"] >= settings.TESSERA_CYCLE_INTERVAL_S:
         state["cycle_at"] = now
