@@ -283,7 +283,9 @@ def _scheduling_step(state: dict) -> None:
             recorder.history_maintain()
     if now - state["watchdog_at"] >= settings.TESSERA_WATCHDOG_INTERVAL_S:
         state["watchdog_at"] = now
-        if any([nodes_check(), lost_jobs_check(), preemptions_check(), releasing_check()]):  # each, every round
+        if any(
+            [nodes_check(), lost_jobs_check(), preemptions_check(), releasing_check()]
+        ):  # each, every round
             requests.local_cycle_wanted.set()
     if requests.local_cycle_wanted.is_set() or now - state["cycle_at"] >= settings.TESSERA_CYCLE_INTERVAL_S:
         state["cycle_at"] = now
