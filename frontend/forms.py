@@ -13,7 +13,7 @@ from django import forms
 
 from scheduling.jobs import fields
 from scheduling.jobs.fields import SpecField
-from scheduling.jobs.spec import spec_to_mapping
+from scheduling.jobs.spec import spec_field_errors, spec_to_mapping
 from scheduling.jobs.submit import job_spec_of
 
 _SHELL_OPERATORS = frozenset({"|", "||", "&&", ";", ">", ">>", "<", "&", "2>", "2>&1"})
@@ -102,12 +102,12 @@ class JobForm(SpecFields):
         return data
 
     def spec_mapping(self) -> dict[str, Any]:
-        """The spec as the API takes it (call after is_valid())."""
+        """The spec as the API takes it (after is_valid(); before, what of it the form's own checks passed)."""
         d = self.cleaned_data
         spec: dict[str, Any] = {
-            "name": d["name"],
-            "team": d["team"],
-            "command": d.get("command_words") if d.get("command_form") == "argv" else d["command"],
+            "name": d.get("name"),
+            "team": d.get("team"),
+            "command": d.get("command_words") if d.get("command_form") == "argv" else d.get("command"),
             "env": d.get("env") or {},
             "topology": d.get("topology") or "none",
             "nodes": d.get("nodes") or "1",
@@ -132,7 +132,14 @@ class JobForm(SpecFields):
             spec["gpu_models"] = list(d["gpu_models"])
         if d.get("notify"):
             spec["notify"] = list(d["notify"])
-        return {k: v for k, v in spec.items() if v is not None}
+        return {k: v for k, v in spec.items() if v not in (None, "")}
+
+    def add_spec_field_errors(self) -> None:
+        """The spec's own refusal of every field the form passed, beside each (all at once: a missing command
+        and two GPUs written "two" are both said), unless the field has one already."""
+        for field, message in spec_field_errors(self.spec_mapping()).items():
+            if field in self.fields and field not in self.errors:
+                self.add_error(field, message)
 
     def add_spec_error(self, field: str | None, message: str) -> None:
         """Show a spec or service refusal next to the field it names (the form's top when it names none)."""

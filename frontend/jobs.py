@@ -213,13 +213,17 @@ def _form(request: HttpRequest, data=None, initial=None) -> JobForm:
 
 
 def _parsed(request: HttpRequest, form: JobForm):
-    """The form's spec through the API's parser and team check; refusals land next to their field."""
+    """The form's spec through the API's parser and team check; refusals land next to their field, every
+    field's at once."""
     if not form.is_valid():
+        form.add_spec_field_errors()
         return None, None
     try:
         parsed = spec_from_mapping(form.spec_mapping())
     except ServiceError as exc:
-        form.add_spec_error(exc.field, exc.message)
+        form.add_spec_field_errors()
+        if exc.field not in form.errors:
+            form.add_spec_error(exc.field, exc.message)
         return None, None
     team = team_by_slug(slug=parsed.team or "")
     if team is None or parsed.team not in team_slugs_visible_to(user=request.user):

@@ -481,6 +481,26 @@ def spec_from_mapping(data: Any) -> ParsedSpec:
     return ParsedSpec(team=values.get("team") or None, spec=JobSpec(**kwargs))
 
 
+def spec_field_errors(data: dict[str, Any]) -> dict[str, str]:
+    """Each given field's own refusal, all of them at once (field -> message): what the form shows beside every
+    field it concerns, where spec_from_mapping stops at the first. Unknown keys and cross-field rules are
+    spec_from_mapping's."""
+    errors: dict[str, str] = {}
+    for key, value in data.items():
+        alias = f.ALIAS.get(key)
+        field = f.FIELD.get(alias.field if alias else key)
+        if field is None or field.name in errors or not _given(field, value):
+            continue
+        try:
+            _refuse_odd_numbers(field.name, value)
+            if alias and alias.unit:
+                value = f"{_int_in(field.name, value, low=alias.low, high=alias.high)}{alias.unit}"
+            _read(field, value, written_as=str(key))
+        except SpecError as exc:
+            errors[field.name] = exc.message
+    return errors
+
+
 def spec_from_text(text: str | bytes) -> ParsedSpec:
     """Parse a YAML or JSON document (JSON is YAML) into a spec; `documents.load_document` bounds it first."""
     return spec_from_mapping(load_document(text))

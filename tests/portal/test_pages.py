@@ -205,6 +205,18 @@ def test_a_refused_value_is_shown_next_to_its_field_and_nothing_is_stored(
     assert not Job.objects.exists()
 
 
+def test_the_form_names_every_refused_field_at_once(alice, teams, node):
+    change = {"kind": "whole", "gpus": "two", "max_runtime": "forever", "command": ""}
+    response = _signed_in(alice).post("/jobs/new/", {**FORM, **change})
+    page = html.unescape(response.content.decode())
+    assert response.status_code == 400
+    said = dict(re.findall(r'id="error-(\w+)">([^<]*)<', page))
+    assert "required" in said.get("command", "").lower(), said
+    assert "gpus must be a whole number (got 'two')" in said.get("gpus", ""), said
+    assert "max_runtime must be a duration" in said.get("max_runtime", ""), said
+    assert not Job.objects.exists()
+
+
 def test_copy_and_edit_fills_the_form_from_an_earlier_job(alice, teams, node):
     job = _submit(
         alice,
