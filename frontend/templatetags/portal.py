@@ -23,9 +23,11 @@ def _an(word: str) -> str:
 
 @register.filter
 def gib(mib: int | None) -> str:
-    """MiB as people say it: 10240 -> "10 GiB", 512 -> "512 MiB"."""
+    """MiB as people say it: 10240 -> "10 GiB", 512 -> "512 MiB", none -> "0 GiB" (beside "of 640 GiB")."""
     if mib is None:
         return ""
+    if mib == 0:
+        return "0 GiB"
     if mib >= 1024:
         value = mib / 1024
         return f"{value:.0f} GiB" if value == int(value) or value >= 100 else f"{value:.1f} GiB"

@@ -263,3 +263,9 @@ def test_signing_out_by_a_link_asks_first(alice):
     assert client.get("/jobs/").status_code == 200  # still signed in
     assert client.post("/logout/").status_code == 302
     assert client.get("/jobs/").status_code == 302
+
+
+def test_sizes_read_as_people_say_them_and_none_is_0_gib_beside_a_total_in_gib():
+    from frontend.templatetags.portal import gib
+
+    assert [gib(0), gib(512), gib(10240), gib(655360)] == ["0 GiB", "512 MiB", "10 GiB", "640 GiB"]
