@@ -196,7 +196,7 @@ FIELDS: tuple[SpecField, ...] = (
         flags=("--gpu-model", "-C"),
         flag_help="allowed GPU model (repeat for several)",
         label="GPU models",
-        form_help="None chosen: any model",
+        form_help="Leave all unticked for any model",
     ),
     SpecField(
         name="min_gpu_memory",
