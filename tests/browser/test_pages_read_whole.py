@@ -47,6 +47,16 @@ CUT_WORDS = """() => {
 }"""
 
 
+# The top bar's links all within the window, over the bar's own background.
+HEADER_FITS = """() => {
+  const bar = document.querySelector("header.top").getBoundingClientRect();
+  return [...document.querySelectorAll("header.top a, header.top button")].every(a => {
+    const r = a.getBoundingClientRect();
+    return r.right <= window.innerWidth && r.bottom <= bar.bottom + 1;
+  });
+}"""
+
+
 @pytest.mark.timeout(180, func_only=True)
 def test_the_main_pages_read_whole_for_a_researcher_and_for_another_team(browse):
     waiting = submit(browse.cluster, name="resnet50imagenetbaselinerun", command="sleep 300", gpus=1)
@@ -66,5 +76,6 @@ def test_the_main_pages_read_whole_for_a_researcher_and_for_another_team(browse)
             )
             assert "Traceback" not in text and "URLconf" not in text, f"{who} {path}: a debug page"
             assert page.evaluate(CUT_WORDS) == [], f"{who} {path}: words cut in table cells"
+            assert page.evaluate(HEADER_FITS), f"{who} {path}: the header runs past the window"
         browse.shots(page, f"{who}-last")
         assert page.errors == [], f"{who}: {page.errors}"
