@@ -88,13 +88,16 @@ def _job_or_404(request: HttpRequest, job_id: int):
     return job
 
 
-def _right_size(job, peak_mib: int | None) -> dict | None:
-    """For a finished job on whole cards or a slice: its peak memory against what it held, and the slice that
-    would have done (the peak plus 1 GiB, rounded up to 8 GiB)."""
+def _right_size(job, peak_mib: int | None, events) -> dict | None:
+    """For a finished job that held its cards alone (the only case NVML's memory in use is its own): its peak
+    memory against what it held, and the slice that would have done (the peak plus 1 GiB, rounded up to 8 GiB).
+    What it held is its placement's record: its cards are given back when it ends."""
     if peak_mib is None:
         return None
-    slices = list(job.slices.all())
-    held = max((s.memory_mib for s in slices), default=job.gpu_memory_mib or None)
+    placed = next((e for e in reversed(events) if e.to_state == JobState.PLACED), None)
+    assigned = (placed.data or {}).get("gpus", []) if placed is not None else []
+    held = max((a[2] for a in assigned if isinstance(a, list | tuple) and len(a) > 2), default=None)
+    held = held or job.gpu_memory_mib
     if not held:
         return None
     suggest = -(-(peak_mib + 1024) // 8192) * 8192
@@ -126,7 +129,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "can_cancel": job_selectors.can_cancel_job(user=request.user, job=job)
         and job.state not in TERMINAL_STATES,
         "finished": job.state in TERMINAL_STATES,
-        "right_size": _right_size(job, (usage or {}).get("peak_memory_mib"))
+        "right_size": _right_size(job, (usage or {}).get("peak_memory_mib"), events)
         if job.state in TERMINAL_STATES
         else None,
         "gpu_hours": _gpu_hours(request, job) if job.state in TERMINAL_STATES else None,

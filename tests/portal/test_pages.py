@@ -269,3 +269,30 @@ def test_sizes_read_as_people_say_them_and_none_is_0_gib_beside_a_total_in_gib()
     from frontend.templatetags.portal import gib
 
     assert [gib(0), gib(512), gib(10240), gib(655360)] == ["0 GiB", "512 MiB", "10 GiB", "640 GiB"]
+
+
+def test_a_finished_whole_card_job_shows_its_peak_memory_against_the_card_it_held(alice, teams, node):
+    from scheduling.agents import live_metrics
+    from scheduling.agents.reports.job_status import job_report
+    from scheduling.cycle import apply, lease
+    from scheduling.engine import types as eng
+
+    job = _submit(alice, teams["training"], name="whole-card")
+    placement = eng.Placement(str(job.pk), (eng.Assignment(node.name, 0, 81920, 1000),))
+    apply.apply_decisions(decisions=eng.Decisions(placements=(placement,)), epoch=lease.epoch_issue())
+    job.refresh_from_db()
+    report = {"job_id": job.pk, "attempt": job.attempt}
+    job_report(node_id=node.pk, payload={**report, "state": "started"})
+    live_metrics._usage_note(job.pk, 0.0, [{"util_pct": 90.0, "memory_used_mib": 22 * 1024}], True)
+    try:
+        job_report(node_id=node.pk, payload={**report, "state": "exited", "exit_code": 0})
+        page = " ".join(html.unescape(_signed_in(alice).get(f"/jobs/{job.pk}/").content.decode()).split())
+    finally:  # the test database's job ids start again at 1: no usage record for a later test's job
+        from scheduling.coordination import redis_client
+
+        r = redis_client()
+        if r is not None:
+            r.delete(live_metrics.job_usage_key(job.pk))
+        live_metrics._local_usage.pop(job.pk, None)
+    # Its card was given back when it ended; what it held is its placement's record.
+    assert "Peak GPU memory used: 22 GiB of the 80 GiB it held: a 24 GiB slice would do." in page
