@@ -109,17 +109,24 @@ def test_a_500_is_a_plain_page_that_says_nothing_was_lost(client, settings):
     assert "Nothing you submitted is lost" in body and "{%" not in body
 
 
-def test_a_job_its_host_memory_limit_killed_shows_that_not_exit_code_0(alice, teams, node):
+def _running_on_a_whole_card(job, node):
+    """The job placed on the node's GPU 0 by a cycle's write and reported started by its agent."""
     from scheduling.agents.reports.job_status import job_report
     from scheduling.cycle import apply, lease
     from scheduling.engine import types as eng
 
-    job = _submit(alice, teams["training"], name="oom")
     placement = eng.Placement(str(job.pk), (eng.Assignment(node.name, 0, 81920, 1000),))
     apply.apply_decisions(decisions=eng.Decisions(placements=(placement,)), epoch=lease.epoch_issue())
     job.refresh_from_db()
+    job_report(node_id=node.pk, payload={"job_id": job.pk, "attempt": job.attempt, "state": "started"})
+    return job
+
+
+def test_a_job_its_host_memory_limit_killed_shows_that_not_exit_code_0(alice, teams, node):
+    from scheduling.agents.reports.job_status import job_report
+
+    job = _running_on_a_whole_card(_submit(alice, teams["training"], name="oom"), node)
     report = {"job_id": job.pk, "attempt": job.attempt}
-    job_report(node_id=node.pk, payload={**report, "state": "started"})
     # The kernel killed a child at the cgroup's limit; the job's shell itself exited 0.
     job_report(
         node_id=node.pk,
@@ -274,15 +281,9 @@ def test_sizes_read_as_people_say_them_and_none_is_0_gib_beside_a_total_in_gib()
 def test_a_finished_whole_card_job_shows_its_peak_memory_against_the_card_it_held(alice, teams, node):
     from scheduling.agents import live_metrics
     from scheduling.agents.reports.job_status import job_report
-    from scheduling.cycle import apply, lease
-    from scheduling.engine import types as eng
 
-    job = _submit(alice, teams["training"], name="whole-card")
-    placement = eng.Placement(str(job.pk), (eng.Assignment(node.name, 0, 81920, 1000),))
-    apply.apply_decisions(decisions=eng.Decisions(placements=(placement,)), epoch=lease.epoch_issue())
-    job.refresh_from_db()
+    job = _running_on_a_whole_card(_submit(alice, teams["training"], name="whole-card"), node)
     report = {"job_id": job.pk, "attempt": job.attempt}
-    job_report(node_id=node.pk, payload={**report, "state": "started"})
     live_metrics._usage_note(job.pk, 0.0, [{"util_pct": 90.0, "memory_used_mib": 22 * 1024}], True)
     try:
         job_report(node_id=node.pk, payload={**report, "state": "exited", "exit_code": 0})
