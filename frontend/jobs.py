@@ -75,7 +75,7 @@ def jobs(request: HttpRequest) -> HttpResponse:
         "states": JobState.choices,
         "teams": team_slugs_visible_to(user=request.user),
         "idle_warn_min": int(IDLE_WARN_AFTER_S // 60),
-        "node_conditions": _node_conditions(page_jobs),
+        "node_conditions": job_selectors.jobs_node_silence(jobs=page_jobs),
     }
     template = "frontend/jobs/_rows.html" if request.GET.get("part") == "rows" else "frontend/jobs/list.html"
     return render(request, template, context)
@@ -102,11 +102,6 @@ def _right_size(job, peak_mib: int | None, events) -> dict | None:
         return None
     suggest = -(-(peak_mib + 1024) // 8192) * 8192
     return {"peak_mib": peak_mib, "held_mib": held, "suggest_mib": suggest if suggest < held else None}
-
-
-def _node_conditions(jobs) -> dict:
-    """job id -> its NodeSilence, for the listed jobs on a silent node (two queries at most)."""
-    return job_selectors.jobs_node_silence(jobs=jobs)
 
 
 @login_required

@@ -31,17 +31,10 @@ def surely_stopped_at(*, last_heard_at: datetime, grace_s: float) -> datetime:
     )
 
 
-def silent_since(*, state: str, last_heartbeat_at: datetime | None, created_at: datetime, now: datetime):
-    """When the portal last heard a node that has been silent for longer than TESSERA_NODE_LOST_AFTER_S (or was
-    declared lost); None while it is heard. A node that never reported counts from its registration."""
-    last_heard = last_heartbeat_at or created_at
-    if state == NodeState.LOST or last_heard < now - timedelta(seconds=settings.TESSERA_NODE_LOST_AFTER_S):
-        return last_heard
-    return None
-
-
 def silent_filter(*, now: datetime) -> Q:
-    """The nodes `silent_since` calls silent, as a filter on Node."""
+    """The silent nodes, as a filter on Node: declared lost, or not heard for longer than TESSERA_NODE_LOST_AFTER_S
+    (a node that never reported counts from its registration). The one rule: the watchdog, the releasing cards and
+    the jobs' `node_condition` all read it."""
     threshold = now - timedelta(seconds=settings.TESSERA_NODE_LOST_AFTER_S)
     return (
         Q(state=NodeState.LOST)
@@ -51,7 +44,7 @@ def silent_filter(*, now: datetime) -> Q:
 
 
 def silent_nodes(*, node_ids, now: datetime) -> dict[int, datetime]:
-    """Of these nodes, the silent ones (`silent_since`): node id -> when last heard. One query."""
+    """Of these nodes, the silent ones (`silent_filter`): node id -> when last heard. One query."""
     rows = (
         Node.objects.filter(pk__in=list(node_ids))
         .filter(silent_filter(now=now))

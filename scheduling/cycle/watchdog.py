@@ -70,11 +70,8 @@ def job_lose_then_requeue(
 
 
 def _silent_nodes(now):
-    threshold = now - timedelta(seconds=settings.TESSERA_NODE_LOST_AFTER_S)
-    # A node that never reported counts from its registration: pre-registered hosts without agents are lost too.
-    return Node.objects.exclude(state=NodeState.LOST).filter(
-        Q(last_heartbeat_at__lt=threshold) | Q(last_heartbeat_at__isnull=True, created_at__lt=threshold)
-    )
+    """Silent nodes not yet declared lost (pre-registered hosts without agents too: node_loss.silent_filter)."""
+    return Node.objects.exclude(state=NodeState.LOST).filter(node_loss.silent_filter(now=now))
 
 
 def jobs_on_node_changed(*, node: Node, code: str) -> None:
@@ -317,9 +314,9 @@ def releasing_check(*, now=None) -> list[int]:
     pairs = list(held)
     if not pairs:
         return []
-    nodes = {
-        n.pk: n for n in Node.objects.filter(pk__in={node_id for _, node_id in pairs}).select_related("sync")
-    }
+    node_ids = {node_id for _, node_id in pairs}
+    nodes = {n.pk: n for n in Node.objects.filter(pk__in=node_ids).select_related("sync")}
+    silent = node_loss.silent_nodes(node_ids=node_ids, now=now)
     jobs = {
         j.pk: j
         for j in Job.objects.filter(pk__in={job_id for job_id, _ in pairs}).select_related("priority_class")
@@ -328,14 +325,9 @@ def releasing_check(*, now=None) -> list[int]:
     for job_id, node_id in pairs:
         node, job = nodes[node_id], jobs[job_id]
         grace_s = job.priority_class.preemption_grace_s
-        silent = node_loss.silent_since(
-            state=node.state, last_heartbeat_at=node.last_heartbeat_at, created_at=node.created_at, now=now
-        )
-        if silent is not None:
-            due, why = (
-                node_loss.surely_stopped_at(last_heard_at=silent, grace_s=grace_s),
-                "its fence has passed",
-            )
+        if node_id in silent:
+            due = node_loss.surely_stopped_at(last_heard_at=silent[node_id], grace_s=grace_s)
+            why = "its fence has passed"
         else:
             # Heard again: its agent has had the grace and the lost timeout, since the job ended or since it
             # came back, whichever is later, to confirm the stop.

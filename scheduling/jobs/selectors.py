@@ -17,6 +17,7 @@ from scheduling.choices import GangMemberOutcome, JobState
 from scheduling.cycle import node_loss
 from scheduling.cycle.liveness import SCHEDULER_STALLED, scheduler_stall
 from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
+from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES
 
 
 def jobs_visible_to(*, user: AbstractBaseUser) -> QuerySet[Job]:
@@ -318,7 +319,7 @@ class NodeSilence:
 
 
 def silent_nodes_named(*, now: datetime | None = None) -> dict[int, tuple[str, datetime]]:
-    """Every silent node (node_loss.silent_since): id -> (name, last heard). One query; few rows but in an outage."""
+    """Every silent node (node_loss.silent_filter): id -> (name, last heard). One query; few rows but in an outage."""
     from scheduling.inventory.models import Node
 
     rows = Node.objects.filter(node_loss.silent_filter(now=now or timezone.now())).values_list(
@@ -339,8 +340,6 @@ def jobs_node_silence(
 ) -> dict[int, NodeSilence]:
     """job id -> NodeSilence, for those of these jobs that hold cards on a silent node: one query for them all
     (none while no node is silent), the silent nodes read once unless given."""
-    from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES
-
     holding = {j.pk: j for j in jobs if j.state in ACTIVE_STATES or j.state in TERMINAL_STATES}
     if not holding:
         return {}
@@ -360,8 +359,6 @@ def jobs_node_silence(
 
 
 def _silence(job: Job, on: tuple[str, datetime]) -> NodeSilence:
-    from scheduling.jobs.states import TERMINAL_STATES
-
     name, since = on
     until = node_loss.surely_stopped_at(last_heard_at=since, grace_s=job.priority_class.preemption_grace_s)
     heard = f"node {name} has not responded since {since:%H:%M:%S} UTC"
