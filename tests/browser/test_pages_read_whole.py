@@ -75,6 +75,7 @@ def test_the_main_pages_read_whole_for_a_researcher_and_for_another_team(browse)
                 f"{who} {path}: {SHOWN_AS_NOTHING.search(text).group(0)!r}"
             )
             assert "Traceback" not in text and "URLconf" not in text, f"{who} {path}: a debug page"
+            assert "{#" not in text and "{%" not in text, f"{who} {path}: template text shown"
             assert page.evaluate(CUT_WORDS) == [], f"{who} {path}: words cut in table cells"
             assert page.evaluate(HEADER_FITS), f"{who} {path}: the header runs past the window"
         browse.shots(page, f"{who}-last")
