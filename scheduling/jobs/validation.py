@@ -144,29 +144,30 @@ def _refuse_bad_checkpoint_interval(seconds: float | None) -> None:
     )
 
 
-def _priority_class_grant(*, spec: JobSpec, team: Team, allowance: TeamAllowance) -> ClassGrant:
-    """The priority class the job asks for, or the team's default; refused when the team may not use it."""
-    if not spec.priority:
+def team_priority_grant(*, priority: str | None, allowance: TeamAllowance) -> ClassGrant:
+    """The priority class a job asks for, or its team's default; refused when the team may not use it. A class
+    the team may not use is a permission of the team's, not something the cluster lacks, and is said so."""
+    team = allowance.team_slug
+    if not priority:
         if allowance.default_class is None:
             if not allowance.known_classes:
                 _refuse("No priority class exists; an admin must create one.", "priority", "unknown_priority")
             _refuse(
-                f"Team {team.slug} may use no priority class; an admin must grant it one.",
+                f"Team {team} may use no priority class; an admin must grant it one.",
                 "priority",
                 "priority_not_granted",
             )
         return allowance.grant_of(allowance.default_class.name)
-    grant = allowance.grant_of(spec.priority)
+    grant = allowance.grant_of(priority)
     if grant is None:
-        if spec.priority not in allowance.known_classes:
+        if priority not in allowance.known_classes:
             _refuse(
-                f"Unknown priority {spec.priority!r}; known: {', '.join(allowance.known_classes)}.",
+                f"Unknown priority {priority!r}; known: {', '.join(allowance.known_classes)}.",
                 "priority",
                 "unknown_priority",
             )
         raise ServiceError(
-            f"priority {spec.priority} is not granted to team {team.slug}; team {team.slug} may use: "
-            f"{allowance.classes_text()}.",
+            f"team {team} may not use priority class {priority}; it may use: {allowance.classes_text()}.",
             field="priority",
             code="priority_not_granted",
         )
@@ -257,7 +258,7 @@ def job_spec_validate_for_team(*, spec: JobSpec, team: Team, allowance: TeamAllo
     (`job_spec_validate`), a priority class the team may not use, a job beyond the team's limits. Returns the
     priority class the job runs at."""
     models = job_spec_validate(spec=spec)
-    grant = _priority_class_grant(spec=spec, team=team, allowance=allowance)
+    grant = team_priority_grant(priority=spec.priority, allowance=allowance)
     priority_class = grant.priority_class
     if spec.preemptible and not priority_class.preemptible:
         # Refused rather than quietly turned off: whoever asked for it expects to be evictable.

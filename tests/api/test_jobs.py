@@ -119,7 +119,10 @@ def test_a_class_the_team_may_not_use_and_a_job_beyond_its_limit_are_refused_wit
     body = {"name": "x", "team": "ai-lab/inference", "command": "serve", "gpus": 1, "priority": "critical"}
     error = as_bob.post("/api/v1/jobs/", body, format="json").json()["error"]
     assert (error["field"], error["code"]) == ("priority", "priority_not_granted")
-    assert "team ai-lab/inference may use: training, inference; default inference" in error["message"]
+    assert error["message"] == (
+        "team ai-lab/inference may not use priority class critical; it may use: training, inference; "
+        "default inference."
+    )
     response = as_bob.post("/api/v1/jobs/", {**body, "priority": "inference", "gpus": 3}, format="json")
     assert response.status_code == 400
     error = response.json()["error"]

@@ -159,8 +159,8 @@ def test_a_class_the_team_may_not_use_exits_invalid_listing_the_classes_it_may(l
     result = logged_in("submit", "-G", "1", "-p", "critical", "--", "python", "x.py")
     assert result.returncode == ExitCode.INVALID
     assert (
-        "priority critical is not granted to team ai-lab/training; team ai-lab/training may use: training, "
-        "inference; default training." in result.stderr
+        "team ai-lab/training may not use priority class critical; it may use: training, inference; default "
+        "training." in result.stderr
     )
 
 

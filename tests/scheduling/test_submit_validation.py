@@ -155,8 +155,8 @@ def test_a_class_the_team_may_not_use_is_refused_listing_the_ones_it_may(alice, 
     assert caught.value.field == "priority"
     assert caught.value.code == "priority_not_granted"
     assert caught.value.message == (
-        "priority critical is not granted to team ai-lab/training; team ai-lab/training may use: training, "
-        "inference; default training."
+        "team ai-lab/training may not use priority class critical; it may use: training, inference; default "
+        "training."
     )
     assert not Job.objects.exists()
 
