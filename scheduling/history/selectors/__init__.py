@@ -3,6 +3,6 @@
 kilobytes, not the millions of rows behind it.
 
 One module per concern: the windows and their buckets (`windows`), capacity by GPU model and the queue
-(`capacity`), nodes, their GPUs and the heatmaps (`nodes`), a team's figures (`teams`), queue times (`waits`),
+(`capacity`), nodes, their GPUs and the heatmaps (`nodes`), a job's cards over its life (`jobs`), a team's figures (`teams`), queue times (`waits`),
 GPU-hours (`usage`).
 """
