@@ -18,6 +18,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from frontend.forms import JobForm, initial_from_job
+from frontend.job_charts import job_charts
 from portal.submit_flags import submit_command_line
 from quotas.models import PriorityClass
 from quotas.selectors import team_by_slug, team_slugs_visible_to
@@ -133,6 +134,8 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "stopped_by_limit": _stopped_by_limit(job, events) if job.state in TERMINAL_STATES else None,
         "node_condition": job_selectors.job_node_silence(job=job),
     }
+    if request.GET.get("part") != "live":
+        context["charts"] = job_charts(job=job, events=events)
     template = (
         "frontend/jobs/_live.html" if request.GET.get("part") == "live" else "frontend/jobs/detail.html"
     )
