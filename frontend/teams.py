@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import ROUND_FLOOR, ROUND_HALF_UP, Decimal
 from typing import Any
 
 from django import forms
@@ -19,6 +19,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
+from django.db.models import Min, Q
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
@@ -40,8 +41,10 @@ from quotas.services import (
     quota_save,
     teams_administered_by,
 )
+from scheduling.choices import NodeState
 from scheduling.cycle.quota_whatif import quota_impact
-from scheduling.inventory.models import GpuModel
+from scheduling.inventory.models import Gpu, GpuModel
+from scheduling.inventory.selectors import gpu_model_rows
 
 AUDIT_PAGE_SIZE = 20
 ALL_MODELS = "all"
@@ -56,6 +59,8 @@ FORM_FIELDS = {
     "default_priority_class": "default_priority_class",
 }
 QUOTA_TO_FORM = {v: k for k, v in FORM_FIELDS.items()}
+# The fields a GPU-count / memory mismatch is said beside (each has a place for it on the page).
+WARNED_FIELDS = ("guaranteed_gpus", "guaranteed_gib", "limit_gpus", "limit_gib")
 
 
 def _plain(value: Decimal | None) -> Decimal | None:
@@ -69,6 +74,84 @@ def gib_of(mib: int | None) -> Decimal | None:
 
 def mib_of(gib: Decimal | None) -> int | None:
     return None if gib is None else int((gib * MIB_PER_GIB).to_integral_value(ROUND_HALF_UP))
+
+
+def _words(value: Decimal, unit: str) -> str:
+    """'4 GPUs', '1 GPU', '0.5 GPUs', '480 GiB', '842.4 GiB' (grouped by thousands, no trailing zeros)."""
+    if unit == "GiB":
+        value = value.quantize(Decimal("0.1"), ROUND_HALF_UP)
+    text = f"{_plain(value):,f}"
+    if unit == "GPU":
+        return "1 GPU" if value == 1 else f"{text} GPUs"
+    return f"{text} {unit}"
+
+
+def memory_gpus_mismatch(
+    *, gpus: Decimal | None, gib: Decimal | None, cards: dict[str, int], what: str
+) -> dict[str, str]:
+    """Warnings, by form field, when a GPU count and a memory size of a quota disagree on the cards the team can
+    get (`cards`: GPU model -> MiB of one card): the memory cannot hold that many whole cards of a model (whole-card
+    jobs stop short of the GPU count), or it is more than that many of the largest cards hold (the GPU count binds
+    first; only slices could use the rest). A warning, never a refusal: slices make either deliberate.
+    `what` is "limit" or "guarantee"."""
+    if gpus is None or gib is None or gpus <= 0 or not cards:
+        return {}
+    field = "limit" if what == "limit" else "guaranteed"
+    gpu_field, gib_field = f"{field}_gpus", "limit_gib" if what == "limit" else "guaranteed_gib"
+    mib = gib * MIB_PER_GIB
+    short = []
+    for model, card_mib in sorted(cards.items(), key=lambda kv: (kv[1], kv[0])):
+        need = gpus * card_mib
+        if mib < need:
+            holds = int((mib / card_mib).to_integral_value(ROUND_FLOOR))
+            short.append(f"{_plain(gpus)} {model} are {_words(need / MIB_PER_GIB, 'GiB')} (it holds {holds})")
+    if short:
+        return {
+            gib_field: f"{_words(gib, 'GiB')} cannot hold the {what}'s {_words(gpus, 'GPU')}: {'; '.join(short)}. "
+            f"Jobs on whole cards of {'that model' if len(short) == 1 else 'those models'} stop short of "
+            f"{_words(gpus, 'GPU')}.",
+        }
+    largest_model, largest = max(cards.items(), key=lambda kv: (kv[1], kv[0]))
+    most = gpus * largest
+    if mib > most:
+        return {
+            gpu_field: f"{_words(gpus, 'GPU')} cannot use the {what}'s {_words(gib, 'GiB')} of memory: "
+            f"{_plain(gpus)} {largest_model}, the largest cards the team can get, are "
+            f"{_words(most / MIB_PER_GIB, 'GiB')}. Jobs on whole cards reach {_words(gpus, 'GPU')} first; only "
+            "slices could use the rest.",
+        }
+    return {}
+
+
+def _card_memory(team: Team, scope: str) -> dict[str, int]:
+    """GPU model -> MiB of its smallest installed card (nodes not lost), for the models a quota row's team can
+    get: its model on a per-model row; on the all-models row, every installed model but those the team's own
+    per-model row closes (a limit of 0)."""
+    cards = Gpu.objects.exclude(node__state=NodeState.LOST)
+    if scope != ALL_MODELS:
+        cards = cards.filter(model__name=scope)
+    else:
+        closed = Quota.objects.filter(team=team, gpu_model__isnull=False).filter(
+            Q(limit_gpus=0) | Q(limit_gpu_memory_mib=0)
+        )
+        cards = cards.exclude(model_id__in=closed.values("gpu_model_id"))
+    rows = cards.values("model__name").annotate(card_mib=Min("memory_mib"))
+    return {row["model__name"]: row["card_mib"] for row in rows}
+
+
+def quota_warnings(*, values: dict[str, Any], team: Team, scope: str) -> dict[str, str]:
+    """The form's values (guaranteed_gpus, guaranteed_gib, limit_gpus, limit_gib) checked against the cards the
+    team can get: a warning by field, for beside it."""
+    cards = _card_memory(team, scope)
+    warnings: dict[str, str] = {}
+    for what, gpus, gib in (
+        ("guarantee", "guaranteed_gpus", "guaranteed_gib"),
+        ("limit", "limit_gpus", "limit_gib"),
+    ):
+        warnings.update(
+            memory_gpus_mismatch(gpus=values.get(gpus), gib=values.get(gib), cards=cards, what=what)
+        )
+    return warnings
 
 
 class QuotaForm(forms.Form):
@@ -267,8 +350,11 @@ def _audit_words(name: str, value: Any) -> str:
 def _page(request: HttpRequest, team: Team, scope: str, form: QuotaForm, quota: Quota, status: int = 200):
     rows = _rows(team)
     may_add = request.user.is_staff
-    models = list(GpuModel.objects.order_by("name").values_list("name", flat=True))
+    # A tab to add per GPU model the cluster has (a model only in the catalogue has no cards to share out);
+    # a model a row already names keeps its tab among `scopes`.
+    models = sorted(m.name for m in gpu_model_rows(installed_only=True))
     page, changes = _change_rows(team, request.GET.get("page"), True)
+    values = form.cleaned_data if form.is_bound and form.is_valid() else _initial(quota)
     context = {
         "nav": "teams",
         "team": team,
@@ -282,6 +368,7 @@ def _page(request: HttpRequest, team: Team, scope: str, form: QuotaForm, quota: 
         "changes": changes,
         "is_staff": request.user.is_staff,
         "note_max": NOTE_MAX_CHARS,
+        "warnings": quota_warnings(values=values, team=team, scope=scope),
     }
     return render(request, "frontend/teams/quota.html", context, status=status)
 
@@ -368,6 +455,8 @@ def team_quota_preview(request: HttpRequest, slug: str) -> HttpResponse:
             context["refused"] = True
         context["impact"] = quota_impact(row=row)
         context["visible"] = _visible_team_slugs(request)
+        context["warnings"] = quota_warnings(values=form.cleaned_data, team=team, scope=scope)
+        context["warned_fields"] = WARNED_FIELDS
     return render(request, "frontend/teams/_preview.html", context)
 
 
