@@ -1,7 +1,9 @@
 """The submit form: fields as a researcher thinks of them, turned into the same spec mapping the API takes.
 
 The form checks only what is its own (a whole-or-slice choice, KEY=VALUE lines, argv quoting); everything else
-is the spec parser's and the submit service's, whose errors name the field they belong to.
+is the spec parser's and the submit service's, whose errors name the field they belong to. The priority list
+offers the chosen team's classes only (page.js offers another team's when the team changes); a class the team
+may not use is refused by the team's own rule, in its words, beside the field.
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ from typing import Any
 
 from django import forms
 
+from quotas.selectors import TeamAllowance
+from scheduling.errors import ServiceError
 from scheduling.jobs import fields
 from scheduling.jobs.fields import SpecField
 from scheduling.jobs.spec import spec_field_errors, spec_to_mapping
 from scheduling.jobs.submit import job_spec_of
+from scheduling.jobs.validation import team_priority_grant
 
 _SHELL_OPERATORS = frozenset({"|", "||", "&&", ";", ">", ">>", "<", "&", "2>", "2>&1"})
 KINDS = (("whole", "Whole GPUs"), ("slice", "A slice of one GPU (memory and/or compute share)"))
@@ -66,11 +71,29 @@ class JobForm(SpecFields):
         choices=COMMAND_FORMS, initial="argv", widget=forms.RadioSelect, label="Command is"
     )
 
-    def __init__(self, *args: Any, teams: list[str], models: list[str], priorities: list[str], **kwargs: Any):
+    def __init__(self, *args: Any, allowances: dict[str, TeamAllowance], models: list[str], **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.fields["team"].choices = [(t, t) for t in teams]
+        self.allowances = allowances
+        self.fields["team"].choices = [(t, t) for t in allowances]
         self.fields["gpu_models"].choices = [(m, m) for m in models]
-        self.fields["priority"].choices = [("", "The team's default"), *((p, p) for p in priorities)]
+        known = next(iter(allowances.values())).known_classes if allowances else ()
+        priority = self.fields["priority"]
+        # Any class is taken (one the team may not use is refused in the team's words, not as "not a choice");
+        # the list offers the chosen team's.
+        priority.choices = [("", "The team's default"), *((p, p) for p in known)]
+        team, chosen = self["team"].value(), self["priority"].value()
+        priority.widget.choices = [
+            *priority_options(allowances.get(team)),
+            *(
+                [(chosen, f"{chosen} (not allowed for {team})")]
+                if chosen and team in allowances and allowances[team].grant_of(chosen) is None
+                else []
+            ),
+        ]
+
+    def priority_options_by_team(self) -> dict[str, list[tuple[str, str]]]:
+        """For page.js: the priority list each of the user's teams offers."""
+        return {slug: priority_options(allowance) for slug, allowance in self.allowances.items()}
 
     def clean_env(self) -> dict[str, str]:
         env: dict[str, str] = {}
@@ -99,6 +122,12 @@ class JobForm(SpecFields):
                         '"A shell line" to run it through /bin/sh.',
                     )
                 data["command_words"] = words
+        allowance = self.allowances.get(data.get("team") or "")
+        if data.get("priority") and allowance is not None:
+            try:
+                team_priority_grant(priority=data["priority"], allowance=allowance)
+            except ServiceError as exc:
+                self.add_error("priority", exc.message)
         return data
 
     def spec_mapping(self) -> dict[str, Any]:
@@ -145,6 +174,15 @@ class JobForm(SpecFields):
         """Show a spec or service refusal next to the field it names (the form's top when it names none)."""
         target = field if field in self.fields else None
         self.add_error(target, message)
+
+
+def priority_options(allowance: TeamAllowance | None) -> list[tuple[str, str]]:
+    """The priority list for a team: its default first (named), then each class it may use, highest first."""
+    if allowance is None:
+        return [("", "The team's default")]
+    default = allowance.default_class
+    first = f"The team's default ({default.name})" if default else "The team's default"
+    return [("", first), *((g.priority_class.name, g.priority_class.name) for g in allowance.classes)]
 
 
 def _command_form(command: str) -> str:

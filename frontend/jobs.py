@@ -7,6 +7,8 @@ job another team's member asks for is a 404, as in the API.
 
 from __future__ import annotations
 
+import json
+
 import yaml
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -20,8 +22,7 @@ from django.views.decorators.http import require_POST
 from frontend.forms import JobForm, initial_from_job
 from frontend.job_charts import job_charts
 from portal.submit_flags import submit_command_line
-from quotas.models import PriorityClass
-from quotas.selectors import team_by_slug, team_slugs_visible_to
+from quotas.selectors import team_allowances_by_slug, team_by_slug, team_slugs_visible_to
 from scheduling.agents import joblogs
 from scheduling.agents.live_metrics import IDLE_WARN_AFTER_S, job_usage
 from scheduling.choices import JobState
@@ -207,9 +208,8 @@ def _form(request: HttpRequest, data=None, initial=None) -> JobForm:
     return JobForm(
         data,
         initial=initial,
-        teams=team_slugs_visible_to(user=request.user),
+        allowances=team_allowances_by_slug(slugs=team_slugs_visible_to(user=request.user)),
         models=[m.name for m in gpu_model_rows(installed_only=True)],
-        priorities=list(PriorityClass.objects.order_by("value").values_list("name", flat=True)),
     )
 
 
@@ -276,7 +276,13 @@ def job_new_preview(request: HttpRequest) -> HttpResponse:
         mapping = spec_to_mapping(parsed.spec, team=parsed.team)
         context["yaml"] = _yaml(mapping)
         context["cli"] = submit_command_line(mapping)
-        context["whatif"] = job_whatif(user=request.user, team=team, spec=parsed.spec)
+        whatif = job_whatif(user=request.user, team=team, spec=parsed.spec)
+        if whatif.verdict == "refused":
+            # Not a verdict on capacity (a class the team may not use): said beside its field, as a submit would.
+            form.add_spec_error(whatif.field_name, whatif.text)
+        else:
+            context["whatif"] = whatif
+            context["apply"] = json.dumps(whatif.apply) if whatif.apply else ""
     return render(request, "frontend/jobs/_preview.html", context)
 
 

@@ -137,6 +137,15 @@ def team_allowance(*, team: Team, user: AbstractBaseUser | None = None) -> TeamA
     return team_allowances(team_ids=[team.pk], user=user)[team.pk]
 
 
+def team_allowances_by_slug(
+    *, slugs: Collection[str], user: AbstractBaseUser | None = None
+) -> dict[str, TeamAllowance]:
+    """The allowances of the teams named, by slug, in the order given (those that exist)."""
+    ids = Team.objects.filter(slug__in=list(slugs)).values_list("pk", flat=True)
+    by_slug = {a.team_slug: a for a in team_allowances(team_ids=list(ids), user=user).values()}
+    return {slug: by_slug[slug] for slug in slugs if slug in by_slug}
+
+
 def team_by_slug(*, slug: str) -> Team | None:
     """The team with this slug. Every submit looks one up, so it is one hand-written query, not the ORM's."""
     fields = Team._meta.concrete_fields

@@ -4,7 +4,9 @@ placing nothing.
 The hypothetical job joins the real queue (its team, priority class and the submit time of now) and the
 configured profile runs one cycle over it; its placement, or its pending reason and estimated start, is the
 answer. When it would wait, a few nearby requests are asked the same way and the first that starts sooner is
-named. The snapshot is read at most every SNAPSHOT_TTL_S per process, and on a large cluster in the
+named, with the spec's values that ask for it; when it can never run, the nearest request that can (the same GPUs
+split over more nodes, fewer GPUs, any model). A class the team may not use is its permission, said as such, not
+a verdict on the cluster. The snapshot is read at most every SNAPSHOT_TTL_S per process, and on a large cluster in the
 background: a what-if is advice, not a decision.
 """
 
@@ -12,21 +14,23 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection
 from django.utils import timezone
 
 from quotas.models import PriorityClass, Team
-from quotas.selectors import team_allowance
+from quotas.selectors import TeamAllowance, team_allowance
 from scheduling.cycle.snapshot import cycle_profile, engine_job, snapshot_from_db
 from scheduling.engine import run_cycle
 from scheduling.engine import types as eng
 from scheduling.engine.reasons import duration_words
 from scheduling.errors import ServiceError
-from scheduling.jobs.fields import JobSpec
+from scheduling.jobs.fields import CANNOT_RUN, MAX_GANG_NODES, JobSpec
 from scheduling.jobs.models import JobEvent
+from scheduling.jobs.spec import format_mib
 from scheduling.jobs.submit import job_from_spec
 from scheduling.jobs.validation import job_spec_validate_for_team
 
@@ -99,15 +103,43 @@ def current_snapshot() -> eng.Snapshot:
     return _snapshot()
 
 
+# Refusals of what the cluster or the team's limits can never give: "Can never run here". Any other refusal is
+# not about capacity (a priority class the team may not use is its permission) and is said in its own words.
+NEVER_CODES = frozenset({CANNOT_RUN, "beyond_team_limit"})
+NO_RUNTIME_NOTE = (
+    "Without a runtime limit the scheduler cannot backfill this job or estimate starts behind it: "
+    "a limit (e.g. 2h) lets it start in gaps and tells others when it ends."
+)
+# How many ways of splitting a job over more nodes are tried when its shape can never be had.
+MAX_SHAPES_TRIED = 4
+
+
 @dataclass(frozen=True)
 class WhatIf:
-    """The answer: `verdict` is "now", "later", "waits" (no start can be estimated) or "never"."""
+    """The answer: `verdict` is "now", "later", "waits" (no start can be estimated), "never" (the cluster or
+    the team's limits can never give it) or "refused" (not a question of capacity: a priority class the team
+    may not use, values that do not go together; `field_name` names the field).
+    `alternative` names a nearby request and when it starts; `apply` is that request's changes as the spec
+    writes them (field -> value), `apply_words` the same in a few words; `runtime_note` nudges towards a
+    runtime limit when none is given."""
 
     verdict: str
     text: str
     eta_s: float | None = None
     reason_code: str = ""
     alternative: str = ""
+    apply: dict[str, Any] = field(default_factory=dict)
+    apply_words: str = ""
+    field_name: str = ""
+    runtime_note: str = ""
+
+
+@dataclass(frozen=True)
+class _Variant:
+    label: str  # "4 GPUs per node instead of 8"
+    words: str  # "4 GPUs per node"
+    spec: JobSpec
+    apply: dict[str, Any]
 
 
 def _hypothetical(
@@ -134,21 +166,68 @@ def _ask(
     return [(placed.get(j.id), pending.get(j.id)) for j in jobs]
 
 
-def _variants(spec: JobSpec) -> list[tuple[str, JobSpec]]:
+def _gpus_words(gpus: int, nodes: int) -> str:
+    return f"{gpus} GPU{'s' if gpus > 1 else ''}{' per node' if nodes > 1 else ''}"
+
+
+def _variants(spec: JobSpec) -> list[_Variant]:
     """Nearby requests, most like the original first. Each asks for less than the spec (fewer GPUs, a smaller
     slice, any model, no topology), so a spec that passed validation makes variants that pass it too."""
-    out: list[tuple[str, JobSpec]] = []
+    out: list[_Variant] = []
     if spec.gpus > 1:
         half = spec.gpus // 2
-        out.append((f"{half} GPU{'s' if half > 1 else ''} instead of {spec.gpus}", replace(spec, gpus=half)))
+        words = _gpus_words(half, spec.nodes)
+        out.append(
+            _Variant(f"{words} instead of {spec.gpus}", words, replace(spec, gpus=half), {"gpus": half})
+        )
     if spec.gpu_memory_mib >= 2048:
         half = spec.gpu_memory_mib // 2
-        out.append((f"a {half // 1024} GiB slice", replace(spec, gpu_memory_mib=half)))
+        words = f"a {half / 1024:g} GiB slice"
+        out.append(
+            _Variant(words, words, replace(spec, gpu_memory_mib=half), {"gpu_memory": format_mib(half)})
+        )
     if spec.gpu_models:
-        out.append(("any GPU model", replace(spec, gpu_models=())))
+        out.append(
+            _Variant("any GPU model", "any GPU model", replace(spec, gpu_models=()), {"gpu_models": []})
+        )
     if spec.topology != "none":
-        out.append(("no topology constraint", replace(spec, topology="none")))
+        words = "no topology constraint"
+        out.append(_Variant(words, words, replace(spec, topology="none"), {"topology": "none"}))
     return out[:MAX_ALTERNATIVES]
+
+
+def _shapes(spec: JobSpec) -> list[_Variant]:
+    """The same whole GPUs split evenly over more nodes, fewest nodes first: for a job whose GPUs per node no
+    node has (12 GPUs where the largest node has 8 -> 2 nodes x 6 GPUs). Whether a shape fits is the cluster's
+    own answer (the validation that refused the job), so nothing here assumes a node size."""
+    total = spec.gpus * spec.nodes
+    out: list[_Variant] = []
+    for nodes in range(spec.nodes + 1, min(total, MAX_GANG_NODES) + 1):
+        if total % nodes:
+            continue
+        gpus = total // nodes
+        words = f"{nodes} nodes x {gpus} GPU{'s' if gpus > 1 else ''}"
+        out.append(
+            _Variant(words, words, replace(spec, gpus=gpus, nodes=nodes), {"gpus": gpus, "nodes": nodes})
+        )
+        if len(out) == MAX_SHAPES_TRIED:
+            break
+    return out
+
+
+def _fitting(spec: JobSpec, *, team: Team, allowance: TeamAllowance) -> list[tuple[_Variant, PriorityClass]]:
+    """For a job that can never run: the nearby requests that can (the team's own rules included), the first
+    few only."""
+    out = []
+    for variant in [*_shapes(spec), *_variants(spec)]:
+        try:
+            priority_class = job_spec_validate_for_team(spec=variant.spec, team=team, allowance=allowance)
+        except ServiceError:
+            continue
+        out.append((variant, priority_class))
+        if len(out) == MAX_ALTERNATIVES:
+            break
+    return out
 
 
 def _answer(placed: eng.Placement | None, pending: eng.Pending | None, now: float) -> WhatIf:
@@ -173,15 +252,68 @@ def _answer(placed: eng.Placement | None, pending: eng.Pending | None, now: floa
     )
 
 
+def _when(answer: WhatIf) -> str:
+    if answer.verdict == "now":
+        return "starts now"
+    if answer.eta_s is not None:
+        return f"starts in about {duration_words(answer.eta_s)}"
+    return "could run here, but waits with no start it can estimate"
+
+
+def _named(answer: WhatIf, variant: _Variant, other: WhatIf) -> WhatIf:
+    label = variant.label
+    return replace(
+        answer,
+        alternative=f"{label[0].upper()}{label[1:]} {_when(other)}.",
+        apply=dict(variant.apply),
+        apply_words=variant.words,
+    )
+
+
+def _never(
+    *, user: AbstractBaseUser, team: Team, spec: JobSpec, allowance: TeamAllowance, refusal: ServiceError
+) -> WhatIf:
+    """Can never run here, and the nearest request that can: the first of them the engine would start soonest
+    (any of them, even one that would wait, is better than never)."""
+    answer = WhatIf("never", f"Can never run here: {refusal.message}", reason_code="never")
+    fitting = _fitting(spec, team=team, allowance=allowance)
+    if not fitting:
+        return answer
+    snapshot = _snapshot()
+    jobs = [
+        _hypothetical(team=team, user=user, spec=variant.spec, priority_class=priority_class, index=i)
+        for i, (variant, priority_class) in enumerate(fitting)
+    ]
+    answers = [_answer(placed, pending, snapshot.now) for placed, pending in _ask(snapshot, jobs)]
+    best = min(
+        range(len(fitting)),
+        key=lambda i: (
+            0.0
+            if answers[i].verdict == "now"
+            else (answers[i].eta_s if answers[i].eta_s is not None else float("inf"))
+        ),
+    )
+    return _named(answer, fitting[best][0], answers[best])
+
+
 def job_whatif(*, user: AbstractBaseUser, team: Team, spec: JobSpec) -> WhatIf:
     """When this job would start if submitted now, and a nearby request that starts sooner (one engine cycle
-    answers both)."""
+    answers both); for one that can never run, a nearby request that can."""
+    note = NO_RUNTIME_NOTE if spec.max_runtime_s is None else ""
+    answer = _whatif(user=user, team=team, spec=spec)
+    return replace(answer, runtime_note=note)
+
+
+def _whatif(*, user: AbstractBaseUser, team: Team, spec: JobSpec) -> WhatIf:
+    allowance = team_allowance(team=team)
     try:
-        priority_class = job_spec_validate_for_team(spec=spec, team=team, allowance=team_allowance(team=team))
+        priority_class = job_spec_validate_for_team(spec=spec, team=team, allowance=allowance)
     except ServiceError as exc:
-        return WhatIf("never", f"Can never run here: {exc.message}", reason_code="never")
+        if exc.code not in NEVER_CODES:
+            return WhatIf("refused", exc.message, reason_code=exc.code, field_name=exc.field or "")
+        return _never(user=user, team=team, spec=spec, allowance=allowance, refusal=exc)
     variants = _variants(spec)
-    asked = [spec, *(variant for _, variant in variants)]
+    asked = [spec, *(variant.spec for variant in variants)]
     snapshot = _snapshot()
     jobs = [
         _hypothetical(team=team, user=user, spec=one, priority_class=priority_class, index=i)
@@ -191,15 +323,10 @@ def job_whatif(*, user: AbstractBaseUser, team: Team, spec: JobSpec) -> WhatIf:
     answer = answers[0]
     if answer.verdict == "now":
         return answer
-    for (label, _), other in zip(variants, answers[1:], strict=True):
+    for variant, other in zip(variants, answers[1:], strict=True):
         sooner = other.verdict == "now" or (
             other.eta_s is not None and (answer.eta_s is None or other.eta_s < answer.eta_s)
         )
         if sooner:
-            when = (
-                "starts now"
-                if other.verdict == "now"
-                else f"starts in about {duration_words(other.eta_s or 0)}"
-            )
-            return replace(answer, alternative=f"{label[0].upper()}{label[1:]} {when}.")
+            return _named(answer, variant, other)
     return answer

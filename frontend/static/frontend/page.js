@@ -97,7 +97,53 @@
       };
       jobForm.addEventListener("change", apply);
       apply();
+      setupPriorityList(jobForm);
+      // The what-if's suggestion is a button: it puts its values in the form, and the change asks again.
+      document.addEventListener("click", function (e) {
+        const button = e.target.closest && e.target.closest("#preview [data-apply]");
+        if (!button || !button.dataset.apply) return;
+        applyValues(jobForm, JSON.parse(button.dataset.apply));
+        apply();
+        jobForm.dispatchEvent(new Event("change", { bubbles: true }));
+      });
     }
+  }
+
+  // The priority list offers the chosen team's classes (the server's lists, one per team, in #priority-options);
+  // a class already chosen that the new team may not use stays, marked, so the refusal beside it says why.
+  function setupPriorityList(jobForm) {
+    const data = document.getElementById("priority-options");
+    const team = jobForm.querySelector("[name=team]");
+    const select = jobForm.querySelector("[name=priority]");
+    if (!data || !team || !select) return;
+    const byTeam = JSON.parse(data.textContent);
+    team.addEventListener("change", function () {
+      const options = byTeam[team.value] || [["", "The team's default"]];
+      const chosen = select.value;
+      const offered = options.slice();
+      if (chosen && !options.some(function (o) { return o[0] === chosen; })) {
+        offered.push([chosen, chosen + " (not allowed for " + team.value + ")"]);
+      }
+      select.replaceChildren.apply(select, offered.map(function (o) { return new Option(o[1], o[0]); }));
+      select.value = chosen;
+      const named = document.getElementById("priority-team");
+      if (named) named.textContent = team.value;
+    });
+  }
+
+  // Spec values (as the what-if writes them: {"gpus": 6, "nodes": 2}, {"gpu_models": []}) into the form's fields.
+  function applyValues(jobForm, values) {
+    Object.keys(values).forEach(function (name) {
+      const value = values[name];
+      const fields = jobForm.querySelectorAll("[name='" + name + "']");
+      fields.forEach(function (field) {
+        if (field.type === "checkbox" || field.type === "radio") {
+          field.checked = Array.isArray(value) ? value.indexOf(field.value) >= 0 : field.value === String(value);
+        } else {
+          field.value = String(value);
+        }
+      });
+    });
   }
 
   // A part answered with another page (the sign-in page, once the session has ended) keeps what it shows, as it does
