@@ -148,38 +148,43 @@ def node(request: HttpRequest, name: str) -> HttpResponse:
     node_row = Node.objects.get(pk=tile.id)
     context["changes"] = cluster_map.node_state_changes(node=node_row)
     context["group_name"] = cluster_map.tile_group(tile)
-    context.update(_node_history(request, node_row))
+    context.update(
+        _node_history(request, node_row, card_mib=max((g.memory_mib for g in tile.gpus), default=0))
+    )
     return render(request, "frontend/cluster/node.html", context)
 
 
 NODE_WINDOWS = ("1h", "6h", "24h", "7d", "30d")
-# (key in the history, chart title, y label, unit)
+# (key in the history, chart title, y label, unit, the y axis' top: None for the data's)
 NODE_CHARTS = (
-    ("util_pct", "Utilisation", "SM utilisation", "%"),
-    ("memory_used_gib", "Memory used", "GPU memory used", "GiB"),
-    ("temperature_c", "Temperature", "Temperature", "°C"),
-    ("power_w", "Power", "Power draw", "W"),
-    ("sm_clock_mhz", "SM clock", "SM clock", "MHz"),
+    ("util_pct", "Utilisation", "SM utilisation", "%", 100),
+    ("memory_used_gib", "Memory used", "GPU memory used", "GiB", "card"),
+    ("temperature_c", "Temperature", "Temperature", "°C", None),
+    ("power_w", "Power", "Power draw", "W", None),
+    ("sm_clock_mhz", "SM clock", "SM clock", "MHz", None),
 )
 
 
-def _node_history(request: HttpRequest, node_row: Node) -> dict:
-    """The node's GPUs over the chosen window (the time picker), one chart per measure with a line per GPU, and
-    its XID events in the window."""
+def _node_history(request: HttpRequest, node_row: Node, *, card_mib: int) -> dict:
+    """The node's GPUs over the chosen window (the time picker), one chart per measure with a line per GPU (the
+    charts share one legend key: a GPU hidden in one is hidden in all), and its XID events in the window."""
     name = request.GET.get("window", "")
     w = window(name if name in NODE_WINDOWS else "", default="24h")
     found = node_gpu_history(node_id=node_row.pk, node_name=node_row.name, w=w)
     charts = []
-    for key, title, y_label, unit in NODE_CHARTS:
+    for key, title, y_label, unit, top in NODE_CHARTS:
         series = [{"label": f"GPU {g['index']}", "values": g[key]} for g in found.gpus]
+        if top == "card":
+            top = round(card_mib / 1024, 2) if card_mib else None
         charts.append(
             {
                 "json_id": f"chart-node-{key}",
                 "title": f"{title} over the last {w.name}",
                 "t": found.gpus[0]["t"] if found.gpus else [],
                 "series": series,
-                "y": {"label": f"{y_label} ({unit})", "unit": unit, "min": 0},
+                "y": {"label": f"{y_label} ({unit})", "unit": unit, "min": 0, "max": top},
                 "kind": "line",
+                "sync": f"node-{node_row.name}",
             }
         )
     return {
