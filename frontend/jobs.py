@@ -37,6 +37,7 @@ from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES, IllegalTransi
 from scheduling.jobs.submit import job_submit
 from scheduling.jobs.transitions import job_cancel
 from scheduling.jobs.wording import LIMIT_STOPS
+from scheduling.realtime.parts import pushed
 
 JOBS_PAGE_SIZE = 50
 
@@ -48,6 +49,12 @@ def _scopes(user) -> list[tuple[str, str]]:
     return scopes
 
 
+def _jobs_audience(request: HttpRequest) -> int | None:
+    """Whom the jobs list's rows depend on: the user (their own jobs are marked and selectable)."""
+    return request.user.pk if request.GET.get("part") == "rows" and request.user.is_authenticated else None
+
+
+@pushed(_jobs_audience)
 @login_required
 def jobs(request: HttpRequest) -> HttpResponse:
     scopes = _scopes(request.user)
@@ -106,6 +113,15 @@ def _right_size(job, peak_mib: int | None, events) -> dict | None:
     return {"peak_mib": peak_mib, "held_mib": held, "suggest_mib": suggest if suggest < held else None}
 
 
+def _job_live_audience(request: HttpRequest, job_id: int) -> tuple | None:
+    """Whom a job's live part depends on: whoever may see the job sees the same, but for the cancel button."""
+    if request.GET.get("part") != "live" or not request.user.is_authenticated:
+        return None
+    job = _job_or_404(request, job_id)
+    return ("job", job_selectors.can_cancel_job(user=request.user, job=job))
+
+
+@pushed(_job_live_audience)
 @login_required
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = _job_or_404(request, job_id)

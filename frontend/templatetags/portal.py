@@ -177,3 +177,14 @@ def refresh_on(events: str, when: str = "") -> str:
         trigger(name, test, f" delay:{REFRESH_DEBOUNCE_MS}ms") for name, test in _EVENT.findall(events)
     ]
     return ", ".join([*triggers, trigger("catch-up", "", "")])
+
+
+@register.simple_tag
+def push_on(events: str) -> str:
+    """The live attributes of a part the page's socket pushes (scheduling/realtime/parts.py; its view is marked
+    `@pushed`): `data-push-on`, the stream's events that change it, which portal.js tells the socket; and its
+    hx-trigger, re-requested when the page catches up (its socket opened, or every 5 s while it is down), and on
+    `tessera:pull`, which portal.js fires on those events when the socket does not push it to this user."""
+    names = " ".join(name for name, _ in _EVENT.findall(events))
+    trigger = f"tessera:catch-up from:body, tessera:pull delay:{REFRESH_DEBOUNCE_MS}ms"
+    return format_html('hx-trigger="{}" data-push-on="{}"', trigger, names)

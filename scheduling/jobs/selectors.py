@@ -46,9 +46,9 @@ def can_cancel_job(*, user: AbstractBaseUser, job: Job) -> bool:
     return job.submitter_id == user.pk and job.team_id in team_ids_for_user(user=user)
 
 
-def job_team_id(*, job_id: int) -> int | None:
-    """The team of a job (None when there is no such job)."""
-    return Job.objects.filter(pk=job_id).values_list("team_id", flat=True).first()
+def job_team_and_state(*, job_id: int) -> tuple[int, str] | None:
+    """The team and state of a job (None when there is no such job)."""
+    return Job.objects.filter(pk=job_id).values_list("team_id", "state").first()
 
 
 def job_in_teams(*, job_id: int, team_ids: set[int]) -> bool:

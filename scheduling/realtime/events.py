@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import threading
 from typing import Any
 
@@ -89,6 +90,10 @@ def _send(group: str, message: dict[str, Any]) -> None:
 
 
 def _send_all(messages: list[tuple[str, dict[str, Any]]]) -> None:
+    for _, message in messages:
+        # One id per change, the same in every group it goes to: a part shown on many pages is rendered once for it
+        # (realtime/parts.py).
+        message.setdefault("event_id", secrets.token_hex(8))
     layer = get_channel_layer()
     if layer is None:
         return
@@ -118,6 +123,7 @@ def _job_messages(
         "state": state,
         "code": code,
         "message": message,
+        "event_id": secrets.token_hex(8),
     }
     return [(groups.job(job_id), payload), (groups.team(team_id), dict(payload))]
 

@@ -24,8 +24,9 @@ from django.urls import path
 
 from quotas.models import Team
 from quotas.selectors import team_ids_for_user
-from scheduling.jobs.selectors import job_in_teams, job_team_id
-from scheduling.realtime import groups, listeners, sockets
+from scheduling.choices import JobState
+from scheduling.jobs.selectors import job_in_teams, job_team_and_state
+from scheduling.realtime import groups, listeners, parts, sockets
 
 log = logging.getLogger(__name__)
 
@@ -37,18 +38,22 @@ CLOSE_UNSUPPORTED = 1003  # a binary frame: streams speak JSON text
 CLOSE_INVALID = 1007  # text that is not JSON (or nests too deep to read)
 CLOSE_TOO_BIG = 1009
 CLOSE_TOO_MANY = 4429  # the user (or session) has as many sockets open as it may
-# What a browser sends is a ping: a small object. Anything larger is refused before it is parsed.
-MAX_FRAME_CHARS = 4096
+# What a browser sends is a ping or the list of parts its page shows: a small object. Anything larger is refused
+# before it is parsed.
+MAX_FRAME_CHARS = 8192
 
 
 class _StreamConsumer(AsyncJsonWebsocketConsumer):
-    """Shared parts: refuse anonymous sockets, cache the user's team ids briefly, answer pings."""
+    """Shared parts: refuse anonymous sockets, cache the user's team ids briefly, answer pings, push the page's
+    parts (parts.py)."""
 
     groups_joined: list[str]
 
     async def connect(self) -> None:
         self.user = self.scope.get("user")
         self.groups_joined = []
+        self._watched: list[tuple[parts.Watch, Any]] = []  # each part shown and its key (URL, audience)
+        self._watched_for: set[int] | None = None  # the team ids the keys were made with
         self._team_ids: set[int] | None = None
         self._team_ids_at = 0.0
         if self.user is None or not self.user.is_authenticated:
@@ -93,6 +98,7 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):
         return name if name and not name.startswith("_") and hasattr(self, name) else None
 
     async def disconnect(self, code: int) -> None:
+        parts.hub.unsubscribe(channel=self.channel_name)
         for group in getattr(self, "groups_joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
         if getattr(self, "groups_joined", []):
@@ -137,6 +143,49 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):
             return
         if isinstance(content, dict) and content.get("type") == "ping":
             await self.send_json({"type": "pong"})
+        elif isinstance(content, dict) and content.get("type") == "watch":
+            await self._watch(content)
+
+    # --- the page's parts, pushed ----------------------------------------------------------------------------
+
+    async def _watch(self, content: dict[str, Any]) -> None:
+        """The parts the page shows: each one its view pushes to this user is followed (it is sent on its events,
+        rendered once for every socket of the same audience); the page keeps asking for the others itself."""
+        watches, refused = parts.watches_from(content)
+        if refused:
+            log.info("stream %s: refused a watch of user %s: %s", self.stream_name, self.user.pk, refused)
+            return
+        self._watched_for = await self.team_ids()
+        host = _header(self.scope, b"host")
+        keys = await database_sync_to_async(
+            lambda: [parts.audience_of(watch=w, user=self.user, host=host) for w in watches]
+        )()
+        parts.hub.unsubscribe(channel=self.channel_name)
+        self._watched = [(w, k) for w, k in zip(watches, keys, strict=True) if k is not None]
+        for watch, key in self._watched:
+            subscriber = parts._Subscriber(
+                user=self.user, host=host, part_id=watch.part_id, send=self._send_part
+            )
+            parts.hub.subscribe(key=key, channel=self.channel_name, subscriber=subscriber)
+        await self.send_json({"type": "watching", "parts": [w.part_id for w, _ in self._watched]})
+
+    async def parts_changed(self, kind: str, event: dict[str, Any]) -> None:
+        """An event this socket forwards: the parts it changes are rendered (once per event for all sockets)."""
+        if not self._watched:
+            return
+        if (
+            await self.team_ids() != self._watched_for
+        ):  # the user's teams changed: whom the parts show changed
+            await self._watch(
+                {"parts": [{"id": w.part_id, "url": w.url, "on": sorted(w.on)} for w, _ in self._watched]}
+            )
+        for watch, key in self._watched:
+            if kind in watch.on:
+                parts.hub.changed(key=key, event_id=event.get("event_id"))
+
+    async def _send_part(self, part_id: str, html: str) -> None:
+        if await self.still_allowed():
+            await self.send_json({"type": "part", "id": part_id, "html": html})
 
     async def team_ids(self) -> set[int] | None:
         """The user's team ids (None: staff, all teams), re-read every AUTHZ_TTL_S."""
@@ -175,10 +224,12 @@ class ClusterStream(_StreamConsumer):
             await self.send_json(
                 {"type": "node.changed", "node": event.get("node"), "state": event.get("state")}
             )
+            await self.parts_changed("node.changed", event)
 
     async def queue_changed(self, event: dict[str, Any]) -> None:
         if await self.still_allowed():
             await self.send_json({"type": "queue.changed", "state": event.get("state")})
+            await self.parts_changed("queue.changed", event)
 
     async def gpu_metrics(self, event: dict[str, Any]) -> None:
         """Live per-GPU samples of a node (utilisation, memory used, power, temperature): no job or team."""
@@ -188,6 +239,7 @@ class ClusterStream(_StreamConsumer):
     async def gpu_health(self, event: dict[str, Any]) -> None:
         if await self.still_allowed():
             await self.send_json({k: event.get(k) for k in ("type", "node", "uuid", "health")})
+            await self.parts_changed("gpu.health", event)
 
     async def job_changed(self, event: dict[str, Any]) -> None:
         return  # only team and job groups carry job details; never forward them here
@@ -217,6 +269,7 @@ class QueueStream(ClusterStream):
         if team_ids is not None and event.get("team_id") not in team_ids:
             return  # membership revoked since connect: drop silently, like a list that no longer shows it
         await self.send_json(_job_event(event))
+        await self.parts_changed("job.changed", event)
 
     async def job_metrics(self, event: dict[str, Any]) -> None:
         team_ids = await self.team_ids()
@@ -243,7 +296,9 @@ class JobStream(_StreamConsumer):
         return [groups.job(self.job_id), groups.CLUSTER]
 
     def _job_team_id(self) -> int | None:
-        return job_team_id(job_id=self.job_id)
+        row = job_team_and_state(job_id=self.job_id)
+        self.job_state = row[1] if row else ""
+        return row[0] if row else None
 
     async def _may_see(self) -> bool:
         team_ids = await self.team_ids()
@@ -256,7 +311,9 @@ class JobStream(_StreamConsumer):
         if not await self._may_see():
             await self.close(code=CLOSE_FORBIDDEN)
             return
+        self.job_state = event.get("state") or self.job_state
         await self.send_json(_job_event(event))
+        await self.parts_changed("job.changed", event)
 
     async def job_metrics(self, event: dict[str, Any]) -> None:
         if await self._may_see():
@@ -271,6 +328,8 @@ class JobStream(_StreamConsumer):
     async def queue_changed(self, event: dict[str, Any]) -> None:
         if await self._may_see():
             await self.send_json({"type": "queue.changed", "state": event.get("state")})
+            if self.job_state == JobState.PENDING:  # a waiting job's reason and start move with the queue
+                await self.parts_changed("queue.changed", event)
 
     async def node_changed(self, event: dict[str, Any]) -> None:
         return  # the cluster group's other messages are not this stream's

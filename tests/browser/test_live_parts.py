@@ -35,6 +35,15 @@ document.body.addEventListener("htmx:afterRequest", function (e) {
 });
 """
 
+# How many times each part came over the socket (portal.js swaps a pushed part in and fires htmx:afterSwap on it,
+# with no request).
+PUSHED_SWAPS = """
+window.__pushed = {};
+document.body.addEventListener("htmx:afterSwap", function (e) {
+  if (e.detail && e.detail.pushed) window.__pushed[e.target.id] = (window.__pushed[e.target.id] || 0) + 1;
+});
+"""
+
 # The page's live parts, but a closed group's tiles (not re-requested until it is opened).
 LIVE_PART_IDS = """
 Array.from(document.querySelectorAll("[hx-trigger*='tessera:catch-up']"))
@@ -123,13 +132,20 @@ def test_a_waiting_jobs_page_reads_how_the_teams_stand_and_follows_the_queue(bro
     _expect_text(page, "#ahead", "guarantee|has not ranked")  # asked for once the page had loaded
     _expect_text(page, "#live", "live")
     assert "Why it waits" in page.inner_text("#job-live")
+    page.wait_for_selector("#job-live[data-pushed]")  # the socket pushes the job's part to this page
     page.evaluate(WATCH_ANSWERS)
-    # What the stream sends when the queue moves: while the job waits, both parts follow it.
-    page.evaluate(
-        "htmx.trigger(document.body, 'tessera:queue.changed', {type: 'queue.changed', state: 'pending'})"
-    )
-    _all_answered(page, ["job-live", "ahead"])
+    page.evaluate(PUSHED_SWAPS)
+    # The queue moves: while the job waits, both parts follow it; the job's own part comes over the socket.
+    submit(browse.cluster, name="moves-the-queue", command="sleep 300", gpus=1)
+    page.wait_for_function("window.__pushed['job-live'] > 0", timeout=30_000)
+    _all_answered(page, ["ahead"])
+    assert "job-live" not in page.evaluate("window.__asked")
     browse.shots(page, "waiting")
+    # A form in a pushed part is sent with the page's own CSRF token: cancelling works.
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#job-live button.danger")
+    _expect_text(page, "#job-state", "Cancelled")
+    wait_state(waiting, "cancelled")
     assert page.errors == []
 
 

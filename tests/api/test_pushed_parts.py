@@ -1,0 +1,148 @@
+"""Live parts pushed over the page's socket (scheduling/realtime/parts.py): a changed part is rendered once for all
+the sockets of one audience and sent to each; users its view answers differently are told apart; a part of a job
+the user may not see, or of a view that pushes nothing, is not followed; the render carries no user's CSRF token."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from django.db import transaction
+from django.middleware.csrf import _unmask_cipher_token
+
+from scheduling.choices import ActorKind, JobState
+from scheduling.jobs.transitions import job_transition
+from scheduling.realtime import parts
+from tests.api.test_streams import _headers, _open, _submit
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _in_memory_layer(settings):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+@pytest.fixture
+def dave(django_user_model, teams):
+    """A plain member of alice's team: sees her jobs, may not cancel them."""
+    from quotas.services import membership_set
+
+    user = django_user_model.objects.create_user(username="dave", password="dave-pw")
+    membership_set(user=user, team=teams["training"])
+    return user
+
+
+def _live(job_id: int) -> dict:
+    return {"id": "job-live", "url": f"/jobs/{job_id}/?part=live", "on": ["job.changed", "queue.changed"]}
+
+
+async def _watching(communicator, part: dict) -> list[str]:
+    await communicator.receive_json_from()  # hello
+    await communicator.send_json_to({"type": "watch", "parts": [part]})
+    while True:
+        message = await communicator.receive_json_from(timeout=5)
+        if message["type"] == "watching":
+            return message["parts"]
+
+
+async def _next_part(communicator) -> dict:
+    while True:
+        message = await communicator.receive_json_from(timeout=5)
+        if message["type"] == "part":
+            return message
+
+
+def _place(job) -> None:
+    with transaction.atomic():
+        row = type(job).objects.select_for_update().get(pk=job.pk)
+        job_transition(
+            job=row, to_state=JobState.PLACED, actor_kind=ActorKind.ADMIN, code="test", message="test"
+        )
+
+
+def test_one_change_is_rendered_once_for_all_pages_of_an_audience_and_once_more_for_another(
+    alice, carol, dave, teams, node
+):
+    job = _submit(alice, teams["training"])
+    same = [_headers(alice), _headers(alice), _headers(carol)]  # the owner twice and a team admin: may cancel
+    other = _headers(dave)  # a member: may see it, may not cancel it
+
+    async def scenario():
+        sockets = []
+        for headers in [*same, other]:
+            communicator, connected = await _open(f"/ws/jobs/{job.pk}/", headers)
+            assert connected
+            assert await _watching(communicator, _live(job.pk)) == ["job-live"]
+            sockets.append(communicator)
+        renders = parts.hub.renders
+        await sync_to_async(_place)(job)
+        pushed = [await _next_part(c) for c in sockets]
+        assert parts.hub.renders - renders == 2  # one per audience, not one per page
+        assert all(p["id"] == "job-live" for p in pushed)
+        assert all("Placed" in p["html"] for p in pushed)
+        assert [("Cancel job" in p["html"]) for p in pushed] == [True, True, True, False]
+        assert pushed[0]["html"] == pushed[1]["html"] == pushed[2]["html"]
+        for c in sockets:
+            await c.disconnect()
+
+    async_to_sync(scenario)()
+
+
+def test_a_part_of_a_job_the_user_may_not_see_or_of_a_view_that_pushes_nothing_is_not_followed(
+    alice, bob, teams, node
+):
+    alices = _submit(alice, teams["training"])
+    bobs = _submit(bob, teams["inference"])
+    headers = _headers(bob)
+
+    async def scenario():
+        communicator, connected = await _open(f"/ws/jobs/{bobs.pk}/", headers)
+        assert connected
+        await communicator.receive_json_from()  # hello
+        await communicator.send_json_to(
+            {
+                "type": "watch",
+                "parts": [
+                    _live(alices.pk),  # another team's job: its view answers bob 404
+                    {"id": "tree", "url": "/fairness/?part=tree", "on": ["queue.changed"]},  # not pushed
+                    {"id": "nowhere", "url": "/no/such/page/", "on": ["queue.changed"]},
+                    _live(bobs.pk),
+                ],
+            }
+        )
+        watching = await communicator.receive_json_from(timeout=5)
+        assert watching == {"type": "watching", "parts": ["job-live"]}
+        await communicator.send_json_to({"type": "watch", "parts": [{"id": "x", "url": "//evil.example/"}]})
+        assert await communicator.receive_nothing(timeout=0.3)  # refused, and the socket stays open
+        await communicator.send_json_to({"type": "ping"})
+        assert (await communicator.receive_json_from(timeout=5))["type"] == "pong"
+        await communicator.disconnect()
+
+    async_to_sync(scenario)()
+
+
+def test_a_pushed_part_carries_no_token_of_the_user_it_was_rendered_as(alice, teams, node, client, settings):
+    # Kept in the session, a user's CSRF secret would be in any render that read the socket's session.
+    settings.CSRF_USE_SESSIONS = True
+    job = _submit(alice, teams["training"])
+    client.force_login(alice)
+    page = client.get(f"/jobs/{job.pk}/")
+    secret = _unmask_cipher_token(page.context["csrf_token"])
+    headers = [(b"origin", b"http://testserver"), (b"host", b"testserver")]
+    headers.append((b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()))
+
+    async def scenario():
+        communicator, connected = await _open(f"/ws/jobs/{job.pk}/", headers)
+        assert connected
+        assert await _watching(communicator, _live(job.pk)) == ["job-live"]
+        await sync_to_async(_place)(job)
+        html = (await _next_part(communicator))["html"]
+        await communicator.disconnect()
+        return html
+
+    html = async_to_sync(scenario)()
+    tokens = re.findall(r'name="csrfmiddlewaretoken" value="([^"]+)"', html)
+    assert tokens, "the owner's cancel form is in the part"
+    assert all(_unmask_cipher_token(t) != secret for t in tokens)
