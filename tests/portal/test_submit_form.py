@@ -151,7 +151,9 @@ def test_a_job_no_node_can_hold_is_offered_a_split_over_nodes_that_fits(
 def test_a_job_without_a_runtime_limit_gets_a_note_beside_that_field(alice, teams, node):
     client = _signed_in(alice)
     note = r'<p class="hint runtime-note" id="note-max_runtime" hx-swap-oob="true">([^<]*)</p>'
-    without = re.search(note, _preview(client)).group(1)
+    preview = _preview(client)
+    assert "{#" not in preview and "{%" not in preview  # no template text shown
+    without = re.search(note, preview).group(1)
     assert (
         "Without a runtime limit the scheduler cannot backfill this job or estimate starts behind it"
         in without
