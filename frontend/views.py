@@ -14,10 +14,11 @@ from django.shortcuts import redirect, render
 from django.templatetags.static import static
 from django.views.decorators.cache import cache_control
 
-from quotas.selectors import team_slugs_visible_to
+from quotas.selectors import team_ids_for_user, team_slugs_visible_to
 from scheduling.inventory import selectors as inventory_selectors
 from scheduling.jobs import selectors as job_selectors
 from scheduling.observability.readiness import readiness
+from scheduling.realtime.parts import pushed
 
 QUEUE_PAGE_SIZE = 50
 
@@ -63,6 +64,15 @@ class PasswordChangeDoneView(auth_views.PasswordChangeDoneView):
     template_name = "frontend/password_change_done.html"
 
 
+def _queue_audience(request: HttpRequest) -> tuple | None:
+    """Whom the queue's rows depend on: which teams' jobs the user sees in full (staff: all); the others are
+    anonymous alike for everyone."""
+    if request.GET.get("part") != "rows" or not request.user.is_authenticated:
+        return None
+    return ("teams", None if request.user.is_staff else tuple(sorted(team_ids_for_user(user=request.user))))
+
+
+@pushed(_queue_audience)
 @login_required
 def queue(request: HttpRequest) -> HttpResponse:
     """The whole queue in the scheduler's order; other teams' entries anonymous exactly as /api/v1/queue/."""

@@ -137,10 +137,14 @@ def job_changed(
     message: str = "",
     submitter_id: int | None = None,
 ) -> None:
+    job_messages = _job_messages(job_id, team_id, submitter_id, state, code, message)
     messages = [
-        *_job_messages(job_id, team_id, submitter_id, state, code, message),
-        # The cluster group sees no names or messages, only that the queue moved.
-        (groups.CLUSTER, {"type": "queue.changed", "state": state}),
+        *job_messages,
+        # The cluster group sees no names or messages, only that the queue moved: the same change, the same id.
+        (
+            groups.CLUSTER,
+            {"type": "queue.changed", "state": state, "event_id": job_messages[0][1]["event_id"]},
+        ),
     ]
     # One commit hook for the three: they are sent together, in this order, or (rolled back) not at all.
     transaction.on_commit(lambda: _send_all(messages))

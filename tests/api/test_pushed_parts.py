@@ -146,3 +146,30 @@ def test_a_pushed_part_carries_no_token_of_the_user_it_was_rendered_as(alice, te
     tokens = re.findall(r'name="csrfmiddlewaretoken" value="([^"]+)"', html)
     assert tokens, "the owner's cancel form is in the part"
     assert all(_unmask_cipher_token(t) != secret for t in tokens)
+
+
+def test_the_queue_is_rendered_once_per_set_of_teams_and_others_jobs_stay_anonymous(
+    alice, dave, bob, teams, node
+):
+    headers = [_headers(alice), _headers(dave), _headers(bob)]
+    rows = {"id": "queue-rows", "url": "/queue/?part=rows", "on": ["job.changed", "queue.changed"]}
+
+    async def scenario():
+        sockets = []
+        for h in headers:
+            communicator, connected = await _open("/ws/queue/", h)
+            assert connected
+            assert await _watching(communicator, rows) == ["queue-rows"]
+            sockets.append(communicator)
+        renders = parts.hub.renders
+        await sync_to_async(_submit)(alice, teams["training"], name="alices-secret-sweep")
+        pushed = [await _next_part(c) for c in sockets]
+        assert (
+            parts.hub.renders - renders == 2
+        )  # alice and dave share their teams; bob sees them from outside
+        assert ["alices-secret-sweep" in p["html"] for p in pushed] == [True, True, False]
+        assert "ai-lab/training" in pushed[2]["html"]  # bob sees the team's entry, anonymous
+        for c in sockets:
+            await c.disconnect()
+
+    async_to_sync(scenario)()
