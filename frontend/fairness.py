@@ -10,8 +10,15 @@ from django.shortcuts import render
 
 from scheduling.cycle.fairness import UNGUARANTEED
 from scheduling.cycle.fairness import fairness as fairness_reading
+from scheduling.realtime.parts import pushed
 
 
+def _tree_audience(request: HttpRequest) -> tuple | None:
+    """The tree is aggregates only: the same for every signed-in user."""
+    return ("everyone",) if request.GET.get("part") == "tree" and request.user.is_authenticated else None
+
+
+@pushed(_tree_audience)
 @login_required
 def fairness(request: HttpRequest) -> HttpResponse:
     context = {"nav": "fairness", "f": fairness_reading(), "unguaranteed": UNGUARANTEED}

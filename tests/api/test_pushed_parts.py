@@ -106,7 +106,8 @@ def test_a_part_of_a_job_the_user_may_not_see_or_of_a_view_that_pushes_nothing_i
                 "type": "watch",
                 "parts": [
                     _live(alices.pk),  # another team's job: its view answers bob 404
-                    {"id": "tree", "url": "/fairness/?part=tree", "on": ["queue.changed"]},  # not pushed
+                    # A whole page's answer (the part is picked from it in the browser): not pushed.
+                    {"id": "summary", "url": "/?cluster&part=summary", "on": ["queue.changed"]},
                     {"id": "nowhere", "url": "/no/such/page/", "on": ["queue.changed"]},
                     _live(bobs.pk),
                 ],
