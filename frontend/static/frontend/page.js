@@ -102,9 +102,13 @@
       document.addEventListener("click", function (e) {
         const button = e.target.closest && e.target.closest("#preview [data-apply]");
         if (!button || !button.dataset.apply) return;
-        applyValues(jobForm, JSON.parse(button.dataset.apply));
+        const values = JSON.parse(button.dataset.apply);
+        applyValues(jobForm, values);
         apply();
         jobForm.dispatchEvent(new Event("change", { bubbles: true }));
+        // The button goes with the answer it belonged to: keep the keyboard on the field it changed.
+        const changed = jobForm.querySelector("[name='" + Object.keys(values)[0] + "']");
+        if (changed) changed.focus();
       });
     }
   }
