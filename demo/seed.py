@@ -20,7 +20,7 @@ from scheduling.choices import ActorKind, JobState, LinkKind, SharingMode, Topol
 from scheduling.inventory import services as inventory_services
 from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node
 from scheduling.jobs.fields import JobSpec
-from scheduling.jobs.ledger import slice_allocate
+from scheduling.jobs.ledger import job_release_slices, slice_allocate
 from scheduling.jobs.models import Job
 from scheduling.jobs.submit import job_submit
 from scheduling.jobs.transitions import job_transition
@@ -108,8 +108,8 @@ USERS = [
 
 TEAMS = [
     # slug, name, guaranteed GiB, limit GiB, guaranteed GPUs, limit GPUs, weight, default priority
-    # (training's limit lets its 2 x 8 GPU gang start once nothing else of the team runs; submit refuses a job
-    # beyond its team's limits)
+    # (training's limit of 16 GPUs / 1280 GiB holds its running 4-GPU finetune and its 2 x 2 GPU gang at once,
+    # with room for a new user's 2 x 4 GPU example; submit refuses a job beyond its team's limits)
     ("ai-lab/training", "Training", 320, 1280, "4", "16", "2", "training"),
     ("ai-lab/inference", "Inference", 64, 160, "1", "4", "1", "inference"),
     ("ai-lab/research", "Research", 128, 320, "2", "6", "1", "training"),
@@ -201,12 +201,16 @@ def _people_and_teams() -> dict[str, object]:
 
 
 def _run(job: Job, gpus: list[Gpu], *, memory_mib: int | None = None, compute_pct: int = 100) -> None:
+    # The placed event records the cards held, as the scheduler's does: the chargeback reads their model from it
+    # once the job has ended and given them back.
+    held = [[g.node.name, g.index, memory_mib or g.memory_mib, compute_pct * 10] for g in gpus]
     job_transition(
         job=job,
         to_state=JobState.PLACED,
         actor_kind=ActorKind.SCHEDULER,
         code="placed",
         message="Placed by the demo loader.",
+        data={"nodes": sorted({g.node.name for g in gpus}), "gpus": held},
     )
     for gpu in gpus:
         slice_allocate(job=job, gpu=gpu, memory_mib=memory_mib or gpu.memory_mib, compute_pct=compute_pct)
@@ -224,9 +228,9 @@ def _jobs(users: dict) -> None:
         spec.setdefault("command", "python train.py")
         return job_submit(submitter=users[user], team=team, spec=JobSpec(**spec))
 
+    spare = Gpu.objects.select_related("node").get(node__name="a100-03", index=7)
     done = submit("alice", training, name="bert-pretrain-smoke", gpus=1, max_runtime_s=3600)
-    job_transition(job=done, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER, code="placed")
-    job_transition(job=done, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT, code="started")
+    _run(done, [spare])
     job_transition(
         job=done,
         to_state=JobState.SUCCEEDED,
@@ -235,9 +239,9 @@ def _jobs(users: dict) -> None:
         message="Exited with code 0.",
         data={"exit_code": 0},
     )
+    job_release_slices(job=done)
     failed = submit("dave", research, name="sweep-lr-3e-4", gpus=1, max_runtime_s=1800)
-    job_transition(job=failed, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER, code="placed")
-    job_transition(job=failed, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT, code="started")
+    _run(failed, [spare])
     job_transition(
         job=failed,
         to_state=JobState.FAILED,
@@ -246,6 +250,7 @@ def _jobs(users: dict) -> None:
         message="Exited with code 1.",
         data={"exit_code": 1},
     )
+    job_release_slices(job=failed)
 
     mps_gpus = list(Gpu.objects.filter(node__name=MPS_NODE, sharing_mode=SharingMode.MPS).order_by("index"))
     for i in range(6):
@@ -268,8 +273,8 @@ def _jobs(users: dict) -> None:
     submit(
         "alice",
         training,
-        name="llama-pretrain-70b",
-        gpus=8,
+        name="llama-pretrain-7b",
+        gpus=2,
         nodes=2,
         topology=Topology.NVLINK,
         max_runtime_s=24 * 3600,

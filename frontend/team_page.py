@@ -88,6 +88,30 @@ def chargeback_rows(*, team: Team, since: date, until: date) -> list[dict]:
     return usage_rows(jobs=Job.objects.filter(team=team), since=start, until=end, group_by=CHARGEBACK_GROUPS)
 
 
+def member_hours(*, team: Team, since: datetime, until: datetime) -> list[dict]:
+    """Each member's GPU-hours in the team over the window, as the chargeback and /api/v1/usage/ count them (the
+    same function over the jobs' records), and the idle-allocated part the recorder sampled each minute."""
+    used = {
+        r["user"]: r["gpu_hours"]
+        for r in usage_rows(jobs=Job.objects.filter(team=team), since=since, until=until, group_by=("user",))
+    }
+    idle = {
+        r["user"]: r["idle_gpu_hours"]
+        for r in usage_totals(since=since, until=until, group="user", team_ids=[team.pk])
+    }
+    members = Membership.objects.filter(team=team).select_related("user").order_by("user__username")
+    return [
+        {
+            "membership": m,
+            "hours": {
+                "gpu_hours": used.get(m.user.username, 0.0),
+                "idle_gpu_hours": min(idle.get(m.user.username, 0.0), used.get(m.user.username, 0.0)),
+            },
+        }
+        for m in members
+    ]
+
+
 def _now(team: Team) -> dict:
     t = team_standings()[team.pk]
     quotas = list(team.quotas.select_related("gpu_model", "default_priority_class"))
@@ -150,14 +174,7 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
         "may_edit_quota": quota_may_edit(actor=request.user, team=team),
     }
     if people:
-        hours = {
-            r["user"]: r for r in usage_totals(since=w.since, until=w.until, group="user", team_ids=[team.pk])
-        }
-        members = Membership.objects.filter(team=team).select_related("user").order_by("user__username")
-        context["members"] = [
-            {"membership": m, "hours": hours.get(m.user.username, {"gpu_hours": 0.0, "idle_gpu_hours": 0.0})}
-            for m in members
-        ]
+        context["members"] = member_hours(team=team, since=w.since, until=w.until)
         since, until, errors = chargeback_range(request)
         context.update(
             chargeback=chargeback_rows(team=team, since=since, until=until),

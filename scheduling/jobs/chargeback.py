@@ -120,7 +120,7 @@ def _split_by_day(start: datetime, end: datetime) -> list[tuple[date, float]]:
     return pieces
 
 
-def _split_by_hour(start: datetime, end: datetime) -> list[tuple[datetime, float]]:
+def split_by_hour(start: datetime, end: datetime) -> list[tuple[datetime, float]]:
     """(UTC hour, seconds) pieces of an interval."""
     pieces = []
     cursor = start.astimezone(UTC)
@@ -165,7 +165,7 @@ def usage_rows(
             return
         job = by_id[job_id]
         holding = job_holding(job, placement_data=data, models=models, cards=cards)
-        pieces = _split_by_hour(start, end) if "hour" in group_by else _split_by_day(start, end)
+        pieces = split_by_hour(start, end) if "hour" in group_by else _split_by_day(start, end)
         for when, seconds in pieces:
             fields = {"team": job.team.slug, "user": job.submitter.username, "model": holding.gpu_model}
             fields["hour" if "hour" in group_by else "day"] = when
@@ -183,9 +183,11 @@ def usage_rows(
         elif leaving and job_id in open_since:
             start, placement = open_since.pop(job_id)
             charge(job_id, start, at, placement)
+    # Still holding at `until`: either it holds now, or it let go at or after `until` (its leaving event is not
+    # read). Either way it held through `until` (a job that ended without a leaving event, through its end).
     for job_id, (start, placement) in open_since.items():
-        if by_id[job_id].state in ACTIVE_STATES:
-            charge(job_id, start, until, placement)
+        finished = by_id[job_id].finished_at
+        charge(job_id, start, until if finished is None else min(until, finished), placement)
 
     rows = []
     for key, (gpu_hours, gib_hours, job_ids) in sorted(

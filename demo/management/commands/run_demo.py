@@ -27,6 +27,7 @@ from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
 from agent import procfs
+from demo.workload import DEFAULT_SEED, DemoSubmitter
 from scheduling.choices import LinkKind
 from scheduling.cycle import requests, runner
 from scheduling.cycle.watchdog import lost_jobs_check, nodes_check, preemptions_check, releasing_check
@@ -41,7 +42,8 @@ log = logging.getLogger("tessera.demo")
 DEMO_PYTHON = """#!/bin/sh
 # Tessera demo stand-in: plays missing demo scripts; runs real Python otherwise.
 if [ -n "$1" ] && [ "${1%.py}" != "$1" ] && [ ! -e "$1" ]; then
-  steps=$(( $(od -An -N1 -tu1 /dev/urandom) % 40 + 20 ))
+  # The living demo's jobs say how long they run (TESSERA_DEMO_STEPS, demo/workload.py); others 20-60 steps.
+  steps=${TESSERA_DEMO_STEPS:-$(( $(od -An -N1 -tu1 /dev/urandom) % 40 + 20 ))}
   echo "[demo] $1 is simulated here: $steps steps of 5 s"
   i=1; while [ $i -le $steps ]; do
     milli=$(( 1000 / (i + 1) )); printf 'step %d/%d loss=%d.%03d\n' $i $steps $((milli / 1000)) $((milli % 1000))
@@ -53,6 +55,7 @@ exec "{python}" "$@"
 """
 
 NOTIFY_EVERY_S = 5.0
+WORKLOAD_EVERY_S = 5.0
 # The examples (docs/examples/) also run `torchrun train.py ...` and `jupyter lab`: on the agents' PATH these play
 # a missing script (torchrun) or a notebook server (jupyter, when this machine has none) the same way.
 DEMO_TORCHRUN = """#!/bin/sh
@@ -65,7 +68,8 @@ exec "{real}" "$@"
 DEMO_JUPYTER = """#!/bin/sh
 # Tessera demo stand-in: plays a notebook server when this machine has no Jupyter.
 echo "[demo] jupyter $* is simulated here: a notebook server for a few minutes"
-i=1; while [ $i -le 36 ]; do echo "[demo] notebook kernel idle ($i/36)"; sleep 5; i=$((i+1)); done
+steps=${TESSERA_DEMO_STEPS:-36}
+i=1; while [ $i -le $steps ]; do echo "[demo] notebook kernel idle ($i/$steps)"; sleep 5; i=$((i+1)); done
 echo "[demo] done"; exit 0
 """
 STAND_INS = ("python", "torchrun", "jupyter")
@@ -101,8 +105,18 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--no-agents", action="store_true", help="do not start simulated agents")
+        parser.add_argument(
+            "--seed",
+            type=int,
+            default=DEFAULT_SEED,
+            help="the other teams' workload (demo/workload.py): the same seed submits the same work at the same "
+            "clock times",
+        )
+        parser.add_argument(
+            "--no-workload", action="store_true", help="the other teams submit nothing (only the loaded jobs)"
+        )
 
-    def handle(self, *args, host: str, port: int, no_agents: bool, **options):
+    def handle(self, *args, host: str, port: int, no_agents: bool, seed: int, no_workload: bool, **options):
         if settings.REDIS_URL:
             self.stderr.write(
                 "REDIS_URL is set: cycles would go to Celery. The demo runs embedded; unset REDIS_URL, or run "
@@ -118,7 +132,7 @@ class Command(BaseCommand):
         settings.TESSERA_DEMO = True
         agents = [] if no_agents else self._start_agents(f"http://{host}:{port}")
         try:
-            self._serve(host, port)
+            self._serve(host, port, seed=None if no_workload else seed)
         finally:
             for proc in agents:
                 if proc.poll() is None:
@@ -199,7 +213,7 @@ class Command(BaseCommand):
         return procs
 
     # -- server and scheduling loop -------------------------------------------------------------------------------
-    def _serve(self, host: str, port: int) -> None:
+    def _serve(self, host: str, port: int, *, seed: int | None) -> None:
         from daphne.endpoints import build_endpoint_description_strings
         from daphne.server import Server, twisted_loop
 
@@ -210,7 +224,7 @@ class Command(BaseCommand):
         logging.getLogger("tessera.access").setLevel(logging.WARNING)
 
         def ready() -> None:
-            asyncio.ensure_future(scheduling_loop(), loop=twisted_loop)
+            asyncio.ensure_future(scheduling_loop(seed=seed), loop=twisted_loop)
             self.stdout.write(
                 f"Tessera is serving on http://{host}:{port}/ with the scheduling loop running."
             )
@@ -269,6 +283,10 @@ def _stop_demo_jobs(root: Path) -> None:
 def _scheduling_step(state: dict) -> None:
     """Run what is due: cycles while requested (or every interval), the watchdog and the history every interval."""
     now = time.monotonic()
+    if state["workload"] is not None and now - state["workload_at"] >= WORKLOAD_EVERY_S:
+        state["workload_at"] = now
+        if state["workload"].step():  # the other teams' work, as the clock passes
+            requests.local_cycle_wanted.set()
     if now - state["notified_at"] >= NOTIFY_EVERY_S:
         state["notified_at"] = now
         notifications_deliver_due()  # the console's email backend in the demo: instant
@@ -292,8 +310,16 @@ def _scheduling_step(state: dict) -> None:
         runner.run_cycles(holder="demo")
 
 
-async def scheduling_loop() -> None:
-    state = {"cycle_at": 0.0, "watchdog_at": 0.0, "history_at": 0.0, "usage_rolls": 0, "notified_at": 0.0}
+async def scheduling_loop(*, seed: int | None = DEFAULT_SEED) -> None:
+    state = {
+        "cycle_at": 0.0,
+        "watchdog_at": 0.0,
+        "history_at": 0.0,
+        "usage_rolls": 0,
+        "notified_at": 0.0,
+        "workload_at": 0.0,
+        "workload": DemoSubmitter(seed=seed) if seed is not None else None,
+    }
     step = sync_to_async(_scheduling_step, thread_sensitive=True)
     while True:
         try:
