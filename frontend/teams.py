@@ -26,6 +26,8 @@ from django.views.decorators.http import require_POST
 
 from quotas.choices import ChangeSource
 from quotas.errors import QuotaRefused
+from quotas.form_fields import MIB_PER_GIB, gib_of, mib_of
+from quotas.form_fields import plain as _plain
 from quotas.models import PriorityClass, Quota, QuotaChange, Team
 from quotas.selectors import team_allowance, team_by_slug, team_ids_for_user
 from quotas.services import (
@@ -48,7 +50,6 @@ from scheduling.inventory.selectors import gpu_model_rows
 
 AUDIT_PAGE_SIZE = 20
 ALL_MODELS = "all"
-MIB_PER_GIB = 1024
 # Form fields -> the quota's fields (memory is edited in GiB, stored in MiB).
 FORM_FIELDS = {
     "guaranteed_gpus": "guaranteed_gpus",
@@ -61,19 +62,6 @@ FORM_FIELDS = {
 QUOTA_TO_FORM = {v: k for k, v in FORM_FIELDS.items()}
 # The fields a GPU-count / memory mismatch is said beside (each has a place for it on the page).
 WARNED_FIELDS = ("guaranteed_gpus", "guaranteed_gib", "limit_gpus", "limit_gib")
-
-
-def _plain(value: Decimal | None) -> Decimal | None:
-    """Without trailing zeros and never in exponent form (normalize() makes 320 "3.2E+2")."""
-    return None if value is None else Decimal(f"{value.normalize():f}")
-
-
-def gib_of(mib: int | None) -> Decimal | None:
-    return None if mib is None else _plain(Decimal(mib) / MIB_PER_GIB)
-
-
-def mib_of(gib: Decimal | None) -> int | None:
-    return None if gib is None else int((gib * MIB_PER_GIB).to_integral_value(ROUND_HALF_UP))
 
 
 def _words(value: Decimal, unit: str) -> str:

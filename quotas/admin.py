@@ -1,19 +1,62 @@
 """Admin site for teams and quotas. Quota and priority class grant edits go through their services, so each one
-is audited."""
+is audited. Sizes are typed and shown as the portal shows them (GPU memory in GiB, GPU counts as "4"), and each
+quota links to the portal's quota editor, which previews a change's impact before it is saved."""
+
+from decimal import Decimal
+from typing import Any
+from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
 
 from portal.admin_base import ReadOnlyAdmin, ReadOnlyInline
 from quotas import services
 from quotas.choices import ChangeSource
+from quotas.form_fields import GpuMemoryGiBField, PlainDecimalField
 from quotas.models import Membership, PriorityClass, Quota, QuotaChange, Team, TeamPriorityClass
+
+NO_LIMIT_HELP = "Empty: may borrow without limit."
+WHOLE_GPU_HELP = "Whole-GPU equivalents (0.25 = a quarter of one card)."
+
+
+def quota_editor_url(team: Team, quota: Quota | None = None) -> str:
+    """The portal's quota editor for this team, on the quota's row (the all-models row when none is given)."""
+    scope = quota.gpu_model.name if quota is not None and quota.gpu_model_id else "all"
+    return f"{reverse('frontend:team_quota', args=[team.slug])}?{urlencode({'scope': scope})}"
+
+
+def _editor_link(team: Team, quota: Quota | None = None, text: str = "Edit with impact preview") -> str:
+    return format_html('<a href="{}">{}</a>', quota_editor_url(team, quota), text)
 
 
 class QuotaReasonForm(forms.ModelForm):
     """A quota's fields and the reason for changing them, which `quota_save` requires of a person and keeps in
     the audit trail."""
 
+    guaranteed_gpu_memory_mib = GpuMemoryGiBField(label="Guaranteed GPU memory (GiB)")
+    limit_gpu_memory_mib = GpuMemoryGiBField(
+        label="GPU memory limit (GiB)", required=False, help_text=NO_LIMIT_HELP
+    )
+    guaranteed_gpus = PlainDecimalField(
+        label="Guaranteed GPUs", min_value=0, max_digits=9, decimal_places=3, help_text=WHOLE_GPU_HELP
+    )
+    limit_gpus = PlainDecimalField(
+        label="GPU limit",
+        min_value=0,
+        max_digits=9,
+        decimal_places=3,
+        required=False,
+        help_text=f"{WHOLE_GPU_HELP} {NO_LIMIT_HELP}",
+    )
+    fair_share_weight = PlainDecimalField(
+        label="Fair-share weight",
+        min_value=Decimal("0.01"),
+        max_digits=6,
+        decimal_places=2,
+        help_text="How borrowed capacity is shared: a team of weight 2 borrows twice as much as one of weight 1.",
+    )
     reason = forms.CharField(
         max_length=services.NOTE_MAX_CHARS,
         required=False,
@@ -29,6 +72,19 @@ class QuotaReasonForm(forms.ModelForm):
         changed = [name for name in self.changed_data if name != "reason"]
         if changed and not (data.get("reason") or "").strip():
             self.add_error("reason", "Say why: a reason is required for a quota change.")
+        for guaranteed, limit in (
+            ("guaranteed_gpu_memory_mib", "limit_gpu_memory_mib"),
+            ("guaranteed_gpus", "limit_gpus"),
+        ):
+            g, lim = data.get(guaranteed), data.get(limit)
+            if g is not None and lim is not None and lim < g:
+                self.add_error(
+                    limit,
+                    f"The limit ({services.amount_words(limit, lim)}) must be at least the guarantee "
+                    f"({services.amount_words(guaranteed, g)}).",
+                )
+                # Said here in GiB and GPUs: the model's own check (in MiB) then meets the stored pair, not this.
+                data.pop(guaranteed, None)
         return data
 
 
@@ -39,10 +95,27 @@ class QuotaInline(admin.TabularInline):
     fields = (*services.QUOTA_AUDITED_FIELDS, "reason")
 
 
+class PriorityClassGrantForm(forms.ModelForm):
+    limit_gpus = PlainDecimalField(
+        label="GPU limit",
+        min_value=0,
+        max_digits=9,
+        decimal_places=3,
+        required=False,
+        help_text="The most GPUs (whole-GPU equivalents) the team may hold at this class at once. Empty: only "
+        "the team's quota limits it.",
+    )
+
+    class Meta:
+        model = TeamPriorityClass
+        fields = services.GRANT_AUDITED_FIELDS
+
+
 class PriorityClassGrantInline(admin.TabularInline):
     """The priority classes the team may use beyond those open to all teams, and per-class limits."""
 
     model = TeamPriorityClass
+    form = PriorityClassGrantForm
     extra = 0
     fields = services.GRANT_AUDITED_FIELDS
     verbose_name_plural = "Priority class grants (classes open to all teams need a row only for a limit)"
@@ -54,21 +127,55 @@ class MembershipInline(admin.TabularInline):
     autocomplete_fields = ("user",)
 
 
+def _value_words(name: str, value: Any) -> str:
+    if value is None and name in ("gpu_model", "default_priority_class", "priority_class"):
+        return "–"
+    return services.amount_words(name, value)
+
+
+@admin.display(description="what changed")
+def changes_in_words(change: QuotaChange) -> str:
+    """Each field old -> new as the portal's audit trail says it ("GPU limit: 2 GPUs → 3 GPUs")."""
+    return format_html_join(
+        "",
+        "<div>{}: {} → {}</div>",
+        (
+            (
+                services.FIELD_WORDS.get(name, name.replace("_", " ")),
+                _value_words(name, values.get("old")),
+                _value_words(name, values.get("new")),
+            )
+            for name, values in (change.changes or {}).items()
+        ),
+    )
+
+
 class QuotaChangeInline(ReadOnlyInline):
     """The quota audit trail, shown read-only on the team's page."""
 
     model = QuotaChange
-    fields = ("changed_at", "actor", "source", "changes", "note")
+    fields = ("changed_at", "actor", "source", "what_changed", "note")
     readonly_fields = fields
     verbose_name_plural = "Quota changes (audit trail)"
+
+    @admin.display(description="what changed")
+    def what_changed(self, obj: QuotaChange) -> str:
+        return changes_in_words(obj)
 
 
 @admin.register(Team)
 class TeamAdmin(admin.ModelAdmin):
-    list_display = ("slug", "display_name", "parent")
+    list_display = ("slug", "display_name", "parent", "quota_editor")
     list_filter = ("parent",)
     search_fields = ("slug", "display_name")
+    readonly_fields = ("quota_editor",)
     inlines = (QuotaInline, PriorityClassGrantInline, MembershipInline, QuotaChangeInline)
+
+    @admin.display(description="quota editor")
+    def quota_editor(self, obj: Team) -> str:
+        if obj.pk is None:
+            return "Once the team is saved: its quota in the portal's editor, with the impact preview."
+        return _editor_link(obj)
 
     def save_formset(self, request, form, formset, change):
         if formset.model not in (Quota, TeamPriorityClass):
@@ -94,17 +201,50 @@ class TeamAdmin(admin.ModelAdmin):
 class QuotaAdmin(admin.ModelAdmin):
     list_display = (
         "team",
-        "gpu_model",
-        "guaranteed_gpu_memory_mib",
-        "limit_gpu_memory_mib",
-        "guaranteed_gpus",
-        "limit_gpus",
-        "fair_share_weight",
+        "scope",
+        "guaranteed",
+        "limit",
+        "weight",
         "default_priority_class",
+        "quota_editor",
     )
     list_filter = ("gpu_model", "default_priority_class")
     search_fields = ("team__slug",)
     form = QuotaReasonForm
+    fields = ("quota_editor", "team", *services.QUOTA_AUDITED_FIELDS, "reason")
+    readonly_fields = ("quota_editor",)
+
+    @admin.display(description="GPU model", ordering="gpu_model__name")
+    def scope(self, obj: Quota) -> str:
+        return obj.gpu_model.name if obj.gpu_model_id else "all GPU models"
+
+    @admin.display(description="guaranteed")
+    def guaranteed(self, obj: Quota) -> str:
+        gpus = services.amount_words("guaranteed_gpus", obj.guaranteed_gpus)
+        return f"{gpus} · {services.amount_words('guaranteed_gpu_memory_mib', obj.guaranteed_gpu_memory_mib)}"
+
+    @admin.display(description="limit")
+    def limit(self, obj: Quota) -> str:
+        gpus = services.amount_words("limit_gpus", obj.limit_gpus)
+        memory = services.amount_words("limit_gpu_memory_mib", obj.limit_gpu_memory_mib)
+        return f"{gpus} · {memory.replace('no limit', 'no memory limit')}"
+
+    @admin.display(description="fair-share weight", ordering="fair_share_weight")
+    def weight(self, obj: Quota) -> str:
+        return services.amount_words("fair_share_weight", obj.fair_share_weight)
+
+    @admin.display(description="quota editor")
+    def quota_editor(self, obj: Quota) -> str:
+        if obj.pk is None:
+            return "The portal's quota editor previews a change's impact before saving it: open it from the team."
+        return format_html(
+            "{} <span class='help'>(the portal's quota editor: what the scheduler would do differently, before "
+            "anything is saved)</span>",
+            _editor_link(obj.team, obj),
+        )
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("team", "gpu_model", "default_priority_class")
 
     def save_model(self, request, obj, form, change):
         services.quota_save(
@@ -121,10 +261,15 @@ class QuotaAdmin(admin.ModelAdmin):
 
 @admin.register(QuotaChange)
 class QuotaChangeAdmin(ReadOnlyAdmin):
-    list_display = ("changed_at", "team", "actor", "source", "changes", "note")
+    list_display = ("changed_at", "team", "actor", "source", changes_in_words, "note")
     list_filter = ("source", "team")
     search_fields = ("team__slug", "actor__username", "note")
-    readonly_fields = ("team", "quota", "actor", "source", "changed_at", "changes", "note", "undo_of")
+    fields = ("team", "quota", "actor", "source", "changed_at", "what_changed", "note", "undo_of")
+    readonly_fields = fields
+
+    @admin.display(description="what changed")
+    def what_changed(self, obj: QuotaChange) -> str:
+        return changes_in_words(obj)
 
 
 @admin.register(PriorityClass)

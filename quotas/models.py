@@ -58,7 +58,9 @@ class PriorityClass(models.Model):
     value = models.IntegerField(help_text="Higher runs first and may preempt lower preemptible work.")
     preemptible = models.BooleanField(default=True, help_text="Jobs of this class may be preempted.")
     preemption_grace_s = models.PositiveIntegerField(
-        default=30, help_text="Seconds between SIGTERM and SIGKILL when a job of this class is preempted."
+        "preemption grace (seconds)",
+        default=30,
+        help_text="Seconds between SIGTERM and SIGKILL when a job of this class is preempted.",
     )
     open_to_all_teams = models.BooleanField(
         default=False,
@@ -88,16 +90,28 @@ class Quota(models.Model):
         null=True,
         blank=True,
         on_delete=models.PROTECT,
+        verbose_name="GPU model",
         help_text="Leave empty for a quota over all GPU models.",
     )
-    guaranteed_gpu_memory_mib = models.BigIntegerField(default=0, validators=[MinValueValidator(0)])
+    guaranteed_gpu_memory_mib = models.BigIntegerField(
+        "guaranteed GPU memory (MiB)", default=0, validators=[MinValueValidator(0)]
+    )
     limit_gpu_memory_mib = models.BigIntegerField(
-        null=True, blank=True, validators=[MinValueValidator(0)], help_text="Empty: may borrow without limit."
+        "GPU memory limit (MiB)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="Empty: may borrow without limit.",
     )
     guaranteed_gpus = models.DecimalField(
-        max_digits=9, decimal_places=3, default=Decimal("0"), validators=[MinValueValidator(Decimal("0"))]
+        "guaranteed GPUs",
+        max_digits=9,
+        decimal_places=3,
+        default=Decimal("0"),
+        validators=[MinValueValidator(Decimal("0"))],
     )
     limit_gpus = models.DecimalField(
+        "GPU limit",
         max_digits=9,
         decimal_places=3,
         null=True,
@@ -106,7 +120,11 @@ class Quota(models.Model):
         help_text="Empty: may borrow without limit.",
     )
     fair_share_weight = models.DecimalField(
-        max_digits=6, decimal_places=2, default=Decimal("1"), validators=[MinValueValidator(Decimal("0.01"))]
+        "fair-share weight",
+        max_digits=6,
+        decimal_places=2,
+        default=Decimal("1"),
+        validators=[MinValueValidator(Decimal("0.01"))],
     )
     default_priority_class = models.ForeignKey(PriorityClass, null=True, blank=True, on_delete=models.PROTECT)
     updated_at = models.DateTimeField(auto_now=True)
@@ -175,6 +193,7 @@ class TeamPriorityClass(models.Model):
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="priority_class_grants")
     priority_class = models.ForeignKey(PriorityClass, on_delete=models.CASCADE, related_name="team_grants")
     limit_gpus = models.DecimalField(
+        "GPU limit",
         max_digits=9,
         decimal_places=3,
         null=True,
@@ -211,13 +230,16 @@ class QuotaChange(models.Model):
     changed_at = models.DateTimeField(auto_now_add=True)
     # {"field": {"old": ..., "new": ...}}; a created quota has old None, a deleted one new None.
     changes = models.JSONField()
-    note = models.CharField(max_length=300, blank=True, help_text="Why: the reason given with the change.")
+    note = models.CharField(
+        "reason", max_length=300, blank=True, help_text="Why: the reason given with the change."
+    )
     undo_of = models.ForeignKey(
         "self",
         null=True,
         blank=True,
         on_delete=models.SET_NULL,
         related_name="undone_by",
+        verbose_name="undoes",
         help_text="The change this one undoes.",
     )
 

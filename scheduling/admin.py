@@ -1,8 +1,10 @@
-"""Admin site for the inventory and jobs: cordon/drain nodes, cancel/requeue jobs, read the audit trail."""
+"""Admin site for the inventory and jobs: cordon/drain nodes, cancel/requeue jobs, read the audit trail. Lists show
+sizes as the portal does (GPU memory in GiB); the forms keep the stored units, named in each label."""
 
 from django.contrib import admin, messages
 
 from portal.admin_base import ReadOnlyAdmin, ReadOnlyInline
+from quotas.form_fields import gib_of
 from scheduling.choices import ActorKind, NodeState
 from scheduling.inventory import services as inventory_services
 from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node, NodeStateChange
@@ -12,10 +14,18 @@ from scheduling.jobs.transitions import job_cancel, job_requeue
 from scheduling.notifications.models import Notification, NotificationSettings
 
 
+def _gib(mib: int | None) -> str:
+    return "–" if mib is None else f"{gib_of(mib):,f} GiB"
+
+
 @admin.register(GpuModel)
 class GpuModelAdmin(admin.ModelAdmin):
-    list_display = ("name", "memory_mib", "compute_capability", "relative_speed", "sharing_modes")
+    list_display = ("name", "memory", "compute_capability", "relative_speed", "sharing_modes")
     search_fields = ("name",)
+
+    @admin.display(description="memory", ordering="memory_mib")
+    def memory(self, obj: GpuModel) -> str:
+        return _gib(obj.memory_mib)
 
 
 class GpuInline(admin.TabularInline):
@@ -60,7 +70,7 @@ def uncordon(modeladmin, request, queryset):
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ("name", "address", "state", "gpu_count", "cpu_milli", "memory_mib", "last_heartbeat_at")
+    list_display = ("name", "address", "state", "gpu_count", "cpu_cores", "host_memory", "last_heartbeat_at")
     list_filter = ("state", "gpus__model")
     search_fields = ("name", "address", "gpus__uuid")
     # The state changes only through the actions (node_set_state: the node's row locked, as a cycle's placements
@@ -80,22 +90,42 @@ class NodeAdmin(admin.ModelAdmin):
     def gpu_count(self, obj: Node) -> int:
         return obj.gpus.count()
 
+    @admin.display(description="CPU cores", ordering="cpu_milli")
+    def cpu_cores(self, obj: Node) -> str:
+        return f"{obj.cpu_milli / 1000:g}"
+
+    @admin.display(description="host memory", ordering="memory_mib")
+    def host_memory(self, obj: Node) -> str:
+        return _gib(obj.memory_mib)
+
 
 @admin.register(Gpu)
 class GpuAdmin(admin.ModelAdmin):
     list_display = (
-        "__str__",
+        "name",
         "uuid",
         "model",
         "sharing_mode",
         "health",
-        "memory_mib",
-        "allocated_memory_mib",
+        "memory",
+        "allocated_memory",
         "allocated_compute_pct",
     )
     list_filter = ("model", "sharing_mode", "health", "node__state")
     search_fields = ("uuid", "node__name")
     readonly_fields = ("allocated_memory_mib", "allocated_compute_pct")
+
+    @admin.display(description="GPU", ordering="node__name")
+    def name(self, obj: Gpu) -> str:
+        return str(obj)
+
+    @admin.display(description="memory", ordering="memory_mib")
+    def memory(self, obj: Gpu) -> str:
+        return _gib(obj.memory_mib)
+
+    @admin.display(description="allocated memory", ordering="allocated_memory_mib")
+    def allocated_memory(self, obj: Gpu) -> str:
+        return _gib(obj.allocated_memory_mib)
 
 
 @admin.register(GpuLink)
@@ -167,7 +197,7 @@ class JobAdmin(admin.ModelAdmin):
         "state",
         "priority_class",
         "gpus",
-        "gpu_memory_mib",
+        "slice_memory",
         "compute_pct",
         "submitted_at",
         "pending_reason_code",
@@ -191,6 +221,10 @@ class JobAdmin(admin.ModelAdmin):
     )
     inlines = (SliceInline, GangMemberInline, JobEventInline)
     actions = (cancel_jobs, requeue_jobs)
+
+    @admin.display(description="slice GPU memory", ordering="gpu_memory_mib")
+    def slice_memory(self, obj: Job) -> str:
+        return _gib(obj.gpu_memory_mib) if obj.gpu_memory_mib else "–"
 
 
 @admin.register(JobEvent)

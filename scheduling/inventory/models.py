@@ -16,17 +16,18 @@ from scheduling.choices import GpuHealth, LinkKind, NodeState, SharingMode
 
 class GpuModel(models.Model):
     name = models.CharField(max_length=50, unique=True, help_text="As users name it, e.g. A100-80GB.")
-    memory_mib = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    memory_mib = models.PositiveIntegerField("memory (MiB)", validators=[MinValueValidator(1)])
     compute_capability = models.DecimalField(max_digits=3, decimal_places=1, help_text="e.g. 8.0 for A100")
     relative_speed = models.FloatField(
         default=1.0, validators=[MinValueValidator(0.01)], help_text="A100 = 1.0"
     )
     sharing_modes = models.JSONField(default=list, help_text='Supported modes, e.g. ["exclusive", "mps"].')
     # [{"name": "1g.10gb", "memory_mib": 9856, "instances": 7}, ...]
-    mig_profiles = models.JSONField(default=list, blank=True)
+    mig_profiles = models.JSONField("MIG profiles", default=list, blank=True)
 
     class Meta:
         ordering = ["name"]
+        verbose_name = "GPU model"
         constraints = [
             models.CheckConstraint(condition=Q(memory_mib__gt=0), name="gpumodel_memory_mib_positive"),
         ]
@@ -47,10 +48,14 @@ class GpuModel(models.Model):
 class Node(models.Model):
     name = models.CharField(max_length=100, unique=True)
     state = models.CharField(max_length=20, choices=NodeState.choices, default=NodeState.READY)
-    cpu_milli = models.PositiveIntegerField(help_text="Schedulable CPU in millicores (1000 = one core).")
-    memory_mib = models.PositiveBigIntegerField(help_text="Schedulable host memory in MiB.")
-    allocated_cpu_milli = models.PositiveIntegerField(default=0)
-    allocated_memory_mib = models.PositiveBigIntegerField(default=0)
+    cpu_milli = models.PositiveIntegerField(
+        "CPU (millicores)", help_text="Schedulable CPU in millicores (1000 = one core)."
+    )
+    memory_mib = models.PositiveBigIntegerField(
+        "host memory (MiB)", help_text="Schedulable host memory in MiB."
+    )
+    allocated_cpu_milli = models.PositiveIntegerField("allocated CPU (millicores)", default=0)
+    allocated_memory_mib = models.PositiveBigIntegerField("allocated host memory (MiB)", default=0)
     labels = models.JSONField(default=dict, blank=True)
     address = models.CharField(
         max_length=253,
@@ -58,7 +63,7 @@ class Node(models.Model):
         help_text="Host name or IP address the node's peers reach it at (a gang's MASTER_ADDR, its hostfile); "
         "its agent reports it (--address). Empty: the node's name.",
     )
-    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField("last heartbeat", null=True, blank=True)
     agent_token_hash = models.CharField(max_length=128, blank=True, help_text="SHA-256 of the agent's token.")
     agent_token_prefix = models.CharField(
         max_length=12, blank=True, help_text="First characters, to recognise it."
@@ -87,19 +92,24 @@ class Node(models.Model):
 class Gpu(models.Model):
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
     index = models.PositiveSmallIntegerField()
-    uuid = models.CharField(max_length=80, unique=True)
-    model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="gpus")
-    memory_mib = models.PositiveIntegerField(validators=[MinValueValidator(1)])
-    numa_node = models.PositiveSmallIntegerField(default=0)
+    uuid = models.CharField("UUID", max_length=80, unique=True)
+    model = models.ForeignKey(
+        GpuModel, on_delete=models.PROTECT, related_name="gpus", verbose_name="GPU model"
+    )
+    memory_mib = models.PositiveIntegerField("memory (MiB)", validators=[MinValueValidator(1)])
+    numa_node = models.PositiveSmallIntegerField("NUMA node", default=0)
     sharing_mode = models.CharField(max_length=20, choices=SharingMode.choices, default=SharingMode.EXCLUSIVE)
     health = models.CharField(max_length=20, choices=GpuHealth.choices, default=GpuHealth.OK)
     # Time-sliced cards may hand out more than 100 % of compute (an oversubscription factor); others 100.
-    compute_capacity_pct = models.PositiveSmallIntegerField(default=100, validators=[MinValueValidator(1)])
-    allocated_memory_mib = models.PositiveIntegerField(default=0)
-    allocated_compute_pct = models.PositiveSmallIntegerField(default=0)
+    compute_capacity_pct = models.PositiveSmallIntegerField(
+        "compute capacity (%)", default=100, validators=[MinValueValidator(1)]
+    )
+    allocated_memory_mib = models.PositiveIntegerField("allocated memory (MiB)", default=0)
+    allocated_compute_pct = models.PositiveSmallIntegerField("allocated compute (%)", default=0)
 
     class Meta:
         ordering = ["node__name", "index"]
+        verbose_name = "GPU"
         constraints = [
             models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_node_index"),
             models.CheckConstraint(
@@ -126,12 +136,17 @@ class Gpu(models.Model):
 class GpuLink(models.Model):
     """How two GPUs of one node are connected, as `nvidia-smi topo -m` reports it."""
 
-    gpu_a = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="links_as_a")
-    gpu_b = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="links_as_b")
+    gpu_a = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="links_as_a", verbose_name="GPU")
+    gpu_b = models.ForeignKey(
+        Gpu, on_delete=models.CASCADE, related_name="links_as_b", verbose_name="other GPU"
+    )
     kind = models.CharField(max_length=8, choices=LinkKind.choices)
-    nvlink_count = models.PositiveSmallIntegerField(default=0, help_text="Bonded NVLinks (the n of NV<n>).")
+    nvlink_count = models.PositiveSmallIntegerField(
+        "NVLinks", default=0, help_text="Bonded NVLinks (the n of NV<n>)."
+    )
 
     class Meta:
+        verbose_name = "GPU link"
         constraints = [
             models.UniqueConstraint(fields=["gpu_a", "gpu_b"], name="gpulink_unique_pair"),
             models.CheckConstraint(condition=Q(gpu_a__lt=F("gpu_b")), name="gpulink_ordered_pair"),
@@ -155,7 +170,7 @@ class NodeStateChange(models.Model):
     from_state = models.CharField(max_length=20, choices=NodeState.choices)
     to_state = models.CharField(max_length=20, choices=NodeState.choices)
     reason = models.CharField(max_length=500)
-    at = models.DateTimeField(default=timezone.now)
+    at = models.DateTimeField("when", default=timezone.now)
 
     class Meta:
         ordering = ["-at", "-id"]

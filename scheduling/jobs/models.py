@@ -16,27 +16,39 @@ class Job(models.Model):
     submitter = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
     name = models.CharField(max_length=200)
     command = models.TextField()
-    env = models.JSONField(default=dict, blank=True)
+    env = models.JSONField("environment", default=dict, blank=True)
 
     # The request. Whole GPUs (gpus >= 1) or one slice of one GPU (gpus == 0 with memory and/or compute).
-    gpus = models.PositiveSmallIntegerField(default=0, help_text="Whole GPUs per node (0 for a slice).")
-    gpu_memory_mib = models.PositiveIntegerField(default=0, help_text="Slice: GPU memory on one GPU.")
-    compute_pct = models.PositiveSmallIntegerField(
-        default=0, validators=[MaxValueValidator(100)], help_text="Slice: compute share of one GPU."
+    gpus = models.PositiveSmallIntegerField(
+        "GPUs per node", default=0, help_text="Whole GPUs per node (0 for a slice)."
     )
-    gpu_models = models.JSONField(default=list, blank=True, help_text="Allowed GPU models; empty = any.")
-    min_gpu_memory_mib = models.PositiveIntegerField(default=0)
+    gpu_memory_mib = models.PositiveIntegerField(
+        "slice GPU memory (MiB)", default=0, help_text="Slice: GPU memory on one GPU."
+    )
+    compute_pct = models.PositiveSmallIntegerField(
+        "slice compute (%)",
+        default=0,
+        validators=[MaxValueValidator(100)],
+        help_text="Slice: compute share of one GPU.",
+    )
+    gpu_models = models.JSONField(
+        "GPU models", default=list, blank=True, help_text="Allowed GPU models; empty = any."
+    )
+    min_gpu_memory_mib = models.PositiveIntegerField("minimum GPU memory per card (MiB)", default=0)
     min_compute_capability = models.DecimalField(max_digits=3, decimal_places=1, default=Decimal("0"))
     topology = models.CharField(max_length=10, choices=Topology.choices, default=Topology.NONE)
     nodes = models.PositiveSmallIntegerField(
         default=1, validators=[MinValueValidator(1)], help_text="Gang size."
     )
-    cpu_milli = models.PositiveIntegerField(default=1000, help_text="Per node.")
-    memory_mib = models.PositiveBigIntegerField(default=4096, help_text="Host memory per node.")
+    cpu_milli = models.PositiveIntegerField("CPU (millicores)", default=1000, help_text="Per node.")
+    memory_mib = models.PositiveBigIntegerField(
+        "host memory (MiB)", default=4096, help_text="Host memory per node."
+    )
     priority_class = models.ForeignKey("quotas.PriorityClass", on_delete=models.PROTECT, related_name="jobs")
     preemptible = models.BooleanField(default=True)
-    max_runtime_s = models.PositiveIntegerField(null=True, blank=True)
+    max_runtime_s = models.PositiveIntegerField("runtime limit (seconds)", null=True, blank=True)
     checkpoint_interval_s = models.PositiveIntegerField(
+        "checkpoint interval (seconds)",
         null=True,
         blank=True,
         help_text="How often it checkpoints; empty: an eviction loses all its work. Victims that lose the least "
@@ -51,6 +63,7 @@ class Job(models.Model):
         default=True, help_text="Requeue (else fail) when its node is lost."
     )
     workdir = models.CharField(
+        "working directory",
         max_length=4096,
         blank=True,
         help_text="Absolute directory it starts in on the node; empty: the agent's.",
@@ -79,8 +92,8 @@ class Job(models.Model):
         blank=True,
         help_text="Pending: the nodes its reservation holds (kept while it makes sense).",
     )
-    pending_reason_code = models.CharField(max_length=50, blank=True)
-    pending_reason = models.TextField(blank=True)
+    pending_reason_code = models.CharField("why it waits (code)", max_length=50, blank=True)
+    pending_reason = models.TextField("why it waits", blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)
     estimated_start_at = models.DateTimeField(null=True, blank=True)
 
@@ -125,9 +138,9 @@ class Slice(models.Model):
     """A part of one GPU held by a job: the whole card for whole-GPU jobs."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="slices")
-    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="slices")
-    memory_mib = models.PositiveIntegerField()
-    compute_pct = models.PositiveSmallIntegerField()
+    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="slices", verbose_name="GPU")
+    memory_mib = models.PositiveIntegerField("GPU memory (MiB)")
+    compute_pct = models.PositiveSmallIntegerField("compute (%)")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -205,7 +218,7 @@ class JobEvent(models.Model):
     """Append-only audit of a job: every state change, with who caused it and why."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
-    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    at = models.DateTimeField("when", auto_now_add=True, db_index=True)
     from_state = models.CharField(max_length=20, choices=JobState.choices, blank=True)
     to_state = models.CharField(max_length=20, choices=JobState.choices, blank=True)
     actor_kind = models.CharField(max_length=20, choices=ActorKind.choices)

@@ -21,13 +21,17 @@ class NotificationSettings(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notify_settings"
     )
     job_events = models.JSONField(default=list, blank=True, help_text=f"Of {', '.join(JOB_EVENTS)}.")
-    email = models.BooleanField(default=True, help_text="By email, to the user's address.")
+    email = models.BooleanField("by email", default=True, help_text="By email, to the user's address.")
     webhook_url = models.URLField(
-        max_length=500, blank=True, help_text="A Slack-compatible incoming webhook."
+        "webhook URL", max_length=500, blank=True, help_text="A Slack-compatible incoming webhook."
     )
     admin_events = models.JSONField(
         default=_default_admin_events, blank=True, help_text=f"Staff only: of {', '.join(ADMIN_EVENTS)}."
     )
+
+    class Meta:
+        verbose_name = "notification settings"
+        verbose_name_plural = "notification settings"
 
     def __str__(self) -> str:
         return f"{self.user} notifications"

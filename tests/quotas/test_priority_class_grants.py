@@ -66,7 +66,8 @@ def _team_page_data(page, team) -> dict:
         data[f"{fs.prefix}-INITIAL_FORMS"] = fs.initial_form_count()
         for i, f in enumerate(fs.forms):
             for name, field in f.fields.items():
-                value = f.initial.get(name, field.initial)
+                # As the page renders it (the form's own units: GiB for memory).
+                value = field.prepare_value(f.initial.get(name, field.initial))
                 if hasattr(value, "pk"):
                     value = value.pk
                 data[f"{fs.prefix}-{i}-{name}"] = "" if value is None else value

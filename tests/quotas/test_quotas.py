@@ -66,8 +66,8 @@ def test_an_admin_quota_edit_leaves_an_audit_record_visible_on_the_team_page(cli
     form = {
         "team": quota.team_id,
         "gpu_model": "",
-        "guaranteed_gpu_memory_mib": 96 * 1024,
-        "limit_gpu_memory_mib": 128 * 1024,
+        "guaranteed_gpu_memory_mib": "96",  # GiB, as the admin form takes them
+        "limit_gpu_memory_mib": "128",
         "guaranteed_gpus": "1",
         "limit_gpus": "2",
         "fair_share_weight": "1",
@@ -81,7 +81,7 @@ def test_an_admin_quota_edit_leaves_an_audit_record_visible_on_the_team_page(cli
     assert change.changes["guaranteed_gpu_memory_mib"] == {"old": 64 * 1024, "new": 96 * 1024}
     team_page = client.get(f"/admin/quotas/team/{teams['inference'].pk}/change/").content.decode()
     assert "Quota changes (audit trail)" in team_page
-    assert str(96 * 1024) in team_page
+    assert "guaranteed GPU memory: 64 GiB → 96 GiB" in team_page
 
 
 @pytest.mark.django_db
@@ -91,8 +91,8 @@ def test_the_admin_form_shows_a_limit_below_guarantee_on_the_field(client, admin
     form = {
         "team": quota.team_id,
         "gpu_model": "",
-        "guaranteed_gpu_memory_mib": 64 * 1024,
-        "limit_gpu_memory_mib": 1024,
+        "guaranteed_gpu_memory_mib": "64",
+        "limit_gpu_memory_mib": "1",
         "guaranteed_gpus": "1",
         "limit_gpus": "2",
         "fair_share_weight": "1",
@@ -101,7 +101,7 @@ def test_the_admin_form_shows_a_limit_below_guarantee_on_the_field(client, admin
     response = client.post(f"/admin/quotas/quota/{quota.pk}/change/", form)
     assert response.status_code == 200
     errors = response.context["adminform"].form.errors
-    assert "must be at least the guarantee" in errors["limit_gpu_memory_mib"][0]
+    assert errors["limit_gpu_memory_mib"] == ["The limit (1 GiB) must be at least the guarantee (64 GiB)."]
     assert not QuotaChange.objects.filter(actor=admin_user).exists()
 
 
@@ -141,7 +141,8 @@ def test_a_quota_edit_through_the_team_inline_is_audited(client, admin_user, tea
         data[f"{prefix}-INITIAL_FORMS"] = fs.initial_form_count()
         for i, f in enumerate(fs.forms):
             for name, field in f.fields.items():
-                value = f.initial.get(name, field.initial)
+                # As the page renders it (the form's own units: GiB for memory).
+                value = field.prepare_value(f.initial.get(name, field.initial))
                 if hasattr(value, "pk"):
                     value = value.pk
                 data[f"{prefix}-{i}-{name}"] = "" if value is None else value
@@ -155,7 +156,9 @@ def test_a_quota_edit_through_the_team_inline_is_audited(client, admin_user, tea
     quota.refresh_from_db()
     assert quota.guaranteed_gpus == Decimal("6")
     change = QuotaChange.objects.get(team=team, actor=admin_user)
-    assert change.changes["guaranteed_gpus"] == {"old": "4", "new": "6"}
+    assert change.changes == {"guaranteed_gpus": {"old": "4", "new": "6"}}, (
+        "memory posted back in GiB, unchanged"
+    )
     assert change.note == "the spring training push"
 
 
@@ -166,8 +169,8 @@ def test_the_admin_form_asks_for_a_reason_and_saves_nothing_without_one(client, 
     form = {
         "team": quota.team_id,
         "gpu_model": "",
-        "guaranteed_gpu_memory_mib": 96 * 1024,
-        "limit_gpu_memory_mib": 128 * 1024,
+        "guaranteed_gpu_memory_mib": "96",
+        "limit_gpu_memory_mib": "128",
         "guaranteed_gpus": "1",
         "limit_gpus": "2",
         "fair_share_weight": "1",
