@@ -38,6 +38,9 @@ CAPACITY_WINDOWS = ("24h", "7d")
 HEATMAP_STEP_S = {"24h": 3600, "7d": 3 * 3600}
 HEATMAP_NODES_PER_PAGE = 50
 STACK_GROUPS = ("team", "user", "model")
+# Time axes are drawn in the browser's timezone (charts.js), and the heatmap's times are put in it too (its
+# template's script), so the capacity page says one timezone throughout. Daily bars are UTC days and say so.
+TIME_AXIS = "Time (local)"
 STACK_MAX_SERIES = 8  # the largest keys get a colour each, the rest are "others"
 OTHER_TEAMS = "other teams"
 # Utilisation bands of the heatmap, with the legend's words (lower bound, css class, label).
@@ -211,7 +214,7 @@ def _queue_chart(*, w: Window) -> dict[str, Any]:
         ],
         y_label="Jobs",
         unit="jobs",
-        x_label=f"Time (local), {w.step_s // 3600} h means",
+        x_label=f"{TIME_AXIS}, {w.step_s // 3600} h means",
     )
 
 
@@ -273,7 +276,7 @@ def _capacity_chart(s: dict[str, Any]) -> dict[str, Any]:
         ],
         y_label="GPUs",
         unit="GPUs",
-        x_label="Time (local)",
+        x_label=TIME_AXIS,
     )
 
 
@@ -285,7 +288,7 @@ def _stranded_chart(series: list[dict], *, w: Window) -> dict[str, Any]:
         series=[{"label": s["model"], "values": s["stranded_gpus"]} for s in series],
         y_label="GPUs stranded",
         unit="GPUs",
-        x_label="Time (local)",
+        x_label=TIME_AXIS,
     )
 
 
@@ -308,7 +311,8 @@ def _heatmap(*, pools: list[Pool], pool: Pool | None, w: Window, page: str | Non
     hw = Window(w.name, w.since, w.until, step)
     first = (int(w.since.timestamp()) // step) * step
     columns = list(range(first, int(w.until.timestamp()) + 1, step))
-    # A tick every 4 hours over a day, at each midnight (UTC) over a week.
+    # A tick every 4 hours over a day, every day over a week; written in UTC here, and put in the browser's
+    # timezone by the page (data-t), as the charts' time axes are.
     tick_every, fmt = (4 * 3600, "%H:%M") if w.name == "24h" else (86400, "%a %d %b")
 
     def when(b: int) -> str:
@@ -325,11 +329,11 @@ def _heatmap(*, pools: list[Pool], pool: Pool | None, w: Window, page: str | Non
                 text = f"{name}, {when(b)}: {alloc:.0f} % allocated, no utilisation sample"
             else:
                 text = f"{name}, {when(b)}: {util:.0f} % utilised, {alloc:.0f} % allocated"
-            out.append({"css": _band(util), "title": text})
+            out.append({"css": _band(util), "title": text, "t": b})
         return out
 
     ticks = [
-        {"at": i, "label": datetime.fromtimestamp(b, UTC).strftime(fmt)}
+        {"at": i, "t": b, "label": datetime.fromtimestamp(b, UTC).strftime(fmt)}
         for i, b in enumerate(columns)
         if b % tick_every == 0
     ]

@@ -17,7 +17,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from frontend.history import chart
+from frontend.history import TIME_AXIS, chart
 from quotas.models import Membership, Team
 from quotas.selectors import team_by_slug, team_ids_for_user
 from quotas.services import quota_may_edit
@@ -152,17 +152,19 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
             title=f"GPUs over the last {w.name}",
             t=series["t"],
             series=[
-                {"label": label, "values": series[key]}
+                {"label": label, "values": series[key], "dash": key in ("guaranteed_gpus", "limit_gpus")}
                 for key, label in (
                     ("held_gpus", "held"),
                     ("guaranteed_gpus", "guaranteed"),
-                    ("borrowed_gpus", "borrowed"),
+                    ("limit_gpus", "limit"),
+                    ("borrowed_gpus", "borrowed beyond the guarantee"),
                     ("pending_gpus", "asked for by pending jobs"),
                 )
             ],
-            y_label="GPUs",
+            y_label="GPUs (whole-GPU equivalents)",
             unit="GPUs",
             kind="line",
+            x_label=TIME_AXIS,
         ),
         "figures": {
             "quota_satisfaction": quota_satisfaction(team_id=team.pk, since=w.since, until=w.until),

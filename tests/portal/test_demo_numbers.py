@@ -4,6 +4,7 @@ clock passes, and its generated past is jobs that ran, from which the team page,
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime, timedelta
 
@@ -92,6 +93,12 @@ def test_after_an_hour_other_teams_still_have_work_running_and_waiting():
     assert gang.started_at is not None and started[gang.pk] == 0
 
 
+def _chart(page: str, element_id: str) -> dict:
+    start = page.index(f'<script id="{element_id}" type="application/json">')
+    start = page.index(">", start) + 1
+    return json.loads(page[start : page.index("</script>", start)])
+
+
 def _number(text: str) -> float:
     return float(text.replace(",", ""))
 
@@ -126,4 +133,17 @@ def test_the_team_page_chargeback_usage_api_and_history_count_the_same_gpu_hours
     assert sum(members.values()) > 10  # a day of generated work, not a few seconds of the seeded jobs
     history = client.get("/history/?window=7d").content.decode()
     total = sum(h for _, _, h in chargeback)
-    assert f"{total:,.1f}" in history or f"{total:,.0f}" in history, total
+    shown = re.search(r"<td>ai-lab/training</td><td class=\"num\">([\d.,]+)</td>", history)
+    assert shown and _number(shown.group(1)) == pytest.approx(total, abs=0.1), (shown, total)
+    # History's count of jobs started, its queue-time chart and its GPU-hours come from the same jobs.
+    week = datetime.now(UTC) - timedelta(days=7)
+    started = Job.objects.filter(started_at__gte=week).count()
+    assert f"<b>{started}</b><span>jobs started</span>" in history
+    usage, waits = _chart(history, "chart-usage"), _chart(history, "chart-wait")
+    assert usage["t"] == waits["t"]
+    busy_days = [i for i in range(len(usage["t"])) if sum(s["values"][i] or 0 for s in usage["series"]) > 0.5]
+    assert busy_days and all(waits["series"][0]["values"][i] is not None for i in busy_days)
+    # The team's chart: what it held never above its limit, and the limit drawn beside it.
+    series = {s["label"]: s["values"] for s in _chart(team, "team-chart")["series"]}
+    held = [(h, limit) for h, limit in zip(series["held"], series["limit"], strict=True) if h is not None]
+    assert held and all(h <= limit + 1e-6 for h, limit in held)

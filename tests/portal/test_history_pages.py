@@ -122,3 +122,15 @@ def test_the_demo_writes_a_day_of_generated_history_once(db):
     assert NodeHour.objects.filter(minutes=60).exists()
     load_demo(history_days=1)  # history is there: nothing twice
     assert (ClusterMinute.objects.count(), NodeMinute.objects.count(), UsageHour.objects.count()) == counts
+
+
+def test_the_capacity_charts_and_the_heatmap_say_one_timezone(alice, node):
+    recorder.history_record(now=datetime.now(UTC))
+    page = _signed_in(alice).get("/capacity/").content.decode()
+    ids = [part.split('"')[0] for part in page.split('<script id="')[1:]]
+    labels = {_chart(page, i).get("x_label") for i in ids if i.startswith("chart-")}
+    assert labels == {"Time (local)"}, labels  # charts.js draws time axes in the browser's timezone
+    # The heatmap's times are put in the browser's timezone too (each tick and cell carries its Unix time).
+    assert "Times in UTC" not in page and "Times in your browser's timezone" in page
+    assert 'class="heat-tick" style="grid-column: 1" data-t="' in page or 'class="heat-tick"' in page
+    assert page.count('data-t="') > 24
