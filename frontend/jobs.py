@@ -27,7 +27,7 @@ from scheduling.agents import joblogs
 from scheduling.agents.live_metrics import IDLE_WARN_AFTER_S, job_usage
 from scheduling.choices import JobState
 from scheduling.cycle.fairness import why_ahead
-from scheduling.cycle.whatif import job_whatif
+from scheduling.cycle.whatif import job_whatif, snapshot_warm
 from scheduling.errors import ServiceError
 from scheduling.inventory.selectors import gpu_model_rows
 from scheduling.jobs import selectors as job_selectors
@@ -277,6 +277,7 @@ def job_new(request: HttpRequest) -> HttpResponse:
     else:
         teams = team_slugs_visible_to(user=request.user)
         initial = {"team": teams[0] if teams else "", "command_form": "argv", "kind": "whole", "gpus": "1"}
+    snapshot_warm()  # the what-if's first answer comes as the user types: its snapshot is read meanwhile
     return render(request, "frontend/jobs/new.html", {"form": _form(request, initial=initial)})
 
 

@@ -12,6 +12,7 @@ background: a what-if is advice, not a decision.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -34,6 +35,8 @@ from scheduling.jobs.spec import format_mib
 from scheduling.jobs.submit import job_from_spec
 from scheduling.jobs.validation import job_spec_validate_for_team
 
+log = logging.getLogger(__name__)
+
 SNAPSHOT_TTL_S = 5.0
 # A snapshot this cheap to read is read again, on the request, as soon as any job changed (a submit, a start, an
 # end). A dearer one (a large cluster: seconds) is never read on a request once one is held: when it is older
@@ -55,6 +58,10 @@ class _Held:
 
 _cached: _Held | None = None
 _refreshing = False
+_read_done = threading.Event()  # set while no background read is under way
+_read_done.set()
+# An answer asked while the first snapshot is being read in the background waits at most this long for it.
+WARM_WAIT_S = 60.0
 
 
 def _newest_event_id() -> int:
@@ -74,13 +81,32 @@ def _refresh_in_background() -> None:
         held = _read()
         with _cache_lock:
             _cached = held
+    except Exception:  # advice only: the next answer reads it on its request
+        log.info("could not read the what-if's snapshot in the background", exc_info=True)
     finally:
         _refreshing = False
+        _read_done.set()
         connection.close()  # this thread's own connection
+
+
+def snapshot_warm() -> None:
+    """Start reading the snapshot in the background when none is held: the submit form asks as it opens, so its
+    first answer waits for no read (on a large cluster, seconds), or only for what is left of this one."""
+    global _refreshing
+    if connection.in_atomic_block:  # another connection would not see what this transaction has not committed
+        return
+    with _cache_lock:
+        if _cached is not None or _refreshing:
+            return
+        _refreshing = True
+        _read_done.clear()
+    threading.Thread(target=_refresh_in_background, name="whatif-snapshot", daemon=True).start()
 
 
 def _snapshot() -> eng.Snapshot:
     global _cached, _refreshing
+    if _cached is None:
+        _read_done.wait(WARM_WAIT_S)  # the first read already under way: not a second one beside it
     with _cache_lock:
         held = _cached
         if held is not None:
@@ -88,6 +114,7 @@ def _snapshot() -> eng.Snapshot:
             if held.cost_s > CHEAP_SNAPSHOT_S:
                 if age_s > SNAPSHOT_TTL_S and not _refreshing:
                     _refreshing = True
+                    _read_done.clear()
                     threading.Thread(
                         target=_refresh_in_background, name="whatif-snapshot", daemon=True
                     ).start()

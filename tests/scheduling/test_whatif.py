@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from django.db import connection
 
 from scheduling.cycle import whatif
 from scheduling.cycle.runner import cycle_run_once
@@ -115,3 +116,38 @@ def test_a_dear_snapshot_is_read_again_in_the_background(alice, teams, node, a10
         let_read.set()
     refresher.join(timeout=30)
     assert sorted(n.name for n in whatif._snapshot().nodes) == ["a100-01", "a100-02"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_opening_the_submit_form_reads_the_snapshot_in_the_background_and_the_first_answer_waits_for_it(
+    alice, teams, node, client, monkeypatch
+):
+    let_read = threading.Event()
+    read = whatif._read
+    readers = []
+
+    def slow_read():  # the first read of a large cluster: seconds, until the test lets it go
+        readers.append(threading.current_thread().name)
+        let_read.wait(30)
+        return read()
+
+    monkeypatch.setattr(whatif, "_read", slow_read)
+    client.force_login(alice)
+    try:
+        assert client.get("/jobs/new/").status_code == 200  # answered at once, the read under way
+        assert readers == ["whatif-snapshot"]
+
+        def ask():
+            try:
+                readers.append(len(whatif._snapshot().nodes))
+            finally:
+                connection.close()  # this thread's own
+
+        waiting = threading.Thread(target=ask)
+        waiting.start()
+        waiting.join(timeout=0.5)
+        assert waiting.is_alive(), "the first answer waits for the read under way..."
+    finally:
+        let_read.set()
+    waiting.join(timeout=30)
+    assert readers == ["whatif-snapshot", 1]  # ...and takes it: no second read beside it
