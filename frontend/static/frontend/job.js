@@ -1,63 +1,42 @@
-// Tessera job page (/jobs/<id>/): the per-GPU utilisation and memory charts (uPlot) fed by the stream's job.metrics
-// samples as they arrive, and the logs, read from the API and followed on each logs.appended event. Both come as
-// data, not HTML, so they are drawn here; the rest of the page is htmx's parts.
+// Tessera job page (/jobs/<id>/): its per-GPU utilisation and memory charts (charts.js, drawn from the server's
+// JSON: the job's history so far, its axis bounded by the job's life) take the stream's job.metrics samples as
+// they arrive; the logs are read from the API and followed on each logs.appended event. Both come as data, not
+// HTML, so they are drawn here; the rest of the page is htmx's parts.
 (function () {
   "use strict";
-  const SERIES_POINTS = 300;
-  const COLOURS = ["#2f6fb5", "#d9822b", "#3c9a5f", "#b5452f", "#7a4fb5", "#2f9fb5", "#b5a42f", "#555"];
+  const ENDED = ["succeeded", "failed", "cancelled", "preempted", "lost"];
 
   // --- charts --------------------------------------------------------------------------------------------
-  const series = { t: [], util: {}, mem: {} };
-  let charts = null;
-  function onMetrics(msg) {
+  function jobCharts(jobId) {
     const panel = document.getElementById("metrics");
-    if (!panel || String(msg.job_id) !== panel.dataset.job || !window.uPlot) return;
-    const gpus = msg.gpus || [];
-    const empty = document.getElementById("metrics-empty");
-    if (empty) empty.hidden = true;
-    series.t.push(msg.at || Date.now() / 1000);
-    gpus.forEach(function (g) {
-      const key = msg.node + " GPU " + g.index;
-      (series.util[key] = series.util[key] || []);
-      (series.mem[key] = series.mem[key] || []);
-    });
-    Object.keys(series.util).forEach(function (key) {
-      const g = gpus.find(function (x) { return msg.node + " GPU " + x.index === key; });
-      series.util[key].push(g ? g.util_pct : null);
-      series.mem[key].push(g && g.memory_used_mib != null ? g.memory_used_mib / 1024 : null);
-    });
-    if (series.t.length > SERIES_POINTS) {
-      series.t.shift();
-      Object.keys(series.util).forEach(function (k) { series.util[k].shift(); series.mem[k].shift(); });
-    }
-    draw(panel);
+    if (!panel || String(jobId) !== panel.dataset.job || !window.TesseraCharts) return [];
+    return Array.prototype.slice.call(panel.querySelectorAll("[data-chart][data-measure]"));
   }
-  function draw(panel) {
-    const keys = Object.keys(series.util);
-    const width = Math.max(280, Math.min(560, (panel.clientWidth - 40) / 2));
-    function opts(title, unit, max) {
-      return {
-        title: title, width: width, height: 180,
-        scales: { y: { range: [0, max] } },
-        axes: [{}, { size: 64, values: function (u, v) { return v.map(function (x) { return (Math.round(x * 10) / 10) + unit; }); } }],
-        series: [{}].concat(keys.map(function (k, i) { return { label: k, stroke: COLOURS[i % COLOURS.length], width: 2 }; })),
-      };
-    }
-    const util = [series.t].concat(keys.map(function (k) { return series.util[k]; }));
-    const mem = [series.t].concat(keys.map(function (k) { return series.mem[k]; }));
-    const memMax = Math.max(1, ...mem.slice(1).flat().filter(function (x) { return x != null; })) * 1.2;
-    if (!charts || charts.keys !== keys.join("|")) {
-      document.getElementById("chart-util").innerHTML = "";
-      document.getElementById("chart-mem").innerHTML = "";
-      charts = {
-        keys: keys.join("|"),
-        util: new uPlot(opts("Utilisation", "%", 100), util, document.getElementById("chart-util")),
-        mem: new uPlot(opts("Memory in use on the card", " GiB", memMax), mem, document.getElementById("chart-mem")),
-      };
-    } else {
-      charts.util.setData(util);
-      charts.mem.setData(mem);
-    }
+  function onMetrics(msg) {
+    const charts = jobCharts(msg.job_id);
+    if (!charts.length) return;
+    const at = typeof msg.at === "number" ? msg.at : Date.now() / 1000;
+    const shown = document.getElementById("metrics-charts");
+    if (shown) shown.hidden = false; // a job that started after the page opened
+    charts.forEach(function (el) {
+      const values = {};
+      (msg.gpus || []).forEach(function (g) {
+        const v = el.dataset.measure === "memory_used_gib"
+          ? (g.memory_used_mib != null ? g.memory_used_mib / 1024 : null) : g.util_pct;
+        values[msg.node + " GPU " + g.index] = v;
+      });
+      window.TesseraCharts.append(el, at, values);
+    });
+    const waiting = document.getElementById("metrics-empty");
+    if (waiting) waiting.hidden = true;
+  }
+  function onChanged(msg) {
+    if (ENDED.indexOf(msg.state) < 0) return;
+    const charts = jobCharts(msg.job_id);
+    charts.forEach(function (el) { window.TesseraCharts.end(el, Date.now() / 1000); });
+    const shown = document.getElementById("metrics-charts");
+    const waiting = document.getElementById("metrics-empty");
+    if (charts.length && shown && shown.hidden && waiting) waiting.textContent = "No sample of its GPUs came while it ran.";
   }
 
   // --- logs ----------------------------------------------------------------------------------------------
@@ -105,5 +84,6 @@
   }
 
   document.addEventListener("tessera:job.metrics", function (e) { onMetrics(e.detail); });
+  document.addEventListener("tessera:job.changed", function (e) { onChanged(e.detail); });
   document.addEventListener("DOMContentLoaded", setupLogs);
 })();

@@ -31,7 +31,7 @@ class Card:
 @dataclass(frozen=True)
 class JobGpuHistory:
     cards: list[Card]
-    t: list[int]  # Unix seconds: each 5-minute window's middle, kept within the job's life
+    t: list[float]  # Unix seconds: each 5-minute window's middle, kept within the job's life
     util_pct: dict[str, list[float | None]]  # card label -> the window's mean utilisation
     memory_used_gib: dict[str, list[float | None]]  # card label -> the window's highest memory in use
 
@@ -74,12 +74,12 @@ def job_gpu_history(*, cards: Sequence[Card], since: datetime, until: datetime) 
         .values_list("gpu_id", "at", "samples", "util_pct_sum", "memory_used_mib_max")
         .order_by("at")
     )
-    low, high = int(since.timestamp()), int(until.timestamp())
-    t: list[int] = []
+    low, high = since.timestamp(), until.timestamp()
+    t: list[float] = []
     util: dict[str, list[float | None]] = {c.label: [] for c in cards}
     memory: dict[str, list[float | None]] = {c.label: [] for c in cards}
     for gpu_id, at, samples, util_sum, memory_max in rows:
-        middle = min(high, max(low, int(at.timestamp()) + WINDOW_S // 2))
+        middle = min(high, max(low, at.timestamp() + WINDOW_S / 2))
         if not t or t[-1] != middle:
             t.append(middle)
             for series in (*util.values(), *memory.values()):
