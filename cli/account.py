@@ -8,6 +8,7 @@ import getpass
 import os
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cli.client import DEFAULT_URL, Client, ExitCode, config_load, config_save
@@ -110,6 +111,33 @@ def _team_lines(team: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _moment(raw: str) -> datetime | None:
+    """A day (midnight UTC) or an RFC 3339 date-time, as the API reads them; None when it is neither (the server
+    then names the problem)."""
+    try:
+        moment = datetime.fromisoformat(raw.replace("z", "Z"))
+    except ValueError:
+        return None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+
+
+def usage_window(since: str | None, until: str | None) -> tuple[str, str]:
+    """`since` and `until` as sent: the defaults made explicit (until now, since 30 days before until)."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    until = until or now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if since is None:
+        end = _moment(until)
+        since = (end - timedelta(days=30)).strftime("%Y-%m-%dT%H:%M:%SZ") if end is not None else None
+    return since, until
+
+
+def _shown(raw: str | None) -> str:
+    moment = _moment(raw or "")
+    if moment is None:
+        return raw or "-"
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
 def usage(argv: Sequence[str]) -> int:
     parser = command_parser(
         "usage", "GPU-hours (whole-GPU equivalents) by team, user and/or day (sacct-like)."
@@ -126,9 +154,12 @@ def usage(argv: Sequence[str]) -> int:
         client = Client.from_config()
         # "team, user" as people type it; the API takes the list written without spaces.
         groups = [g.strip() for g in args.by.split(",") if g.strip()]
+        # The window is sent whole, so the total below can say what it counts (the server's defaults are the same:
+        # 30 days before until, until now).
+        since, until = usage_window(args.since, args.until)
         params = {
-            "since": args.since,
-            "until": args.until,
+            "since": since,
+            "until": until,
             "group_by": ",".join(groups),
             "team": args.team,
             "user": args.user,
@@ -157,7 +188,7 @@ def usage(argv: Sequence[str]) -> int:
             )
         )
         total = sum(r["gpu_hours"] for r in rows)
-        print(f"\nTotal: {total:.2f} GPU-hours")
+        print(f"\nTotal: {total:.2f} GPU-hours from {_shown(since)} to {_shown(until)}")
         return ExitCode.OK
 
     return run_command(handle, args)
