@@ -147,3 +147,24 @@ def test_the_team_page_chargeback_usage_api_and_history_count_the_same_gpu_hours
     series = {s["label"]: s["values"] for s in _chart(team, "team-chart")["series"]}
     held = [(h, limit) for h, limit in zip(series["held"], series["limit"], strict=True) if h is not None]
     assert held and all(h <= limit + 1e-6 for h, limit in held)
+
+
+@pytest.mark.django_db
+def test_slice_jobs_that_ended_are_charged_to_the_model_of_the_cards_they_held():
+    from django.contrib.auth import get_user_model
+
+    from demo.seed import load_demo
+    from scheduling.jobs.ledger import job_release_slices
+
+    load_demo(history_days=0)
+    for job in Job.objects.filter(name__startswith="llm-serve-", state=JobState.RUNNING):
+        job_transition(job=job, to_state=JobState.SUCCEEDED, actor_kind=ActorKind.AGENT, code="exited")
+        job_release_slices(
+            job=job
+        )  # the cards are given back: only the placement's record says what they were
+    bob = get_user_model().objects.get(username="bob")
+    csv_text = _signed_in(bob).get("/teams/ai-lab/inference/chargeback.csv").content.decode()
+    rows = [line.split(",") for line in csv_text.strip().splitlines()[1:]]
+    assert rows and all(row[2] == "A100-80GB" for row in rows), csv_text
+    page = _signed_in(bob).get("/teams/ai-lab/inference/").content.decode()
+    assert "(not known)" not in page
