@@ -78,33 +78,36 @@ def memory_gpus_mismatch(
     *, gpus: Decimal | None, gib: Decimal | None, cards: dict[str, int], what: str
 ) -> dict[str, str]:
     """Warnings, by form field, when a GPU count and a memory size of a quota disagree on the cards the team can
-    get (`cards`: GPU model -> MiB of one card): the memory cannot hold that many whole cards of a model (whole-card
-    jobs stop short of the GPU count), or it is more than that many of the largest cards hold (the GPU count binds
-    first; only slices could use the rest). A warning, never a refusal: slices make either deliberate.
-    `what` is "limit" or "guarantee"."""
-    if gpus is None or gib is None or gpus <= 0 or not cards:
+    get (`cards`: GPU model -> MiB of one card): the memory cannot hold the count's whole cards of a model
+    (whole-card jobs stop short of the count), or it is more than that many of the largest cards hold (the count
+    binds first; only slices could use the rest). A warning, never a refusal: slices make either deliberate, and a
+    count under one card is slices' alone, so it is not checked. `what` is "limit" or "guarantee"."""
+    if gpus is None or gib is None or gpus < 1 or not cards:
         return {}
-    field = "limit" if what == "limit" else "guaranteed"
-    gpu_field, gib_field = f"{field}_gpus", "limit_gib" if what == "limit" else "guaranteed_gib"
+    gpu_field, gib_field = (
+        ("limit_gpus", "limit_gib") if what == "limit" else ("guaranteed_gpus", "guaranteed_gib")
+    )
+    whole = int(gpus.to_integral_value(ROUND_FLOOR))
     mib = gib * MIB_PER_GIB
     short = []
     for model, card_mib in sorted(cards.items(), key=lambda kv: (kv[1], kv[0])):
-        need = gpus * card_mib
+        need = whole * card_mib
         if mib < need:
             holds = int((mib / card_mib).to_integral_value(ROUND_FLOOR))
-            short.append(f"{_plain(gpus)} {model} are {_words(need / MIB_PER_GIB, 'GiB')} (it holds {holds})")
+            short.append(
+                f"{whole} {model} need {_words(Decimal(need) / MIB_PER_GIB, 'GiB')}, it holds {holds}"
+            )
     if short:
         return {
-            gib_field: f"{_words(gib, 'GiB')} cannot hold the {what}'s {_words(gpus, 'GPU')}: {'; '.join(short)}. "
-            f"Jobs on whole cards of {'that model' if len(short) == 1 else 'those models'} stop short of "
-            f"{_words(gpus, 'GPU')}.",
+            gib_field: f"{_words(gib, 'GiB')} cannot hold the {what}'s {_words(gpus, 'GPU')} as whole cards: "
+            f"{'; '.join(short)}. Jobs on whole cards stop short of {_words(gpus, 'GPU')}.",
         }
     largest_model, largest = max(cards.items(), key=lambda kv: (kv[1], kv[0]))
     most = gpus * largest
     if mib > most:
         return {
             gpu_field: f"{_words(gpus, 'GPU')} cannot use the {what}'s {_words(gib, 'GiB')} of memory: "
-            f"{_plain(gpus)} {largest_model}, the largest cards the team can get, are "
+            f"{_plain(gpus)} {largest_model}, the largest cards the team can get, hold "
             f"{_words(most / MIB_PER_GIB, 'GiB')}. Jobs on whole cards reach {_words(gpus, 'GPU')} first; only "
             "slices could use the rest.",
         }

@@ -204,9 +204,9 @@ class QuotaAdmin(admin.ModelAdmin):
         "scope",
         "guaranteed",
         "limit",
+        "editor_link",  # before the rest: beside the navigation and the filters, the list scrolls sideways
         "weight",
         "default_priority_class",
-        "quota_editor",
     )
     list_filter = ("gpu_model", "default_priority_class")
     search_fields = ("team__slug",)
@@ -225,13 +225,19 @@ class QuotaAdmin(admin.ModelAdmin):
 
     @admin.display(description="limit")
     def limit(self, obj: Quota) -> str:
-        gpus = services.amount_words("limit_gpus", obj.limit_gpus)
+        if obj.limit_gpus is None and obj.limit_gpu_memory_mib is None:
+            return "no limit"
+        gpus = services.amount_words("limit_gpus", obj.limit_gpus).replace("no limit", "no GPU limit")
         memory = services.amount_words("limit_gpu_memory_mib", obj.limit_gpu_memory_mib)
         return f"{gpus} · {memory.replace('no limit', 'no memory limit')}"
 
     @admin.display(description="fair-share weight", ordering="fair_share_weight")
     def weight(self, obj: Quota) -> str:
         return services.amount_words("fair_share_weight", obj.fair_share_weight)
+
+    @admin.display(description="quota editor")
+    def editor_link(self, obj: Quota) -> str:
+        return _editor_link(obj.team, obj, "Edit with preview")
 
     @admin.display(description="quota editor")
     def quota_editor(self, obj: Quota) -> str:

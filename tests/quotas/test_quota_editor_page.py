@@ -76,7 +76,10 @@ def test_a_memory_limit_that_cannot_hold_the_gpu_limits_cards_is_warned_beside_i
         f"{URL}preview/", _form(guaranteed_gpus="2", guaranteed_gib="160", limit_gpus="6", limit_gib="160")
     ).content
     warning = _text(preview, "warning-limit_gib")
-    assert "160 GiB cannot hold the limit's 6 GPUs: 6 A100-80GB are 480 GiB (it holds 2)" in warning
+    assert (
+        "160 GiB cannot hold the limit's 6 GPUs as whole cards: 6 A100-80GB need 480 GiB, it holds 2"
+        in warning
+    )
     assert 'hx-swap-oob="true"' in preview.decode(), "swapped in beside the field"
     assert "GPU memory limit (GiB): 160 GiB cannot hold" in html.unescape(preview.decode()), (
         "and in the preview"
