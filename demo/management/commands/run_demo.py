@@ -294,8 +294,10 @@ def _scheduling_step(state: dict) -> None:
         state["history_at"] = now
         recorder.history_record()
         state["usage_rolls"] += 1
+        # A small cluster's hour of usage is cheap to recount: each minute, so the history page's current hour
+        # is as fresh as the chargeback's.
+        recorder.usage_hours_roll()
         if state["usage_rolls"] % 5 == 1:
-            recorder.usage_hours_roll()
             recorder.waits_roll()
         if state["usage_rolls"] % 60 == 1:
             recorder.history_maintain()

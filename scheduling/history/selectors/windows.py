@@ -37,11 +37,18 @@ class Window:
 
 
 def window(name: str, *, now: datetime | None = None, default: str = "24h") -> Window:
-    """The named window ending now (an unknown name gives the default)."""
+    """The named window ending now (an unknown name gives the default); a window drawn in hours or more starts
+    on the hour (up to an hour short of its name)."""
     name = name if name in WINDOWS else default
     span, step = WINDOWS[name]
     until = (now or datetime.now(UTC)).astimezone(UTC)
-    return Window(name, until - span, until, step)
+    since = until - span
+    if step >= 3600:
+        # From a whole hour: the hourly rollups (GPU-hours, queue times) then cover the window exactly as the
+        # jobs' own records do over it, so the history page and the team page's members count the same hours.
+        floor = since.replace(minute=0, second=0, microsecond=0)
+        since = floor if floor == since else floor + timedelta(hours=1)
+    return Window(name, since, until, step)
 
 
 def bucketed(rows: QuerySet, *, at: str, step_s: int) -> QuerySet:
