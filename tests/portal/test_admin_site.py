@@ -92,3 +92,29 @@ def test_the_quota_list_reads_in_gpus_and_gib_and_links_each_row_to_the_editor(a
 def test_the_admin_index_names_notification_settings_once(admin_user):
     page = _signed_in(admin_user).get("/admin/").content.decode()
     assert "Notification settings" in page and "settingss" not in page.lower()
+
+
+def test_every_admin_list_and_page_of_the_apps_opens(admin_user, alice, teams, node):
+    from scheduling.jobs.fields import JobSpec
+    from scheduling.jobs.submit import job_submit
+
+    job = job_submit(
+        submitter=alice,
+        team=teams["training"],
+        spec=JobSpec(name="j", command="true", gpus=0, gpu_memory_mib=8192, compute_pct=25),
+    )
+    client = _signed_in(admin_user)
+    for model in admin.site._registry:
+        meta = model._meta
+        if meta.app_label not in ("quotas", "scheduling"):
+            continue
+        listing = client.get(f"/admin/{meta.app_label}/{meta.model_name}/")
+        assert listing.status_code == 200, meta.model_name
+        first = model.objects.first()
+        if first is not None:
+            assert (
+                client.get(f"/admin/{meta.app_label}/{meta.model_name}/{first.pk}/change/").status_code == 200
+            )
+    jobs = client.get("/admin/scheduling/job/").content.decode()
+    assert "8 GiB" in jobs and f"/admin/scheduling/job/{job.pk}/change/" in jobs
+    assert "80 GiB" in client.get("/admin/scheduling/gpu/").content.decode()
