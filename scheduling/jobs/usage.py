@@ -52,15 +52,23 @@ _HELD_MILLI_SQL = f"""CASE WHEN gpus > 0 THEN gpus * nodes * {eng.WHOLE_GPU_MILL
          COALESCE(CEIL(gpu_memory_mib * {eng.WHOLE_GPU_MILLI}.0 / NULLIF(card_mib, 0)), 0))) END"""
 
 
-def _card_memory_mib(job_id: int) -> int:
-    """Memory of the card the job's current slice was placed on (from its placement event; 0 if unknown)."""
-    placed = JobEvent.objects.filter(job_id=job_id, to_state=JobState.PLACED).order_by("-at", "-id").first()
-    try:
-        node_name, gpu_index = placed.data["gpus"][0][:2]
-    except (AttributeError, KeyError, IndexError, TypeError, ValueError):
-        return 0
-    gpu = Gpu.objects.filter(node__name=node_name, index=gpu_index).values_list("memory_mib", flat=True)
-    return gpu.first() or 0
+def _cards_memory_mib(job_ids: list[int]) -> dict[int, int]:
+    """Memory of the card each job's current slice was placed on (from its newest placement event; 0 if unknown),
+    in two queries whatever the number of jobs."""
+    if not job_ids:
+        return {}
+    sizes = {(n, i): m for n, i, m in Gpu.objects.values_list("node__name", "index", "memory_mib")}
+    out = dict.fromkeys(job_ids, 0)
+    placed = JobEvent.objects.filter(job_id__in=job_ids, to_state=JobState.PLACED).order_by(
+        "job_id", "at", "id"
+    )
+    for job_id, data in placed.values_list("job_id", "data").iterator():
+        try:
+            node_name, gpu_index = data["gpus"][0][:2]
+            out[job_id] = sizes.get((str(node_name), int(gpu_index)), 0)
+        except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+            out[job_id] = 0
+    return out
 
 
 def decayed_usage(*, now_s: float, half_life_s: float) -> dict[str, float]:
@@ -80,15 +88,19 @@ def _decayed_usage_python(*, now_s: float, half_life_s: float) -> dict[str, floa
     )
     rate = math.log(2) / half_life_s
     usage: dict[str, float] = defaultdict(float)
-    for job_id, slug, gpus, nodes, pct, memory_mib, started, finished in rows.values_list(
-        "pk", "team__slug", "gpus", "nodes", "compute_pct", "gpu_memory_mib", "started_at", "finished_at"
-    ).iterator():
+    rows = list(
+        rows.values_list(
+            "pk", "team__slug", "gpus", "nodes", "compute_pct", "gpu_memory_mib", "started_at", "finished_at"
+        )
+    )
+    cards = _cards_memory_mib([r[0] for r in rows if not r[2] and r[5]])
+    for job_id, slug, gpus, nodes, pct, memory_mib, started, finished in rows:
         milli = job_held_milli(
             gpus=gpus,
             nodes=nodes,
             compute_pct=pct,
             gpu_memory_mib=memory_mib,
-            card_memory_mib=0 if gpus or not memory_mib else _card_memory_mib(job_id),
+            card_memory_mib=0 if gpus or not memory_mib else cards[job_id],
         )
         t0, t1 = started.timestamp(), min(finished.timestamp() if finished else now_s, now_s)
         if t1 <= t0 or not milli:
