@@ -15,6 +15,9 @@
   "use strict";
   const COLOURS = ["#2f6fb5", "#d9822b", "#3c9a5f", "#b5452f", "#7a4fb5", "#2f9fb5", "#b5a42f", "#c2589a", "#6b7b8c", "#8c6d46"];
   const HEIGHT = 240;
+  // The time axis' tick steps (s): uPlot's own skip from 1 to 5 minutes, which left a 10-minute run two ticks.
+  const TIME_STEPS = [0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
+    43200, 86400, 2 * 86400, 7 * 86400, 14 * 86400, 30 * 86400];
   const MAX_POINTS = 3600; // a live chart keeps its last hour of one-second samples
   const drawn = new Map(); // element -> { chart: uPlot, spec }; a chart with nothing to draw has no chart
 
@@ -77,12 +80,17 @@
   // The x range: the spec's bounds (a job's life: its start to its end, or to now while it runs), else the data's.
   // Read from the data itself: for a single point uPlot offers a range of a thousand days around it.
   function xRange(spec, min, max) {
-    if (!spec.x) return [min, max];
     const t = spec.t || [];
-    const lo = spec.x.min != null ? spec.x.min : (t.length ? t[0] : min);
-    let hi = spec.x.max != null ? spec.x.max : Math.max(t.length ? t[t.length - 1] : -Infinity, Date.now() / 1000);
-    if (lo == null) return [min, max];
-    if (hi <= lo) hi = lo + 1; // a life of no length still has an axis, not one of years
+    const x = spec.x || {};
+    const first = t.length ? t[0] : min;
+    const last = t.length ? t[t.length - 1] : max;
+    let lo = x.min != null ? x.min : first;
+    let hi = x.max != null ? x.max : (spec.x ? Math.max(last == null ? -Infinity : last, Date.now() / 1000) : last);
+    if (lo == null || hi == null) return [min, max];
+    if (hi <= lo) { // a life of no length still has an axis; a single sample, a minute either side
+      if (spec.x) hi = lo + 1;
+      else { lo -= 60; hi += 60; }
+    }
     return [lo, hi];
   }
 
@@ -114,7 +122,7 @@
         },
       });
     });
-    const xAxis = { label: spec.x_label || "", labelSize: 20, size: 54, space: 64, values: timeTicks };
+    const xAxis = { label: spec.x_label || "", labelSize: 20, size: 54, space: 64, incrs: TIME_STEPS, values: timeTicks };
     if (spec.x_days) {
       xAxis.splits = function () {
         const every = Math.max(1, Math.ceil(t.length / Math.max(2, Math.floor(width / 70))));
@@ -217,6 +225,7 @@
     const entry = drawn.get(el);
     if (!entry) return;
     const spec = entry.spec;
+    if (spec.x && spec.x.max != null && t > spec.x.max) spec.x.max = null; // a sample after its end: it runs again
     let added = false;
     Object.keys(values).forEach(function (label) {
       if (!spec.series.some(function (s) { return s.label === label; })) {

@@ -37,6 +37,8 @@
     const shown = document.getElementById("metrics-charts");
     const waiting = document.getElementById("metrics-empty");
     if (charts.length && shown && shown.hidden && waiting) waiting.textContent = "No sample of its GPUs came while it ran.";
+    const source = document.getElementById("metrics-source");
+    if (charts.length && source) source.textContent = "Drawn live while it ran, to its end; opened again, the page draws it from the portal's history.";
   }
 
   // --- logs ----------------------------------------------------------------------------------------------
@@ -79,7 +81,10 @@
     });
     document.addEventListener("tessera:logs.appended", load);
     document.addEventListener("tessera:catch-up", load); // the socket (re)opened, or every 5 s while it is down
-    document.addEventListener("htmx:afterSwap", load); // a state change may come with the last lines
+    // A job that ended may have written its last lines with no logs.appended yet heard: read them once more.
+    document.addEventListener("tessera:job.changed", function (e) {
+      if (e.detail && String(e.detail.job_id) === String(job) && ENDED.indexOf(e.detail.state) >= 0) load();
+    });
     load();
   }
 
