@@ -22,6 +22,7 @@ class Card:
     node: str
     index: int
     memory_mib: int | None
+    gpu_id: int | None  # None: no longer in the inventory (its history rows are then out of reach)
 
     @property
     def label(self) -> str:
@@ -45,11 +46,13 @@ def job_cards(*, assigned: Sequence[Sequence]) -> list[Card]:
     match = Q()
     for node, index in wanted:
         match |= Q(node__name=node, index=index)
-    memory = {
-        (node, index): mib
-        for node, index, mib in Gpu.objects.filter(match).values_list("node__name", "index", "memory_mib")
+    found = {
+        (node, index): (mib, pk)
+        for pk, node, index, mib in Gpu.objects.filter(match).values_list(
+            "pk", "node__name", "index", "memory_mib"
+        )
     }
-    return [Card(node, index, memory.get((node, index))) for node, index in wanted]
+    return [Card(node, index, *found.get((node, index), (None, None))) for node, index in wanted]
 
 
 def job_gpu_history(*, cards: Sequence[Card], since: datetime, until: datetime) -> JobGpuHistory:
@@ -59,13 +62,7 @@ def job_gpu_history(*, cards: Sequence[Card], since: datetime, until: datetime) 
     empty = JobGpuHistory(list(cards), [], {}, {})
     if not cards or until < since:
         return empty
-    ids = {
-        (node, index): pk
-        for pk, node, index in Gpu.objects.filter(
-            node__name__in={c.node for c in cards}, index__in={c.index for c in cards}
-        ).values_list("pk", "node__name", "index")
-    }
-    label_of = {ids[(c.node, c.index)]: c.label for c in cards if (c.node, c.index) in ids}
+    label_of = {c.gpu_id: c.label for c in cards if c.gpu_id is not None}
     if not label_of:
         return empty
     first = datetime.fromtimestamp(since.timestamp() // WINDOW_S * WINDOW_S, since.tzinfo)
