@@ -135,9 +135,15 @@ def test_a_running_jobs_charts_span_its_life_with_a_line_per_gpu_a_legend_and_no
     page.wait_for_selector("#toasts .toast")
     page.evaluate("window.scrollTo(0, 0)")  # the legend's focus scrolled the page
     assert _covered(page, "#toasts .toast", "#main .card, #main .chart") == []
+    assert page.evaluate(
+        "document.querySelector('#toasts .toast').getBoundingClientRect().bottom"
+        " <= document.querySelector('header.top').getBoundingClientRect().bottom"
+    ), "the toast sits in the top bar's band"
     page.evaluate("document.getElementById('metrics').scrollIntoView({block: 'end'})")
     assert _covered(page, "#toasts .toast", ".chart") == []
     page.evaluate("document.getElementById('metrics').scrollIntoView({block: 'start'})")
+    assert _covered(page, "#toasts .toast", ".chart") == []
+    page.evaluate("document.querySelector('.chart').scrollIntoView({block: 'start'})")
     assert _covered(page, "#toasts .toast", ".chart") == []
     page.evaluate("window.scrollTo(0, 0)")
     browse.shots(page, "running-with-toast")
