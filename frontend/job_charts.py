@@ -8,8 +8,8 @@ from __future__ import annotations
 from django.utils import timezone
 
 from scheduling.choices import JobState
-from scheduling.history.selectors.jobs import job_cards, job_gpu_history
-from scheduling.jobs.states import ACTIVE_STATES
+from scheduling.history.selectors.jobs import JobGpuHistory, job_cards, job_gpu_history
+from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES
 
 
 def _placed_cards(events) -> list:
@@ -20,18 +20,25 @@ def _placed_cards(events) -> list:
 
 
 def job_charts(*, job, events) -> dict | None:
-    """The two charts' specs and what to say beside them; None while the job has not started."""
-    if job.started_at is None:
-        return None
-    running = job.state in ACTIVE_STATES
-    if running:
-        until = timezone.now()
-    else:
-        until = job.finished_at or (events[-1].at if events else timezone.now())
-    until = max(until, job.started_at)
+    """The two charts' specs and what to say beside them; None for a job that ended without running. A job that
+    has not started yet gets empty charts, for the samples that come once it runs (their first one starts the
+    axis)."""
     cards = _placed_cards(events)
-    history = job_gpu_history(cards=cards, since=job.started_at, until=until)
-    x = {"min": job.started_at.timestamp(), "max": None if running else until.timestamp()}
+    started = job.started_at
+    if started is None:
+        if job.state in TERMINAL_STATES:
+            return None
+        history = JobGpuHistory(cards, [], {}, {})
+        running, until, x = True, None, {"min": None, "max": None}
+    else:
+        running = job.state in ACTIVE_STATES
+        if running:
+            until = timezone.now()
+        else:
+            until = job.finished_at or (events[-1].at if events else timezone.now())
+        until = max(until, started)
+        history = job_gpu_history(cards=cards, since=started, until=until)
+        x = {"min": started.timestamp(), "max": None if running else until.timestamp()}
     card_gib = max((c.memory_mib for c in cards if c.memory_mib), default=None)
 
     def spec(measure: str, title: str, values: dict, y: dict) -> dict:
@@ -48,9 +55,10 @@ def job_charts(*, job, events) -> dict | None:
         }
 
     return {
+        "started": started is not None,
         "running": running,
         "sampled": bool(history.t),
-        "seconds": (until - job.started_at).total_seconds(),
+        "seconds": (until - started).total_seconds() if started is not None else None,
         "charts": [
             spec(
                 "util_pct",
