@@ -13,6 +13,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from demo.history import history_backfill
+from demo.workload import STEP_S
 from quotas import services as quota_services
 from quotas.choices import ChangeSource, Role
 from quotas.models import PriorityClass, Quota, Team
@@ -224,8 +225,11 @@ def _jobs(users: dict) -> None:
     inference = Team.objects.get(slug="ai-lab/inference")
     research = Team.objects.get(slug="ai-lab/research")
 
-    def submit(user: str, team: Team, **spec) -> Job:
+    def submit(user: str, team: Team, *, minutes: int = 30, **spec) -> Job:
         spec.setdefault("command", "python train.py")
+        # How long the demo's stand-in script runs it (run_demo): the seeded work outlasts the demo's first hour
+        # or ends within it, as real work would, while the other teams' new work comes in (demo.workload).
+        spec["env"] = {"TESSERA_DEMO_STEPS": str(minutes * 60 // STEP_S)}
         return job_submit(submitter=users[user], team=team, spec=JobSpec(**spec))
 
     spare = Gpu.objects.select_related("node").get(node__name="a100-03", index=7)
@@ -257,6 +261,7 @@ def _jobs(users: dict) -> None:
         job = submit(
             "bob",
             inference,
+            minutes=20 + 15 * i,
             name=f"llm-serve-{i}",
             command="python serve.py",
             gpu_memory_mib=4 * GIB,
@@ -266,13 +271,20 @@ def _jobs(users: dict) -> None:
     a100_01 = list(Gpu.objects.filter(node__name="a100-01").order_by("index"))
     _run(
         submit(
-            "alice", training, name="llama-finetune", gpus=4, topology=Topology.NVLINK, max_runtime_s=8 * 3600
+            "alice",
+            training,
+            minutes=120,
+            name="llama-finetune",
+            gpus=4,
+            topology=Topology.NVLINK,
+            max_runtime_s=8 * 3600,
         ),
         a100_01[:4],
     )
     submit(
         "alice",
         training,
+        minutes=60,
         name="llama-pretrain-7b",
         gpus=2,
         nodes=2,
@@ -280,7 +292,7 @@ def _jobs(users: dict) -> None:
         max_runtime_s=24 * 3600,
         command="torchrun train.py --nnodes 2",
     )
-    submit("dave", research, name="diffusion-ablation", gpus=2, max_runtime_s=4 * 3600)
+    submit("dave", research, minutes=40, name="diffusion-ablation", gpus=2, max_runtime_s=4 * 3600)
     submit(
         "bob",
         inference,

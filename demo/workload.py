@@ -80,6 +80,9 @@ KINDS = (
 # Jobs submitted a minute, on average over a day: about 20 GPUs busy, research and training near their limits at
 # the day's and the wave's peaks, so their queues rise and drain.
 MEAN_PER_MINUTE = 0.3
+# The living demo runs the same mix faster: three times the jobs, each a third as long (the same GPUs busy on
+# average), so a visitor sees work come, wait and go within minutes.
+LIVE_SPEED = 3
 
 
 @dataclass(frozen=True)
@@ -115,12 +118,13 @@ def load(at: datetime) -> float:
 
 
 def submissions(*, seed: int, minute: datetime, live: bool = False) -> list[Submission]:
-    """What the teams submit in one minute (UTC), the same for the same seed and minute. `live`: only the kinds
-    the living demo submits."""
+    """What the teams submit in one minute (UTC), the same for the same seed and minute. `live`: the living demo's
+    (only the kinds it submits, at LIVE_SPEED)."""
     minute = minute.astimezone(UTC).replace(second=0, microsecond=0)
     stamp = int(minute.timestamp() // 60)
-    rng = random.Random(f"{seed}:{stamp}")
-    rate = MEAN_PER_MINUTE * load(minute)
+    rng = random.Random(f"{seed}:{stamp}{':live' if live else ''}")
+    speed = LIVE_SPEED if live else 1
+    rate = MEAN_PER_MINUTE * load(minute) * speed
     # Poisson draws: the number of arrivals in a minute at this rate.
     count, threshold, p = 0, math.exp(-rate), rng.random()
     while p > threshold:
@@ -130,7 +134,7 @@ def submissions(*, seed: int, minute: datetime, live: bool = False) -> list[Subm
     out = []
     for n in range(count):
         k = rng.choices(KINDS, weights=[k.weight for k in KINDS])[0]
-        runtime_s = rng.randint(k.minutes[0], k.minutes[1]) * 60
+        runtime_s = max(60, rng.randint(k.minutes[0], k.minutes[1]) * 60 // speed)
         if k not in kinds:
             continue
         out.append(Submission(minute, k, f"{k.name}-{stamp % 10000:04d}{n}", runtime_s))
@@ -138,12 +142,11 @@ def submissions(*, seed: int, minute: datetime, live: bool = False) -> list[Subm
 
 
 class DemoSubmitter:
-    """Submits the demo teams' work as the clock passes: each minute's `submissions` once, in order. On its first
-    step it also submits the last `prime_minutes` minutes' work, so the cluster has others' work at minute 1."""
+    """Submits the demo teams' work as the clock passes: each minute's `submissions` once, in order, from the minute
+    it starts (the minutes before are the generated past's, `demo.history`)."""
 
-    def __init__(self, *, seed: int = DEFAULT_SEED, prime_minutes: int = 30, catch_up_minutes: int = 10):
+    def __init__(self, *, seed: int = DEFAULT_SEED, catch_up_minutes: int = 10):
         self.seed = seed
-        self.prime_minutes = prime_minutes
         self.catch_up_minutes = catch_up_minutes
         self.done_until: datetime | None = None  # the last minute submitted
         self.submitted = 0
@@ -152,7 +155,7 @@ class DemoSubmitter:
         """Submit every minute's work up to now's minute not yet submitted. Returns the jobs submitted."""
         minute = (now or datetime.now(UTC)).astimezone(UTC).replace(second=0, microsecond=0)
         if self.done_until is None:
-            self.done_until = minute - timedelta(minutes=self.prime_minutes + 1)
+            self.done_until = minute - timedelta(minutes=1)
         # A demo paused for long (a laptop asleep) does not flood the queue with what it missed.
         first = max(self.done_until + timedelta(minutes=1), minute - timedelta(minutes=self.catch_up_minutes))
         teams = {t.slug: t for t in Team.objects.filter(slug__in={k.team for k in KINDS})}
