@@ -101,7 +101,7 @@ def _right_size(job, peak_mib: int | None, events) -> dict | None:
     """For a finished job that held its cards alone (the only case NVML's memory in use is its own): its peak
     memory against what it held, and the slice that would have done (the peak plus 1 GiB, rounded up to 8 GiB).
     What it held is its placement's record: its cards are given back when it ends."""
-    if peak_mib is None:
+    if peak_mib is None or not job.gpus:  # a slice shares its card: NVML's memory in use is not its own
         return None
     placed = next((e for e in reversed(events) if e.to_state == JobState.PLACED), None)
     assigned = (placed.data or {}).get("gpus", []) if placed is not None else []

@@ -54,6 +54,17 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _redis_of_this_run():
+    """The test Redis database starts empty: the test database's job ids start again at 1 every run, and what an
+    earlier run left under a job's key there (its usage, its peak memory) is nothing of this run's jobs."""
+    from scheduling.coordination import redis_client
+
+    r = redis_client()
+    if r is not None:
+        r.flushdb()
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _job_logs_of_this_run(tmp_path_factory):
     """Job logs the portal keeps go to a directory of this run's (the servers a test starts inherit it): the test
     database's job ids start again at 1 every run, and a log left under var/logs by an earlier run is no log of

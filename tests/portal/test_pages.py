@@ -297,3 +297,12 @@ def test_a_finished_whole_card_job_shows_its_peak_memory_against_the_card_it_hel
         live_metrics._local_usage.pop(job.pk, None)
     # Its card was given back when it ended; what it held is its placement's record.
     assert "Peak GPU memory used: 22 GiB of the 80 GiB it held: a 24 GiB slice would do." in page
+
+
+def test_a_slice_shows_no_peak_memory_as_nvml_cannot_tell_whose_memory_on_its_card_is_whose():
+    from types import SimpleNamespace
+
+    from frontend.jobs import _right_size
+
+    slice_job = SimpleNamespace(gpus=0, gpu_memory_mib=20 * 1024)
+    assert _right_size(slice_job, 20 * 1024, []) is None  # was "20 GiB of the 20 GiB it held"
