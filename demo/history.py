@@ -135,7 +135,11 @@ def history_backfill(*, days: int, now: datetime | None = None, seed: int = DEFA
     """Write `days` days of generated jobs before now and the history rollups they make. Nothing when history is
     already there (a second load, or a recorder that has run a while). Returns the minutes written."""
     now = (now or datetime.now(UTC)).astimezone(UTC).replace(second=0, microsecond=0)
+    # From a whole hour, as the history page's and the team page's windows of days start (selectors.windows): a
+    # demo just loaded then shows the same totals on every page.
     start = now - timedelta(days=days)
+    if start.minute:
+        start = start.replace(minute=0) + timedelta(hours=1)
     if days <= 0 or ClusterMinute.objects.filter(at__lt=now - timedelta(minutes=10)).exists():
         return 0
     cards = _cards()
@@ -149,7 +153,7 @@ def history_backfill(*, days: int, now: datetime | None = None, seed: int = DEFA
     users = dict(get_user_model().objects.values_list("username", "pk"))
     nodes = list(Node.objects.order_by("name").values_list("pk", flat=True))
     rng = random.Random(seed)
-    minutes = days * 24 * 60
+    minutes = int((now - start).total_seconds() // 60)
     partitions_ensure(days=[(start + timedelta(days=d)).date() for d in range(days + 1)])
 
     jobs: list[_Job] = []
