@@ -21,8 +21,8 @@ from datetime import UTC, datetime, timedelta
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 
-from demo.workload import DEFAULT_SEED, GIB, Submission, submissions
-from quotas.models import PriorityClass, Quota, Team
+from demo.workload import DEFAULT_SEED, GIB, KINDS, Submission, submissions
+from quotas.models import Membership, PriorityClass, Quota, Team
 from scheduling.choices import ActorKind, JobState, NodeState, SharingMode
 from scheduling.history import recorder
 from scheduling.history.models import (
@@ -103,6 +103,30 @@ def _wants(job: _Job, cards: list[_Card]) -> list[tuple[_Card, int, int]] | None
     return None
 
 
+def _people(quota_teams: set[int]) -> dict[tuple[str, str], tuple[int, int]]:
+    """(the mix's team, its person) -> (team id, user id): the demo's own teams and people where they are; on
+    another cluster (the tests'), its teams with a quota and members in turn, and their members."""
+    members: dict[int, list[int]] = defaultdict(list)
+    for team_id, user_id in Membership.objects.order_by("team_id", "user_id").values_list(
+        "team_id", "user_id"
+    ):
+        members[team_id].append(user_id)
+    slugs = dict(Team.objects.values_list("slug", "pk"))
+    users = dict(get_user_model().objects.values_list("username", "pk"))
+    pairs = sorted({(k.team, k.user) for k in KINDS})
+    if all(slugs.get(t) in quota_teams and users.get(u) in members.get(slugs[t], ()) for t, u in pairs):
+        return {(t, u): (slugs[t], users[u]) for t, u in pairs}
+    teams = [team_id for team_id in sorted(members) if team_id in quota_teams]
+    if not teams:
+        return {}
+    mix_teams = sorted({t for t, _ in pairs})
+    out = {}
+    for n, (t, u) in enumerate(pairs):
+        team_id = teams[mix_teams.index(t) % len(teams)]
+        out[(t, u)] = (team_id, members[team_id][n % len(members[team_id])])
+    return out
+
+
 def _cards() -> list[_Card]:
     return [
         _Card(
@@ -145,12 +169,11 @@ def history_backfill(*, days: int, now: datetime | None = None, seed: int = DEFA
     cards = _cards()
     if not cards:
         return 0
-    teams = {t.slug: t for t in Team.objects.select_related("parent")}
     quotas = {
         q.team_id: q
         for q in Quota.objects.filter(gpu_model__isnull=True).select_related("default_priority_class")
     }
-    users = dict(get_user_model().objects.values_list("username", "pk"))
+    people = _people(set(quotas))
     nodes = list(Node.objects.order_by("name").values_list("pk", flat=True))
     rng = random.Random(seed)
     minutes = int((now - start).total_seconds() // 60)
@@ -181,10 +204,10 @@ def history_backfill(*, days: int, now: datetime | None = None, seed: int = DEFA
             held[job.team_id][1] -= job.memory_mib
         changed = bool(ended)
         for sub in submissions(seed=seed, minute=at):
-            team, user = teams.get(sub.kind.team), users.get(sub.kind.user)
-            if team is None or user is None or team.pk not in quotas:
+            who = people.get((sub.kind.team, sub.kind.user))
+            if who is None:
                 continue
-            job = _Job(sub, team.pk, user, at + timedelta(seconds=rng.randint(0, 59)))
+            job = _Job(sub, *who, at + timedelta(seconds=rng.randint(0, 59)))
             jobs.append(job)
             pending.append(job)
             changed = True
