@@ -123,7 +123,9 @@ def _top_frame(client: Client) -> str:
                     shorten(r["name"], 20) if r["mine"] else "(other team)",
                     request_text(r["request"]),
                     human_duration(r["wait_s"]),
-                    shorten(r["pending_reason"] or r["pending_reason_code"], 50),
+                    shorten(
+                        r["pending_reason"] or r.get("pending_reason_general") or r["pending_reason_code"], 50
+                    ),
                 ]
                 for r in queue["results"]
             ],

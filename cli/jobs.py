@@ -52,7 +52,12 @@ def queue(argv: Sequence[str]) -> int:
                         request_text(r["request"]),
                         human_duration(r["wait_s"]),
                         until(r["estimated_start_at"]),
-                        shorten(r["pending_reason"] or r["pending_reason_code"], 60),
+                        shorten(
+                            r["pending_reason"]
+                            or r.get("pending_reason_general")
+                            or r["pending_reason_code"],
+                            60,
+                        ),
                     ]
                     for r in rows
                 ],

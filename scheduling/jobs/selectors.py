@@ -18,6 +18,7 @@ from scheduling.cycle import node_loss
 from scheduling.cycle.liveness import SCHEDULER_STALLED, scheduler_stall
 from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
 from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES
+from scheduling.jobs.wording import reason_in_general
 
 
 def jobs_visible_to(*, user: AbstractBaseUser) -> QuerySet[Job]:
@@ -132,6 +133,7 @@ def queue_entries(*, user: AbstractBaseUser, jobs: list[Job]) -> list[dict[str, 
                 "wait_s": int((now - job.submitted_at).total_seconds()),
                 "pending_reason_code": pending_reason(job)[0],
                 "pending_reason": pending_reason(job)[1] if mine else None,
+                "pending_reason_general": reason_in_general(pending_reason(job)[0]),
                 "estimated_start_at": job.estimated_start_at,
             }
         )

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from cli.client import ExitCode
+from scheduling.jobs.fields import JobSpec
+from scheduling.jobs.submit import job_submit
 from scheduling.jobs.transitions import job_cancel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -377,3 +379,18 @@ def test_show_says_what_it_does_not_know_in_words_never_none_or_dashes(logged_in
     job_cancel(job=cancelled, actor=alice)
     shown = " ".join(logged_in("show", str(cancelled.pk)).stdout.split())
     assert "(cancelled)" in shown and "None" not in shown
+
+
+def test_the_queue_says_why_another_teams_job_waits_in_general_words(logged_in, bob, teams):
+    from scheduling.jobs.models import Job
+
+    theirs = job_submit(
+        submitter=bob, team=teams["inference"], spec=JobSpec(name="bobs", command="x", gpus=1)
+    )
+    Job.objects.filter(pk=theirs.pk).update(
+        pending_reason_code="insufficient-gpus", pending_reason="needs 8 on a100-01 (bob's own words)"
+    )
+    shown = logged_in("queue")
+    assert shown.returncode == 0, shown.stderr
+    assert "no node has enough free" in shown.stdout  # was the bare code, "insufficient-gpus"
+    assert "insufficient-gpus" not in shown.stdout and "bob's own words" not in shown.stdout

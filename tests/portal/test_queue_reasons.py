@@ -32,3 +32,4 @@ def test_another_teams_waiting_job_says_why_in_general_words_not_its_code(alice,
 
     [entry] = as_bob.get("/api/v1/queue/").json()["results"]
     assert (entry["pending_reason_code"], entry["pending_reason"]) == ("insufficient-gpus", None)
+    assert entry["pending_reason_general"] == "no node has enough free whole GPUs"

@@ -280,6 +280,9 @@ class QueueEntrySerializer(serializers.Serializer):
     wait_s = serializers.IntegerField()
     pending_reason_code = serializers.CharField(allow_blank=True)
     pending_reason = serializers.CharField(allow_blank=True, allow_null=True)
+    pending_reason_general = serializers.CharField(
+        help_text="Why it waits in general words, from the code alone: all another team's entry says of it."
+    )
     estimated_start_at = serializers.DateTimeField(allow_null=True)
 
 
