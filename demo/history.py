@@ -52,6 +52,7 @@ class _Card:
     node: str
     index: int
     model_id: int
+    model: str
     memory_mib: int
     shared: bool  # MPS or time-sliced: slices only
     capacity_pct: int
@@ -90,7 +91,7 @@ def _wants(job: _Job, cards: list[_Card]) -> list[tuple[_Card, int, int]] | None
     if k.gpus:
         by_node: dict[int, list[_Card]] = defaultdict(list)
         for c in cards:
-            if not c.shared and not c.holders:
+            if not c.shared and not c.holders and (not k.models or c.model in k.models):
                 by_node[c.node_pk].append(c)
         for free in by_node.values():
             if len(free) >= k.gpus:
@@ -98,7 +99,9 @@ def _wants(job: _Job, cards: list[_Card]) -> list[tuple[_Card, int, int]] | None
         return None
     mib, pct = k.gpu_memory_gib * GIB, k.compute_pct
     for c in cards:
-        if c.shared and c.used_mib + mib <= c.memory_mib and c.used_pct + pct <= c.capacity_pct:
+        if (k.models and c.model not in k.models) or not c.shared:
+            continue
+        if c.used_mib + mib <= c.memory_mib and c.used_pct + pct <= c.capacity_pct:
             return [(c, mib, pct * 10)]
     return None
 
@@ -135,13 +138,16 @@ def _cards() -> list[_Card]:
             node,
             index,
             model_id,
+            model,
             mib,
             sharing != SharingMode.EXCLUSIVE,
             200 if sharing == SharingMode.TIMESLICE else 100,
         )
-        for pk, node_pk, node, index, model_id, mib, sharing in Gpu.objects.order_by(
+        for pk, node_pk, node, index, model_id, model, mib, sharing in Gpu.objects.order_by(
             "node__name", "index"
-        ).values_list("pk", "node_id", "node__name", "index", "model_id", "memory_mib", "sharing_mode")
+        ).values_list(
+            "pk", "node_id", "node__name", "index", "model_id", "model__name", "memory_mib", "sharing_mode"
+        )
     ]
 
 
@@ -441,6 +447,7 @@ def _write_jobs(jobs: list[_Job], *, now: datetime, quotas: dict) -> None:
                 name=j.sub.name,
                 command=k.command,
                 gpus=k.gpus,
+                gpu_models=list(k.models),
                 gpu_memory_mib=spec.gpu_memory_mib,
                 compute_pct=k.compute_pct,
                 priority_class_id=q.default_priority_class_id or fallback,

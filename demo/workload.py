@@ -41,6 +41,7 @@ class Kind:
     gpus: int = 0
     gpu_memory_gib: int = 0
     compute_pct: int = 0
+    models: tuple[str, ...] = ()  # the GPU models it asks for; () any
     idle: bool = False  # holds its cards without using them (a notebook left open)
     live: bool = (
         True  # submitted by the living demo too (alice's own work is left to whoever signs in as her)
@@ -70,9 +71,20 @@ KINDS = (
     ),
     Kind("ai-lab/research", "dave", "sweep-lr", "python sweep.py", 3, (8, 25), gpus=1),
     Kind("ai-lab/research", "dave", "ablation", "python ablate.py", 1, (15, 40), gpus=2),
-    Kind("ai-lab/research", "dave", "vit-train", "python train.py", 0.3, (30, 60), gpus=4),
+    Kind(
+        "ai-lab/research",
+        "dave",
+        "vit-train",
+        "python train.py",
+        0.3,
+        (30, 60),
+        gpus=4,
+        models=("H100-80GB",),
+    ),
     Kind("ai-lab/research", "dave", "notebook", "jupyter lab", 0.5, (20, 45), gpus=1, idle=True),
-    Kind("ai-lab/training", "carol", "eval", "python eval.py", 2, (10, 30), gpus=1),
+    Kind(
+        "ai-lab/training", "carol", "eval", "python eval.py", 2, (10, 30), gpus=1, models=("T4", "H100-80GB")
+    ),
     Kind("ai-lab/training", "carol", "finetune", "python train.py", 0.7, (30, 75), gpus=2),
     Kind("ai-lab/training", "alice", "bert-finetune", "python train.py", 1.5, (30, 120), gpus=2, live=False),
     Kind("ai-lab/training", "alice", "llama-lora", "python train.py", 0.5, (60, 180), gpus=4, live=False),
@@ -100,6 +112,7 @@ class Submission:
             command=k.command,
             env={"TESSERA_DEMO_STEPS": str(steps)},
             gpus=k.gpus,
+            gpu_models=k.models,
             gpu_memory_mib=k.gpu_memory_gib * GIB,
             compute_pct=k.compute_pct,
             # A runtime limit with room to spare: the estimates have something to go by.
