@@ -192,7 +192,9 @@ def history_backfill(*, days: int, now: datetime | None = None, seed: int = DEFA
         changed = bool(ended)
         for sub in submissions(seed=seed, minute=at):
             who = people.get((sub.kind.team, sub.kind.user))
-            if who is None:
+            # Work that could not end before now is not part of the past: the living demo's own work follows it
+            # (what still runs or waits at the end is stopped there, and says so).
+            if who is None or at + timedelta(seconds=sub.runtime_s) > now:
                 continue
             job = ReplayedJob(sub, *who, at + timedelta(seconds=rng.randint(0, 59)))
             jobs.append(job)
