@@ -168,3 +168,25 @@ def test_slice_jobs_that_ended_are_charged_to_the_model_of_the_cards_they_held()
     assert rows and all(row[2] == "A100-80GB" for row in rows), csv_text
     page = _signed_in(bob).get("/teams/ai-lab/inference/").content.decode()
     assert "(not known)" not in page
+
+
+@pytest.mark.django_db
+def test_a_job_that_ran_past_a_ranges_end_is_charged_up_to_it(alice, teams, node):
+    from scheduling.inventory.models import Gpu
+    from scheduling.jobs.chargeback import usage_rows
+    from scheduling.jobs.fields import JobSpec
+    from scheduling.jobs.models import JobEvent
+    from scheduling.jobs.submit import job_submit
+
+    gpu = Gpu.objects.filter(node=node).order_by("index").first()
+    job = job_submit(submitter=alice, team=teams["training"], spec=JobSpec(name="t", command="x", gpus=1))
+    placed = {"gpus": [[node.name, gpu.index, gpu.memory_mib, 1000]]}
+    job_transition(job=job, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER, data=placed)
+    job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
+    job_transition(job=job, to_state=JobState.SUCCEEDED, actor_kind=ActorKind.AGENT)
+    for to_state, at in [("placed", T0), ("running", T0), ("succeeded", T0 + timedelta(hours=2))]:
+        JobEvent.objects.filter(job=job, to_state=to_state).update(at=at)
+    Job.objects.filter(pk=job.pk).update(submitted_at=T0, finished_at=T0 + timedelta(hours=2))
+    # A range ending while it ran (a day's chargeback, an hour's roll) counts it up to the range's end.
+    rows = usage_rows(jobs=Job.objects.all(), since=T0, until=T0 + timedelta(hours=1), group_by=("user",))
+    assert rows == [{"user": "alice", "gpu_hours": 1.0, "gpu_memory_gib_hours": 80.0, "jobs": 1}]
