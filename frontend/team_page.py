@@ -161,7 +161,7 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
                     ("pending_gpus", "asked for by pending jobs"),
                 )
             ],
-            y_label="GPUs (whole-GPU equivalents)",
+            y_label="GPUs",
             unit="GPUs",
             kind="line",
             x_label=TIME_AXIS,
