@@ -79,7 +79,7 @@ def _demo_processes(leader: int, var: Path) -> dict[int, str]:
     demo scripts' stand-ins)."""
     table = _processes()
     mine = {leader}
-    for pid in table:
+    for pid in table.keys() - {os.getpid()}:
         try:
             if str(var) in (Path("/proc") / str(pid) / "cmdline").read_bytes().decode(errors="replace"):
                 mine.add(pid)
