@@ -31,8 +31,8 @@ from django.urls import Resolver404, resolve
 
 log = logging.getLogger(__name__)
 
-MAX_PARTS = 12  # a page shows a handful of live parts
-MAX_URL_CHARS = 512
+MAX_PARTS = 8  # a page shows a handful of live parts; a watch of 8 fits the stream's 4,096-character frame
+MAX_URL_CHARS = 256
 RERENDER_GAP_S = 0.25
 PART_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 # The events a part may change on (the page's stream carries them).
@@ -194,7 +194,10 @@ class PartHub:
             entry.again = False
             first = next(iter(entry.subscribers.values()))
             try:
-                html = await database_sync_to_async(render)(url=entry.url, user=first.user, host=first.host)
+                # A thread of its own: not behind the sockets' own database calls, which share one.
+                html = await database_sync_to_async(render, thread_sensitive=False)(
+                    url=entry.url, user=first.user, host=first.host
+                )
             except Exception:  # a part that fails to render is left as it is; the page catches up later
                 log.warning("could not render the pushed part %s", entry.url, exc_info=True)
                 html = None

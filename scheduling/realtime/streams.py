@@ -8,9 +8,11 @@ Origins are refused) and AuthMiddlewareStack (the session cookie); agents have t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,6 +22,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.security.websocket import AllowedHostsOriginValidator, WebsocketDenier
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.urls import path
 
 from quotas.models import Team
@@ -40,7 +43,43 @@ CLOSE_TOO_BIG = 1009
 CLOSE_TOO_MANY = 4429  # the user (or session) has as many sockets open as it may
 # What a browser sends is a ping or the list of parts its page shows: a small object. Anything larger is refused
 # before it is parsed.
-MAX_FRAME_CHARS = 8192
+MAX_FRAME_CHARS = 4096
+
+
+@dataclass(frozen=True)
+class _Access:
+    is_active: bool
+    is_staff: bool
+    team_ids: set[int] | None  # None: staff, all teams; empty for an inactive user
+
+
+def _access_load(user_id: int) -> _Access:
+    user = get_user_model().objects.only("is_active", "is_staff").get(pk=user_id)
+    if not user.is_active:
+        return _Access(False, user.is_staff, set())
+    return _Access(True, user.is_staff, None if user.is_staff else team_ids_for_user(user=user))
+
+
+# A user's access as this process last read it (when, what), and the read under way: sockets of one user share both.
+_access_held: dict[int, tuple[float, _Access]] = {}
+_access_reading: dict[int, asyncio.Future] = {}
+
+
+async def _access_of(user_id: int) -> _Access:
+    held = _access_held.get(user_id)
+    if held is not None and time.monotonic() - held[0] <= AUTHZ_TTL_S:
+        return held[1]
+    reading = _access_reading.get(user_id)
+    if reading is None or reading.get_loop() is not asyncio.get_running_loop():
+        reading = asyncio.ensure_future(database_sync_to_async(_access_load)(user_id))
+        _access_reading[user_id] = reading
+        reading.add_done_callback(
+            lambda done: _access_reading.pop(user_id, None) if _access_reading.get(user_id) is done else None
+        )
+    started = time.monotonic()
+    access = await asyncio.shield(reading)
+    _access_held[user_id] = (started, access)
+    return access
 
 
 class _StreamConsumer(AsyncJsonWebsocketConsumer):
@@ -188,17 +227,19 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "part", "id": part_id, "html": html})
 
     async def team_ids(self) -> set[int] | None:
-        """The user's team ids (None: staff, all teams), re-read every AUTHZ_TTL_S."""
+        """The user's team ids (None: staff, all teams), re-read every AUTHZ_TTL_S (once for all of the user's
+        sockets in this process: a hundred open pages ask the database once)."""
         if time.monotonic() - self._team_ids_at > AUTHZ_TTL_S:
-            self._team_ids = await database_sync_to_async(self._load_team_ids)()
+            access = await _access_of(self.user.pk)
+            self.user.is_active, self.user.is_staff = access.is_active, access.is_staff
+            self._team_ids = access.team_ids
             self._team_ids_at = time.monotonic()
         return self._team_ids
 
     def _load_team_ids(self) -> set[int] | None:
-        self.user.refresh_from_db(fields=["is_staff", "is_active"])
-        if not self.user.is_active:
-            return set()
-        return None if self.user.is_staff else team_ids_for_user(user=self.user)
+        access = _access_load(self.user.pk)
+        self.user.is_active, self.user.is_staff = access.is_active, access.is_staff
+        return access.team_ids
 
     async def still_allowed(self) -> bool:
         await self.team_ids()
