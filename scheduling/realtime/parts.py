@@ -18,6 +18,7 @@ own: portal.js puts the page's token in a form before it is sent.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 from collections import deque
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from channels.db import database_sync_to_async
+from django.db import connection
 from django.http import Http404, HttpRequest, QueryDict
 from django.urls import Resolver404, resolve
 
@@ -39,7 +41,7 @@ PART_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 PART_EVENTS = frozenset({"job.changed", "queue.changed", "node.changed", "gpu.health"})
 
 Audience = Callable[..., Hashable | None]
-Send = Callable[[str, str], Awaitable[None]]  # (part id, html)
+Send = Callable[[str], Awaitable[None]]  # the message's JSON text
 
 
 def pushed(audience: Audience) -> Callable[[Callable], Callable]:
@@ -138,6 +140,13 @@ def render(*, url: str, user: Any, host: str) -> str | None:
     return response.content.decode(response.charset or "utf-8")
 
 
+def _render_in_thread(*, url: str, user: Any, host: str) -> str | None:
+    try:
+        return render(url=url, user=user, host=host)
+    finally:
+        connection.close()  # a pool thread's own: not left open behind it
+
+
 @dataclass
 class _Subscriber:
     user: Any
@@ -195,7 +204,7 @@ class PartHub:
             first = next(iter(entry.subscribers.values()))
             try:
                 # A thread of its own: not behind the sockets' own database calls, which share one.
-                html = await database_sync_to_async(render, thread_sensitive=False)(
+                html = await database_sync_to_async(_render_in_thread, thread_sensitive=False)(
                     url=entry.url, user=first.user, host=first.host
                 )
             except Exception:  # a part that fails to render is left as it is; the page catches up later
@@ -203,10 +212,12 @@ class PartHub:
                 html = None
             self.renders += 1
             if html is not None:
-                await asyncio.gather(
-                    *(s.send(s.part_id, html) for s in list(entry.subscribers.values())),
-                    return_exceptions=True,
-                )
+                subscribers = list(entry.subscribers.values())
+                texts = {  # one encoding per element id, not one per page
+                    part_id: json.dumps({"type": "part", "id": part_id, "html": html})
+                    for part_id in {s.part_id for s in subscribers}
+                }
+                await asyncio.gather(*(s.send(texts[s.part_id]) for s in subscribers), return_exceptions=True)
             if not entry.again:
                 return
             await asyncio.sleep(RERENDER_GAP_S)

@@ -222,9 +222,9 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):
             if kind in watch.on:
                 parts.hub.changed(key=key, event_id=event.get("event_id"))
 
-    async def _send_part(self, part_id: str, html: str) -> None:
+    async def _send_part(self, text: str) -> None:
         if await self.still_allowed():
-            await self.send_json({"type": "part", "id": part_id, "html": html})
+            await self.send(text_data=text)
 
     async def team_ids(self) -> set[int] | None:
         """The user's team ids (None: staff, all teams), re-read every AUTHZ_TTL_S (once for all of the user's
@@ -353,8 +353,8 @@ class JobStream(_StreamConsumer):
             await self.close(code=CLOSE_FORBIDDEN)
             return
         self.job_state = event.get("state") or self.job_state
+        await self.parts_changed("job.changed", event)  # its render starts first, beside the sends
         await self.send_json(_job_event(event))
-        await self.parts_changed("job.changed", event)
 
     async def job_metrics(self, event: dict[str, Any]) -> None:
         if await self._may_see():

@@ -28,14 +28,21 @@
     const h = Math.round(s / 3600), d = Math.floor(h / 24);
     return h % 24 ? d + " d " + (h % 24) + " h" : d + " d";
   }
+  // One formatter for every time (toLocaleString builds one per call: a hundred open pages paid it on every swap).
+  const local = window.Intl && Intl.DateTimeFormat ? new Intl.DateTimeFormat(undefined, {
+    year: "numeric", month: "numeric", day: "numeric", hour: "numeric", minute: "numeric", second: "numeric",
+  }) : null;
+  function absolute(date) { return local ? local.format(date) : date.toLocaleString(); }
   function localiseTimes(root) {
     (root || document).querySelectorAll("time[datetime]").forEach(function (el) {
       const d = new Date(el.getAttribute("datetime"));
       if (isNaN(d)) return;
-      el.textContent = el.dataset.style === "absolute" ? d.toLocaleString()
+      const text = el.dataset.style === "absolute" ? absolute(d)
         : el.dataset.style === "elapsed" ? span((Date.now() - d.getTime()) / 1000) : relative(d);
-      el.title = d.toLocaleString() + " (" + (el.dataset.utc || el.getAttribute("title") || "") + ")";
       el.dataset.utc = el.dataset.utc || el.getAttribute("title") || "";
+      const title = absolute(d) + " (" + el.dataset.utc + ")";
+      if (el.textContent !== text) el.textContent = text; // unchanged text is left alone: no mutation, no layout
+      if (el.title !== title) el.title = title;
     });
   }
 
