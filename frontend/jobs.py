@@ -207,14 +207,17 @@ def jobs_cancel(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
-def job_log_download(request: HttpRequest, job_id: int, stream: str) -> FileResponse:
+def job_log_download(request: HttpRequest, job_id: int, stream: str) -> HttpResponse:
     job = _job_or_404(request, job_id)
     if stream not in joblogs.STREAMS:
         raise Http404("No such stream.")
     path = joblogs.log_path(job_id=job.pk, stream=stream)
-    if not path.exists():
-        raise Http404("This job has written nothing there yet.")
-    return FileResponse(open(path, "rb"), as_attachment=True, filename=f"job-{job.pk}-{stream}.log")
+    name = f"job-{job.pk}-{stream}.log"
+    if not path.exists():  # nothing written there (yet): the download is an empty log, not an error page
+        empty = HttpResponse(b"", content_type="text/plain; charset=utf-8")
+        empty["Content-Disposition"] = f'attachment; filename="{name}"'
+        return empty
+    return FileResponse(open(path, "rb"), as_attachment=True, filename=name)
 
 
 # --- Submit -------------------------------------------------------------------------------------------------

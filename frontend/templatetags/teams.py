@@ -17,6 +17,12 @@ def gpus(value: float | None) -> str:
 
 
 @register.filter
+def gpus_noun(value: float | None) -> str:
+    """"GPU" after a count of one, "GPUs" after any other ("1 GPU", "0.5 GPUs", "2 GPUs")."""
+    return "GPU" if gpus(value) == "1" else "GPUs"
+
+
+@register.filter
 def pct_of(value: float | None, scale: float | None) -> str:
     """`value` as a percentage of `scale`, for a bar's width (0-100, one decimal)."""
     if not value or not scale:

@@ -137,6 +137,7 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):
         return name if name and not name.startswith("_") and hasattr(self, name) else None
 
     async def disconnect(self, code: int) -> None:
+        self._gone = True
         parts.hub.unsubscribe(channel=self.channel_name)
         for group in getattr(self, "groups_joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
@@ -223,7 +224,8 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):
                 parts.hub.changed(key=key, event_id=event.get("event_id"))
 
     async def _send_part(self, text: str) -> None:
-        if await self.still_allowed():
+        # A render ends after the page may have closed: nothing is sent on a socket that is gone.
+        if not getattr(self, "_gone", False) and await self.still_allowed():
             await self.send(text_data=text)
 
     async def team_ids(self) -> set[int] | None:

@@ -11,6 +11,8 @@ from typing import Any
 
 SHOWN_AS_NOTHING = re.compile(r"(?<![\w-])(None|NaN|undefined|null)(?![\w-])")
 TEMPLATE_TEXT = re.compile(r"\{\{|\{%|\{#")
+# A count of one with a plural noun ("1 GPUs").
+ONE_PLURAL = re.compile(r"(?<![\d.,])1 (GPUs|nodes|jobs|cards)\b")
 # Django's technical 404 and 500 pages (DEBUG on), by their markup (a job's log may well show a traceback).
 DEBUG_PAGE = re.compile(r"DEBUG = True</code>|<div id=\"traceback\">|Using the URLconf defined in")
 
@@ -71,6 +73,8 @@ def unreadable(page: Any, *, where: str = "main") -> list[str]:
         problems.append(f"a value shown as {found.group(0)!r}: ...{_around(text, found)}...")
     if found := TEMPLATE_TEXT.search(text):
         problems.append(f"template text shown: ...{_around(text, found)}...")
+    if found := ONE_PLURAL.search(text):
+        problems.append(f"one with a plural: ...{_around(text, found)}...")
     if DEBUG_PAGE.search(page.content()):
         problems.append("a Django debug page")
     if cut := page.evaluate(CUT_WORDS):

@@ -306,3 +306,11 @@ def test_a_slice_shows_no_peak_memory_as_nvml_cannot_tell_whose_memory_on_its_ca
 
     slice_job = SimpleNamespace(gpus=0, gpu_memory_mib=20 * 1024)
     assert _right_size(slice_job, 20 * 1024, []) is None  # was "20 GiB of the 20 GiB it held"
+
+
+def test_a_log_nothing_was_written_to_downloads_empty_not_as_an_error_page(alice, teams, node):
+    job = _submit(alice, teams["training"], name="waits")
+    answer = _signed_in(alice).get(f"/jobs/{job.pk}/logs/stderr/")
+    assert answer.status_code == 200  # was a 404 page, "This job has written nothing there yet"
+    assert answer["Content-Disposition"] == f'attachment; filename="job-{job.pk}-stderr.log"'
+    assert answer.content == b""
