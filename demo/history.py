@@ -21,8 +21,8 @@ from datetime import UTC, datetime, timedelta
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from demo.history_writes import MILLI, idle_add, jobs_write, rollups_write
-from demo.workload import DEFAULT_SEED, GIB, KINDS, Submission, submissions
+from demo.history_writes import MILLI, ReplayedJob, idle_add, jobs_write, rollups_write
+from demo.workload import DEFAULT_SEED, GIB, KINDS, submissions
 from quotas.models import Membership, Quota, Team
 from scheduling.choices import NodeState, SharingMode
 from scheduling.history import recorder
@@ -61,19 +61,6 @@ class ReplayedCard:
             )
             * MILLI
         )
-
-
-@dataclass(eq=False)
-class ReplayedJob:
-    sub: Submission
-    team_id: int
-    user_id: int
-    submitted: datetime
-    started: datetime | None = None
-    ends: datetime | None = None
-    cards: list = field(default_factory=list)  # [(card, memory MiB, compute milli)]
-    milli: int = 0
-    memory_mib: int = 0
 
 
 def _wants(job: ReplayedJob, cards: list[ReplayedCard]) -> list[tuple[ReplayedCard, int, int]] | None:

@@ -90,10 +90,11 @@ def _send(group: str, message: dict[str, Any]) -> None:
 
 
 def _send_all(messages: list[tuple[str, dict[str, Any]]]) -> None:
-    for _, message in messages:
-        # One id per change, the same in every group it goes to: a part shown on many pages is rendered once for it
-        # (realtime/parts.py).
-        message.setdefault("event_id", secrets.token_hex(8))
+    for group, message in messages:
+        # One id per change, the same in every browser group it goes to: a part shown on many pages is rendered
+        # once for it (realtime/parts.py).
+        if groups.for_browsers(group):
+            message.setdefault("event_id", secrets.token_hex(8))
     layer = get_channel_layer()
     if layer is None:
         return

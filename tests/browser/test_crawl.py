@@ -47,8 +47,8 @@ USERS = {"alice": "tessera-demo", "bob": "tessera-demo", "admin": "tessera-admin
 # Pages read per person, per kind of page (its route: a node's page, a team's) and per variant of one (the same with a
 # window, a tab, a page of a list); job pages, which differ most by their job's state, the most. Kinds take turns
 # (the one read least for its cap next), so the caps cut repeats (the 40th job page), not kinds.
-MAX_PAGES = 32
-MAX_PER_KIND = {"frontend:job": 6}
+MAX_PAGES = 14
+MAX_PER_KIND = {"frontend:job": 3}
 MAX_PER_PAGE = 3
 MAX_PER_VARIANT = 2
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.test_portal import _expect_text
+from tests.browser.test_portal import PUSHED_SWAPS, _expect_text
 from tests.pipeline.harness import submit, wait_state
 
 pytestmark = pytest.mark.slow
@@ -32,15 +32,6 @@ window.__answers = {};
 document.body.addEventListener("htmx:beforeRequest", function (e) { window.__asked.push(e.detail.elt.id); });
 document.body.addEventListener("htmx:afterRequest", function (e) {
   window.__answers[e.detail.elt.id] = e.detail.xhr.status;
-});
-"""
-
-# How many times each part came over the socket (portal.js swaps a pushed part in and fires htmx:afterSwap on it,
-# with no request).
-PUSHED_SWAPS = """
-window.__pushed = {};
-document.body.addEventListener("htmx:afterSwap", function (e) {
-  if (e.detail && e.detail.pushed) window.__pushed[e.target.id] = (window.__pushed[e.target.id] || 0) + 1;
 });
 """
 

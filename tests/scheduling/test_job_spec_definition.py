@@ -35,7 +35,7 @@ def test_the_api_schema_names_every_field_and_alias_and_nothing_else():
 
 
 def test_the_form_shows_the_labelled_fields_under_the_specs_names():
-    form = JobForm(teams=["ml"], models=["A100-80GB"], priorities=["training"])
+    form = JobForm(allowances={}, models=["A100-80GB"])
     spec_fields = set(form.fields) - FORM_OWN
     assert spec_fields == {f.name for f in fields.FIELDS if f.label}
     assert spec_fields <= set(fields.FIELD)
