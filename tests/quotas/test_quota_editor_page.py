@@ -8,35 +8,15 @@ import re
 from decimal import Decimal
 
 import pytest
-from django.test import Client
 
 from quotas.models import Quota
 from quotas.services import quota_save
 from scheduling.inventory.models import GpuModel
+from tests.quotas.editor import quota_form, signed_in
 
 pytestmark = pytest.mark.django_db
 
 URL = "/teams/ai-lab/training/quota/"
-
-
-def _signed_in(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def _form(**changes) -> dict:
-    form = {
-        "scope": "all",
-        "guaranteed_gpus": "4",
-        "limit_gpus": "8",
-        "guaranteed_gib": "320",
-        "limit_gib": "640",
-        "fair_share_weight": "1",
-        "default_priority_class": "training",
-        "reason": "",
-    }
-    return {**form, **changes}
 
 
 def _text(page: bytes, element_id: str) -> str:
@@ -48,22 +28,14 @@ def test_tabs_offer_the_installed_gpu_models_and_those_a_row_names_only(admin_us
     h200 = GpuModel.objects.create(name="H200-141GB", memory_mib=143_771, compute_capability=Decimal("9.0"))
     GpuModel.objects.create(name="T4", memory_mib=15_360, compute_capability=Decimal("7.5"))
     tabs = (
-        _signed_in(admin_user)
-        .get(URL)
-        .content.decode()
-        .split('aria-label="Quota rows"')[1]
-        .split("</nav>")[0]
+        signed_in(admin_user).get(URL).content.decode().split('aria-label="Quota rows"')[1].split("</nav>")[0]
     )
     assert "+ A100-80GB" in tabs
     assert "H200" not in tabs and "T4" not in tabs, "no card of them is installed"
 
     quota_save(quota=Quota(team=teams["training"], gpu_model=h200), actor=None)
     tabs = (
-        _signed_in(admin_user)
-        .get(URL)
-        .content.decode()
-        .split('aria-label="Quota rows"')[1]
-        .split("</nav>")[0]
+        signed_in(admin_user).get(URL).content.decode().split('aria-label="Quota rows"')[1].split("</nav>")[0]
     )
     assert "H200-141GB" in tabs and "+ H200" not in tabs, "the row the team has keeps its tab"
 
@@ -71,9 +43,10 @@ def test_tabs_offer_the_installed_gpu_models_and_those_a_row_names_only(admin_us
 def test_a_memory_limit_that_cannot_hold_the_gpu_limits_cards_is_warned_beside_it_before_saving(
     admin_user, teams, node
 ):
-    client = _signed_in(admin_user)
+    client = signed_in(admin_user)
     preview = client.post(
-        f"{URL}preview/", _form(guaranteed_gpus="2", guaranteed_gib="160", limit_gpus="6", limit_gib="160")
+        f"{URL}preview/",
+        quota_form(guaranteed_gpus="2", guaranteed_gib="160", limit_gpus="6", limit_gib="160"),
     ).content
     warning = _text(preview, "warning-limit_gib")
     assert (
@@ -90,8 +63,8 @@ def test_a_memory_limit_that_cannot_hold_the_gpu_limits_cards_is_warned_beside_i
 
 def test_a_memory_guarantee_beyond_what_its_gpus_hold_is_warned_beside_the_gpus(admin_user, teams, node):
     page = (
-        _signed_in(admin_user)
-        .post(f"{URL}preview/", _form(guaranteed_gpus="2", guaranteed_gib="320"))
+        signed_in(admin_user)
+        .post(f"{URL}preview/", quota_form(guaranteed_gpus="2", guaranteed_gib="320"))
         .content
     )
     assert "2 GPUs cannot use the guarantee's 320 GiB of memory: 2 A100-80GB" in _text(
@@ -102,11 +75,11 @@ def test_a_memory_guarantee_beyond_what_its_gpus_hold_is_warned_beside_the_gpus(
 def test_the_stored_quota_is_warned_on_opening_the_editor_and_a_saved_change_still_saves(
     admin_user, teams, node
 ):
-    client = _signed_in(admin_user)
+    client = signed_in(admin_user)
     assert _text(client.get(URL).content, "warning-limit_gib") == "", "8 A100s are the 640 GiB of the limit"
     saved = client.post(
         URL,
-        _form(
+        quota_form(
             guaranteed_gpus="2",
             guaranteed_gib="160",
             limit_gpus="6",
