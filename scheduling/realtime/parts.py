@@ -148,7 +148,9 @@ def _render_in_thread(*, url: str, user: Any, host: str) -> str | None:
 
 
 @dataclass
-class _Subscriber:
+class Subscriber:
+    """A socket showing a part: as whom it renders, on which host, the element's id, and how to send to it."""
+
     user: Any
     host: str
     part_id: str
@@ -158,7 +160,7 @@ class _Subscriber:
 @dataclass
 class _Entry:
     url: str
-    subscribers: dict[str, _Subscriber] = field(default_factory=dict)  # by channel name
+    subscribers: dict[str, Subscriber] = field(default_factory=dict)  # by channel name
     seen: deque = field(default_factory=lambda: deque(maxlen=256))  # event ids already rendered for
     task: asyncio.Task | None = None
     again: bool = False
@@ -171,8 +173,9 @@ class PartHub:
         self._entries: dict[Hashable, _Entry] = {}
         self.renders = 0  # how many renders this process has made (a test reads it)
 
-    def subscribe(self, *, key: Hashable, channel: str, subscriber: _Subscriber) -> None:
-        entry = self._entries.setdefault(key, _Entry(url=subscriber_url(key)))
+    def subscribe(self, *, key: Hashable, channel: str, subscriber: Subscriber) -> None:
+        """Follow the part `key` names ((URL, audience), audience_of's answer) on `channel`."""
+        entry = self._entries.setdefault(key, _Entry(url=key[0]))  # type: ignore[index]
         entry.subscribers[channel] = subscriber
 
     def unsubscribe(self, *, channel: str) -> None:
@@ -221,10 +224,6 @@ class PartHub:
             if not entry.again:
                 return
             await asyncio.sleep(RERENDER_GAP_S)
-
-
-def subscriber_url(key: Hashable) -> str:
-    return key[0]  # type: ignore[index]
 
 
 hub = PartHub()

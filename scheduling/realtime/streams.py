@@ -203,7 +203,7 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):
         parts.hub.unsubscribe(channel=self.channel_name)
         self._watched = [(w, k) for w, k in zip(watches, keys, strict=True) if k is not None]
         for watch, key in self._watched:
-            subscriber = parts._Subscriber(
+            subscriber = parts.Subscriber(
                 user=self.user, host=host, part_id=watch.part_id, send=self._send_part
             )
             parts.hub.subscribe(key=key, channel=self.channel_name, subscriber=subscriber)
