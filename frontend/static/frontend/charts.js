@@ -16,7 +16,8 @@
   const COLOURS = ["#2f6fb5", "#d9822b", "#3c9a5f", "#b5452f", "#7a4fb5", "#2f9fb5", "#b5a42f", "#c2589a", "#6b7b8c", "#8c6d46"];
   const HEIGHT = 240;
   // The time axis' tick steps (s): uPlot's own skip from 1 to 5 minutes, which left a 10-minute run two ticks.
-  const TIME_STEPS = [0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
+  // Samples are a second apart at the finest, so no tick is finer than a second (a 3-second-old job read 18:39:55.5).
+  const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
     43200, 86400, 2 * 86400, 7 * 86400, 14 * 86400, 30 * 86400];
   const MAX_POINTS = 3600; // a live chart keeps its last hour of one-second samples
   const drawn = new Map(); // element -> { chart: uPlot, spec }; a chart with nothing to draw has no chart
@@ -54,7 +55,6 @@
     return splits.map(function (ts) {
       if (incr >= 86400) return localDay(ts);
       let label = clock(ts, seconds);
-      if (incr < 1) label += "." + Math.floor((ts % 1) * 10 + 1e-6);
       const d = localDay(ts);
       if (multiDay && d !== lastDay) label += "\n" + d;
       lastDay = d;
