@@ -37,9 +37,12 @@ log = logging.getLogger(__name__)
 AUTHZ_TTL_S = 5.0
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
-CLOSE_UNSUPPORTED = 1003  # a binary frame: streams speak JSON text
-CLOSE_INVALID = 1007  # text that is not JSON (or nests too deep to read)
-CLOSE_TOO_BIG = 1009
+# A bad frame's close codes are RFC 6455's (1003, 1007, 1009) moved into the private range, 4000 + the last three
+# digits: a server may send only 1000 and 3000-4999 (daphne refuses the others with a traceback, and then neither
+# closes the socket nor tells the consumer).
+CLOSE_UNSUPPORTED = 4003  # a binary frame: streams speak JSON text
+CLOSE_INVALID = 4007  # text that is not JSON (or nests too deep to read)
+CLOSE_TOO_BIG = 4009
 CLOSE_TOO_MANY = 4429  # the user (or session) has as many sockets open as it may
 # What a browser sends is a ping or the list of parts its page shows: a small object. Anything larger is refused
 # before it is parsed.
@@ -120,6 +123,7 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):
         await sync_to_async(listeners.listening_add, thread_sensitive=False)(
             groups=groups, channel=self.channel_name
         )
+        self._counted = asyncio.ensure_future(self._keep_counted())
         await self.accept()
         await self.send_json({"type": "hello", "stream": self.stream_name, "user": self.user.get_username()})
 
@@ -137,17 +141,35 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):
         return name if name and not name.startswith("_") and hasattr(self, name) else None
 
     async def disconnect(self, code: int) -> None:
+        await self._leave()
+
+    async def _leave(self) -> None:
+        """Everything the socket held, given back: its parts, groups and its place under the caps. Run when the
+        socket closes and before the server closes it (so a refused frame frees its place even if the close never
+        comes back as a disconnect); a second run finds nothing left."""
         self._gone = True
+        if (counted := getattr(self, "_counted", None)) is not None:
+            counted.cancel()
+            self._counted = None
         parts.hub.unsubscribe(channel=self.channel_name)
-        for group in getattr(self, "groups_joined", []):
+        joined, self.groups_joined = getattr(self, "groups_joined", []), []
+        for group in joined:
             await self.channel_layer.group_discard(group, self.channel_name)
-        if getattr(self, "groups_joined", []):
+        if joined:
             await sync_to_async(listeners.listening_remove, thread_sensitive=False)(
-                groups=self.groups_joined, channel=self.channel_name
+                groups=joined, channel=self.channel_name
             )
         if getattr(self, "_socket_key", None) is not None:
-            await sync_to_async(sockets.socket_closed, thread_sensitive=False)(self._socket_key)
-            self._socket_key = None
+            key, self._socket_key = self._socket_key, None
+            await sync_to_async(sockets.socket_closed, thread_sensitive=False)(key)
+
+    async def _keep_counted(self) -> None:
+        """While the socket is open its record is renewed, so the caps count live sockets only: the record of a
+        socket whose server died stops counting SOCKET_STALE_S after its last renewal."""
+        while True:
+            await asyncio.sleep(sockets.SOCKET_RENEW_S)
+            if self._socket_key is not None:
+                await sync_to_async(sockets.socket_renewed, thread_sensitive=False)(self._socket_key)
 
     async def receive(
         self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
@@ -174,6 +196,7 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):
             getattr(self.user, "pk", None),
             what,
         )
+        await self._leave()
         await self.close(code=code)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:

@@ -149,3 +149,43 @@ def test_the_signed_out_summary_has_no_stream_and_is_re_requested_every_5_s(brow
     assert "GPUs" in page.inner_text("#summary")
     browse.shots(page, "signed-out")
     assert page.errors == []
+
+
+# Sockets opened one after another from the page: each sends its frame once greeted and resolves with the code
+# it was closed with; a socket refused before it opens closes with 1006.
+BAD_FRAMES = """
+async (count) => {
+  const url = "ws://" + location.host + "/ws/queue/";
+  function closeCode(frame) {
+    return new Promise(function (resolve) {
+      const ws = new WebSocket(url);
+      ws.onmessage = function (e) { if (JSON.parse(e.data).type === "hello") ws.send(frame); };
+      ws.onclose = function (e) { resolve(e.code); };
+    });
+  }
+  const frames = [new Uint8Array([0, 1]), "{{{", "x".repeat(4097), "[".repeat(2000) + "]".repeat(2000)];
+  const codes = [];
+  for (const frame of frames) codes.push(await closeCode(frame));
+  const repeated = [];
+  for (let i = 0; i < count; i++) repeated.push(await closeCode("{{{"));
+  const greeted = await new Promise(function (resolve) {
+    const ws = new WebSocket(url);
+    ws.onmessage = function (e) { resolve(JSON.parse(e.data).type); ws.close(); };
+    ws.onclose = function (e) { resolve("closed " + e.code); };
+  });
+  return { codes: codes, repeated: Array.from(new Set(repeated)), greeted: greeted };
+}
+"""
+
+
+def test_a_bad_frame_on_the_real_server_closes_with_its_code_and_frees_the_sockets_place(browse):
+    """Through daphne, which sends only 1000 and 3000-4999: a binary frame, text that is not JSON, a frame over
+    4,096 characters and 2,000-deep JSON each close their socket with 4003/4007/4009/4007, and more bad sockets
+    than the session may hold leave its places free."""
+    page = browse("bob")
+    page.goto("/queue/")
+    result = page.evaluate(BAD_FRAMES, 29)  # with the four above, one over the session's 32
+    assert result == {"codes": [4003, 4007, 4009, 4007], "repeated": [4007], "greeted": "hello"}, result
+    web_log = browse.cluster.procs["web"].tail(400)
+    assert "invalid close code" not in web_log and "Traceback" not in web_log, web_log
+    assert page.errors == []

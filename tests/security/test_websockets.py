@@ -4,6 +4,7 @@ capped per user and per session, and the Origin must be this site exactly."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -46,14 +47,17 @@ async def _connect(headers, path: str = "/ws/queue/"):
 @pytest.mark.parametrize(
     "frame, code",
     [
-        ({"bytes_data": b"\x00\x01binary"}, 1003),
-        ({"text_data": "{{{"}, 1007),
-        ({"text_data": "[" * 3000 + "]" * 3000}, 1009),  # over the frame limit: refused unread
-        ({"text_data": "[" * 1500 + "]" * 1500}, 1007),  # within it, but nests past what the parser reads
-        ({"text_data": json.dumps({"type": "ping", "pad": "x" * 5000})}, 1009),
+        ({"bytes_data": b"\x00\x01binary"}, 4003),
+        ({"text_data": "{{{"}, 4007),
+        ({"text_data": "[" * 3000 + "]" * 3000}, 4009),  # over the frame limit: refused unread
+        ({"text_data": "[" * 1500 + "]" * 1500}, 4007),  # within it, but nests past what the parser reads
+        ({"text_data": json.dumps({"type": "ping", "pad": "x" * 5000})}, 4009),
     ],
 )
-def test_a_bad_frame_closes_the_socket_with_the_code_that_says_why(alice, node, frame, code, caplog):
+def test_a_bad_frame_closes_the_socket_with_the_code_that_says_why_and_frees_its_place(
+    alice, node, frame, code, caplog, settings
+):
+    settings.TESSERA_MAX_SOCKETS_PER_SESSION = 1
     headers = _headers(_session(alice))
 
     async def scenario():
@@ -63,6 +67,10 @@ def test_a_bad_frame_closes_the_socket_with_the_code_that_says_why(alice, node, 
         await communicator.send_to(**frame)
         closed = await communicator.receive_output(timeout=3)
         assert closed == {"type": "websocket.close", "code": code}
+        # The session's one place is free again as the server closes, before any disconnect reaches it.
+        again, connected, _ = await _connect(headers)
+        assert connected
+        await again.disconnect()
         await communicator.disconnect()
 
     async_to_sync(scenario)()
@@ -133,3 +141,30 @@ def test_one_session_may_open_only_so_many_sockets_and_a_closed_one_frees_its_pl
             await communicator.disconnect()
 
     async_to_sync(scenario)()
+
+
+def test_a_socket_whose_server_died_stops_counting_once_its_record_is_stale(alice, node, settings):
+    """Its server gone, a socket's record is never removed by a close: the caps count records renewed within
+    SOCKET_STALE_S, and a live consumer renews its own every SOCKET_RENEW_S."""
+    from scheduling.coordination import redis_client
+    from scheduling.realtime import sockets
+
+    settings.TESSERA_MAX_SOCKETS_PER_SESSION = 1
+    session = _session(alice)
+    dead = sockets.SocketKey(user_id=alice.pk, session_key=session, channel="specific.dead!1")
+    assert sockets.socket_open(dead) is None
+    live = sockets.SocketKey(user_id=alice.pk, session_key=session, channel="specific.live!1")
+    assert sockets.socket_open(live) == "1 sockets open, at most 1"
+    # As the dead server's record stands SOCKET_STALE_S later (renewal rewrites it; a dead server's never is).
+    stale_at = time.time() - sockets.SOCKET_STALE_S - 1
+    r = redis_client()
+    for name, _ in dead.sets():
+        if r is None:
+            sockets._local[name][dead.channel] = stale_at
+        else:
+            r.zadd(name, {dead.channel: stale_at})
+    assert sockets.socket_open(live) is None
+    # A live one's renewal keeps it counted past the time it opened.
+    sockets.socket_renewed(live)
+    assert sockets.socket_open(dead) == "1 sockets open, at most 1"
+    sockets.socket_closed(live)
