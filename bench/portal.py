@@ -7,7 +7,8 @@ Prints JSON.
   snapshot with the hypothetical job in the queue; `whatif_cold_ms` adds reading the snapshot;
 - `push_to_dom_p95_ms`: daphne with Redis channels and Chromium with `--pages` job pages open on one job; a state
   change is committed and each page's DOM is watched until it shows it: commit to DOM, every page, p95;
-  `push_part_refreshed_p95_ms`: until the page's re-requested part (with the new event) is in the DOM.
+  `push_part_refreshed_p95_ms`: until the page's part, pushed over its socket with the new event, is in the DOM
+  (`push_part_arrived_p95_ms`: until it reached the page's socket, before the page swapped it in).
 - `cluster_map_render_ms`: the cluster map (/cluster/) in Chromium over daphne, navigation start to the load event
   (p95 of several loads), with MPS cards shared by slices of two teams, NVLink groups of four and a live sample
   of every GPU in Redis; `cluster_map_group_open_ms`: opening the largest group until its first page of node
@@ -257,12 +258,16 @@ def push_to_dom(*, env: dict, people: dict, pages: int, changes: int) -> dict:
     server = _daphne(env, port)
     latencies: list[float] = []  # commit -> the new state shown
     refreshed: list[float] = []  # commit -> the job's whole live part re-rendered (its events list)
+    arrived: list[float] = []  # commit -> the first pushed part after it reached the page's socket
     try:
         wait_http(port)
         os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
         with sync_playwright() as p:
             browser = launch_chromium(p)
             context = browser.new_context(base_url=f"http://127.0.0.1:{port}")
+            # When each page's socket brings it a pushed part (before any script handles it): the server's share of
+            # the part's time, the rest is the page swapping it in.
+            context.add_init_script(PART_ARRIVALS)
             sign_in(context.new_page(), "alice")
             job = people["job"]
             opened = []
@@ -309,13 +314,16 @@ def push_to_dom(*, env: dict, people: dict, pages: int, changes: int) -> dict:
                 while pending_pages and time.time() < deadline:
                     still = []
                     for page in pending_pages:
-                        seen, part = page.evaluate(
-                            f"[window.__seen[{json.dumps(label)}] || 0, window.__parts[{events_shown}] || 0]"
+                        seen, part, came = page.evaluate(
+                            f"[window.__seen[{json.dumps(label)}] || 0, window.__parts[{events_shown}] || 0,"
+                            f" (window.__partsIn.find(t => t >= {committed_ms}) || 0)]"
                         )
                         if seen and part:
                             latencies.append(max(0.0, seen - committed_ms) / 1000)
                             refreshed.append(max(0.0, part - committed_ms) / 1000)
-                            page.evaluate("window.__seen = {}; window.__parts = {}")
+                            if came:
+                                arrived.append(max(0.0, came - committed_ms) / 1000)
+                            page.evaluate("window.__seen = {}; window.__parts = {}; window.__partsIn = []")
                         else:
                             still.append(page)
                     pending_pages = still
@@ -329,7 +337,29 @@ def push_to_dom(*, env: dict, people: dict, pages: int, changes: int) -> dict:
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
-    return {"state_shown": summary_ms(latencies), "part_refreshed": summary_ms(refreshed)}
+    return {
+        "state_shown": summary_ms(latencies),
+        "part_refreshed": summary_ms(refreshed),
+        "part_arrived": summary_ms(arrived) if arrived else None,
+    }
+
+
+# Each page's pushed parts, by when its socket brought them (ms since the epoch, as Date.now()).
+PART_ARRIVALS = """
+window.__partsIn = [];
+(function () {
+  const Native = window.WebSocket;
+  window.WebSocket = function (url, protocols) {
+    const socket = protocols === undefined ? new Native(url) : new Native(url, protocols);
+    socket.addEventListener("message", function (e) {
+      if (typeof e.data === "string" && e.data.indexOf('"type": "part"') >= 0) window.__partsIn.push(Date.now());
+    });
+    return socket;
+  };
+  window.WebSocket.prototype = Native.prototype;
+  Object.assign(window.WebSocket, { CONNECTING: 0, OPEN: 1, CLOSING: 2, CLOSED: 3 });
+})();
+"""
 
 
 def share_cards_and_sample(*, nodes: int, gpus_per_node: int, redis_url: str) -> dict:
@@ -871,6 +901,7 @@ def main(argv: list[str] | None = None) -> int:
         "cluster_map_group_open_ms": cluster_map["group_open"]["p95"] if cluster_map else None,
         "push_to_dom_p95_ms": push["state_shown"]["p95"] if push else None,
         "push_part_refreshed_p95_ms": push["part_refreshed"]["p95"] if push else None,
+        "push_part_arrived_p95_ms": (push["part_arrived"] or {}).get("p95") if push else None,
         "history_page_p95_ms": hist["history_30d"]["p95"] if hist else None,
         "capacity_page_p95_ms": hist["capacity_24h"]["p95"] if hist else None,
         "history": {
