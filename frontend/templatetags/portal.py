@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from django import template
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from scheduling.jobs.models import Job
 from scheduling.jobs.selectors import job_request_fields, pending_reason
@@ -48,6 +48,17 @@ def _request_in_words(r: dict) -> str:
     if r.get("compute_pct"):
         parts.append(f"{r['compute_pct']}%")
     return f"{' + '.join(parts)} of {_an(kind)}"
+
+
+@register.filter
+def team_name(slug: object) -> str:
+    """A team's slug that wraps after its '/' and nowhere else: in a narrow table column "ai-lab/training" broke
+    at its hyphen ("ai-" over "lab/training"). Each part is kept whole; <wbr> offers the break after the '/'."""
+    if slug is None:
+        return ""
+    parts = str(slug).split("/")
+    head = format_html_join("", '<span class="nowrap">{}/</span><wbr>', ((part,) for part in parts[:-1]))
+    return head + format_html('<span class="nowrap">{}</span>', parts[-1])
 
 
 @register.filter

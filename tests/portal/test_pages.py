@@ -314,3 +314,19 @@ def test_a_log_nothing_was_written_to_downloads_empty_not_as_an_error_page(alice
     assert answer.status_code == 200  # was a 404 page, "This job has written nothing there yet"
     assert answer["Content-Disposition"] == f'attachment; filename="job-{job.pk}-stderr.log"'
     assert answer.content == b""
+
+
+def test_team_names_in_tables_wrap_after_their_slash_and_never_at_a_hyphen(alice, teams, node):
+    _submit(alice, teams["training"], name="held")
+    client = _signed_in(alice)
+    whole = '<span class="nowrap">ai-lab/</span><wbr><span class="nowrap">training</span>'
+    # A narrow column broke "ai-lab/training" at its hyphen: "ai-" over "lab/training".
+    for url in ("/jobs/", "/queue/", "/teams/", "/fairness/"):
+        assert whole in client.get(url).content.decode(), url
+    from django.template.loader import render_to_string
+
+    usage = render_to_string(
+        "frontend/history/_usage_table.html",
+        {"key": "team", "rows": [{"team": "ai-lab/training", "gpu_hours": 1.0, "share_pct": 100}]},
+    )
+    assert whole in usage
