@@ -326,3 +326,27 @@ def test_ctrl_c_stops_the_demo_and_all_it_started_and_frees_its_port(embedded_se
     wait_for("no process of the demo left", lambda: not _processes_mentioning(str(var)), timeout_s=5)
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{base}/healthz", timeout=5)
+
+
+def test_the_demo_plays_each_missing_script_as_what_it_is(tmp_path):
+    from demo.management.commands.run_demo import write_stand_ins
+
+    write_stand_ins(tmp_path)
+    env = {**os.environ, "TESSERA_DEMO_STEPS": "2", "TESSERA_DEMO_STEP_S": "0"}
+
+    def log_of(script: str) -> str:
+        run = subprocess.run(
+            [str(tmp_path / "python"), script],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        assert run.returncode == 0, run.stderr
+        return run.stdout
+
+    serve = log_of("serve.py")  # an inference server printed training steps and a falling loss
+    assert "serving on" in serve and "served" in serve and "loss" not in serve
+    assert "documents embedded" in log_of("embed.py")
+    assert "step 2/2 loss=0.333" in log_of("train.py")

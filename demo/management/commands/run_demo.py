@@ -37,18 +37,40 @@ from scheduling.notifications.services import notifications_deliver_due
 
 log = logging.getLogger("tessera.demo")
 
-# The demo's jobs name scripts (train.py, serve.py) that do not exist on this machine. On the simulated agents'
-# PATH this stand-in plays them: it prints progress for a while and exits 0. Real interpreters run anything else.
+# The demo's jobs name scripts (train.py, serve.py, embed.py) that do not exist on this machine. On the simulated
+# agents' PATH this stand-in plays them, each as what it is: an inference server logs its requests, a batch job its
+# batches, training its steps and loss; then it exits 0. Real interpreters run anything else.
 DEMO_PYTHON = """#!/bin/sh
 # Tessera demo stand-in: plays missing demo scripts; runs real Python otherwise.
 if [ -n "$1" ] && [ "${1%.py}" != "$1" ] && [ ! -e "$1" ]; then
   # The living demo's jobs say how long they run (TESSERA_DEMO_STEPS, demo/workload.py); others 20-60 steps.
   steps=${TESSERA_DEMO_STEPS:-$(( $(od -An -N1 -tu1 /dev/urandom) % 40 + 20 ))}
-  echo "[demo] $1 is simulated here: $steps steps of 5 s"
-  i=1; while [ $i -le $steps ]; do
-    milli=$(( 1000 / (i + 1) )); printf 'step %d/%d loss=%d.%03d\n' $i $steps $((milli / 1000)) $((milli % 1000))
-    sleep 5; i=$((i+1))
-  done
+  step_s=${TESSERA_DEMO_STEP_S:-5}  # the seconds between its lines (demo.workload.STEP_S)
+  script=$(basename "$1")
+  case "$script" in
+    serve*)
+      echo "[demo] $1 is simulated here: an inference server for about $(( (steps * step_s + 59) / 60 )) min"
+      echo "loading model weights ... done"
+      echo "serving on 0.0.0.0:8000"
+      i=1; while [ $i -le $steps ]; do
+        n=$(( $(od -An -N1 -tu1 /dev/urandom) % 40 + 10 ))
+        printf 'served %d requests in the last %d s (p50 %d ms, p99 %d ms)\\n' $n $step_s $(( 80 + n )) $(( 240 + 4 * n ))
+        sleep $step_s; i=$((i+1))
+      done
+      echo "shutting down: drained, 0 requests in flight";;
+    embed*)
+      echo "[demo] $1 is simulated here: $steps batches of 512 documents"
+      i=1; while [ $i -le $steps ]; do
+        printf 'batch %d/%d: 512 documents embedded (%d in all)\\n' $i $steps $(( i * 512 ))
+        sleep $step_s; i=$((i+1))
+      done;;
+    *)
+      echo "[demo] $1 is simulated here: $steps steps of $step_s s"
+      i=1; while [ $i -le $steps ]; do
+        milli=$(( 1000 / (i + 1) )); printf 'step %d/%d loss=%d.%03d\\n' $i $steps $((milli / 1000)) $((milli % 1000))
+        sleep $step_s; i=$((i+1))
+      done;;
+  esac
   echo "[demo] done"; exit 0
 fi
 exec "{python}" "$@"
