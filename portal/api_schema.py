@@ -36,6 +36,8 @@ RULE_CODES = {
     "unknown_gpu_model": "no GPU model of that name",
     "quota_rule": "a quota that breaks a rule between its fields (a limit below its guarantee)",
     "required": "a value that may not be left out or blank (a quota change's reason)",
+    "destination_not_allowed": "a webhook the server will not call: not https, no host, or an address that is not "
+    "public (loopback, private, link-local, reserved), unless the site allows the host",
 }
 
 _WHY = {

@@ -200,6 +200,9 @@ DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="tessera@localhost")
 TESSERA_PUBLIC_URL = env.str("TESSERA_PUBLIC_URL", default="")
 # A Slack-compatible webhook told of lost nodes and GPU XID errors, besides the staff who asked.
 TESSERA_NOTIFY_ADMIN_WEBHOOK_URL = env.str("TESSERA_NOTIFY_ADMIN_WEBHOOK_URL", default="")
+# Host names, addresses and networks (chat.internal, 10.20.0.0/16) users' webhooks may reach although not public,
+# and over plain http; anything else must be https to a public address (scheduling/notifications/webhooks.py).
+TESSERA_WEBHOOK_ALLOW_HOSTS = env.list("TESSERA_WEBHOOK_ALLOW_HOSTS", default=[])
 # A running job's log stream that brought nothing new is asked again after a doubling wait up to this (s).
 TESSERA_LOG_QUIET_MAX_S = env.float("TESSERA_LOG_QUIET_MAX_S", default=10.0)
 TESSERA_LOG_UNWATCHED_MAX_S = env.float("TESSERA_LOG_UNWATCHED_MAX_S", default=60.0)

@@ -1,14 +1,18 @@
-"""Helpers the tests and the benchmarks share: waiting with a deadline, ports for servers, percentiles."""
+"""Helpers the tests and the benchmarks share: waiting with a deadline, ports for servers, a recording HTTP server,
+percentiles."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import math
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterable
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 from scheduling.sim.metrics import percentile as _percentile
@@ -138,6 +142,46 @@ def start_on_free_port(
                 stop(started)
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what} to answer")
         time.sleep(0.1)
+
+
+class RecordingHttpServer:
+    """A real HTTP server on 127.0.0.1, on a thread of this process, that records every request it is sent and
+    answers `status` (with `location`, for a redirect). `requests`: (method, path) of each, whatever the method;
+    `received`: the JSON bodies POSTed. `close()` stops it."""
+
+    def __init__(self, status: int = 200, location: str = ""):
+        self.status, self.location = status, location
+        self.requests: list[tuple[str, str]] = []
+        self.received: list[Any] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                server.requests.append((self.command, self.path))
+                length = int(self.headers.get("Content-Length") or 0)
+                if self.command == "POST" and length:
+                    server.received.append(json.loads(self.rfile.read(length)))
+                self.send_response(server.status)
+                if server.location:
+                    self.send_header("Location", server.location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_POST = do_PUT = _answer  # noqa: N815 - http.server's names
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = HTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_port
+        self.url = f"http://127.0.0.1:{self.port}/hook"
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def percentile(values: Iterable[float], pct: float) -> float:

@@ -11,13 +11,8 @@ from rest_framework.views import APIView
 
 from portal.parsers import SafeJSONParser
 from scheduling.notifications.models import ADMIN_EVENTS, JOB_EVENTS
-from scheduling.notifications.services import (
-    MAX_EVENT_WORDS,
-    WEBHOOK_URL_MAX,
-    WEBHOOK_URL_PATTERN,
-    notification_settings_save,
-    settings_of,
-)
+from scheduling.notifications.services import MAX_EVENT_WORDS, notification_settings_save, settings_of
+from scheduling.notifications.webhooks import WEBHOOK_URL_MAX, WEBHOOK_URL_PATTERN
 
 
 class _Boolean(serializers.BooleanField):
@@ -51,7 +46,9 @@ class NotificationSettingsSerializer(serializers.Serializer):
         validators=[
             RegexValidator(f"^{WEBHOOK_URL_PATTERN.removeprefix('(').removesuffix(')?')}$")
         ],  # empty: allow_blank
-        help_text="A Slack-compatible webhook: an http(s) URL, or empty for none.",
+        help_text="A Slack-compatible webhook, or empty for none: an https URL of a host on the public internet "
+        "(plain http, and loopback, private, link-local or reserved addresses, only for hosts the site allows; "
+        "else 400 `destination_not_allowed`). A redirect is not followed.",
     )
     admin_events = serializers.ListField(
         child=serializers.ChoiceField(choices=ADMIN_EVENTS),

@@ -4,10 +4,7 @@ webhook; a webhook that fails is retried with backoff and never fails the change
 
 from __future__ import annotations
 
-import json
-import threading
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 from django.core import mail
@@ -29,39 +26,21 @@ from scheduling.notifications.services import (
     notifications_deliver_due,
     parse_events,
 )
+from tests.support import RecordingHttpServer
 
 pytestmark = pytest.mark.django_db
 
 
-class _Hook:
-    """A real HTTP server on localhost that records what it is posted, answering `status`."""
-
-    def __init__(self, status: int = 200):
-        received, self.status = [], status
-        self.received = received
-        hook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                received.append(json.loads(body))
-                self.send_response(hook.status)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = HTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-
-    def close(self):
-        self.server.shutdown()
+@pytest.fixture(autouse=True)
+def loopback_webhooks_allowed(settings):
+    """The tests' webhook listens on this host, which webhooks may reach only when the site's allow-list says so
+    (tests/security/test_webhooks.py tries the refusals)."""
+    settings.TESSERA_WEBHOOK_ALLOW_HOSTS = ["127.0.0.1"]
 
 
 @pytest.fixture
 def hook():
-    h = _Hook()
+    h = RecordingHttpServer()
     yield h
     h.close()
 
@@ -111,7 +90,7 @@ def test_without_a_choice_the_owners_default_holds_and_nothing_by_default(alice,
 
 
 def test_a_failing_webhook_is_retried_with_backoff_and_never_fails_the_change(alice, teams, node):
-    broken = _Hook(status=500)
+    broken = RecordingHttpServer(status=500)
     try:
         notification_settings_save(user=alice, job_events="start", email=False, webhook_url=broken.url)
         job = _run(_submit(alice, teams["training"]), node)
