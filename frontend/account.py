@@ -38,18 +38,31 @@ class NotificationForm(forms.Form):
     )
 
 
+def _without_an_address(form: NotificationForm) -> None:
+    """No email can go to an account with no address: the box is shown unticked and cannot be ticked (it read
+    "By email" ticked beside "your account's address, which is not set")."""
+    field = form.fields["email"]
+    field.disabled = True
+    field.initial = form.initial["email"] = False
+    field.help_text = "Your account has no email address: ask an admin to set one."
+
+
 @login_required
 def notifications(request: HttpRequest) -> HttpResponse:
     prefs = settings_of(request.user)
+    has_address = bool(request.user.email)
     if request.method == "POST":
         form = NotificationForm(request.POST)
+        if not has_address:
+            _without_an_address(form)
         if form.is_valid():
             d = form.cleaned_data
             try:
                 notification_settings_save(
                     user=request.user,
                     job_events=d["job_events"],
-                    email=d["email"],
+                    # Without an address the stored choice stands, for when an admin sets one.
+                    email=d["email"] if has_address else prefs.email,
                     webhook_url=d["webhook_url"],
                     admin_events=d["admin_events"] if request.user.is_staff else None,
                 )
@@ -67,6 +80,8 @@ def notifications(request: HttpRequest) -> HttpResponse:
                 "admin_events": prefs.admin_events,
             }
         )
+        if not has_address:
+            _without_an_address(form)
     if not request.user.is_staff:
         del form.fields["admin_events"]
     return render(

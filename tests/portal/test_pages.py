@@ -330,3 +330,25 @@ def test_team_names_in_tables_wrap_after_their_slash_and_never_at_a_hyphen(alice
         {"key": "team", "rows": [{"team": "ai-lab/training", "gpu_hours": 1.0, "share_pct": 100}]},
     )
     assert whole in usage
+
+
+def test_the_email_box_is_not_shown_ticked_to_someone_with_no_email_address(alice):
+    from scheduling.notifications.services import settings_of
+
+    alice.email = ""
+    alice.save()
+    client = _signed_in(alice)
+    page = client.get("/account/notifications/").content.decode()
+    box = re.search(r'<input type="checkbox" name="email"[^>]*>', page).group(0)
+    assert "checked" not in box and "disabled" in box  # it read "By email" ticked, with no address to send to
+    assert "no email address" in page
+    # Saving the rest keeps the stored choice, for when an admin sets an address.
+    client.post("/account/notifications/", {"job_events": ["end"], "email": "on", "webhook_url": ""})
+    assert settings_of(alice).job_events == ["end"] and settings_of(alice).email is True
+
+    alice.email = "alice@example.org"
+    alice.save()
+    box = re.search(
+        r'<input type="checkbox" name="email"[^>]*>', client.get("/account/notifications/").content.decode()
+    )
+    assert "checked" in box.group(0) and "disabled" not in box.group(0)
