@@ -9,6 +9,7 @@ teams (staff: all); the rest of the cluster's users are one row, "other teams".
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -36,6 +37,8 @@ HISTORY_WINDOWS = ("7d", "30d")
 CAPACITY_WINDOWS = ("24h", "7d")
 # Heatmap columns: hours over a day, 3-hour blocks over a week (24 and 56 cells a row), from hourly node rows.
 HEATMAP_STEP_S = {"24h": 3600, "7d": 3 * 3600}
+# The share of the heatmap's row a tick's label needs to its right ("20:00", "Thu, Dec 3" at 900 px).
+HEATMAP_TICK_ROOM = 0.1
 HEATMAP_NODES_PER_PAGE = 50
 STACK_GROUPS = ("team", "user", "model")
 # Time axes are drawn in the browser's timezone (charts.js), and the heatmap's times are put in it too (its
@@ -332,10 +335,13 @@ def _heatmap(*, pools: list[Pool], pool: Pool | None, w: Window, page: str | Non
             out.append({"css": _band(util), "title": text, "t": b})
         return out
 
+    # A label is written from its tick to the right: one in the last tenth of the row has no room for its words
+    # and is left out (the last hour's read "16:0", cut at the row's edge in a 900 px window).
+    room = math.ceil(len(columns) * HEATMAP_TICK_ROOM)
     ticks = [
         {"at": i, "t": b, "label": datetime.fromtimestamp(b, UTC).strftime(fmt)}
         for i, b in enumerate(columns)
-        if b % tick_every == 0
+        if b % tick_every == 0 and len(columns) - i >= room
     ]
     if pool is None:
         found = pool_heatmap(pools=pools, w=hw)

@@ -135,3 +135,15 @@ def test_the_capacity_charts_and_the_heatmap_say_one_timezone(alice, node):
     assert "Times in UTC" not in page and "Times in your browser's timezone" in page
     assert 'class="heat-tick" style="grid-column: 1" data-t="' in page or 'class="heat-tick"' in page
     assert page.count('data-t="') > 24
+
+
+@pytest.mark.parametrize(("name", "until"), [("24h", "2026-12-03T20:30"), ("7d", "2026-12-03T01:30")])
+def test_no_heatmap_tick_sits_where_its_label_has_no_room(db, name, until):
+    from frontend.history import _heatmap
+    from scheduling.history.selectors.windows import window
+
+    w = window(name, now=datetime.fromisoformat(until).replace(tzinfo=UTC))
+    heatmap = _heatmap(pools=[], pool=None, w=w, page=None)
+    # The last column's hour is a tick's (20:00; Thursday 00:00): its label read "20:0", cut at the row's edge.
+    last = max(t["at"] for t in heatmap["ticks"])
+    assert heatmap["columns"] - last >= 0.1 * heatmap["columns"], heatmap["ticks"][-1]
