@@ -133,7 +133,11 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     context = {
         "job": job,
         "events": events,
-        "phases": job_selectors.job_phases(job=job, events=events),
+        # A phase over within the second it began (no wait in the queue, an instant start) is no part of the
+        # bar: it read "waiting in the queue · 0 s", "starting · 0 s".
+        "phases": [
+            p for p in job_selectors.job_phases(job=job, events=events) if p["open"] or p["seconds"] >= 1
+        ],
         "slices": list(job.slices.all()),
         "usage": usage,
         "queue_entry": next(iter(job_selectors.queue_entries(user=request.user, jobs=[job])), None)

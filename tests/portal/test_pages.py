@@ -352,3 +352,16 @@ def test_the_email_box_is_not_shown_ticked_to_someone_with_no_email_address(alic
         r'<input type="checkbox" name="email"[^>]*>', client.get("/account/notifications/").content.decode()
     )
     assert "checked" in box.group(0) and "disabled" not in box.group(0)
+
+
+def test_the_time_bar_leaves_out_phases_over_within_their_second(alice, teams, node):
+    from scheduling.choices import ActorKind, JobState
+    from scheduling.jobs.transitions import job_transition
+
+    job = _submit(alice, teams["training"], name="at-once")
+    for state, actor in ((JobState.PLACED, ActorKind.SCHEDULER), (JobState.RUNNING, ActorKind.AGENT)):
+        job_transition(job=job, to_state=state, actor_kind=actor, code=state)
+    bar = _signed_in(alice).get(f"/jobs/{job.pk}/").content.decode()
+    bar = " ".join(html.unescape(bar[bar.index('class="phases"') :].split("</div></div>")[0]).split())
+    # It read "waiting in the queue · 0 s", "starting · 0 s" before "running".
+    assert "waiting in the queue" not in bar and "starting" not in bar and "running · " in bar
