@@ -33,6 +33,25 @@ STATE = """(sel) => {
            now: Date.now() / 1000 };
 }"""
 UTIL, MEMORY = "#chart-util_pct", "#chart-memory_used_gib"
+# Four seconds of samples from two nodes, 0.5 s apart, into a chart of their own: its points and each line's values.
+GANG_SAMPLES = """() => {
+  const data = Object.assign(document.createElement("script"), { type: "application/json", id: "gang-samples" });
+  data.textContent = JSON.stringify({ title: "gang", t: [], series: [], x: { min: 1000, max: null }, y: { max: 100 } });
+  const el = document.createElement("div");
+  el.dataset.chart = "gang-samples";
+  document.body.append(data, el);
+  TesseraCharts.draw(el);
+  for (let s = 0; s < 4; s++) {
+    TesseraCharts.append(el, 1000.2 + s, { "n1 GPU 0": 50 });
+    TesseraCharts.append(el, 1000.7 + s, { "n2 GPU 0": 60 });
+  }
+  const u = TesseraCharts.chart(el);
+  const out = { points: u.data[0].length };
+  u.series.slice(1).forEach((s, i) => { out[s.label] = u.data[i + 1].filter((v) => v != null).length; });
+  el.remove();
+  data.remove();
+  return out;
+}"""
 
 
 def _chart(page, selector: str) -> dict:
@@ -123,6 +142,10 @@ def test_a_running_jobs_charts_span_its_life_with_a_line_per_gpu_a_legend_and_no
     gpu1.focus()
     page.keyboard.press("Enter")
     assert _chart(page, UTIL)["shown"] == [True, True] and _chart(page, MEMORY)["shown"] == [True, True]
+
+    # A gang's nodes send their samples a fraction of a second apart: each node's line is drawn whole, not as dots
+    # between the other node's points (a sample joins the time just before it where its GPUs have nothing).
+    assert page.evaluate(GANG_SAMPLES) == {"points": 4, "n1 GPU 0": 4, "n2 GPU 0": 4}
 
     # A toast (one's own job changed) sits in the top bar: over neither chart, whether at the page's top or with the
     # charts scrolled into view.

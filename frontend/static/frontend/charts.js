@@ -235,7 +235,14 @@
     });
     let k = spec.t.length;
     while (k > 0 && spec.t[k - 1] > t) k -= 1; // samples of a job's nodes may come a little out of order
-    if (k > 0 && spec.t[k - 1] === t) {
+    // A gang's nodes sample a fraction of a second apart: a sample whose GPUs have nothing at the time less than a
+    // second before it joins that time. Each at a time of its own, every line had a gap at every other point and
+    // was drawn as dots.
+    const joins = k > 0 && t - spec.t[k - 1] < 1 && Object.keys(values).every(function (label) {
+      const s = spec.series.find(function (x) { return x.label === label; });
+      return s.values[k - 1] == null;
+    });
+    if (k > 0 && (spec.t[k - 1] === t || joins)) {
       spec.series.forEach(function (s) { if (values[s.label] != null) s.values[k - 1] = values[s.label]; });
     } else {
       spec.t.splice(k, 0, t);
