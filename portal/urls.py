@@ -5,6 +5,11 @@ from django.urls import include, path
 
 from portal.metrics import metrics_view
 
+# The admin site says whose it is (it read "Django administration", "Site administration").
+admin.site.site_header = "Tessera administration"
+admin.site.site_title = "Tessera admin"
+admin.site.index_title = "Cluster, teams and people"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include("portal.api_urls")),

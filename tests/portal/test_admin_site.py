@@ -118,3 +118,8 @@ def test_every_admin_list_and_page_of_the_apps_opens(admin_user, alice, teams, n
     jobs = client.get("/admin/scheduling/job/").content.decode()
     assert "8 GiB" in jobs and f"/admin/scheduling/job/{job.pk}/change/" in jobs
     assert "80 GiB" in client.get("/admin/scheduling/gpu/").content.decode()
+
+
+def test_the_admin_site_says_it_is_tesseras(admin_user):
+    page = _signed_in(admin_user).get("/admin/").content.decode()
+    assert "Tessera administration" in page and "Django administration" not in page
