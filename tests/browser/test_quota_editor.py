@@ -67,6 +67,19 @@ def test_an_admin_previews_a_quota_change_saves_it_with_a_reason_and_the_audit_r
     assert "ops" in row and "0.5 GPUs → 1 GPU" in row and "16 GiB → 32 GiB" in row
     assert "detection moves to the new model" in row
     browse.shots(page, "saved-with-audit-row")
+    # In a half-screen window the fields stay inside their boxes and the teams' buttons on one line.
+    page.set_viewport_size({"width": 900, "height": 800})
+    page.goto("/teams/vision/detect/quota/")
+    past = page.evaluate(
+        """() => [...document.querySelectorAll('#quota-form fieldset')].flatMap(box => [
+            ...box.querySelectorAll('input, select')].filter(field =>
+            field.getBoundingClientRect().right > box.getBoundingClientRect().right).map(field => field.name))"""
+    )
+    assert past == [], f"fields past their box at 900 px: {past}"
+    page.goto("/teams/")
+    edit = page.locator("a.button:text('Edit quota')").first.bounding_box()
+    assert edit["height"] < 30, "'Edit quota' on one line"
+    browse.shots(page, "teams-900")
 
 
 def test_a_team_admin_cannot_edit_another_teams_quota(browse):
