@@ -115,12 +115,18 @@ def test_capacity_shows_now_by_model_and_a_heatmap_row_per_pool_then_per_node(al
 def test_the_demo_writes_a_day_of_generated_history_once(db):
     from demo.seed import load_demo
     from scheduling.history.models import ClusterMinute, NodeHour, NodeMinute
+    from scheduling.jobs.models import JobEvent
 
     load_demo(history_days=1)
     counts = (ClusterMinute.objects.count(), NodeMinute.objects.count(), UsageHour.objects.count())
     # A day back to the first whole hour in it: 23 to 24 hours of minutes.
     assert 1380 < counts[0] <= 1440 and counts[1] == counts[0] * 6 and counts[2] > 0
     assert NodeHour.objects.filter(minutes=60).exists()
+    # A generated job says so in a researcher's words (its events named the module: "(demo.history)").
+    said = (
+        JobEvent.objects.filter(message__contains="generated past").values_list("message", flat=True).first()
+    )
+    assert said and "demo.history" not in said, said
     load_demo(history_days=1)  # history is there: nothing twice
     assert (ClusterMinute.objects.count(), NodeMinute.objects.count(), UsageHour.objects.count()) == counts
 
