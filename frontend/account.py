@@ -1,13 +1,16 @@
-"""The signed-in user's own settings: how they are told of their jobs (/account/notifications/)."""
+"""The signed-in user's own settings: how they are told of their jobs (/account/notifications/), and signing out
+everywhere (/account/sign-out-everywhere/)."""
 
 from __future__ import annotations
 
 from django import forms
 from django.contrib import messages
+from django.contrib.auth import logout
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
+from quotas.sign_out import user_sign_out_everywhere
 from scheduling.errors import ServiceError
 from scheduling.notifications.services import notification_settings_save, settings_of
 
@@ -87,3 +90,17 @@ def notifications(request: HttpRequest) -> HttpResponse:
     return render(
         request, "frontend/account/notifications.html", {"form": form, "email_address": request.user.email}
     )
+
+
+@login_required
+def sign_out_everywhere(request: HttpRequest) -> HttpResponse:
+    """GET asks first; POST ends every session of the user (this one too) and revokes every token of theirs."""
+    if request.method != "POST":
+        return render(request, "frontend/account/sign_out_everywhere.html")
+    done = user_sign_out_everywhere(user=request.user, why="asked on the account page")
+    logout(request)
+    messages.success(
+        request,
+        f"Signed out everywhere: {done.sessions_ended} session(s) ended, {done.tokens_revoked} token(s) revoked.",
+    )
+    return redirect("frontend:login")

@@ -13,6 +13,7 @@ urlpatterns = [
     path("password/", views.PasswordChangeView.as_view(), name="password_change"),
     path("password/done/", views.PasswordChangeDoneView.as_view(), name="password_change_done"),
     path("account/notifications/", account.notifications, name="notifications"),
+    path("account/sign-out-everywhere/", account.sign_out_everywhere, name="sign_out_everywhere"),
     path("jobs/", jobs.jobs, name="jobs"),
     path("jobs/new/", jobs.job_new, name="job_new"),
     path("jobs/new/preview/", jobs.job_new_preview, name="job_new_preview"),

@@ -226,6 +226,8 @@ CELERY_BEAT_SCHEDULE = {
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    # Refuses nothing: on every change of a password it ends the user's sessions and revokes their tokens.
+    {"NAME": "quotas.sign_out.SignOutOnPasswordChange"},
 ]
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/jobs/"

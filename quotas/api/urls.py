@@ -14,5 +14,6 @@ router.register("tokens", views.ApiTokenViewSet, basename="apitoken")
 urlpatterns = [
     path("whoami/", views.WhoamiView.as_view(), name="whoami"),
     path("auth/token/", views.TokenLoginView.as_view(), name="token-login"),
+    path("auth/sign-out-everywhere/", views.SignOutEverywhereView.as_view(), name="sign-out-everywhere"),
     *router.urls,
 ]

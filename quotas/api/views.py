@@ -42,6 +42,7 @@ from quotas.services import (
     quota_may_edit,
     quota_save,
 )
+from quotas.sign_out import user_sign_out_everywhere
 from quotas.tokens import TokenLimitReached, api_token_create, api_token_revoke
 from scheduling.cycle.quota_whatif import quota_impact
 from scheduling.cycle.selectors import Borrowed, borrowed_by_team, fair_shares_gpus, queue_shares
@@ -456,3 +457,24 @@ class TokenLoginView(APIView):
             raise ApiError(str(exc), code="too_many_tokens", field="name") from None
         row.token = token
         return Response(ApiTokenCreatedSerializer(row).data, status=status.HTTP_201_CREATED)
+
+
+class SignedOutSerializer(serializers.Serializer):
+    sessions_ended = serializers.IntegerField(help_text="Portal sessions ended (browsers signed out).")
+    tokens_revoked = serializers.IntegerField(
+        help_text="Personal API tokens revoked, the caller's own included."
+    )
+
+
+class SignOutEverywhereView(APIView):
+    """End every session of the caller and revoke every personal token of theirs, the one this request came with
+    included (the same as the account page's "Sign out everywhere"; a password change does it too)."""
+
+    @extend_schema(request=None, responses={200: SignedOutSerializer})
+    def post(self, request: Request) -> Response:
+        done = user_sign_out_everywhere(user=request.user, why="asked through the API")
+        return Response(
+            SignedOutSerializer(
+                {"sessions_ended": done.sessions_ended, "tokens_revoked": done.tokens_revoked}
+            ).data
+        )
