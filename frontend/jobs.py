@@ -8,6 +8,7 @@ job another team's member asks for is a 404, as in the API.
 from __future__ import annotations
 
 import json
+import math
 
 import yaml
 from django.contrib import messages
@@ -21,6 +22,7 @@ from django.views.decorators.http import require_POST
 
 from frontend.forms import JobForm, initial_from_job
 from frontend.job_charts import job_charts
+from portal.api_support import PreviewRateThrottle
 from portal.submit_flags import submit_command_line
 from quotas.selectors import team_allowances_by_slug, team_by_slug, team_slugs_visible_to
 from scheduling.agents import joblogs
@@ -293,6 +295,9 @@ def job_new(request: HttpRequest) -> HttpResponse:
 def job_new_preview(request: HttpRequest) -> HttpResponse:
     """As the user edits the form: the spec as YAML and as a `tessera submit` line, and the engine's answer to
     "when would it start?" on the current snapshot. Nothing is stored, nothing is placed."""
+    throttle = PreviewRateThrottle()
+    if not throttle.allow_request(request, None):
+        return _preview_refused(request, throttle)
     form = _form(request, request.POST)
     parsed, team = _parsed(request, form)
     context: dict = {"form": form}
@@ -308,6 +313,22 @@ def job_new_preview(request: HttpRequest) -> HttpResponse:
             context["whatif"] = whatif
             context["apply"] = json.dumps(whatif.apply) if whatif.apply else ""
     return render(request, "frontend/jobs/_preview.html", context)
+
+
+_PER = {1: "second", 60: "minute", 3600: "hour", 86400: "day"}
+
+
+def _preview_refused(request: HttpRequest, throttle: PreviewRateThrottle) -> HttpResponse:
+    """429, saying the rate and when the preview answers again (page.js shows it where the answer goes)."""
+    wait_s = max(1, math.ceil(throttle.wait() or 1))
+    context = {
+        "limit": throttle.num_requests,
+        "per": _PER.get(throttle.duration, f"{throttle.duration} s"),
+        "wait_s": wait_s,
+    }
+    response = render(request, "frontend/jobs/_preview_throttled.html", context, status=429)
+    response["Retry-After"] = str(wait_s)
+    return response
 
 
 def _yaml(mapping: dict) -> str:

@@ -9,6 +9,7 @@ import csv
 import io
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404
 from rest_framework import exceptions, status
@@ -158,6 +159,17 @@ class SubmitRateThrottle(ClientAddressThrottleMixin, UserRateThrottle):
     """
 
     scope = "submit"
+
+
+class PreviewRateThrottle(ClientAddressThrottleMixin, UserRateThrottle):
+    """Per-user rate of the submit form's what-if preview (TESSERA_PREVIEW_RATE), which runs the engine on every
+    call. The portal's view asks `allow_request` itself, as DRF does for an API view; not a security control
+    either."""
+
+    scope = "preview"
+
+    def get_rate(self) -> str:
+        return settings.TESSERA_PREVIEW_RATE
 
 
 class CsvRenderer(BaseRenderer):

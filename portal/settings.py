@@ -251,6 +251,8 @@ AXES_CLIENT_IP_CALLABLE = "portal.client_address.client_address"
 # Addresses (or networks) of the reverse proxies in front of the portal. Only their X-Forwarded-For is believed
 # (portal/client_address.py); empty: no proxy, REMOTE_ADDR is the client.
 TRUSTED_PROXIES = env.list("TRUSTED_PROXIES", default=[])
+# The submit form's what-if preview per user (it runs the engine on each call), throttled as API submits are.
+TESSERA_PREVIEW_RATE = env.str("TESSERA_PREVIEW_RATE", default="60/min")
 
 REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

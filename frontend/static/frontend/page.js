@@ -165,6 +165,13 @@
       e.detail.shouldSwap = false;
     }
   });
+  // A 429 says in its body why and for how long (the what-if preview's rate): shown where the answer goes.
+  document.addEventListener("htmx:beforeSwap", function (e) {
+    if (e.detail.xhr.status === 429) {
+      e.detail.shouldSwap = true;
+      e.detail.isError = false;
+    }
+  });
   document.addEventListener("tessera:job.changed", function (e) { onJobChanged(e.detail); });
   document.addEventListener("tessera:job.metrics", function (e) { onJobMetrics(e.detail); });
   document.addEventListener("htmx:afterSwap", function (e) { localiseTimes(e.target); });
