@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 from django.conf import settings
-from django.core.checks import Error, Tags, register
+from django.core.checks import Error, Tags, Warning, register
 
 
 @register(Tags.security, deploy=True)
@@ -19,3 +21,36 @@ def secret_key_is_not_the_demo_key(app_configs, **kwargs) -> list[Error]:
             )
         ]
     return []
+
+
+_LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
+
+
+@register(Tags.security, deploy=True)
+def metrics_trust_loopback_behind_no_trusted_proxy(app_configs, **kwargs) -> list[Warning]:
+    """/metrics lets loopback in without its token (TESSERA_METRICS_ALLOW_NETWORKS' default). Behind a reverse
+    proxy on the same host every request arrives from 127.0.0.1, so unless TRUSTED_PROXIES names that proxy (and
+    the client's own address is read from its X-Forwarded-For) the metrics are open to anyone."""
+    if settings.TRUSTED_PROXIES:
+        return []
+    loopback = []
+    for entry in settings.TESSERA_METRICS_ALLOW_NETWORKS:
+        try:
+            network = ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            continue
+        if any(network.version == lo.version and network.overlaps(lo) for lo in _LOOPBACK):
+            loopback.append(entry)
+    if not loopback:
+        return []
+    return [
+        Warning(
+            f"/metrics is open without its token to loopback ({', '.join(loopback)} in "
+            "TESSERA_METRICS_ALLOW_NETWORKS) and TRUSTED_PROXIES is unset: behind a proxy on this host every "
+            "client arrives from 127.0.0.1, and would read the metrics.",
+            hint="Set TRUSTED_PROXIES to the proxies' addresses (127.0.0.1 for one on this host, which is harmless "
+            "with none), or TESSERA_METRICS_ALLOW_NETWORKS to the scraper's network only (or empty, with "
+            "TESSERA_METRICS_TOKEN).",
+            id="tessera.W001",
+        )
+    ]

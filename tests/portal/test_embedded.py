@@ -73,6 +73,7 @@ PRODUCTION = {
     "SECURE_HSTS_SECONDS": "31536000",
     "SECURE_HSTS_INCLUDE_SUBDOMAINS": "1",
     "SECURE_HSTS_PRELOAD": "1",
+    "TRUSTED_PROXIES": "127.0.0.1",  # the TLS proxy on this host (else /metrics would trust every client: W001)
 }
 
 
