@@ -215,7 +215,13 @@ def _run(job: Job, gpus: list[Gpu], *, memory_mib: int | None = None, compute_pc
     )
     for gpu in gpus:
         slice_allocate(job=job, gpu=gpu, memory_mib=memory_mib or gpu.memory_mib, compute_pct=compute_pct)
-    job_transition(job=job, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT, code="started")
+    job_transition(
+        job=job,
+        to_state=JobState.RUNNING,
+        actor_kind=ActorKind.AGENT,
+        code="started",
+        message=f"Started on {', '.join(sorted({g.node.name for g in gpus}))} by the demo loader.",
+    )
 
 
 def _jobs(users: dict) -> None:

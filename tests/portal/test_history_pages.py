@@ -127,6 +127,9 @@ def test_the_demo_writes_a_day_of_generated_history_once(db):
         JobEvent.objects.filter(message__contains="generated past").values_list("message", flat=True).first()
     )
     assert said and "demo.history" not in said, said
+    assert not JobEvent.objects.filter(
+        message=""
+    ).exists()  # the loaded jobs' start said nothing on their pages
     load_demo(history_days=1)  # history is there: nothing twice
     assert (ClusterMinute.objects.count(), NodeMinute.objects.count(), UsageHour.objects.count()) == counts
 
