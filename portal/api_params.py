@@ -2,7 +2,8 @@
 schemas on the filters).
 
 A parameter given must have a value: `?team=` is refused, leave it out instead. Text holds no NUL character.
-A boolean is `true` or `false`. A moment is a day (`2026-01-31`, read as midnight UTC) or an RFC 3339 date-time
+A boolean is `true` or `false`. A whole number is ASCII digits with an optional minus, within the parameter's
+range; an id's range is 1 to 2**63 - 1, every id a row can have (beyond it a database cannot even compare). A moment is a day (`2026-01-31`, read as midnight UTC) or an RFC 3339 date-time
 (`2026-01-31T09:30:00Z`, `2026-01-31T09:30:00.25+02:00`), written with a year from 1970 to 9998. Each refusal is
 a 400 naming the parameter.
 """
@@ -21,6 +22,7 @@ from django_filters.rest_framework import FilterSet as DrfFilterSet
 
 from portal.api_errors import ApiError
 
+MAX_ID = 2**63 - 1  # the largest id a row can have: a signed 64-bit integer
 EARLIEST_YEAR = 1970
 LATEST_YEAR = 9998  # a year 9998 moment in any offset is still a datetime in UTC (9999 may not be)
 
@@ -84,20 +86,29 @@ def query_value(request: Any, name: str) -> str | None:
     return raw
 
 
+def whole_number_problem(raw: str, *, low: int, high: int | None) -> tuple[int | None, str | None]:
+    """(the number, None), or (None, why not): digits as written (int() would also take " 5", "+5", "5_0" and
+    other scripts' digits), from low to high (no upper bound for None)."""
+    try:
+        value = int(raw) if re.fullmatch(r"-?[0-9]+", raw) else None
+    except ValueError:  # more than 4300 digits
+        value = None
+    if value is None:
+        return None, f"must be a whole number (got {raw[:40]!r})."
+    if value < low or (high is not None and value > high):
+        bounds = f"from {low} to {high}" if high is not None else f"at least {low}"
+        return None, f"must be {bounds} (got {raw[:40]})."
+    return value, None
+
+
 def int_param(request: Any, name: str, *, low: int, high: int | None, default: int | None) -> int | None:
     """A whole number between low and high (no upper bound for None), or `default` when not given."""
     raw = query_value(request, name)
     if raw is None:
         return default
-    try:  # digits as written: int() would also take " 5", "+5", "5_0" and other scripts' digits
-        value = int(raw) if re.fullmatch(r"-?[0-9]+", raw) else None
-    except ValueError:  # more than 4300 digits
-        value = None
-    if value is None:
-        raise ApiError(f"{name} must be a whole number (got {raw[:40]!r}).", field=name)
-    if value < low or (high is not None and value > high):
-        bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise ApiError(f"{name} must be {bounds} (got {value}).", field=name, limit=high)
+    value, problem = whole_number_problem(raw, low=low, high=high)
+    if problem:
+        raise ApiError(f"{name} {problem}", field=name, limit=high)
     return value
 
 
@@ -147,6 +158,16 @@ class _BooleanField(forms.Field):
         raise forms.ValidationError(f"give true or false (got {str(value)[:40]!r}).".replace("%", "%%"))
 
 
+class _IdField(forms.Field):
+    def to_python(self, value: Any) -> int | None:
+        if value in (None, ""):
+            return None
+        number, problem = whole_number_problem(str(value), low=1, high=MAX_ID)
+        if problem:
+            raise forms.ValidationError(problem.replace("%", "%%"))  # django-filter %-formats the message
+        return number
+
+
 class _MomentField(forms.Field):
     def to_python(self, value: Any) -> datetime | None:
         if value in (None, ""):
@@ -167,10 +188,10 @@ class BooleanFilter(django_filters.BooleanFilter):
 
 
 class IdFilter(django_filters.NumberFilter):
-    """An object's id: a whole number. One that names nothing matches nothing; it is not an error."""
+    """An object's id: a whole number from 1 to MAX_ID. One that names nothing matches nothing; it is not an error."""
 
-    field_class = forms.IntegerField
-    query_schema = {"type": "integer"}
+    field_class = _IdField
+    query_schema = {"type": "integer", "minimum": 1, "maximum": MAX_ID}
 
 
 class MomentFilter(django_filters.Filter):

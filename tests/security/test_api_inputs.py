@@ -234,3 +234,18 @@ def test_a_token_name_is_counted_once_trimmed_as_the_schema_says(as_alice):
     response = as_alice.post("/api/v1/tokens/", {"name": "\u0085" + "0" * 100}, format="json")
     assert response.status_code == 201 and response.json()["name"] == "0" * 100
     _refused(as_alice.post("/api/v1/tokens/", {"name": " \r "}, format="json"), "name")
+
+
+@pytest.mark.both_databases
+def test_an_id_filter_beyond_the_ids_a_row_can_have_is_a_400_naming_the_parameter_and_the_range(
+    as_alice, teams
+):
+    for value in ("9223372036854775808", "18446744073709551616", "-9223372036854775809", "0", "-1"):
+        for path in ("/api/v1/teams/", f"/api/v1/teams/{teams['training'].pk}/quota-changes/"):
+            response = as_alice.get(f"{path}?parent={value}")
+            _refused(response, "parent")
+            assert "from 1 to 9223372036854775807" in response.json()["error"]["message"]
+    assert as_alice.get("/api/v1/teams/?parent=9223372036854775807").json()["results"] == []
+    schema = as_alice.get("/api/schema/?format=json").json()
+    params = {p["name"]: p["schema"] for p in schema["paths"]["/api/v1/teams/"]["get"]["parameters"]}
+    assert params["parent"] == {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}
