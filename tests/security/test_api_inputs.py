@@ -249,3 +249,18 @@ def test_an_id_filter_beyond_the_ids_a_row_can_have_is_a_400_naming_the_paramete
     schema = as_alice.get("/api/schema/?format=json").json()
     params = {p["name"]: p["schema"] for p in schema["paths"]["/api/v1/teams/"]["get"]["parameters"]}
     assert params["parent"] == {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}
+
+
+def test_a_log_read_bound_is_refused_whether_or_not_offset_is_given(as_alice, alice, teams):
+    from scheduling.jobs.fields import JobSpec
+    from scheduling.jobs.submit import job_submit
+
+    job = job_submit(submitter=alice, team=teams["training"], spec=JobSpec(name="j", command="c", gpus=1))
+    for query, field in [
+        ("limit_bytes=1048577", "limit_bytes"),
+        ("limit_bytes=-1", "limit_bytes"),
+        ("limit_bytes=0", "limit_bytes"),
+        ("offset=0&tail=-1", "tail"),
+        ("tail=x&offset=0", "tail"),
+    ]:
+        _refused(as_alice.get(f"/api/v1/jobs/{job.pk}/logs/?{query}"), field)

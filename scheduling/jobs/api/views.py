@@ -275,17 +275,19 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                 f"encoding must be one of {', '.join(s.LOG_ENCODINGS)} (got {encoding[:40]!r}).",
                 field="encoding",
             )
+        # Each bound is checked whenever its parameter is given, as the schema states it, though `limit_bytes`
+        # counts only with `offset` and `tail` only without.
         offset = int_param(request, "offset", low=0, high=2**62, default=None)
+        limit = int_param(
+            request, "limit_bytes", low=1, high=joblogs.MAX_READ_BYTES, default=joblogs.MAX_READ_BYTES
+        )
+        lines = int_param(request, "tail", low=0, high=MAX_LOG_TAIL_LINES, default=100)
         if job.state in ACTIVE_STATES:  # a reader following it: its agent is asked for new lines often
             listeners.log_reader_note(job_id=job.pk, user_id=request.user.pk)
         if offset is not None:
-            limit = int_param(
-                request, "limit_bytes", low=1, high=joblogs.MAX_READ_BYTES, default=joblogs.MAX_READ_BYTES
-            )
             data, size = joblogs.log_read(job_id=job.pk, stream=stream, offset=offset, limit_bytes=limit)
             start = min(offset, size)
         else:
-            lines = int_param(request, "tail", low=0, high=MAX_LOG_TAIL_LINES, default=100)
             data, size = joblogs.log_tail(job_id=job.pk, stream=stream, lines=lines)
             start = size - len(data)
         body = {
