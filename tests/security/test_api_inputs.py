@@ -264,3 +264,19 @@ def test_a_log_read_bound_is_refused_whether_or_not_offset_is_given(as_alice, al
         ("tail=x&offset=0", "tail"),
     ]:
         _refused(as_alice.get(f"/api/v1/jobs/{job.pk}/logs/?{query}"), field)
+
+
+def test_a_size_with_spaces_is_taken_by_the_server_exactly_when_the_schema_says(as_alice):
+    import re
+
+    schema = as_alice.get("/api/schema/?format=json").json()["components"]["schemas"]["JobSubmitRequest"]
+    gpu_memory = schema["properties"]["gpu_memory"]
+    assert "10 GiB" in gpu_memory["description"]
+    for written, taken in [("10 GiB", True), (" 10GiB ", True), ("10\tGiB", False), ("10 G iB", False)]:
+        assert bool(re.search(gpu_memory["anyOf"][0]["pattern"], written)) is taken
+        spec = {**SPEC, "gpus": None, "gpu_memory": written, "compute_pct": 25}
+        response = as_alice.post("/api/v1/jobs/", spec, format="json")
+        if taken:
+            assert response.status_code == 201 and response.json()["request"]["gpu_memory_mib"] == 10240
+        else:
+            _refused(response, "gpu_memory")

@@ -55,8 +55,8 @@ def _size(high_mib: int, *, zero: bool) -> dict[str, Any]:
         forms.append({"enum": [0, "0"]})
     return {
         "anyOf": forms,
-        "description": f"A size with its unit (10GiB, 512MiB, 80GB), at most {high_mib} MiB"
-        + ("; 0: none." if zero else "."),
+        "description": f"A size with its unit (10GiB, 512MiB, 80GB; spaces before and after the number and the "
+        f"unit are allowed: 10 GiB), at most {high_mib} MiB" + ("; 0: none." if zero else "."),
     }
 
 
