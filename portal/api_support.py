@@ -11,6 +11,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.pagination import PageNumberPagination
@@ -22,6 +23,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from portal.api_errors import ApiError
 from portal.api_params import int_param
 from portal.client_address import client_address
+from portal.parsers import body_too_large, shown_text
 from quotas.errors import QuotaRefused
 from scheduling.errors import ServiceError
 from scheduling.jobs.states import IllegalTransition
@@ -50,7 +52,11 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
 def error_body(
     *, code: str, message: str, field: str | None = None, limit: Any = None, fields: dict | None = None
 ) -> dict[str, Any]:
-    error: dict[str, Any] = {"code": code, "message": message, "field": field, "fields": fields or {}}
+    """The one error format. Its text is written so that any response can encode it: input quoted in a message
+    (a key, a value) may hold a lone surrogate, which is written as its escape rather than failing the answer."""
+    message, field = shown_text(message), field and shown_text(field)
+    fields = {shown_text(k): [shown_text(m) for m in v] for k, v in (fields or {}).items()}
+    error: dict[str, Any] = {"code": code, "message": message, "field": field, "fields": fields}
     if limit is not None:
         error["limit"] = limit
     if field and not error["fields"]:
@@ -80,6 +86,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             error_body(code="illegal_transition", message=str(exc), field="state"),
             status=status.HTTP_409_CONFLICT,
         )
+    if isinstance(exc, RequestDataTooBig | TooManyFieldsSent | TooManyFilesSent):
+        exc = _request_limit(exc)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
@@ -107,6 +115,17 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         code, limit = "throttled", context.get("view") and _throttle_rate(context["view"])
     response.data = error_body(code=code, message=str(detail), limit=limit)
     return response
+
+
+def _request_limit(exc: Exception) -> ApiError:
+    """Django's own bounds on a body it parses (a form's size, fields and files), said as the API says a bound."""
+    if isinstance(exc, RequestDataTooBig):
+        return body_too_large(f"more than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE}")
+    if isinstance(exc, TooManyFieldsSent):
+        limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+        return ApiError(f"A form body may hold at most {limit} fields.", code="out_of_range", limit=limit)
+    limit = settings.DATA_UPLOAD_MAX_NUMBER_FILES
+    return ApiError(f"A form body may hold at most {limit} files.", code="out_of_range", limit=limit)
 
 
 def _throttle_rate(view: Any) -> str | None:

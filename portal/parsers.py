@@ -1,5 +1,5 @@
-"""The API's request parsers. Kept apart from api_support: DRF reads its parser setting while its views module
-loads, so this module must not import DRF's views."""
+"""The API's request parsers, and the one bound on any body it reads. Kept apart from api_support: DRF reads its
+parser setting while its views module loads, so this module must not import DRF's views."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import re
 from typing import Any
 
 from rest_framework import exceptions
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.parsers import JSONParser
 
+from portal.api_errors import ApiError
 from scheduling.errors import ServiceError
 from scheduling.jobs.documents import json_object_once
 
-MAX_JSON_BODY_BYTES = 1024 * 1024
+MAX_BODY_BYTES = 1024 * 1024  # any body the API reads, whatever its media type
 MAX_JSON_DEPTH = 32
 MAX_JSON_VALUES = 20_000
 
@@ -21,9 +23,38 @@ _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
+def body_too_large(size: int | str) -> ApiError:
+    return ApiError(
+        f"The body is {size} bytes; the API reads at most {MAX_BODY_BYTES} bytes.",
+        code="out_of_range",
+        limit=MAX_BODY_BYTES,
+    )
+
+
+def shown_text(text: str) -> str:
+    """Text as an error may quote it: a lone surrogate (which no response can encode) written as its escape."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class BoundedBodyNegotiation(DefaultContentNegotiation):
+    """Before a parser is chosen, and so before any of the body is read: a body over MAX_BODY_BYTES by its
+    Content-Length is refused (400, `limit` in bytes), whatever its media type. DRF would otherwise read a form or
+    JSON body whole, and Django's own limit answers with an HTML page."""
+
+    def select_parser(self, request: Any, parsers: Any) -> Any:
+        try:
+            size = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:  # DRF reads no body then either
+            size = 0
+        if size > MAX_BODY_BYTES:
+            raise body_too_large(size)
+        return super().select_parser(request, parsers)
+
+
 class SafeJSONParser(JSONParser):
-    """The API's JSON bodies, bounded: at most MAX_JSON_BODY_BYTES, `max_depth` levels and `max_values` values,
-    no key twice in one object, no text a database cannot store (a lone surrogate). Each refusal is a 400 that
+    """The API's JSON bodies, bounded: at most MAX_BODY_BYTES, `max_depth` levels and `max_values` values,
+    no key twice in one object, no text a database cannot store (a lone surrogate, in a key or a value: named by where it is, escaped).
+    Each refusal is a 400 that
     says which bound, never a RecursionError or an encoding error at INSERT; the costly checks run only when a
     cheap scan of the text says they might find something."""
 
@@ -31,9 +62,9 @@ class SafeJSONParser(JSONParser):
     max_values = MAX_JSON_VALUES
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        raw = stream.read(MAX_JSON_BODY_BYTES + 1) if stream is not None else b""
-        if len(raw) > MAX_JSON_BODY_BYTES:
-            raise exceptions.ParseError(f"A JSON body may be at most {MAX_JSON_BODY_BYTES} bytes.")
+        raw = stream.read(MAX_BODY_BYTES + 1) if stream is not None else b""
+        if len(raw) > MAX_BODY_BYTES:
+            raise body_too_large(f"more than {MAX_BODY_BYTES}")
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -62,7 +93,7 @@ class SafeJSONParser(JSONParser):
                     try:
                         value.encode("utf-8")
                     except UnicodeEncodeError:
-                        field = path or "body"
+                        field = shown_text(path) or "body"
                         raise ServiceError(
                             f"{field} is not valid text (it holds a lone surrogate character).", field=field
                         ) from None

@@ -269,6 +269,8 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
+    # Refuses a body over the API's limit by its Content-Length before any parser reads it.
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "portal.parsers.BoundedBodyNegotiation",
     "EXCEPTION_HANDLER": "portal.api_support.exception_handler",
     "DEFAULT_THROTTLE_RATES": {"submit": env.str("TESSERA_API_SUBMIT_RATE", default="120/min")},
 }
