@@ -8,6 +8,7 @@ from drf_spectacular.openapi import AutoSchema
 from rest_framework import serializers
 
 from portal.api_params import text_pattern, trimmed_text_pattern
+from portal.api_requests import RequestSerializer
 
 
 class ErrorDetailSerializer(serializers.Serializer):
@@ -62,9 +63,12 @@ class TesseraAutoSchema(AutoSchema):
     def _map_basic_serializer(self, serializer, direction):
         outer, self._direction = self._direction, direction
         try:
-            return super()._map_basic_serializer(serializer, direction)
+            schema = super()._map_basic_serializer(serializer, direction)
         finally:
             self._direction = outer
+        if direction == "request" and isinstance(serializer, RequestSerializer):
+            schema["additionalProperties"] = False  # it refuses a field it does not name
+        return schema
 
     def _insert_field_validators(self, field, schema):
         """Text a serializer takes, as DRF's CharField reads it: no NUL, and trimmed (unless told not to) before

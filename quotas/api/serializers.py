@@ -6,6 +6,7 @@ from decimal import Decimal
 
 from rest_framework import serializers
 
+from portal.api_requests import RequestSerializer
 from quotas.models import ApiToken, PriorityClass, QuotaChange, Team
 
 
@@ -132,7 +133,7 @@ class TextField(serializers.CharField):
         return super().to_internal_value(data)
 
 
-class ApiTokenCreateSerializer(serializers.Serializer):
+class ApiTokenCreateSerializer(RequestSerializer):
     name = TextField(max_length=100)
 
 
@@ -157,7 +158,7 @@ class WhoamiSerializer(serializers.Serializer):
     teams = MembershipBriefSerializer(many=True)
 
 
-class QuotaEditSerializer(serializers.Serializer):
+class QuotaEditSerializer(RequestSerializer):
     """A change to one of a team's quota rows: the fields given change, the others stay."""
 
     gpu_model = serializers.CharField(
@@ -195,7 +196,7 @@ class QuotaChangeRequestSerializer(QuotaEditSerializer):
     )
 
 
-class UndoRequestSerializer(serializers.Serializer):
+class UndoRequestSerializer(RequestSerializer):
     reason = serializers.CharField(
         help_text="Why (required; at most 300 characters with 'undo of change #N: ')."
     )

@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 
 from portal.api_errors import ApiError
 from portal.api_params import IdFilter, StrictFilterSet, TextFilter
+from portal.api_requests import RequestSerializer
 from portal.api_support import ClientAddressThrottleMixin
 from quotas.api.authentication import BearerTokenAuthentication
 from quotas.api.serializers import (
@@ -418,7 +419,7 @@ class LoginRateThrottle(ClientAddressThrottleMixin, throttling.SimpleRateThrottl
         return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
 
 
-class TokenLoginSerializer(serializers.Serializer):
+class TokenLoginSerializer(RequestSerializer):
     username = serializers.CharField(max_length=150)
     password = serializers.CharField(max_length=1024, style={"input_type": "password"}, trim_whitespace=False)
     name = serializers.CharField(max_length=100, required=False, default="tessera CLI")

@@ -1,5 +1,5 @@
 """Request bodies every endpoint refuses the same way, in the API's error format: a lone surrogate anywhere in a JSON
-body and a body over the API's limit."""
+body, a body over the API's limit, and a field the request does not take."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from rest_framework.test import APIClient
 
 from portal.api_support import error_body
 from portal.parsers import MAX_BODY_BYTES
-from quotas.models import ApiToken, QuotaChange
+from quotas.models import ApiToken, Quota, QuotaChange
 from scheduling.jobs.models import Job
 
 pytestmark = pytest.mark.django_db
@@ -76,3 +76,38 @@ def test_a_body_over_a_limit_is_refused_in_the_api_format_naming_the_limit(db):
     )
     assert _refused(response, None, "at most 1000 fields")["limit"] == 1000
     assert not ApiToken.objects.exists()
+
+
+NOT_TAKEN = [
+    ("patch", "/api/v1/teams/{team}/quotas/", {"reason": "x", "guaranteed_gpu": "2"}, "guaranteed_gpu"),
+    ("post", "/api/v1/teams/{team}/quota-preview/", {"limit": 1}, "limit"),
+    ("post", "/api/v1/tokens/", {"name": "laptop", "expires": "never"}, "expires"),
+    ("post", "/api/v1/cluster/nodes/a100-01/state/", {"state": "ready", "reason": "x", "why": 1}, "why"),
+]
+
+
+def test_a_field_the_request_does_not_take_is_a_400_naming_it_and_the_schema_says_so(as_staff, teams):
+    changes = QuotaChange.objects.count()
+    for method, path, body, field in NOT_TAKEN:
+        url = path.format(team=teams["training"].pk)
+        error = _refused(getattr(as_staff, method)(url, body, format="json"), field, "not a field")
+        assert field in error["fields"]
+    assert Quota.objects.get(team=teams["training"], gpu_model=None).guaranteed_gpus == 4
+    assert QuotaChange.objects.count() == changes and not ApiToken.objects.exists()
+    schemas = as_staff.get("/api/schema/?format=json").json()["components"]["schemas"]
+    for name in (
+        "PatchedQuotaChangeRequestRequest",
+        "QuotaEditRequest",
+        "UndoRequestRequest",
+        "ApiTokenCreateRequest",
+        "TokenLoginRequest",
+        "NodeStateRequestRequest",
+    ):
+        assert schemas[name]["additionalProperties"] is False, name
+
+
+def test_before_signing_in_a_lone_surrogate_or_a_field_not_taken_is_a_400_naming_it(db):
+    client = APIClient()
+    _refused(client.post("/api/v1/auth/token/", KEY, content_type="application/json"), "\\ud800", "surrogate")
+    body = {"username": "a", "password": "b", "scope": "all"}
+    _refused(client.post("/api/v1/auth/token/", body, format="json"), "scope", "not a field")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from portal.api_requests import RequestSerializer
 from scheduling.inventory.services import NODE_STATE_REASON_MAX, SETTABLE_NODE_STATES
 
 
@@ -135,7 +136,7 @@ class ClusterSerializer(serializers.Serializer):
     teams = TeamAggregateSerializer(many=True, help_text="Anonymous aggregates per team: no jobs, no people.")
 
 
-class NodeStateRequestSerializer(serializers.Serializer):
+class NodeStateRequestSerializer(RequestSerializer):
     state = serializers.ChoiceField(
         choices=list(SETTABLE_NODE_STATES),
         help_text="cordoned: place no new work; draining: the same, while its jobs finish; ready: uncordon.",
