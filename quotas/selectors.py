@@ -19,6 +19,12 @@ def team_ids_for_user(*, user: AbstractBaseUser) -> set[int]:
     return set(Membership.objects.filter(user=user).values_list("team_id", flat=True))
 
 
+def team_visible_to(*, user: AbstractBaseUser, team: Team) -> bool:
+    """Whether the user may see the team at all: staff, or one of its members. The API answers 404 for a team the
+    user cannot see, never 403, so that team ids cannot be probed."""
+    return bool(user.is_staff) or team.pk in team_ids_for_user(user=user)
+
+
 def team_ids_administered_by(*, user: AbstractBaseUser) -> set[int]:
     return set(Membership.objects.filter(user=user, role=Role.TEAM_ADMIN).values_list("team_id", flat=True))
 

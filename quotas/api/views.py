@@ -36,7 +36,7 @@ from quotas.api.serializers import (
 from quotas.choices import ChangeSource
 from quotas.errors import QuotaForbidden, QuotaRefused
 from quotas.models import ApiToken, Membership, PriorityClass, Quota, QuotaChange, Team
-from quotas.selectors import TeamAllowance, team_allowances, team_ids_for_user
+from quotas.selectors import TeamAllowance, team_allowances, team_ids_for_user, team_visible_to
 from quotas.services import (
     quota_change_check,
     quota_change_undo,
@@ -219,13 +219,17 @@ class TeamViewSet(viewsets.ReadOnlyModelViewSet):
         team = self._with_summaries([self.get_object()])[0]
         return Response(self.get_serializer(team).data)
 
-    # -- quota changes: any team by id (a team admin of another team gets 403 from the service, not 404) ------
+    # -- quota changes: a team the caller may change (staff: any; a team admin: theirs and their organisation's) --
 
     def _quota_team(self, pk: str | None) -> Team:
+        """The team a quota change or preview is about: 404 for a team the caller cannot see (as for every other
+        team, its existence is not revealed), 403 for one they see but may not change."""
         team = Team.objects.filter(pk=int(pk)).first() if pk and pk.isdigit() else None
-        if team is None:
+        user = self.request.user
+        may_edit = team is not None and quota_may_edit(actor=user, team=team)
+        if team is None or not (may_edit or team_visible_to(user=user, team=team)):
             raise NotFound("No such team.")
-        if not quota_may_edit(actor=self.request.user, team=team):
+        if not may_edit:
             raise QuotaForbidden(f"Only staff and team admins of {team.slug} may change its quota.")
         return team
 

@@ -24,14 +24,38 @@ def test_staff_patch_a_quota_with_a_reason_and_it_is_audited(as_admin, teams):
     assert Quota.objects.get(team=team, gpu_model__isnull=True).limit_gpus == 3
 
 
-def test_a_team_admin_of_another_team_gets_403_and_nothing_is_saved(as_carol, teams):
+def test_a_team_admin_of_a_team_they_cannot_see_gets_404_and_nothing_is_saved(as_carol, teams):
     team = teams["inference"]
     response = as_carol.patch(
         f"/api/v1/teams/{team.pk}/quotas/", {"guaranteed_gpus": "0", "reason": "mine now"}, format="json"
     )
-    assert response.status_code == 403 and response.json()["error"]["code"] == "forbidden"
+    assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
     assert Quota.objects.get(team=team, gpu_model__isnull=True).guaranteed_gpus == 1
     assert not QuotaChange.objects.filter(actor__username="carol").exists()
+
+
+def test_a_team_you_cannot_see_is_404_without_its_name_and_one_you_see_but_may_not_edit_is_403(
+    as_admin, as_bob, as_alice, teams
+):
+    team = teams["training"]
+    change = as_admin.patch(
+        f"/api/v1/teams/{team.pk}/quotas/", {"fair_share_weight": "2", "reason": "x"}, format="json"
+    ).json()["change"]
+    changes = QuotaChange.objects.count()
+    for method, suffix, body in [
+        ("patch", "quotas/", {"guaranteed_gpus": "9", "reason": "ours now"}),
+        ("post", "quota-preview/", {"guaranteed_gpus": "9"}),
+        ("post", f"quota-changes/{change['id']}/undo/", {"reason": "ours now"}),
+    ]:
+        url = f"/api/v1/teams/{team.pk}/{suffix}"
+        hidden = getattr(as_bob, method)(url, body, format="json")
+        assert hidden.status_code == 404 and hidden.json()["error"]["code"] == "not_found", hidden.content
+        assert team.slug not in hidden.content.decode()
+        seen = getattr(as_alice, method)(url, body, format="json")
+        assert seen.status_code == 403 and seen.json()["error"]["code"] == "forbidden", seen.content
+        assert team.slug in seen.json()["error"]["message"]
+    assert QuotaChange.objects.count() == changes
+    assert Quota.objects.get(team=team, gpu_model=None).guaranteed_gpus == 4
 
 
 def test_a_missing_reason_names_reason_and_a_long_one_its_limit(as_admin, teams):
