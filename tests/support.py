@@ -144,6 +144,15 @@ def start_on_free_port(
         time.sleep(0.1)
 
 
+# For tests in which people's passwords are no part of what is tried: new passwords are hashed with MD5 (the
+# production hasher's deliberate slowness cost each user a fixture makes 0.7 s), passwords already stored with the
+# production hasher still check.
+FAST_PASSWORD_HASHERS = [
+    "django.contrib.auth.hashers.MD5PasswordHasher",
+    "django.contrib.auth.hashers.PBKDF2PasswordHasher",
+]
+
+
 class RecordingHttpServer:
     """A real HTTP server on 127.0.0.1, on a thread of this process, that records every request it is sent and
     answers `status` (with `location`, for a redirect). `requests`: (method, path) of each, whatever the method;

@@ -11,18 +11,14 @@ from django.test import Client
 
 from quotas.models import ApiToken
 from quotas.tokens import api_token_create
+from tests.support import FAST_PASSWORD_HASHERS
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
-def fast_new_passwords(settings):
-    """New passwords are hashed with MD5 here (the old ones still check with the production hasher): its
-    deliberate slowness is no part of what is tried."""
-    settings.PASSWORD_HASHERS = [
-        "django.contrib.auth.hashers.MD5PasswordHasher",
-        "django.contrib.auth.hashers.PBKDF2PasswordHasher",
-    ]
+def fast_passwords(settings):
+    settings.PASSWORD_HASHERS = FAST_PASSWORD_HASHERS
 
 
 def _signed_in(user) -> Client:
