@@ -168,12 +168,20 @@ class JobForm(SpecFields):
         and two GPUs written "two" are both said), unless the field has one already."""
         for field, message in spec_field_errors(self.spec_mapping()).items():
             if field in self.fields and field not in self.errors:
-                self.add_error(field, message)
+                self.add_error(field, _beside_its_field(field, message))
 
     def add_spec_error(self, field: str | None, message: str) -> None:
         """Show a spec or service refusal next to the field it names (the form's top when it names none)."""
         target = field if field in self.fields else None
-        self.add_error(target, message)
+        self.add_error(target, _beside_its_field(target, message))
+
+
+def _beside_its_field(field: str | None, message: str) -> str:
+    """A refusal shown beside its field, without the spec's key for it: beside "Minimum card memory" it read
+    "min_gpu_memory must be a size such as '10GiB' ...", now "Must be a size such as '10GiB' ..." (the API and the
+    CLI, which have no field to show it beside, keep the key)."""
+    said = f"{field} must "
+    return "Must " + message[len(said) :] if field and message.startswith(said) else message
 
 
 def priority_options(allowance: TeamAllowance | None) -> list[tuple[str, str]]:
