@@ -52,11 +52,10 @@ class BoundedBodyNegotiation(DefaultContentNegotiation):
 
 
 class SafeJSONParser(JSONParser):
-    """The API's JSON bodies, bounded: at most MAX_BODY_BYTES, `max_depth` levels and `max_values` values,
-    no key twice in one object, no text a database cannot store (a lone surrogate, in a key or a value: named by where it is, escaped).
-    Each refusal is a 400 that
-    says which bound, never a RecursionError or an encoding error at INSERT; the costly checks run only when a
-    cheap scan of the text says they might find something."""
+    """The API's JSON bodies, bounded: at most MAX_BODY_BYTES, `max_depth` levels and `max_values` values, no key
+    twice in one object, no text a database cannot store (a lone surrogate, in a key or a value: named by where it
+    is, escaped). Each refusal is a 400 that says which bound, never a RecursionError or an encoding error at
+    INSERT; the costly checks run only when a cheap scan of the text says they might find something."""
 
     max_depth = MAX_JSON_DEPTH
     max_values = MAX_JSON_VALUES
