@@ -160,36 +160,17 @@ def jobs_write(jobs: list[ReplayedJob], *, now: datetime, quotas: dict) -> None:
         ends.append(end)
     created = Job.objects.bulk_create(rows, batch_size=1000)
     _set_times(Job, "submitted_at", [(j.submitted, job.pk) for job, j in zip(created, jobs, strict=True)])
-    events = []
+    events: list[tuple[JobEvent, datetime]] = []
     for job, j, end in zip(created, jobs, ends, strict=True):
         said = {"generated": True}
         events.append(
-            (
-                JobEvent(
-                    job=job,
-                    from_state="",
-                    to_state=JobState.PENDING,
-                    actor_kind=ActorKind.USER,
-                    code="submitted",
-                    message=GENERATED,
-                    data=said,
-                ),
-                j.submitted,
-            )
+            _event(job, j.submitted, ("", JobState.PENDING), ActorKind.USER, "submitted", GENERATED)
         )
         if j.started is None:
+            waited = f"{GENERATED} Cancelled while it waited."
             events.append(
-                (
-                    JobEvent(
-                        job=job,
-                        from_state=JobState.PENDING,
-                        to_state=JobState.CANCELLED,
-                        actor_kind=ActorKind.SYSTEM,
-                        code="cancelled",
-                        message=f"{GENERATED} Cancelled while it waited.",
-                        data=said,
-                    ),
-                    end,
+                _event(
+                    job, end, (JobState.PENDING, JobState.CANCELLED), ActorKind.SYSTEM, "cancelled", waited
                 )
             )
             continue
@@ -199,66 +180,65 @@ def jobs_write(jobs: list[ReplayedJob], *, now: datetime, quotas: dict) -> None:
             "gpus": [[c.node, c.index, mib, milli] for c, mib, milli in j.cards],
         }
         where = ", ".join(f"{c.node} GPU {c.index}" for c, _, _ in j.cards)
-        events.append(
-            (
-                JobEvent(
-                    job=job,
-                    from_state=JobState.PENDING,
-                    to_state=JobState.PLACED,
-                    actor_kind=ActorKind.SCHEDULER,
-                    code="placed",
-                    message=f"Placed on {where}. {GENERATED}",
-                    data=placed,
-                ),
+        events += [
+            _event(
+                job,
                 j.started,
-            )
-        )
-        events.append(
-            (
-                JobEvent(
-                    job=job,
-                    from_state=JobState.PLACED,
-                    to_state=JobState.RUNNING,
-                    actor_kind=ActorKind.AGENT,
-                    code="started",
-                    message=GENERATED,
-                    data=said,
-                ),
-                j.started,
-            )
-        )
+                (JobState.PENDING, JobState.PLACED),
+                ActorKind.SCHEDULER,
+                "placed",
+                f"Placed on {where}. {GENERATED}",
+                placed,
+            ),
+            _event(
+                job, j.started, (JobState.PLACED, JobState.RUNNING), ActorKind.AGENT, "started", GENERATED
+            ),
+        ]
         if job.state == JobState.SUCCEEDED:
+            exited = f"Exited with code 0. {GENERATED}"
             events.append(
-                (
-                    JobEvent(
-                        job=job,
-                        from_state=JobState.RUNNING,
-                        to_state=JobState.SUCCEEDED,
-                        actor_kind=ActorKind.AGENT,
-                        code="exited",
-                        message=f"Exited with code 0. {GENERATED}",
-                        data={**said, "exit_code": 0},
-                    ),
+                _event(
+                    job,
                     end,
+                    (JobState.RUNNING, JobState.SUCCEEDED),
+                    ActorKind.AGENT,
+                    "exited",
+                    exited,
+                    {**said, "exit_code": 0},
                 )
             )
         else:
+            stopped = f"{GENERATED} Stopped where the generated past ends."
             events.append(
-                (
-                    JobEvent(
-                        job=job,
-                        from_state=JobState.RUNNING,
-                        to_state=JobState.CANCELLED,
-                        actor_kind=ActorKind.SYSTEM,
-                        code="cancelled",
-                        message=f"{GENERATED} Stopped where the generated past ends.",
-                        data=said,
-                    ),
-                    end,
+                _event(
+                    job, end, (JobState.RUNNING, JobState.CANCELLED), ActorKind.SYSTEM, "cancelled", stopped
                 )
             )
     made = JobEvent.objects.bulk_create([e for e, _ in events], batch_size=2000)
     _set_times(JobEvent, "at", [(at, event.pk) for event, (_, at) in zip(made, events, strict=True)])
+
+
+def _event(
+    job: Job,
+    at: datetime,
+    states: tuple[str, str],
+    actor_kind: str,
+    code: str,
+    message: str,
+    data: dict | None = None,
+) -> tuple[JobEvent, datetime]:
+    """One event of a generated job (from, to), with the time it is given once written."""
+    from_state, to_state = states
+    event = JobEvent(
+        job=job,
+        from_state=from_state,
+        to_state=to_state,
+        actor_kind=actor_kind,
+        code=code,
+        message=message,
+        data=data if data is not None else {"generated": True},
+    )
+    return event, at
 
 
 def _set_times(model, column: str, values: list[tuple[datetime, int]]) -> None:
