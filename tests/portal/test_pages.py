@@ -318,11 +318,15 @@ def test_a_log_nothing_was_written_to_downloads_empty_not_as_an_error_page(alice
 
 
 def test_team_names_in_tables_wrap_after_their_slash_and_never_at_a_hyphen(alice, teams, node):
-    _submit(alice, teams["training"], name="held")
+    from scheduling.jobs.ledger import slice_allocate
+
+    held = _submit(alice, teams["training"], name="held")
+    gpu = node.gpus.order_by("index").first()
+    slice_allocate(job=held, gpu=gpu, memory_mib=gpu.memory_mib, compute_pct=100)
     client = _signed_in(alice)
     whole = '<span class="nowrap">ai-lab/</span><wbr><span class="nowrap">training</span>'
     # A narrow column broke "ai-lab/training" at its hyphen: "ai-" over "lab/training".
-    for url in ("/jobs/", "/queue/", "/teams/", "/fairness/"):
+    for url in ("/jobs/", "/queue/", "/teams/", "/fairness/", f"/cluster/{node.name}/"):
         assert whole in client.get(url).content.decode(), url
     from django.template.loader import render_to_string
 
