@@ -81,6 +81,22 @@ def _job_logs_of_this_run(tmp_path_factory):
         os.environ["TESSERA_LOG_DIR"] = before
 
 
+# The packages whose people sign in through servers in processes of their own (daphne, the Celery worker), which
+# check passwords with the production hasher.
+PASSWORDS_CHECKED_ELSEWHERE = {"browser", "pipeline", "moves"}
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashes(request):
+    """New passwords are hashed with MD5 where they are checked in this process: the production hasher's
+    deliberate slowness cost every person a test makes, and every sign-in, most of a second."""
+    if Path(request.node.path).relative_to(REPO / "tests").parts[0] in PASSWORDS_CHECKED_ELSEWHERE:
+        return
+    from tests.support import FAST_PASSWORD_HASHERS
+
+    request.getfixturevalue("settings").PASSWORD_HASHERS = FAST_PASSWORD_HASHERS
+
+
 @pytest.fixture(autouse=True)
 def _postgresql_only(request):
     marker = request.node.get_closest_marker("postgresql_only")

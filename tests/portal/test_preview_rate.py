@@ -7,14 +7,8 @@ import pytest
 from django.core.cache import cache
 from django.test import Client
 
-from tests.support import FAST_PASSWORD_HASHERS
-
 pytestmark = pytest.mark.django_db
 
-
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    settings.PASSWORD_HASHERS = FAST_PASSWORD_HASHERS
 
 
 def _signed_in(user) -> Client:

@@ -11,14 +11,9 @@ from django.test import Client
 
 from quotas.models import ApiToken
 from quotas.tokens import api_token_create
-from tests.support import FAST_PASSWORD_HASHERS
 
 pytestmark = pytest.mark.django_db
 
-
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    settings.PASSWORD_HASHERS = FAST_PASSWORD_HASHERS
 
 
 def _signed_in(user) -> Client:

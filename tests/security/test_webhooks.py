@@ -11,14 +11,10 @@ from django.utils import timezone
 
 from scheduling.notifications.models import Notification, NotificationSettings
 from scheduling.notifications.services import admin_notify, notification_deliver, notification_settings_save
-from tests.support import FAST_PASSWORD_HASHERS, RecordingHttpServer
+from tests.support import RecordingHttpServer
 
 pytestmark = pytest.mark.django_db
 
-
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    settings.PASSWORD_HASHERS = FAST_PASSWORD_HASHERS
 
 
 # What bob once saved (and the server then POSTed to), and their kin; each with the word the refusal gives.
