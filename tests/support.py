@@ -8,11 +8,16 @@ import inspect
 import json
 import math
 import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 from typing import Any
 
 from scheduling.sim.metrics import percentile as _percentile
@@ -142,6 +147,63 @@ def start_on_free_port(
                 stop(started)
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what} to answer")
         time.sleep(0.1)
+
+
+@dataclass
+class Demo:
+    """The embedded demo started as `make demo` starts it: its process (its group's leader), URL, what load_demo
+    printed, and where it writes its log."""
+
+    process: subprocess.Popen
+    url: str
+    port: int
+    loaded: str
+    log: Path
+
+
+def demo_start(env: dict[str, str], cwd: Path, log: Path, *, timeout_s: float = 30.0) -> Demo:
+    """migrate, load_demo, then run_demo on a free port (started again elsewhere if another process took it
+    meanwhile) in a process group of its own, until /healthz answers; `env` says where its database lives. On
+    failure the demo is stopped and the error says what it printed."""
+    import requests
+
+    manage = [sys.executable, "manage.py"]
+    loaded = ""
+    for step in (["migrate", "--noinput", "-v0"], ["load_demo"]):
+        done = subprocess.run([*manage, *step], env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"manage.py {step[0]}:\n{done.stdout}\n{done.stderr}"
+        loaded = done.stdout
+
+    def start(port: int) -> tuple[subprocess.Popen, int]:
+        with log.open("w") as out:
+            process = subprocess.Popen(
+                [*manage, "run_demo", "--host", "127.0.0.1", "--port", str(port)],
+                env=env,
+                cwd=cwd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return process, port
+
+    def answers(started: tuple[subprocess.Popen, int]) -> bool:
+        try:  # a loaded machine answers its first requests late: waited for, with a clear failure
+            return requests.get(f"http://127.0.0.1:{started[1]}/healthz", timeout=10).ok
+        except requests.RequestException:
+            return False
+
+    def exited_saying(started: tuple[subprocess.Popen, int]) -> str | None:
+        return None if started[0].poll() is None else log.read_text()
+
+    def kill(started: tuple[subprocess.Popen, int]) -> None:
+        if started[0].poll() is None:
+            os.killpg(started[0].pid, signal.SIGKILL)
+            started[0].wait()
+
+    (process, port), _ = start_on_free_port(
+        "the embedded demo", start, answers, exited_saying, timeout_s=timeout_s, stop=kill
+    )
+    return Demo(process=process, url=f"http://127.0.0.1:{port}", port=port, loaded=loaded, log=log)
 
 
 # For tests in which people's passwords are no part of what is tried: new passwords are hashed with MD5 (the

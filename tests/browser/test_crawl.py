@@ -22,7 +22,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -30,11 +29,10 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
-import requests
 from django.urls import Resolver404, resolve
 
 from tests.browser.reading import unreadable
-from tests.support import CHROMIUM, launch_chromium, sign_in, start_on_free_port, wait_for
+from tests.support import CHROMIUM, demo_start, launch_chromium, sign_in, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -151,49 +149,13 @@ def demo(tmp_path_factory):
         TESSERA_VAR_DIR=str(var),
         DJANGO_SETTINGS_MODULE="portal.settings",
     )
-    manage = [sys.executable, "manage.py"]
-    for step in (["migrate", "--noinput", "-v0"], ["load_demo"]):
-        done = subprocess.run(
-            [*manage, *step], env=env, cwd=REPO, capture_output=True, text=True, timeout=300
-        )
-        assert done.returncode == 0, f"manage.py {step[0]}:\n{done.stdout}\n{done.stderr}"
-    log_path = var / "demo.log"
-
-    def start(port: int) -> tuple[subprocess.Popen, int]:
-        with log_path.open("w") as log:
-            process = subprocess.Popen(
-                [*manage, "run_demo", "--host", "127.0.0.1", "--port", str(port)],
-                env=env,
-                cwd=REPO,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return process, port
-
-    def answers(started) -> bool:
-        try:
-            return requests.get(f"http://127.0.0.1:{started[1]}/healthz", timeout=5).ok
-        except requests.RequestException:
-            return False
-
-    def exited_saying(started) -> str | None:
-        return None if started[0].poll() is None else log_path.read_text()
-
-    def kill(started) -> None:
-        if started[0].poll() is None:
-            os.killpg(started[0].pid, signal.SIGKILL)
-            started[0].wait()
-
-    (process, port), _ = start_on_free_port(
-        "the embedded demo", start, answers, exited_saying, timeout_s=30, stop=kill
-    )
-    yield f"http://127.0.0.1:{port}"
+    started = demo_start(env, REPO, var / "demo.log")
+    yield started.url
     try:
-        _stop_as_ctrl_c(process, port, var)
+        _stop_as_ctrl_c(started.process, started.port, var)
     finally:
         SHOTS.mkdir(parents=True, exist_ok=True)
-        shutil.copy(log_path, SHOTS / "demo.log")  # what the demo said meanwhile, beside the screenshots
+        shutil.copy(started.log, SHOTS / "demo.log")  # what the demo said meanwhile, beside the screenshots
 
 
 # -- the crawl ------------------------------------------------------------------------------------------------------

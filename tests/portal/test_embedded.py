@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.support import start_on_free_port, wait_for
+from tests.support import demo_start, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,55 +110,19 @@ def embedded_server(tmp_path_factory):
     all on SQLite with no Redis."""
     var = tmp_path_factory.mktemp("embedded")
     env = _embedded_env(var)
-    manage = [sys.executable, "manage.py"]
-    subprocess.run([*manage, "migrate", "--noinput", "-v0"], env=env, cwd=ROOT, check=True)
-    loaded = subprocess.run(
-        [*manage, "load_demo"], env=env, cwd=ROOT, check=True, capture_output=True, text=True
-    )
-    log_path = var / "demo.log"
-
-    def start(port: int) -> tuple[subprocess.Popen, str]:
-        with log_path.open("w") as log:
-            server = subprocess.Popen(
-                [*manage, "run_demo", "--host", "127.0.0.1", "--port", str(port)],
-                env=env,
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return server, f"http://127.0.0.1:{port}"
-
-    def answers(started) -> bool:
-        try:
-            requests.get(f"{started[1]}/healthz", timeout=10)
-        except requests.RequestException:
-            return False
-        return True
-
-    def exited_saying(started) -> str | None:
-        return None if started[0].poll() is None else log_path.read_text()
-
-    def stop(started) -> None:
-        if started[0].poll() is not None:
-            return  # a test stopped it (as Ctrl-C does)
-        os.killpg(started[0].pid, signal.SIGTERM)
-        try:
-            started[0].wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(started[0].pid, signal.SIGKILL)
-
-    # run_demo takes a port number only: started again elsewhere if another process took it meanwhile. A loaded
-    # machine starts it slowly and may answer its first requests late: waited for, with a clear failure.
-    started, _ = start_on_free_port(
-        "the embedded demo", start, answers, exited_saying, timeout_s=30, stop=stop
-    )
-    running = _Embedded((started[1], loaded.stdout, env, var))
-    running.process = started[0]
+    demo = demo_start(env, ROOT, var / "demo.log")
+    running = _Embedded((demo.url, demo.loaded, env, var))
+    running.process = demo.process
     try:
         yield running
     finally:
-        stop(started)
+        if demo.process.poll() is None:  # else a test stopped it (as Ctrl-C does)
+            os.killpg(demo.process.pid, signal.SIGTERM)
+            try:
+                demo.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(demo.process.pid, signal.SIGKILL)
+                demo.process.wait()
 
 
 def test_the_demo_serves_the_portal_and_the_admin_with_no_services(embedded_server):
@@ -180,7 +144,7 @@ def test_the_demo_serves_the_portal_and_the_admin_with_no_services(embedded_serv
         headers={"Referer": f"{base}/admin/login/"},
         timeout=30,
     )
-    assert response.status_code == 200 and "Site administration" in response.text
+    assert response.status_code == 200 and "Tessera administration" in response.text
     assert session.get(f"{base}/static/admin/css/base.css", timeout=30).status_code == 200
 
 
