@@ -232,6 +232,8 @@ def test_a_job_that_fails_after_a_second_is_charted_over_that_second_not_over_ye
     if util is not None:
         assert util["xmin"] == pytest.approx(failed.started_at.timestamp(), abs=0.01)
         assert util["xmax"] == pytest.approx(failed.finished_at.timestamp(), abs=0.01)
+    # It wrote nothing and never will: its log does not say "yet".
+    _expect_text(page, "#log-text", "Nothing was written to stdout.")
     browse.shots(page, "failed")
     assert page.errors == []
 

@@ -61,9 +61,11 @@
         .then(function (r) { return r.ok ? r.json() : Promise.reject(r.status); })
         .then(function (data) {
           if (asked !== generation) { again = true; return; }
-          if (offset === null) pre.textContent = data.text || (data.size ? "" : "Nothing written to " + stream + " yet.");
+          // A job that has ended writes nothing more: its empty log is not waiting for lines ("... yet").
+          const nothing = "ended" in panel.dataset ? "Nothing was written to " + stream + "." : "Nothing written to " + stream + " yet.";
+          if (offset === null) pre.textContent = data.text || (data.size ? "" : nothing);
           else if (data.text) {
-            if (/^Nothing written to /.test(pre.textContent) || /^No output yet/.test(pre.textContent)) pre.textContent = "";
+            if (/^Nothing (was )?written to /.test(pre.textContent) || /^No output yet/.test(pre.textContent)) pre.textContent = "";
             pre.textContent += data.text;
           }
           offset = data.next_offset;
@@ -83,7 +85,11 @@
     document.addEventListener("tessera:catch-up", load); // the socket (re)opened, or every 5 s while it is down
     // A job that ended may have written its last lines with no logs.appended yet heard: read them once more.
     document.addEventListener("tessera:job.changed", function (e) {
-      if (e.detail && String(e.detail.job_id) === String(job) && ENDED.indexOf(e.detail.state) >= 0) load();
+      if (e.detail && String(e.detail.job_id) === String(job) && ENDED.indexOf(e.detail.state) >= 0) {
+        panel.dataset.ended = "";
+        if (/^Nothing written to /.test(pre.textContent)) pre.textContent = "Nothing was written to " + stream + ".";
+        load();
+      }
     });
     load();
   }
