@@ -11,6 +11,19 @@ from quotas.services import membership_set
 pytestmark = pytest.mark.slow
 
 TIMEOUT_MS = 60_000  # a loaded 2-core machine answers slowly, not wrongly
+# The words of an element's text laid out on more than one line; a break after a hyphen or a slash is a wrap, not
+# a cut (tests/browser/reading.py).
+CUT_WORDS = """(sel) => {
+  const node = document.querySelector(sel).firstChild;
+  const cut = [];
+  for (const m of node.data.matchAll(/[^\\s\\/-]+[\\/-]?/g)) {
+    const range = document.createRange();
+    range.setStart(node, m.index);
+    range.setEnd(node, m.index + m[0].length);
+    if (new Set([...range.getClientRects()].map((r) => Math.round(r.top))).size > 1) cut.push(m[0]);
+  }
+  return cut;
+}"""
 
 
 def _wait_text(page, selector: str, words: str, *, present: bool = True) -> None:
@@ -43,6 +56,8 @@ def test_a_suggestion_fills_the_form_and_the_priority_list_follows_the_team(brow
             page, "#note-max_runtime", "Without a runtime limit the scheduler cannot backfill this job"
         )
         browse.shots(page, "suggested")
+        # The command line wraps between its words: it read "--team pipe-la b", "python tra in.py".
+        assert page.evaluate(CUT_WORDS, "#preview-cli") == []
         page.get_by_role("button", name="Use 2 nodes x 2 GPUs").click()
         assert (page.input_value("#id_gpus"), page.input_value("#id_nodes")) == ("2", "2")
         _wait_text(page, "#whatif", "Starts now")
