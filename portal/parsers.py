@@ -23,11 +23,12 @@ _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
-def body_too_large(size: int | str) -> ApiError:
+def body_too_large(size: int | str, *, limit: int = MAX_BODY_BYTES, field: str | None = None) -> ApiError:
     return ApiError(
-        f"The body is {size} bytes; the API reads at most {MAX_BODY_BYTES} bytes.",
+        f"The body is {size} bytes; this endpoint reads at most {limit} bytes.",
         code="out_of_range",
-        limit=MAX_BODY_BYTES,
+        field=field,
+        limit=limit,
     )
 
 
@@ -37,18 +38,21 @@ def shown_text(text: str) -> str:
 
 
 class BoundedBodyNegotiation(DefaultContentNegotiation):
-    """Before a parser is chosen, and so before any of the body is read: a body over MAX_BODY_BYTES by its
-    Content-Length is refused (400, `limit` in bytes), whatever its media type. DRF would otherwise read a form or
-    JSON body whole, and Django's own limit answers with an HTML page."""
+    """Once a parser is chosen, and before any of the body is read: a body longer, by its Content-Length, than the
+    parser's `max_body_bytes` (MAX_BODY_BYTES unless it says less, as a job spec's does) is refused (400, `limit`
+    in bytes), whatever its media type. DRF would otherwise read a form or JSON body whole, and Django's own limit
+    answers with an HTML page."""
 
     def select_parser(self, request: Any, parsers: Any) -> Any:
+        parser = super().select_parser(request, parsers)
         try:
             size = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:  # DRF reads no body then either
             size = 0
-        if size > MAX_BODY_BYTES:
-            raise body_too_large(size)
-        return super().select_parser(request, parsers)
+        limit = getattr(parser, "max_body_bytes", MAX_BODY_BYTES)
+        if size > limit:
+            raise body_too_large(size, limit=limit, field=getattr(parser, "body_field", None))
+        return parser
 
 
 class SafeJSONParser(JSONParser):
@@ -57,13 +61,17 @@ class SafeJSONParser(JSONParser):
     is, escaped). Each refusal is a 400 that says which bound, never a RecursionError or an encoding error at
     INSERT; the costly checks run only when a cheap scan of the text says they might find something."""
 
+    max_body_bytes = MAX_BODY_BYTES
+    body_field: str | None = None
     max_depth = MAX_JSON_DEPTH
     max_values = MAX_JSON_VALUES
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        raw = stream.read(MAX_BODY_BYTES + 1) if stream is not None else b""
-        if len(raw) > MAX_BODY_BYTES:
-            raise body_too_large(f"more than {MAX_BODY_BYTES}")
+        raw = stream.read(self.max_body_bytes + 1) if stream is not None else b""
+        if len(raw) > self.max_body_bytes:
+            raise body_too_large(
+                f"more than {self.max_body_bytes}", limit=self.max_body_bytes, field=self.body_field
+            )
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:

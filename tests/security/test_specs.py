@@ -108,6 +108,12 @@ def test_an_unreadable_boolean_filter_is_a_400_naming_it(as_alice, teams):
 def test_a_spec_over_256_kib_is_refused_naming_the_limit(as_alice, teams):
     error = _refused(_post_yaml(as_alice, "name: a\ncommand: " + "x" * (256 * 1024)), "spec", "at most")
     assert error["limit"] == 256 * 1024
+    # Past it by its Content-Length, YAML or JSON, 300 KB or 3 MB: refused before any of it is read.
+    for response in (
+        _post_yaml(as_alice, "name: a\ncommand: " + "x" * 3_000_000),
+        _post_json(as_alice, '{"name": "a", "command": "' + "x" * 300_000 + '"}'),
+    ):
+        assert _refused(response, "spec", "at most 262144 bytes")["limit"] == 256 * 1024
 
 
 # --- a property: no document, however odd, gets anything but a clean refusal, quickly --------------------------

@@ -65,6 +65,8 @@ MAX_LOG_TAIL_LINES = 10_000
 class SpecJSONParser(SafeJSONParser):
     """A job spec posted as JSON: the spec's own bounds (scheduling.jobs.documents) apply before it is decoded."""
 
+    max_body_bytes = MAX_SPEC_BYTES
+    body_field = "spec"
     max_depth = MAX_DEPTH
     max_values = MAX_VALUES
 
@@ -80,6 +82,8 @@ class YamlParser(BaseParser):
     """Job specs posted as YAML (`Content-Type: application/yaml`); parsed by scheduling.jobs.spec."""
 
     media_type = "application/yaml"
+    max_body_bytes = MAX_SPEC_BYTES  # a longer body is refused before it is read (portal.parsers)
+    body_field = "spec"
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
         # One byte past the limit is enough for the spec reader to refuse it; the rest is never read.
