@@ -115,6 +115,14 @@ def _right_size(job, peak_mib: int | None, events) -> dict | None:
     return {"peak_mib": peak_mib, "held_mib": held, "suggest_mib": suggest if suggest < held else None}
 
 
+def _bar_phases(phases: list[dict]) -> list[dict]:
+    """The time bar's phases. One over within the second it began (no wait in the queue, an instant start) is left
+    out: it read "waiting in the queue · 0 s", "starting · 0 s". The last is kept, so a job whose whole life took
+    less than a second still has a bar ("running · under 1 s"), not an empty card."""
+    last = len(phases) - 1
+    return [p for i, p in enumerate(phases) if p["open"] or p["seconds"] >= 1 or i == last]
+
+
 def _job_live_audience(request: HttpRequest, job_id: int) -> tuple | None:
     """Whom a job's live part depends on: whoever may see the job sees the same, but for the cancel button."""
     if request.GET.get("part") != "live" or not request.user.is_authenticated:
@@ -135,11 +143,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     context = {
         "job": job,
         "events": events,
-        # A phase over within the second it began (no wait in the queue, an instant start) is no part of the
-        # bar: it read "waiting in the queue · 0 s", "starting · 0 s".
-        "phases": [
-            p for p in job_selectors.job_phases(job=job, events=events) if p["open"] or p["seconds"] >= 1
-        ],
+        "phases": _bar_phases(job_selectors.job_phases(job=job, events=events)),
         "slices": list(job.slices.all()),
         "usage": usage,
         "queue_entry": next(iter(job_selectors.queue_entries(user=request.user, jobs=[job])), None)

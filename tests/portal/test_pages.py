@@ -370,3 +370,8 @@ def test_the_time_bar_leaves_out_phases_over_within_their_second(alice, teams, n
     bar = " ".join(html.unescape(bar[bar.index('class="phases"') :].split("</div></div>")[0]).split())
     # It read "waiting in the queue · 0 s", "starting · 0 s" before "running".
     assert "waiting in the queue" not in bar and "starting" not in bar and "running · " in bar
+    # A job whose whole life took less than a second still has its bar (the card was left empty).
+    job_transition(job=job, to_state=JobState.SUCCEEDED, actor_kind=ActorKind.AGENT, code="exited")
+    bar = _signed_in(alice).get(f"/jobs/{job.pk}/").content.decode()
+    bar = " ".join(html.unescape(bar[bar.index('class="phases"') :].split("</div></div>")[0]).split())
+    assert "running · under 1 s" in bar and "0 s" not in bar
