@@ -281,6 +281,20 @@ def launch_chromium(playwright: Any) -> Any:
     return playwright.chromium.launch(executable_path=CHROMIUM, args=list(CHROMIUM_ARGS))
 
 
+def session_cookie(username: str, url: str) -> dict[str, str]:
+    """A browser cookie of a session signed in as `username`, made as Django's test client's force_login makes one
+    (in the database the servers share): for tests whose subject is not signing in, which the form's password
+    check would cost most of a second each."""
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    client = Client()
+    client.force_login(get_user_model().objects.get(username=username))
+    name = settings.SESSION_COOKIE_NAME
+    return {"name": name, "value": client.cookies[name].value, "url": url}
+
+
 def sign_in(page: Any, username: str, password: str | None = None, *, landing: str = "/jobs/") -> Any:
     """Sign `page` in through the portal's form (password: `<username>-pw`, the test users'), landing on
     `landing`."""

@@ -15,7 +15,7 @@ import pytest
 from django.db import connections
 
 from tests.pipeline.harness import REPO, idle_again, running_cluster, wait_for
-from tests.support import CHROMIUM, launch_chromium, sign_in
+from tests.support import CHROMIUM, launch_chromium, session_cookie, sign_in
 
 ARTIFACTS = REPO / "test-artifacts"
 
@@ -86,7 +86,8 @@ class Screens:
 
 @pytest.fixture
 def browse(chromium, cluster_for_test, request):
-    """browse(user) -> a signed-in page at 1280x800 (through the sign-in form); shots(page, what) saves one."""
+    """browse(user) -> a page at 1280x800 signed in as `user` (through the sign-in form when a password is given),
+    on /jobs/; shots(page, what) saves one."""
     contexts = []
     shots = Screens(request.node.name.removeprefix("test_")[:60])
 
@@ -96,7 +97,10 @@ def browse(chromium, cluster_for_test, request):
         page = context.new_page()
         page.errors = []
         page.on("pageerror", lambda e: page.errors.append(str(e)))
-        if username:
+        if username and password is None:  # signed in as the form would, without its password check
+            context.add_cookies([session_cookie(username, cluster_for_test.url)])
+            page.goto("/jobs/")
+        elif username:
             sign_in(page, username, password)
         return page
 
