@@ -19,6 +19,9 @@ def test_the_by_email_checkbox_sits_on_its_labels_line_right_before_it(browse):
     assert 0 <= label["x"] - (box["x"] + box["width"]) <= 16, (
         "the box right before its label, not centred apart"
     )
+    # With no email address the box says why it is off, under it: beside it, the hint squeezed 'By' over 'email'.
+    hint = page.locator(".field.check .help").bounding_box()
+    assert label["height"] < 24 and hint["y"] >= label["y"] + label["height"], (label, hint)
     browse.shots(page, "notifications")
 
 
