@@ -10,9 +10,6 @@ every socket of a group: it carries one `event_id`) renders the part once, throu
 the HTML goes to all. Renders of one entry never overlap: events that arrive during one render make one more, at
 least RERENDER_GAP_S after it (a burst of a cycle's changes is one or two renders, not one per change).
 
-A socket holds an event back while the render started for it is under way and sends both in one message (a
-`batch`): each page then wakes once, and the render runs before a hundred pages are busy with the event.
-
 Tenancy stays the view's: the render is the view's own answer to a user of that audience, and each socket checks
 its user's access before it sends anything (streams.py). The render carries no session and a CSRF token of its
 own: portal.js puts the page's token in a form before it is sent.
@@ -44,8 +41,7 @@ PART_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 PART_EVENTS = frozenset({"job.changed", "queue.changed", "node.changed", "gpu.health"})
 
 Audience = Callable[..., Hashable | None]
-# The part message's JSON text (None: the render failed) and the ids of the events the render was made for.
-Send = Callable[[str | None, frozenset[str]], Awaitable[None]]
+Send = Callable[[str], Awaitable[None]]  # the message's JSON text
 
 
 def pushed(audience: Audience) -> Callable[[Callable], Callable]:
@@ -168,7 +164,6 @@ class _Entry:
     seen: deque = field(default_factory=lambda: deque(maxlen=256))  # event ids already rendered for
     task: asyncio.Task | None = None
     again: bool = False
-    for_events: frozenset[str] = frozenset()  # the event the render under way was started for, until sent
 
 
 class PartHub:
@@ -192,24 +187,19 @@ class PartHub:
                     entry.task.cancel()
                 del self._entries[key]
 
-    def changed(self, *, key: Hashable, event_id: str | None) -> bool:
-        """An event reached a socket that shows the part: render it, unless this event already did. True when the
-        render under way was started for this event and is not sent yet: the socket may send the event with the
-        part (one message, not two; parts.Send gets the event ids). False: the part the socket shows already
-        reflects the event, or it will come later, after the render under way (the event goes at once)."""
+    def changed(self, *, key: Hashable, event_id: str | None) -> None:
+        """An event reached a socket that shows the part: render it, unless this event already did."""
         entry = self._entries.get(key)
         if entry is None:
-            return False
+            return
         if event_id:
             if event_id in entry.seen:
-                return event_id in entry.for_events
+                return
             entry.seen.append(event_id)
         if entry.task is not None and not entry.task.done():
             entry.again = True
-            return False
-        entry.for_events = frozenset([event_id]) if event_id else frozenset()
+            return
         entry.task = asyncio.get_running_loop().create_task(self._render(entry))
-        return bool(event_id)
 
     async def _render(self, entry: _Entry) -> None:
         while entry.subscribers:
@@ -224,15 +214,13 @@ class PartHub:
                 log.warning("could not render the pushed part %s", entry.url, exc_info=True)
                 html = None
             self.renders += 1
-            subscribers = list(entry.subscribers.values())
-            texts = {  # one encoding per element id, not one per page
-                part_id: None if html is None else json.dumps({"type": "part", "id": part_id, "html": html})
-                for part_id in {s.part_id for s in subscribers}
-            }
-            for_events, entry.for_events = entry.for_events, frozenset()
-            await asyncio.gather(
-                *(s.send(texts[s.part_id], for_events) for s in subscribers), return_exceptions=True
-            )
+            if html is not None:
+                subscribers = list(entry.subscribers.values())
+                texts = {  # one encoding per element id, not one per page
+                    part_id: json.dumps({"type": "part", "id": part_id, "html": html})
+                    for part_id in {s.part_id for s in subscribers}
+                }
+                await asyncio.gather(*(s.send(texts[s.part_id]) for s in subscribers), return_exceptions=True)
             if not entry.again:
                 return
             await asyncio.sleep(RERENDER_GAP_S)

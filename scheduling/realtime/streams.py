@@ -95,9 +95,6 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):
         self.user = self.scope.get("user")
         self.groups_joined = []
         self._watched: list[tuple[parts.Watch, Any]] = []  # each part shown and its key (URL, audience)
-        self._held: list[
-            tuple[str, str]
-        ] = []  # (event id, message text) waiting for the part rendered for it
         self._watched_for: set[int] | None = None  # the team ids the keys were made with
         self._team_ids: set[int] | None = None
         self._team_ids_at = 0.0
@@ -227,7 +224,6 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):
             lambda: [parts.audience_of(watch=w, user=self.user, host=host) for w in watches]
         )()
         parts.hub.unsubscribe(channel=self.channel_name)
-        await self._send_held()  # no render of the parts it followed will bring them now
         self._watched = [(w, k) for w, k in zip(watches, keys, strict=True) if k is not None]
         for watch, key in self._watched:
             subscriber = parts.Subscriber(
@@ -236,49 +232,23 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):
             parts.hub.subscribe(key=key, channel=self.channel_name, subscriber=subscriber)
         await self.send_json({"type": "watching", "parts": [w.part_id for w, _ in self._watched]})
 
-    async def forward(self, message: dict[str, Any], kind: str, event: dict[str, Any]) -> None:
-        """Send `message`, made of `event`, which this socket may see, and render the parts it changes (once per
-        event for all sockets). While a render started for this event is under way, the message waits for it and
-        both go as one `batch` (the message first): the page wakes once, not twice."""
-        text = json.dumps(message)
-        if await self.parts_changed(kind, event):
-            self._held.append((event["event_id"], text))
-        else:
-            await self.send(text_data=text)
-
-    async def parts_changed(self, kind: str, event: dict[str, Any]) -> bool:
-        """The parts the event changes are rendered; True when one render was started for it (and will send)."""
+    async def parts_changed(self, kind: str, event: dict[str, Any]) -> None:
+        """An event this socket forwards: the parts it changes are rendered (once per event for all sockets)."""
         if not self._watched:
-            return False
+            return
         if (
             await self.team_ids() != self._watched_for
         ):  # the user's teams changed: whom the parts show changed
             await self._watch(
                 {"parts": [{"id": w.part_id, "url": w.url, "on": sorted(w.on)} for w, _ in self._watched]}
             )
-        brings = False
         for watch, key in self._watched:
             if kind in watch.on:
-                brings = parts.hub.changed(key=key, event_id=event.get("event_id")) or brings
-        return brings
+                parts.hub.changed(key=key, event_id=event.get("event_id"))
 
-    async def _send_part(self, text: str | None, for_events: frozenset[str]) -> None:
-        """A part rendered for `for_events` (text None: its render failed), with the messages held for them."""
-        held = [t for event_id, t in self._held if event_id in for_events]
-        if held:
-            self._held = [(e, t) for e, t in self._held if e not in for_events]
+    async def _send_part(self, text: str) -> None:
         # A render ends after the page may have closed: nothing is sent on a socket that is gone.
-        if getattr(self, "_gone", False) or not await self.still_allowed():
-            return
-        texts = [*held, *([text] if text is not None else [])]
-        if len(texts) == 1:
-            await self.send(text_data=texts[0])
-        elif texts:
-            await self.send(text_data='{"type": "batch", "messages": [' + ", ".join(texts) + "]}")
-
-    async def _send_held(self) -> None:
-        held, self._held = self._held, []
-        for _, text in held:
+        if not getattr(self, "_gone", False) and await self.still_allowed():
             await self.send(text_data=text)
 
     async def team_ids(self) -> set[int] | None:
@@ -317,15 +287,15 @@ class ClusterStream(_StreamConsumer):
 
     async def node_changed(self, event: dict[str, Any]) -> None:
         if await self.still_allowed():
-            await self.forward(
-                {"type": "node.changed", "node": event.get("node"), "state": event.get("state")},
-                "node.changed",
-                event,
+            await self.send_json(
+                {"type": "node.changed", "node": event.get("node"), "state": event.get("state")}
             )
+            await self.parts_changed("node.changed", event)
 
     async def queue_changed(self, event: dict[str, Any]) -> None:
         if await self.still_allowed():
-            await self.forward({"type": "queue.changed", "state": event.get("state")}, "queue.changed", event)
+            await self.send_json({"type": "queue.changed", "state": event.get("state")})
+            await self.parts_changed("queue.changed", event)
 
     async def gpu_metrics(self, event: dict[str, Any]) -> None:
         """Live per-GPU samples of a node (utilisation, memory used, power, temperature): no job or team."""
@@ -334,9 +304,8 @@ class ClusterStream(_StreamConsumer):
 
     async def gpu_health(self, event: dict[str, Any]) -> None:
         if await self.still_allowed():
-            await self.forward(
-                {k: event.get(k) for k in ("type", "node", "uuid", "health")}, "gpu.health", event
-            )
+            await self.send_json({k: event.get(k) for k in ("type", "node", "uuid", "health")})
+            await self.parts_changed("gpu.health", event)
 
     async def job_changed(self, event: dict[str, Any]) -> None:
         return  # only team and job groups carry job details; never forward them here
@@ -365,7 +334,8 @@ class QueueStream(ClusterStream):
             return
         if team_ids is not None and event.get("team_id") not in team_ids:
             return  # membership revoked since connect: drop silently, like a list that no longer shows it
-        await self.forward(_job_event(event), "job.changed", event)
+        await self.send_json(_job_event(event))
+        await self.parts_changed("job.changed", event)
 
     async def job_metrics(self, event: dict[str, Any]) -> None:
         team_ids = await self.team_ids()
@@ -408,7 +378,8 @@ class JobStream(_StreamConsumer):
             await self.close(code=CLOSE_FORBIDDEN)
             return
         self.job_state = event.get("state") or self.job_state
-        await self.forward(_job_event(event), "job.changed", event)
+        await self.parts_changed("job.changed", event)  # its render starts first, beside the sends
+        await self.send_json(_job_event(event))
 
     async def job_metrics(self, event: dict[str, Any]) -> None:
         if await self._may_see():
@@ -422,11 +393,9 @@ class JobStream(_StreamConsumer):
 
     async def queue_changed(self, event: dict[str, Any]) -> None:
         if await self._may_see():
-            message = {"type": "queue.changed", "state": event.get("state")}
+            await self.send_json({"type": "queue.changed", "state": event.get("state")})
             if self.job_state == JobState.PENDING:  # a waiting job's reason and start move with the queue
-                await self.forward(message, "queue.changed", event)
-            else:
-                await self.send_json(message)
+                await self.parts_changed("queue.changed", event)
 
     async def node_changed(self, event: dict[str, Any]) -> None:
         return  # the cluster group's other messages are not this stream's

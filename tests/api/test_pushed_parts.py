@@ -50,16 +50,7 @@ async def _watching(communicator, part: dict) -> list[str]:
 async def _next_part(communicator) -> dict:
     while True:
         message = await communicator.receive_json_from(timeout=5)
-        for one in message["messages"] if message["type"] == "batch" else [message]:
-            if one["type"] == "part":
-                return one
-
-
-async def _next_job_change(communicator) -> dict:
-    """The next message about the job (the queue's movement, also on the job's stream, passed over)."""
-    while True:
-        message = await communicator.receive_json_from(timeout=5)
-        if message["type"] != "queue.changed":
+        if message["type"] == "part":
             return message
 
 
@@ -87,12 +78,7 @@ def test_one_change_is_rendered_once_for_all_pages_of_an_audience_and_once_more_
             sockets.append(communicator)
         renders = parts.hub.renders
         await sync_to_async(_place)(job)
-        # The change and the part rendered for it come in one message, the change first: each page wakes once.
-        batches = [await _next_job_change(c) for c in sockets]
-        assert all(b["type"] == "batch" for b in batches), batches
-        assert all([m["type"] for m in b["messages"]] == ["job.changed", "part"] for b in batches), batches
-        assert all(b["messages"][0]["state"] == "placed" for b in batches)
-        pushed = [b["messages"][1] for b in batches]
+        pushed = [await _next_part(c) for c in sockets]
         assert parts.hub.renders - renders == 2  # one per audience, not one per page
         assert all(p["id"] == "job-live" for p in pushed)
         assert all("Placed" in p["html"] for p in pushed)

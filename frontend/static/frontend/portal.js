@@ -77,20 +77,6 @@
     e.target.querySelectorAll("input[name='csrfmiddlewaretoken']").forEach(function (input) { input.value = token; });
   }, true);
 
-  // One message from the stream; a `batch` is an event with the part rendered for it, in the order given.
-  function handle(msg) {
-    if (!msg || typeof msg.type !== "string") return;
-    if (msg.type === "batch") { (Array.isArray(msg.messages) ? msg.messages : []).forEach(handle); return; }
-    if (msg.type === "watching") {
-      pushed = new Set(msg.parts || []);
-      document.querySelectorAll("[data-push-on][id]").forEach(function (el) { el.toggleAttribute("data-pushed", pushed.has(el.id)); });
-      return;
-    }
-    if (msg.type === "part") { swapPart(msg); return; }
-    emit(msg.type, msg);
-    pullUnpushed(msg.type);
-  }
-
   let retries = 0, everOpen = false;
   function connect() {
     const url = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + body.dataset.stream;
@@ -110,7 +96,15 @@
     socket.onmessage = function (e) {
       let msg;
       try { msg = JSON.parse(e.data); } catch (err) { return; }
-      handle(msg);
+      if (!msg || typeof msg.type !== "string") return;
+      if (msg.type === "watching") {
+        pushed = new Set(msg.parts || []);
+        document.querySelectorAll("[data-push-on][id]").forEach(function (el) { el.toggleAttribute("data-pushed", pushed.has(el.id)); });
+        return;
+      }
+      if (msg.type === "part") { swapPart(msg); return; }
+      emit(msg.type, msg);
+      pullUnpushed(msg.type);
     };
     socket.onclose = function () {
       open = null;
