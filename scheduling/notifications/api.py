@@ -9,6 +9,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from portal.api_requests import RequestSerializer
 from portal.parsers import SafeJSONParser
 from scheduling.notifications.models import ADMIN_EVENTS, JOB_EVENTS
 from scheduling.notifications.services import MAX_EVENT_WORDS, notification_settings_save, settings_of
@@ -33,7 +34,7 @@ class _Text(serializers.CharField):
         return super().to_internal_value(data)
 
 
-class NotificationSettingsSerializer(serializers.Serializer):
+class NotificationSettingsSerializer(RequestSerializer):
     job_events = serializers.ListField(
         child=serializers.ChoiceField(choices=JOB_EVENTS),
         max_length=MAX_EVENT_WORDS,
@@ -44,7 +45,10 @@ class NotificationSettingsSerializer(serializers.Serializer):
         allow_blank=True,
         max_length=WEBHOOK_URL_MAX,
         validators=[
-            RegexValidator(f"^{WEBHOOK_URL_PATTERN.removeprefix('(').removesuffix(')?')}$")
+            RegexValidator(
+                f"^{WEBHOOK_URL_PATTERN}$",
+                message="Must be an https URL naming its host (https://host/...), with no spaces.",
+            )
         ],  # empty: allow_blank
         help_text="A Slack-compatible webhook, or empty for none: an https URL of a host on the public internet "
         "(plain http, and loopback, private, link-local or reserved addresses, only for hosts the site allows; "

@@ -31,7 +31,9 @@ REFUSED_CODE = "destination_not_allowed"
 WEBHOOK_URL_MAX = 500
 # Empty (no webhook), or an http(s) URL without whitespace; the API's schema says the same (its pattern). What the
 # pattern lets through is then read by `webhook_url_check`.
-WEBHOOK_URL_PATTERN = r"https?://\S*"
+# A host, then anything but a space. The spaces are named, not \s: Python's \s also takes \x1c-\x1f, the schema's
+# (ECMAScript) does not, and the server and the schema must refuse the same URLs.
+WEBHOOK_URL_PATTERN = r"https?://[^ \t\n\r\f\v/?#][^ \t\n\r\f\v]*"
 WEBHOOK_URL = re.compile(f"({WEBHOOK_URL_PATTERN})?")
 ANSWER_READ_MAX = 64 * 1024
 # What a path and query keep as written when sent (other characters percent-encoded, as requests did).
@@ -188,7 +190,10 @@ def webhook_url_check(url: str) -> str:
             f"webhook_url is at most {WEBHOOK_URL_MAX} characters.", field=FIELD, limit=str(WEBHOOK_URL_MAX)
         )
     if not WEBHOOK_URL.fullmatch(url):  # what the API's schema refuses too
-        raise ServiceError("webhook_url must be an https URL (https://...), with no spaces.", field=FIELD)
+        raise ServiceError(
+            "webhook_url must be an https URL naming its host (https://host/...), with no spaces.",
+            field=FIELD,
+        )
     _destination(url, at_send=False)
     return url
 

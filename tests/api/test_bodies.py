@@ -83,6 +83,12 @@ NOT_TAKEN = [
     ("post", "/api/v1/teams/{team}/quota-preview/", {"limit": 1}, "limit"),
     ("post", "/api/v1/tokens/", {"name": "laptop", "expires": "never"}, "expires"),
     ("post", "/api/v1/cluster/nodes/a100-01/state/", {"state": "ready", "reason": "x", "why": 1}, "why"),
+    (
+        "put",
+        "/api/v1/notifications/",
+        {"job_events": ["fail"], "email": False, "webhook_url": "", "webhok_url": "https://x"},
+        "webhok_url",
+    ),
 ]
 
 
@@ -102,6 +108,7 @@ def test_a_field_the_request_does_not_take_is_a_400_naming_it_and_the_schema_say
         "ApiTokenCreateRequest",
         "TokenLoginRequest",
         "NodeStateRequestRequest",
+        "NotificationSettingsRequest",
     ):
         assert schemas[name]["additionalProperties"] is False, name
 

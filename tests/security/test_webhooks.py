@@ -16,7 +16,6 @@ from tests.support import RecordingHttpServer
 pytestmark = pytest.mark.django_db
 
 
-
 # What bob once saved (and the server then POSTed to), and their kin; each with the word the refusal gives.
 REFUSED = [
     ("http://127.0.0.1:8125/x", "loopback"),
@@ -39,6 +38,7 @@ REFUSED = [
     ("https://100.64.0.1/x", "not on the public internet"),  # shared (carrier-grade NAT) space
     ("http://93.184.215.14/x", "https"),  # public, but plain http
     ("https:///x", "host"),
+    ("https://", "host"),  # the schema's pattern, too, asks for a host
 ]
 
 
