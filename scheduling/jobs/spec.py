@@ -98,11 +98,14 @@ def _shown(value: Any) -> str:
 def _int_in(field: str, value: Any, *, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str | float):
         raise SpecError(f"{field} must be a whole number (got {_shown(value)}).", field=field)
-    if isinstance(value, str) and not re.fullmatch(DIGITS, value):
+    if isinstance(value, str) and not re.fullmatch(f"-?{DIGITS}", value):
         raise SpecError(f"{field} must be a whole number (got {_shown(value)}).", field=field)
-    if isinstance(value, str):
-        digits = value.lstrip("0") or "0"
-        number = int(digits) if len(digits) <= 20 else high + 1  # int() refuses more than 4300 digits
+    if isinstance(value, str):  # "-1" from a form is a whole number below the range, and said to be
+        negative, digits = value.startswith("-"), value.removeprefix("-").lstrip("0") or "0"
+        if len(digits) > 20:  # out of any range here (and int() refuses more than 4300 digits)
+            number = low - 1 if negative else high + 1
+        else:
+            number = -int(digits) if negative else int(digits)
     else:
         number = value
     if isinstance(number, float):

@@ -246,3 +246,20 @@ def test_a_working_directory_must_be_an_absolute_path():
     with pytest.raises(SpecError, match="workdir must be an absolute path") as refused:
         spec_from_mapping({"name": "a", "command": "b", "gpus": 1, "workdir": "data/run1"})
     assert refused.value.field == "workdir"
+
+
+@pytest.mark.parametrize(
+    ("value", "words", "limit"),
+    [
+        ("-1", "gpus must be at least 0 (got -1).", 0),  # as a form sends it: once "must be a whole number"
+        (-1, "gpus must be at least 0 (got -1).", 0),
+        ("-" + "9" * 30, "gpus must be at least 0", 0),
+        ("65", "gpus must be at most 64 (got 65).", 64),
+        ("1.5", "gpus must be a whole number (got '1.5').", None),
+        ("--1", "gpus must be a whole number (got '--1').", None),
+    ],
+)
+def test_a_count_below_or_above_its_range_says_the_range_whatever_its_form(value, words, limit):
+    with pytest.raises(SpecError) as caught:
+        spec_from_mapping({"name": "a", "command": "b", "gpus": value})
+    assert words in str(caught.value) and caught.value.limit == limit
