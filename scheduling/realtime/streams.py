@@ -9,6 +9,7 @@ Origins are refused) and AuthMiddlewareStack (the session cookie); agents have t
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import time
@@ -83,6 +84,28 @@ async def _access_of(user_id: int) -> _Access:
     access = await asyncio.shield(reading)
     _access_held[user_id] = (started, access)
     return access
+
+
+def _session_load(session_key: str) -> bool:
+    return importlib.import_module(settings.SESSION_ENGINE).SessionStore().exists(session_key)
+
+
+# Whether a session still exists as this process last read it (when, whether), shared by the session's sockets.
+_sessions_held: dict[str, tuple[float, bool]] = {}
+
+
+async def _session_alive(session_key: str) -> bool:
+    """The session the socket was opened with still exists (signing out, signing out everywhere and a password
+    change end it), re-read at most every AUTHZ_TTL_S."""
+    held = _sessions_held.get(session_key)
+    if held is not None and time.monotonic() - held[0] <= AUTHZ_TTL_S:
+        return held[1]
+    started = time.monotonic()
+    alive = await database_sync_to_async(_session_load)(session_key)
+    _sessions_held[session_key] = (started, alive)
+    if len(_sessions_held) > 10_000:  # sessions of sockets long closed: dropped, each is read again if asked
+        _sessions_held.clear()
+    return alive
 
 
 class _StreamConsumer(AsyncJsonWebsocketConsumer):
@@ -259,6 +282,12 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):
             self.user.is_active, self.user.is_staff = access.is_active, access.is_staff
             self._team_ids = access.team_ids
             self._team_ids_at = time.monotonic()
+            session_key = self._socket_key.session_key if getattr(self, "_socket_key", None) else ""
+            if session_key and not await _session_alive(session_key):
+                # Signed out (or everywhere, or the password changed): the socket goes with its session.
+                self.user.is_active = False
+                await self._leave()
+                await self.close(code=CLOSE_UNAUTHENTICATED)
         return self._team_ids
 
     def _load_team_ids(self) -> set[int] | None:

@@ -7,7 +7,7 @@ import json
 import time
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
@@ -168,3 +168,32 @@ def test_a_socket_whose_server_died_stops_counting_once_its_record_is_stale(alic
     sockets.socket_renewed(live)
     assert sockets.socket_open(dead) == "1 sockets open, at most 1"
     sockets.socket_closed(live)
+
+
+def _sign_out_everywhere(user) -> None:
+    from quotas.sign_out import user_sign_out_everywhere
+
+    user.refresh_from_db()  # signed in since it was made
+    assert user_sign_out_everywhere(user=user, why="test").sessions_ended == 1
+
+
+def test_a_socket_closes_once_its_session_has_ended(alice, node, monkeypatch):
+    """Signing out everywhere (or a password change) ends the session a socket was opened with: the socket's next
+    check of its access (at most AUTHZ_TTL_S apart; here at once) closes it with 4401, before it sends anything."""
+    from scheduling.realtime import streams
+
+    monkeypatch.setattr(streams, "AUTHZ_TTL_S", 0.0)
+    headers = _headers(_session(alice))
+
+    async def scenario():
+        communicator, connected, _ = await _connect(headers)
+        assert connected
+        assert (await communicator.receive_json_from())["type"] == "hello"
+        await communicator.send_json_to({"type": "ping"})
+        assert (await communicator.receive_json_from())["type"] == "pong"
+        await sync_to_async(_sign_out_everywhere)(alice)
+        await communicator.send_json_to({"type": "ping"})
+        assert await communicator.receive_output(timeout=3) == {"type": "websocket.close", "code": 4401}
+        await communicator.disconnect()
+
+    async_to_sync(scenario)()
