@@ -161,6 +161,10 @@ class Demo:
     log: Path
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def demo_start(env: dict[str, str], cwd: Path, log: Path, *, timeout_s: float = 30.0) -> Demo:
     """migrate, load_demo, then run_demo on a free port (started again elsewhere if another process took it
     meanwhile) in a process group of its own, until /healthz answers; `env` says where its database lives. On
@@ -183,6 +187,9 @@ def demo_start(env: dict[str, str], cwd: Path, log: Path, *, timeout_s: float = 
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                # As a terminal starts it: Ctrl-C (SIGINT) handled, even where this run ignores it (a shell's
+                # background job does, and its children inherit that).
+                preexec_fn=_sigint_default,
             )
         return process, port
 
