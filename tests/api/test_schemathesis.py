@@ -28,8 +28,8 @@ from scheduling.jobs.ledger import slice_allocate
 from scheduling.jobs.transitions import job_transition
 
 schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", application)
-# About 3,300 requests over the 22 operations (half of them schemathesis's coverage phase, which the limit does
-# not bound); the file takes about 75 s on a 2-core machine shared with other test runs.
+# About 150 requests for each of the 32 operations (half of them schemathesis's coverage phase, which the limit
+# does not bound); the file takes about 60 s on a 2-core machine.
 MAX_EXAMPLES = 75
 
 
