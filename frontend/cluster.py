@@ -101,7 +101,7 @@ def cluster(request: HttpRequest) -> HttpResponse:
     context["totals"] = {
         "nodes": sum(g.nodes for g in groups),
         "gpus": sum(g.gpus for g in groups),
-        "allocated_gpus": round(sum(g.allocated_gpus for g in groups), 1),
+        "allocated_gpus": round(sum(g.allocated_gpus for g in groups), 2),  # the rows' sum, as they round
         "free_whole_gpus": sum(g.free_whole_gpus for g in groups),
     }
     if part == "summaries":

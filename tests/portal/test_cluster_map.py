@@ -4,6 +4,8 @@ queries whatever the cluster's size. The live behaviour is in tests/browser/test
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.db import connection
 from django.test import Client
@@ -185,3 +187,16 @@ def test_the_nav_links_to_the_map_when_signed_in(alice):
 
 def test_an_unknown_node_is_404(alice):
     assert _signed_in(alice).get("/cluster/nope/").status_code == 404
+
+
+def test_the_totals_line_and_the_group_rows_count_allocated_gpus_alike(alice, shared_card):
+    """Both read as a GPU count is written elsewhere (no trailing zeros), the totals the sum of the rows: they
+    once read '13.6 allocated' above a row of 13.55, and '0.0' for a group with nothing allocated."""
+    page = _signed_in(alice).get("/cluster/").content.decode()
+    groups = cluster_map.cluster_groups()
+    shown = sum(g.allocated_gpus for g in groups)
+    assert 0 < shown < 1 and round(shown, 1) != shown  # a count the old totals line rounded differently
+    totals = re.search(r"GPUs?: ([\d.]+) allocated", page).group(1)
+    rows = re.findall(r'class="meter-fill"[^>]*></span></span> ([\d.]+) \(', page)
+    assert rows and totals == f"{shown:.3f}".rstrip("0").rstrip(".")
+    assert all(not r.endswith(".0") and not (r.endswith("0") and "." in r) for r in rows), rows
