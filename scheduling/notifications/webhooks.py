@@ -29,10 +29,9 @@ from scheduling.errors import ServiceError
 FIELD = "webhook_url"
 REFUSED_CODE = "destination_not_allowed"
 WEBHOOK_URL_MAX = 500
-# Empty (no webhook), or an http(s) URL without whitespace; the API's schema says the same (its pattern). What the
-# pattern lets through is then read by `webhook_url_check`.
-# A host, then anything but a space. The spaces are named, not \s: Python's \s also takes \x1c-\x1f, the schema's
-# (ECMAScript) does not, and the server and the schema must refuse the same URLs.
+# Empty (no webhook), or an http(s) URL naming a host, without spaces; the API's schema says the same (its
+# pattern), and what it lets through is then read by `webhook_url_check`. The spaces are named, not \s: Python's
+# \s also takes \x1c-\x1f, the schema's (ECMAScript) does not, and the server and the schema refuse the same URLs.
 WEBHOOK_URL_PATTERN = r"https?://[^ \t\n\r\f\v/?#][^ \t\n\r\f\v]*"
 WEBHOOK_URL = re.compile(f"({WEBHOOK_URL_PATTERN})?")
 ANSWER_READ_MAX = 64 * 1024
@@ -157,16 +156,16 @@ def _destination(url: str, *, at_send: bool, checked: bool = True) -> Destinatio
     if checked:
         names, networks = _allowed()
         named = host.lower().rstrip(".") in names
+        unlisted = [ip for ip in addresses if not any(ip in net for net in networks)]
         if not named:
-            for ip in addresses:
-                why = None if any(ip in net for net in networks) else _why_not_public(ip)
-                if why is not None:
+            for ip in unlisted:
+                if (why := _why_not_public(ip)) is not None:
                     shown = "" if _literal(host) == ip else f" resolves to {ip} and"
                     raise WebhookRefused(
                         f"webhook_url's host {host}{shown} is {why}: webhooks go only to public addresses, unless "
                         "the site allows the host (TESSERA_WEBHOOK_ALLOW_HOSTS)."
                     )
-        listed = bool(addresses) and all(any(ip in net for net in networks) for ip in addresses)
+        listed = bool(addresses) and not unlisted
         if scheme != "https" and not (named or listed):
             raise WebhookRefused(
                 "webhook_url must be an https URL (https://...): plain http goes only to a host the site allows "
