@@ -13,6 +13,7 @@ import importlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -64,48 +65,43 @@ def _access_load(user_id: int) -> _Access:
     return _Access(True, user.is_staff, None if user.is_staff else team_ids_for_user(user=user))
 
 
-# A user's access as this process last read it (when, what), and the read under way: sockets of one user share both.
-_access_held: dict[int, tuple[float, _Access]] = {}
-_access_reading: dict[int, asyncio.Future] = {}
+class _SharedReads:
+    """What this process last read for a key (when, what), and the read under way: the sockets of one user (or one
+    session) ask the database once per AUTHZ_TTL_S between them, not once each. `limit`: past this many keys the
+    values held are dropped (keys of sockets long closed), each read again when next asked."""
 
+    def __init__(self, load: Callable[[Any], Any], *, limit: int = 10_000):
+        self.load, self.limit = load, limit
+        self.held: dict[Any, tuple[float, Any]] = {}
+        self.reading: dict[Any, asyncio.Future] = {}
 
-async def _access_of(user_id: int) -> _Access:
-    held = _access_held.get(user_id)
-    if held is not None and time.monotonic() - held[0] <= AUTHZ_TTL_S:
-        return held[1]
-    reading = _access_reading.get(user_id)
-    if reading is None or reading.get_loop() is not asyncio.get_running_loop():
-        reading = asyncio.ensure_future(database_sync_to_async(_access_load)(user_id))
-        _access_reading[user_id] = reading
-        reading.add_done_callback(
-            lambda done: _access_reading.pop(user_id, None) if _access_reading.get(user_id) is done else None
-        )
-    started = time.monotonic()
-    access = await asyncio.shield(reading)
-    _access_held[user_id] = (started, access)
-    return access
+    async def __call__(self, key: Any) -> Any:
+        held = self.held.get(key)
+        if held is not None and time.monotonic() - held[0] <= AUTHZ_TTL_S:
+            return held[1]
+        reading = self.reading.get(key)
+        if reading is None or reading.get_loop() is not asyncio.get_running_loop():
+            reading = asyncio.ensure_future(database_sync_to_async(self.load)(key))
+            self.reading[key] = reading
+            reading.add_done_callback(
+                lambda done: self.reading.pop(key, None) if self.reading.get(key) is done else None
+            )
+        started = time.monotonic()
+        value = await asyncio.shield(reading)
+        if len(self.held) >= self.limit:
+            self.held.clear()
+        self.held[key] = (started, value)
+        return value
 
 
 def _session_load(session_key: str) -> bool:
     return importlib.import_module(settings.SESSION_ENGINE).SessionStore().exists(session_key)
 
 
-# Whether a session still exists as this process last read it (when, whether), shared by the session's sockets.
-_sessions_held: dict[str, tuple[float, bool]] = {}
-
-
-async def _session_alive(session_key: str) -> bool:
-    """The session the socket was opened with still exists (signing out, signing out everywhere and a password
-    change end it), re-read at most every AUTHZ_TTL_S."""
-    held = _sessions_held.get(session_key)
-    if held is not None and time.monotonic() - held[0] <= AUTHZ_TTL_S:
-        return held[1]
-    started = time.monotonic()
-    alive = await database_sync_to_async(_session_load)(session_key)
-    _sessions_held[session_key] = (started, alive)
-    if len(_sessions_held) > 10_000:  # sessions of sockets long closed: dropped, each is read again if asked
-        _sessions_held.clear()
-    return alive
+# A user's access; whether the session a socket was opened with still exists (signing out, signing out
+# everywhere and a password change end it).
+_access_of = _SharedReads(_access_load)
+_session_alive = _SharedReads(_session_load)
 
 
 class _StreamConsumer(AsyncJsonWebsocketConsumer):
