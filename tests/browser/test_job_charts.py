@@ -128,6 +128,9 @@ def test_a_running_jobs_charts_span_its_life_with_a_line_per_gpu_a_legend_and_no
     assert util["labels"] == [f"{node.name} GPU 0", f"{node.name} GPU 1"]
     util = _wait_points(page, UTIL, 3)
     assert util["ticks"] and all(re.fullmatch(r"\d\d:\d\d:\d\d", t) for t in util["ticks"]), util["ticks"]
+    # The events' times are on the same 24-hour clock as the axes (they read "8:52:36 PM" above 20:52:37).
+    events = page.locator("time[data-style='absolute']").all_inner_texts()
+    assert events and all(re.search(r"\b\d\d:\d\d:\d\d$", t) for t in events), events
     memory = _chart(page, MEMORY)
     assert memory["ymax"] == 80 and memory["ymax"] >= memory["top"], (
         memory
