@@ -320,41 +320,27 @@ class NodeSilence:
         }
 
 
-def silent_nodes_named(*, now: datetime | None = None) -> dict[int, tuple[str, datetime]]:
-    """Every silent node (node_loss.silent_filter): id -> (name, last heard). One query; few rows but in an outage."""
+def job_node_silence(*, job: Job) -> NodeSilence | None:
+    """Whether the job is on a silent node."""
+    return jobs_node_silence(jobs=[job]).get(job.pk)
+
+
+def jobs_node_silence(*, jobs: Iterable[Job]) -> dict[int, NodeSilence]:
+    """job id -> NodeSilence, for those of these jobs that hold cards on a silent node (node_loss.silent_filter):
+    one query over these jobs' own nodes, however many others are silent (in an outage, all of them)."""
     from scheduling.inventory.models import Node
 
-    rows = Node.objects.filter(node_loss.silent_filter(now=now or timezone.now())).values_list(
-        "pk", "name", "last_heartbeat_at", "created_at"
-    )
-    return {pk: (name, heard or created) for pk, name, heard, created in rows}
-
-
-def job_node_silence(
-    *, job: Job, silent: dict[int, tuple[str, datetime]] | None = None
-) -> NodeSilence | None:
-    """Whether the job is on a silent node (`silent`: silent_nodes_named, read once for many jobs)."""
-    return jobs_node_silence(jobs=[job], silent=silent).get(job.pk)
-
-
-def jobs_node_silence(
-    *, jobs: Iterable[Job], silent: dict[int, tuple[str, datetime]] | None = None
-) -> dict[int, NodeSilence]:
-    """job id -> NodeSilence, for those of these jobs that hold cards on a silent node: one query for them all
-    (none while no node is silent), the silent nodes read once unless given."""
     holding = {j.pk: j for j in jobs if j.state in ACTIVE_STATES or j.state in TERMINAL_STATES}
     if not holding:
         return {}
-    silent = silent_nodes_named() if silent is None else silent
-    if not silent:
-        return {}
+    silent = Node.objects.filter(node_loss.silent_filter(now=timezone.now())).values("pk")
     held: dict[int, list[tuple[str, datetime]]] = defaultdict(list)
-    for job_id, node_id in (
-        Slice.objects.filter(job_id__in=list(holding), gpu__node_id__in=list(silent))
-        .values_list("job_id", "gpu__node_id")
+    for job_id, name, heard, created in (
+        Slice.objects.filter(job_id__in=list(holding), gpu__node_id__in=silent)
+        .values_list("job_id", "gpu__node__name", "gpu__node__last_heartbeat_at", "gpu__node__created_at")
         .distinct()
     ):
-        held[job_id].append(silent[node_id])
+        held[job_id].append((name, heard or created))
     return {
         job_id: _silence(holding[job_id], min(on, key=lambda pair: pair[1])) for job_id, on in held.items()
     }
