@@ -58,6 +58,13 @@ def _chart(page, selector: str) -> dict:
     return page.evaluate(STATE, selector)
 
 
+def _clock_ticks(ticks: list[str], seconds: bool = False) -> bool:
+    """Every tick is a 24-hour time (HH:MM, or HH:MM:SS); the first tick of a new day adds the date on a second
+    line ("00:00\nDec 4"), as it does when a test runs across midnight."""
+    clock = r"\d\d:\d\d:\d\d" if seconds else r"\d\d:\d\d"
+    return bool(ticks) and all(re.fullmatch(clock + r"(\n[A-Z][a-z]{2} \d{1,2})?", t) for t in ticks)
+
+
 def _wait_points(page, selector: str, n: int, timeout_s: float = 30) -> dict:
     page.wait_for_function(
         "([sel, n]) => { const el = document.querySelector(sel); const u = el && window.TesseraCharts"
@@ -127,7 +134,7 @@ def test_a_running_jobs_charts_span_its_life_with_a_line_per_gpu_a_legend_and_no
     assert abs(util["xmax"] - util["now"]) < 5, util
     assert util["labels"] == [f"{node.name} GPU 0", f"{node.name} GPU 1"]
     util = _wait_points(page, UTIL, 3)
-    assert util["ticks"] and all(re.fullmatch(r"\d\d:\d\d:\d\d", t) for t in util["ticks"]), util["ticks"]
+    assert _clock_ticks(util["ticks"], seconds=True), util["ticks"]
     # The events' times are on the same 24-hour clock as the axes (they read "8:52:36 PM" above 20:52:37).
     events = page.locator("time[data-style='absolute']").all_inner_texts()
     assert events and all(re.search(r"\b\d\d:\d\d:\d\d$", t) for t in events), events
@@ -191,7 +198,7 @@ def test_a_running_jobs_charts_span_its_life_with_a_line_per_gpu_a_legend_and_no
         util = _wait_points(page, UTIL, 4)
         assert abs(util["xmin"] - job.started_at.timestamp()) < 1.5, util
         assert abs(util["xmax"] - util["now"]) < 5, util
-        assert util["ticks"] and all(re.fullmatch(r"\d\d:\d\d", t) for t in util["ticks"]), util["ticks"]
+        assert _clock_ticks(util["ticks"]), util["ticks"]
         assert _chart(page, MEMORY)["ymax"] == 80
         browse.shots(page, "running-10-min")
 
@@ -270,7 +277,7 @@ def test_a_node_of_eight_gpus_names_each_in_a_legend_that_hides_it_in_every_char
             assert [re.match(r"GPU \d+", t.strip()).group(0) for t in legend.all_inner_texts()] == names
         memory = _chart(page, "[data-chart='chart-node-memory_used_gib']")
         assert memory["ymax"] == 80 and memory["top"] <= 80, memory
-        assert all(re.fullmatch(r"\d\d:\d\d", t) for t in memory["ticks"]), memory["ticks"]
+        assert _clock_ticks(memory["ticks"]), memory["ticks"]
 
         _legend(page, "[data-chart='chart-node-util_pct']", "GPU 3").click()
         hidden = [
