@@ -19,8 +19,13 @@ COPY manage.py ./
 # mounted there start out owned by it.
 # The portal's own dependencies and the `agent` extra (NVML, the websocket client): the simulated agent runs from
 # this image too. The simulator's extra (`sim`: plots, progress bars) stays out. Every version is the lock's
-# (requirements.lock, resolved from pyproject.toml): the image built next month has what was tested.
-RUN pip install --no-cache-dir -c requirements.lock '.[agent]' \
+# (requirements.lock, resolved from pyproject.toml): the image built next month has what was tested. The `ldap`
+# extra (sign-in through the site's directory) builds python-ldap with gcc, removed after, against libldap's
+# headers, kept with the libraries it links.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev libldap2-dev libsasl2-dev \
+ && pip install --no-cache-dir -c requirements.lock '.[agent,ldap]' \
+ && apt-get purge -y --auto-remove gcc && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --user-group --home-dir /var/lib/tessera --shell /usr/sbin/nologin tessera \
  && mkdir -p /var/lib/tessera/logs /var/lib/tessera/metrics /var/lib/tessera-agent \
  && DJANGO_SETTINGS_MODULE=portal.settings python manage.py collectstatic --noinput -v0 \

@@ -3,6 +3,7 @@ PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+COMMA := ,
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
@@ -20,7 +21,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Tessera needs Python 3.11 or newer"'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev$(if $(wildcard /usr/include/ldap.h),$(COMMA)ldap)]'
 	touch $(STAMP)
 
 install: $(STAMP)

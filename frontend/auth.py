@@ -6,6 +6,7 @@ from typing import Any
 
 from axes.backends import AxesStandaloneBackend
 from django.conf import settings
+from django.contrib.auth.backends import ModelBackend
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
@@ -27,6 +28,16 @@ class SignInProtectionBackend(AxesStandaloneBackend):
         if request is None:
             return None
         return super().authenticate(request, username=username, password=password, **kwargs)
+
+
+class LocalAccountBackend(ModelBackend):
+    """Passwords kept in the portal. With LOCAL_SIGN_IN = "superusers" (a site whose people sign in through its
+    directory), only superusers sign in this way: the break-glass admins for when the directory is down."""
+
+    def user_can_authenticate(self, user: Any) -> bool:
+        if settings.LOCAL_SIGN_IN == "superusers" and not getattr(user, "is_superuser", False):
+            return False
+        return super().user_can_authenticate(user)
 
 
 def _cool_off_minutes() -> int:

@@ -56,8 +56,16 @@ class SignOutView(auth_views.LogoutView):
 
 
 class PasswordChangeView(auth_views.PasswordChangeView):
+    """A local account changes its password here; one from the site's directory is told its password is the
+    directory's (it has none here), and may still sign out everywhere."""
+
     template_name = "frontend/password_change.html"
     success_url = "/password/done/"
+
+    def dispatch(self, request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        if request.user.is_authenticated and not request.user.has_usable_password():
+            return render(request, "frontend/password_directory.html")
+        return super().dispatch(request, *args, **kwargs)
 
 
 class PasswordChangeDoneView(auth_views.PasswordChangeDoneView):

@@ -8,6 +8,7 @@ Any variable may instead be read from a file named by VARIABLE_FILE (Docker and 
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.FileAwareEnv()
@@ -235,8 +236,24 @@ LOGOUT_REDIRECT_URL = "/"
 AUTHENTICATION_BACKENDS = [
     # Refuses a locked-out username from an address before the password is even checked (django-axes).
     "frontend.auth.SignInProtectionBackend",
-    "django.contrib.auth.backends.ModelBackend",
+    # Local accounts (passwords kept here): everyone's, or with TESSERA_LOCAL_SIGN_IN=superusers only the
+    # break-glass admins', where people sign in through the site's directory.
+    "frontend.auth.LocalAccountBackend",
 ]
+LOCAL_SIGN_IN = env.str("TESSERA_LOCAL_SIGN_IN", default="everyone")
+if LOCAL_SIGN_IN not in ("everyone", "superusers"):
+    raise ImproperlyConfigured(
+        f"TESSERA_LOCAL_SIGN_IN must be everyone or superusers (got {LOCAL_SIGN_IN!r})"
+    )
+# Sign-in through the site's directory (docs/operations.md, "Sign-in"): teams follow its groups (each team names
+# its groups), and staff status follows this group's membership (empty: staff is set by hand).
+DIRECTORY_STAFF_GROUP = env.str("TESSERA_DIRECTORY_STAFF_GROUP", default="")
+LDAP_URI = env.str("TESSERA_LDAP_URI", default="")
+if LDAP_URI:
+    from quotas.ldap_settings import ldap_settings
+
+    globals().update(ldap_settings(env))
+    AUTHENTICATION_BACKENDS.insert(1, "quotas.ldap.DirectoryLDAPBackend")
 # Brute-force protection of every password form (the portal's sign-in, the admin's, the API's token login):
 # after AXES_FAILURE_LIMIT wrong passwords for one username from one address, that pair is refused for
 # AXES_COOLOFF_MINUTES; a right password resets the count.

@@ -8,6 +8,8 @@ from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
@@ -15,7 +17,16 @@ from portal.admin_base import ReadOnlyAdmin, ReadOnlyInline
 from quotas import services
 from quotas.choices import ChangeSource
 from quotas.form_fields import GpuMemoryGiBField, PlainDecimalField
-from quotas.models import Membership, PriorityClass, Quota, QuotaChange, Team, TeamPriorityClass
+from quotas.models import (
+    DirectoryAccount,
+    Membership,
+    PriorityClass,
+    Quota,
+    QuotaChange,
+    Team,
+    TeamPriorityClass,
+)
+from quotas.sign_out import user_sign_out_everywhere
 
 NO_LIMIT_HELP = "Empty: may borrow without limit."
 WHOLE_GPU_HELP = "Whole-GPU equivalents (0.25 = a quarter of one card)."
@@ -290,3 +301,39 @@ class MembershipAdmin(admin.ModelAdmin):
     list_display = ("user", "team", "role")
     list_filter = ("role", "team")
     search_fields = ("user__username", "team__slug")
+
+
+@admin.register(DirectoryAccount)
+class DirectoryAccountAdmin(ReadOnlyAdmin):
+    """Who signs in through the directory, as it said at their last sign-in (quotas/directory.py writes it)."""
+
+    list_display = ("user", "source", "unix_account", "synced_at")
+    list_filter = ("source",)
+    search_fields = ("user__username", "unix_account", "subject")
+
+
+User = get_user_model()
+admin.site.unregister(User)
+
+
+@admin.register(User)
+class PortalUserAdmin(UserAdmin):
+    """Django's user admin, with the action an admin needs when someone must lose access now: a person removed
+    from a directory group keeps their teams until their next sign-in, and their sessions and tokens until then."""
+
+    actions = ("sign_out_everywhere",)
+
+    @admin.action(description="Sign out everywhere: end their sessions and revoke their API tokens")
+    def sign_out_everywhere(self, request, queryset) -> None:
+        sessions = tokens = 0
+        for user in queryset:
+            done = user_sign_out_everywhere(
+                user=user, why=f"by {request.user.get_username()} on the admin site"
+            )
+            sessions, tokens = sessions + done.sessions_ended, tokens + done.tokens_revoked
+        count = queryset.count()
+        self.message_user(
+            request,
+            f"Signed out {count} user{'' if count == 1 else 's'}: {sessions} sessions ended, "
+            f"{tokens} tokens revoked.",
+        )

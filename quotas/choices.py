@@ -13,3 +13,8 @@ class ChangeSource(models.TextChoices):
     API = "api", "API"
     PORTAL = "portal", "Portal"
     SYSTEM = "system", "System"
+
+
+class DirectorySource(models.TextChoices):
+    LDAP = "ldap", "LDAP"
+    OIDC = "oidc", "OpenID Connect"

@@ -8,7 +8,7 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import F, Q
 
-from quotas.choices import ChangeSource, Role
+from quotas.choices import ChangeSource, DirectorySource, Role
 
 slug_path_validator = RegexValidator(
     r"^[a-z0-9][a-z0-9-]*(/[a-z0-9][a-z0-9-]*)?$",
@@ -21,6 +21,22 @@ class Team(models.Model):
     display_name = models.CharField(max_length=200)
     parent = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
+    )
+    # Membership from the site's directory (quotas/directory.py): at each sign-in through LDAP or OIDC, a user in
+    # one of these groups is made a member (or a team admin), and one in neither loses the team. Empty: the team's
+    # members are kept here by hand, whatever the directory says.
+    directory_group = models.CharField(
+        "directory group (members)",
+        max_length=200,
+        blank=True,
+        help_text="Name of the LDAP or OIDC group whose members belong to this team, e.g. gpu-nlp. Empty: members "
+        "are managed here.",
+    )
+    directory_admin_group = models.CharField(
+        "directory group (team admins)",
+        max_length=200,
+        blank=True,
+        help_text="Name of the group whose members are this team's admins, e.g. gpu-nlp-admins.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -248,6 +264,25 @@ class QuotaChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.team} quota change at {self.changed_at:%Y-%m-%d %H:%M}"
+
+
+class DirectoryAccount(models.Model):
+    """Where a user signs in from when it is the site's directory (LDAP or OIDC), as read at the last sign-in: the
+    directory's name for them, their Unix account (the agent's `account` mode runs their jobs as it) and groups."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="directory_account"
+    )
+    source = models.CharField(max_length=10, choices=DirectorySource.choices)
+    subject = models.CharField(max_length=500, help_text="The LDAP entry's DN, or the OIDC subject (sub).")
+    unix_account = models.CharField(
+        max_length=64, blank=True, help_text="The user's Unix account on hosts that share the directory."
+    )
+    groups = models.JSONField(default=list, blank=True, help_text="Group names at the last sign-in.")
+    synced_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.user} from {self.get_source_display()}"
 
 
 class ApiToken(models.Model):

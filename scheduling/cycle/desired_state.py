@@ -18,6 +18,8 @@ from typing import Any, NamedTuple
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.db.models import CharField, Value
+from django.db.models.functions import Coalesce, NullIf
 
 from portal.database import update_from_values
 from scheduling import lock_objects
@@ -64,7 +66,7 @@ class PlacedJob(NamedTuple):
     grace_s: int  # its priority class's preemption_grace_s
     cpu_milli: int
     memory_mib: int
-    user: str | None  # the submitter's username
+    user: str | None  # the submitter's Unix account (_run_as)
     gpus: int
     nodes: int
 
@@ -123,6 +125,16 @@ def _job_entry(job: PlacedJob, cards: list[Card]) -> dict[str, Any]:
     }
 
 
+def _run_as() -> Coalesce:
+    """The account a job runs as in the agents' `account` mode: the submitter's Unix account as their directory
+    names it (quotas.DirectoryAccount), else their username (a local account)."""
+    return Coalesce(
+        NullIf("submitter__directory_account__unix_account", Value("")),
+        f"submitter__{get_user_model().USERNAME_FIELD}",
+        output_field=CharField(),
+    )
+
+
 def _desired_jobs_by_node(*, node_ids: list[int] | None) -> dict[int, tuple[dict[str, Any], ...]]:
     """The placements each node should run now, in job-id order (nodes running nothing are left out), for
     these nodes (all when None): a few statements for the whole cluster, whatever its size."""
@@ -138,9 +150,14 @@ def _desired_jobs_by_node(*, node_ids: list[int] | None) -> dict[int, tuple[dict
         return {}
     fields = [*PlacedJob._fields]
     fields[fields.index("grace_s")] = "priority_class__preemption_grace_s"
-    fields[fields.index("user")] = f"submitter__{get_user_model().USERNAME_FIELD}"
+    fields[fields.index("user")] = "run_as"
     job_ids = sorted({job_id for by_job in cards.values() for job_id in by_job})
-    placed = Job.objects.filter(pk__in=job_ids, state__in=ACTIVE_STATES).order_by("pk").values_list(*fields)
+    placed = (
+        Job.objects.filter(pk__in=job_ids, state__in=ACTIVE_STATES)
+        .annotate(run_as=_run_as())
+        .order_by("pk")
+        .values_list(*fields)
+    )
     jobs = {row[0]: PlacedJob._make(row) for row in placed}
     members, failing = _gangs(jobs=[job for job in jobs.values() if job.nodes > 1])
     out = {}

@@ -123,3 +123,18 @@ def test_every_admin_list_and_page_of_the_apps_opens(admin_user, alice, teams, n
 def test_the_admin_site_says_it_is_tesseras(admin_user):
     page = _signed_in(admin_user).get("/admin/").content.decode()
     assert "Tessera administration" in page and "Django administration" not in page
+
+
+def test_an_admin_signs_a_user_out_everywhere_from_the_user_list(admin_user, alice):
+    from quotas.models import ApiToken
+    from quotas.tokens import api_token_create
+
+    api_token_create(user=alice, name="laptop")
+    researcher = _signed_in(alice)
+    assert researcher.get("/jobs/").status_code == 200
+    response = _signed_in(admin_user).post(
+        "/admin/auth/user/", {"action": "sign_out_everywhere", "_selected_action": [alice.pk]}, follow=True
+    )
+    assert "Signed out 1 user: 1 sessions ended, 1 tokens revoked." in response.content.decode()
+    assert not ApiToken.objects.filter(user=alice, revoked_at__isnull=True).exists()
+    assert researcher.get("/jobs/").status_code == 302, "her session ended: the sign-in page"

@@ -67,7 +67,15 @@ def _files(*packages: str, exclude: tuple[str, ...] = ()) -> list[Path]:
 
 # Distributions that come with a declared one (celery[redis] brings kombu, Django brings asgiref, DRF's schema
 # needs uritemplate...) are declared by that one: they may be imported where it is.
-TRANSITIVE = {"asgiref": "django", "kombu": "celery", "twisted": "daphne", "msgpack": "channels-redis"}
+TRANSITIVE = {
+    "asgiref": "django",
+    "kombu": "celery",
+    "twisted": "daphne",
+    "msgpack": "channels-redis",
+    "python-ldap": "django-auth-ldap",
+}
+# The LDAP sign-in's modules: imported only when TESSERA_LDAP_URI is set, from the `ldap` extra.
+LDAP_MODULES = ("quotas/ldap.py", "quotas/ldap_settings.py")
 
 
 def _undeclared(used: dict[str, str], allowed: set[str]) -> list[str]:
@@ -79,7 +87,9 @@ def _undeclared(used: dict[str, str], allowed: set[str]) -> list[str]:
 def test_the_portal_imports_only_its_declared_dependencies() -> None:
     core, _ = _declared()
     used = _distributions(
-        _imports(_files("portal", "quotas", "scheduling", "frontend", exclude=("scheduling/sim",)))
+        _imports(
+            _files("portal", "quotas", "scheduling", "frontend", exclude=("scheduling/sim", *LDAP_MODULES))
+        )
     )
     assert not _undeclared(used, core), "imported by the portal but not in [project] dependencies"
     assert "numpy" in used  # the engine's node index: a declared dependency, not a matplotlib passenger
@@ -95,6 +105,11 @@ def test_the_agent_and_the_simulator_import_only_the_portal_s_dependencies_and_t
     assert not _undeclared(sim, core | extras["sim"]), "the simulator imports what neither core nor [sim] has"
     assert {"nvidia-ml-py", "websockets"} <= set(agent)
     assert {"matplotlib", "tqdm"} <= set(sim)
+    ldap = _distributions(_imports([ROOT / m for m in LDAP_MODULES]))
+    assert not _undeclared(ldap, core | extras["ldap"]), (
+        "the LDAP sign-in imports what neither core nor [ldap] has"
+    )
+    assert {"django-auth-ldap", "python-ldap"} <= set(ldap)
 
 
 def test_the_portal_s_own_dependencies_leave_the_agent_s_and_simulator_s_to_their_extras() -> None:

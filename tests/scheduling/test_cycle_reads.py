@@ -294,3 +294,30 @@ def test_a_job_that_ends_between_the_reads_of_its_slices_and_its_row_is_left_out
     jobs = desired_state._desired_jobs_by_node(node_ids=[node_id]).get(node_id, ())
     assert ended == [1]
     assert victim not in [int(j["job_id"]) for j in jobs]
+
+
+def test_a_job_runs_as_its_submitters_unix_account_from_the_directory_else_as_their_username(cluster):
+    from django.utils import timezone
+
+    from quotas.models import DirectoryAccount
+
+    running = Job.objects.filter(state=JobState.RUNNING, nodes=1).select_related("submitter").order_by("id")
+    job = running[0]
+    others = [j for j in running if j.submitter_id != job.submitter_id]
+    DirectoryAccount.objects.create(
+        user=job.submitter, source="ldap", subject="uid=x", unix_account="ada.l", synced_at=timezone.now()
+    )
+    entries = {
+        int(e["job_id"]): e
+        for jobs in desired_state._desired_jobs_by_node(node_ids=None).values()
+        for e in jobs
+    }
+    assert entries[job.pk]["user"] == "ada.l"
+    assert others and all(entries[j.pk]["user"] == j.submitter.username for j in others)
+    DirectoryAccount.objects.filter(user=job.submitter).update(unix_account="")  # the directory names none
+    entries = {
+        int(e["job_id"]): e
+        for jobs in desired_state._desired_jobs_by_node(node_ids=None).values()
+        for e in jobs
+    }
+    assert entries[job.pk]["user"] == job.submitter.username
