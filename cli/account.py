@@ -13,6 +13,7 @@ from typing import Any
 
 from cli.client import DEFAULT_URL, Client, ExitCode, config_load, config_save
 from cli.output import command_parser, mib, print_json, run_command, table
+from cli.sso import sso_token
 
 
 def login(argv: Sequence[str]) -> int:
@@ -23,6 +24,11 @@ def login(argv: Sequence[str]) -> int:
     parser.add_argument("--username", "-u", help="default: $USER")
     parser.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
     parser.add_argument("--token", help="store this existing token instead of logging in with a password")
+    parser.add_argument(
+        "--sso",
+        action="store_true",
+        help="sign in with the site's single sign-on, in a browser (a device code)",
+    )
     parser.add_argument("--name", default=None, help="a name for the token (default: tessera CLI on <host>)")
     args = parser.parse_args(argv)
 
@@ -30,6 +36,8 @@ def login(argv: Sequence[str]) -> int:
         saved = config_load()
         url = (args.url or saved.get("url") or DEFAULT_URL).rstrip("/")
         token = args.token
+        if not token and args.sso:
+            token = sso_token(url=url, name=args.name or f"tessera CLI on {os.uname().nodename}")
         if not token:
             username = args.username or os.environ.get("USER") or input("Username: ")
             if args.password_stdin:

@@ -6,6 +6,7 @@ does) and render a template; a page's parts that change are partials it re-reque
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -14,6 +15,7 @@ from django.shortcuts import redirect, render
 from django.templatetags.static import static
 from django.views.decorators.cache import cache_control
 
+from quotas.oidc import oidc_enabled
 from quotas.selectors import team_ids_for_user, team_slugs_visible_to
 from scheduling.inventory import selectors as inventory_selectors
 from scheduling.jobs import selectors as job_selectors
@@ -41,8 +43,17 @@ def overview(request: HttpRequest) -> HttpResponse:
 
 
 class SignInView(auth_views.LoginView):
+    """The password form, and the site's single sign-on where one is configured (quotas/oidc.py)."""
+
     template_name = "frontend/login.html"
     redirect_authenticated_user = True
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        if oidc_enabled():
+            context["sso_name"] = settings.OIDC_PROVIDER_NAME
+            context["sso_failed"] = self.request.GET.get("sso") == "failed"
+        return context
 
 
 class SignOutView(auth_views.LogoutView):

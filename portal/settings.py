@@ -248,6 +248,32 @@ if LOCAL_SIGN_IN not in ("everyone", "superusers"):
 # Sign-in through the site's directory (docs/operations.md, "Sign-in"): teams follow its groups (each team names
 # its groups), and staff status follows this group's membership (empty: staff is set by hand).
 DIRECTORY_STAFF_GROUP = env.str("TESSERA_DIRECTORY_STAFF_GROUP", default="")
+# OpenID Connect (quotas/oidc.py, mozilla-django-oidc): set, TESSERA_OIDC_CLIENT_ID turns it on. The endpoints are
+# the provider's discovery document's (`<issuer>/.well-known/openid-configuration`).
+OIDC_PROVIDER_NAME = env.str("TESSERA_OIDC_PROVIDER_NAME", default="single sign-on")
+OIDC_RP_CLIENT_ID = env.str("TESSERA_OIDC_CLIENT_ID", default="")
+OIDC_RP_CLIENT_SECRET = env.str("TESSERA_OIDC_CLIENT_SECRET", default="")
+OIDC_OP_AUTHORIZATION_ENDPOINT = env.str("TESSERA_OIDC_AUTHORIZATION_ENDPOINT", default="")
+OIDC_OP_TOKEN_ENDPOINT = env.str("TESSERA_OIDC_TOKEN_ENDPOINT", default="")
+OIDC_OP_USER_ENDPOINT = env.str("TESSERA_OIDC_USERINFO_ENDPOINT", default="")
+OIDC_OP_JWKS_ENDPOINT = env.str("TESSERA_OIDC_JWKS_URI", default="")
+OIDC_RP_SIGN_ALGO = env.str("TESSERA_OIDC_SIGN_ALGO", default="RS256")
+OIDC_RP_SCOPES = env.str("TESSERA_OIDC_SCOPES", default="openid profile email")
+OIDC_USE_PKCE = True
+OIDC_TIMEOUT = env.float("TESSERA_OIDC_TIMEOUT_S", default=10.0)
+OIDC_AUTHENTICATION_CALLBACK_URL = "oidc_authentication_callback"
+LOGIN_REDIRECT_URL_FAILURE = "/login/?sso=failed"
+TESSERA_OIDC_ISSUER = env.str("TESSERA_OIDC_ISSUER", default="")
+TESSERA_OIDC_USERNAME_CLAIM = env.str("TESSERA_OIDC_USERNAME_CLAIM", default="preferred_username")
+TESSERA_OIDC_GROUPS_CLAIM = env.str("TESSERA_OIDC_GROUPS_CLAIM", default="groups")
+TESSERA_OIDC_UNIX_ACCOUNT_CLAIM = env.str("TESSERA_OIDC_UNIX_ACCOUNT_CLAIM", default="")
+# `tessera login --sso`: the device flow, with a public client of the provider's for the CLI.
+TESSERA_OIDC_DEVICE_AUTHORIZATION_ENDPOINT = env.str("TESSERA_OIDC_DEVICE_AUTHORIZATION_ENDPOINT", default="")
+TESSERA_OIDC_CLI_CLIENT_ID = env.str("TESSERA_OIDC_CLI_CLIENT_ID", default="")
+# For a provider whose device flow gives no ID token: the CLI's access token is checked there (RFC 7662).
+TESSERA_OIDC_INTROSPECTION_ENDPOINT = env.str("TESSERA_OIDC_INTROSPECTION_ENDPOINT", default="")
+if OIDC_RP_CLIENT_ID:
+    AUTHENTICATION_BACKENDS.insert(1, "quotas.oidc.DirectoryOIDCBackend")
 LDAP_URI = env.str("TESSERA_LDAP_URI", default="")
 if LDAP_URI:
     from quotas.ldap_settings import ldap_settings

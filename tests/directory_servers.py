@@ -1,6 +1,7 @@
-"""A real OpenLDAP server for the sign-in tests: Debian's `slapd`, started on a free loopback port with a
-configuration and a database of its own (nothing of the machine's own slapd is read or changed), StartTLS with a
-certificate made for the run, and seeded with people and groups."""
+"""Real directory servers for the sign-in tests: OpenLDAP (Debian's `slapd`, on a free loopback port with a
+configuration and a database of its own: nothing of the machine's own slapd is read or changed; StartTLS with a
+certificate made for the run; seeded with people and groups), and an OpenID Connect provider
+(django-oauth-toolkit in a process of its own, tests/oidc_provider/)."""
 
 from __future__ import annotations
 
@@ -198,6 +199,148 @@ def slapd_run(directory: Path, *, deadline_s: float = 20.0) -> Iterator[Slapd]:
         for dn, entry in _entries():
             conn.add_s(dn, ldap.modlist.addModlist(entry))
         yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+@dataclass
+class OidcProvider:
+    url: str
+    config: dict  # its discovery document
+    db: Path
+    process: subprocess.Popen
+
+    def leave_group(self, username: str, group: str) -> None:
+        """Take the person out of a group, as the provider's admin would (in its database)."""
+        import sqlite3
+
+        with sqlite3.connect(self.db) as conn:
+            conn.execute(
+                "DELETE FROM auth_user_groups WHERE user_id = (SELECT id FROM auth_user WHERE username = ?)"
+                " AND group_id = (SELECT id FROM auth_group WHERE name = ?)",
+                (username, group),
+            )
+
+    def join_group(self, username: str, group: str) -> None:
+        import sqlite3
+
+        with sqlite3.connect(self.db) as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO auth_user_groups (user_id, group_id) SELECT u.id, g.id FROM auth_user u,"
+                " auth_group g WHERE u.username = ? AND g.name = ?",
+                (username, group),
+            )
+
+    def sign_in(self, session, response, username: str):
+        """Sign in on the provider's login form that `response` shows; the response after it (redirects followed)."""
+        import html
+        import re
+
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', response.text).group(1)
+        next_url = html.unescape(re.search(r'name="next" value="([^"]*)"', response.text).group(1))
+        return session.post(
+            response.url,
+            data={
+                "csrfmiddlewaretoken": token,
+                "username": username,
+                "password": f"{username}-pw",
+                "next": next_url,
+            },
+            headers={"Referer": response.url},
+            timeout=30,
+        )
+
+    def approve_device(self, username: str, user_code: str) -> None:
+        """What the person does in a browser for `tessera login --sso`: sign in, enter the code, accept."""
+        import re
+
+        import requests
+
+        session = requests.Session()
+        page = self.sign_in(session, session.get(f"{self.url}/o/device/", timeout=30), username)
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+        confirm = session.post(
+            page.url,
+            data={"csrfmiddlewaretoken": token, "user_code": user_code},
+            headers={"Referer": page.url},
+            timeout=30,
+        )
+        assert confirm.status_code == 200 and "device-confirm" in confirm.url, (
+            confirm.status_code,
+            confirm.url,
+        )
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', confirm.text).group(1)
+        done = session.post(
+            confirm.url,
+            data={"csrfmiddlewaretoken": token, "action": "accept"},
+            headers={"Referer": confirm.url},
+            timeout=30,
+        )
+        assert done.status_code == 200, done.status_code
+
+
+def oidc_provider_missing() -> str | None:
+    """Why the OpenID Connect tests cannot run here (None: they can)."""
+    try:
+        import mozilla_django_oidc  # noqa: F401
+        import oauth2_provider  # noqa: F401
+    except ImportError as exc:
+        return f"{exc.name} is not installed (make install: the dev extra has django-oauth-toolkit)"
+    return None
+
+
+def oidc_provider_run(
+    directory: Path, *, redirect_uri: str, deadline_s: float = 60.0
+) -> Iterator[OidcProvider]:
+    """Start the test provider (tests/oidc_provider/) in `directory`, yield it, stop it (a generator for a fixture)."""
+    import os
+    import sys
+
+    import requests
+
+    key = directory / "provider.key"
+    subprocess.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    db = directory / "provider.sqlite3"
+    env = {**os.environ, "OIDC_PROVIDER_DB": str(db), "OIDC_PROVIDER_KEY": str(key), "OIDC_PROVIDER_URL": url}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    log = open(directory / "provider.log", "wb")  # noqa: SIM115 - closed after the server stops
+    root = Path(__file__).resolve().parents[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.oidc_provider.serve", str(port), redirect_uri],
+        cwd=root,
+        env=env,
+        stdout=log,
+        stderr=log,
+    )
+    try:
+        until = time.monotonic() + deadline_s
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"the provider exited with {process.returncode}: {(directory / 'provider.log').read_text()}"
+                )
+            try:
+                answer = requests.get(f"{url}/o/.well-known/openid-configuration", timeout=5)
+                if answer.status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.monotonic() > until:
+                raise RuntimeError(f"the provider did not answer on {url} within {deadline_s} s")
+            time.sleep(0.1)
+        config = answer.json()
+        # django-oauth-toolkit's discovery document does not list these (Keycloak's and Okta's do).
+        config.setdefault("device_authorization_endpoint", f"{url}/o/device-authorization/")
+        config.setdefault("introspection_endpoint", f"{url}/o/introspect/")
+        yield OidcProvider(url=url, config=config, db=db, process=process)
     finally:
         process.terminate()
         try:

@@ -18,7 +18,7 @@ def gpus(value: float | None) -> str:
 
 @register.filter
 def gpus_noun(value: float | None) -> str:
-    """"GPU" after a count of one, "GPUs" after any other ("1 GPU", "0.5 GPUs", "2 GPUs")."""
+    """ "GPU" after a count of one, "GPUs" after any other ("1 GPU", "0.5 GPUs", "2 GPUs")."""
     return "GPU" if gpus(value) == "1" else "GPUs"
 
 

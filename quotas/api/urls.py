@@ -14,6 +14,8 @@ router.register("tokens", views.ApiTokenViewSet, basename="apitoken")
 urlpatterns = [
     path("whoami/", views.WhoamiView.as_view(), name="whoami"),
     path("auth/token/", views.TokenLoginView.as_view(), name="token-login"),
+    path("auth/sso/", views.SsoConfigView.as_view(), name="sso-config"),
+    path("auth/token/sso/", views.SsoTokenView.as_view(), name="token-sso"),
     path("auth/sign-out-everywhere/", views.SignOutEverywhereView.as_view(), name="sign-out-everywhere"),
     *router.urls,
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import authenticate
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema
@@ -36,6 +37,7 @@ from quotas.api.serializers import (
 from quotas.choices import ChangeSource
 from quotas.errors import QuotaForbidden, QuotaRefused
 from quotas.models import ApiToken, Membership, PriorityClass, Quota, QuotaChange, Team
+from quotas.oidc import DirectoryOIDCBackend, oidc_enabled
 from quotas.selectors import TeamAllowance, team_allowances, team_ids_for_user, team_visible_to
 from quotas.services import (
     quota_change_check,
@@ -453,6 +455,84 @@ class TokenLoginView(APIView):
         if user is None or not user.is_active:
             raise ApiError(
                 "Wrong username or password.",
+                code="authentication_failed",
+                status_code=status.HTTP_401_UNAUTHORIZED,
+            )
+        try:
+            row, token = api_token_create(user=user, name=incoming.validated_data["name"])
+        except TokenLimitReached as exc:
+            raise ApiError(str(exc), code="too_many_tokens", field="name") from None
+        row.token = token
+        return Response(ApiTokenCreatedSerializer(row).data, status=status.HTTP_201_CREATED)
+
+
+class SsoConfigSerializer(serializers.Serializer):
+    provider = serializers.CharField(help_text="The provider's name, as the sign-in page shows it.")
+    device_authorization_endpoint = serializers.CharField()
+    token_endpoint = serializers.CharField()
+    client_id = serializers.CharField(help_text="The CLI's client of the provider (a public one).")
+    scope = serializers.CharField()
+
+
+class SsoConfigView(APIView):
+    """How `tessera login --sso` signs in: the provider's device flow for the CLI's client (404: no single sign-on
+    here, or none for the CLI)."""
+
+    authentication_classes: list = []
+    permission_classes = [permissions.AllowAny]
+
+    @extend_schema(responses={200: SsoConfigSerializer})
+    def get(self, request: Request) -> Response:
+        if not (oidc_enabled() and settings.TESSERA_OIDC_CLI_CLIENT_ID):
+            raise NotFound(
+                "This portal has no single sign-on for the CLI; sign in with a username and password."
+            )
+        return Response(
+            {
+                "provider": settings.OIDC_PROVIDER_NAME,
+                "device_authorization_endpoint": settings.TESSERA_OIDC_DEVICE_AUTHORIZATION_ENDPOINT,
+                "token_endpoint": settings.OIDC_OP_TOKEN_ENDPOINT,
+                "client_id": settings.TESSERA_OIDC_CLI_CLIENT_ID,
+                "scope": settings.OIDC_RP_SCOPES,
+            }
+        )
+
+
+class SsoTokenSerializer(RequestSerializer):
+    id_token = serializers.CharField(
+        max_length=16_384,
+        required=False,
+        default="",
+        allow_blank=True,
+        help_text="The provider's ID token, issued to the CLI (a provider that gives none: its access token is "
+        "introspected).",
+    )
+    access_token = serializers.CharField(max_length=16_384, help_text="Its access token, for the userinfo.")
+    name = serializers.CharField(max_length=100, required=False, default="tessera CLI")
+
+
+class SsoTokenView(APIView):
+    """Exchange the provider's tokens from the CLI's device flow for a new personal token: the ID token must be
+    the provider's, issued to the CLI's client and unexpired, and the access token its subject's (no ID token: the
+    access token introspected as the CLI's). Throttled per client address as the password login is."""
+
+    authentication_classes: list = []
+    permission_classes = [permissions.AllowAny]
+    throttle_classes = [LoginRateThrottle]
+
+    @extend_schema(request=SsoTokenSerializer, responses={201: ApiTokenCreatedSerializer})
+    def post(self, request: Request) -> Response:
+        if not (oidc_enabled() and settings.TESSERA_OIDC_CLI_CLIENT_ID):
+            raise NotFound("This portal has no single sign-on for the CLI.")
+        incoming = SsoTokenSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        user = DirectoryOIDCBackend().user_from_device_tokens(
+            id_token=incoming.validated_data["id_token"], access_token=incoming.validated_data["access_token"]
+        )
+        if user is None or not user.is_active:
+            raise ApiError(
+                "The provider's tokens were refused (expired, not issued to the CLI, or not this portal's "
+                "provider); run `tessera login --sso` again.",
                 code="authentication_failed",
                 status_code=status.HTTP_401_UNAUTHORIZED,
             )

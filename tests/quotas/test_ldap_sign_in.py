@@ -93,7 +93,11 @@ def test_a_directory_user_signs_in_on_the_form_with_names_teams_and_unix_account
     client = Client()
     client.force_login(ada)
     page = client.get("/password/").content.decode()
-    assert "Your password is your directory" in page and "(ada)" in page and 'name="old_password"' not in page
+    assert (
+        "Your password is your directory" in page
+        and "<code>ada</code>" in page
+        and 'name="old_password"' not in page
+    )
 
 
 def test_a_user_removed_from_a_group_loses_the_team_at_the_next_sign_in_and_hand_kept_teams_stay(
