@@ -1,6 +1,8 @@
 """Teams with quota, usage, borrowing and fair share; priority classes; tokens; whoami; usage in GPU-hours and CSV;
 the schema and the offline docs page."""
 
+import json
+import re
 from datetime import timedelta
 
 import pytest
@@ -224,6 +226,16 @@ def test_the_schema_and_the_interactive_docs_are_served_without_the_network(as_a
     assert any("swagger-ui-bundle" in a for a in assets)
     for asset in assets:
         assert client.get(asset).status_code == 200, asset
+
+
+def test_every_reference_of_the_schema_names_a_component_it_has_however_often_it_is_built(as_alice):
+    for _ in range(2):  # a server builds it on each request: the second once named enums it no longer emitted
+        schema = as_alice.get("/api/schema/?format=json").json()
+        named = set(re.findall(r"#/components/schemas/(\w+)", json.dumps(schema)))
+        assert named and named <= set(schema["components"]["schemas"]), named - set(
+            schema["components"]["schemas"]
+        )
+    assert "TopologyEnum" in schema["components"]["schemas"], "the job spec's topology is an enum component"
 
 
 def test_usage_reads_what_a_placement_held_from_its_event(as_alice, alice, teams, node, submit):

@@ -10,6 +10,7 @@ longer one is refused with out_of_range and the limit, like a size beyond its bo
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiSerializerExtension
@@ -219,4 +220,6 @@ class JobSpecSchema(OpenApiSerializerExtension):
     target_class = "scheduling.jobs.api.serializers.JobSubmitSerializer"
 
     def map_serializer(self, auto_schema: Any, direction: str) -> dict[str, Any]:
-        return JOB_SPEC_SCHEMA
+        # A copy each time: drf-spectacular's enum hook rewrites what it is given in place (its enums cut out into
+        # components), and a second schema built from the rewritten one named components it never emitted.
+        return copy.deepcopy(JOB_SPEC_SCHEMA)
