@@ -28,7 +28,7 @@ from scheduling.jobs.ledger import slice_allocate
 from scheduling.jobs.transitions import job_transition
 
 schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", application)
-# About 150 requests for each of the 32 operations (half of them schemathesis's coverage phase, which the limit
+# About 150 requests for each of the 34 operations (half of them schemathesis's coverage phase, which the limit
 # does not bound); the file takes about 60 s on a 2-core machine.
 MAX_EXAMPLES = 75
 
