@@ -47,6 +47,15 @@ def slapd_missing() -> str | None:
     return f"slapd's schemas {missing} are missing under /etc/ldap/schema" if missing else None
 
 
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def person_dn(uid: str) -> str:
     return f"uid={uid},{PEOPLE}"
 
@@ -200,12 +209,7 @@ def slapd_run(directory: Path, *, deadline_s: float = 20.0) -> Iterator[Slapd]:
             conn.add_s(dn, ldap.modlist.addModlist(entry))
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _stop(process)
         log.close()
 
 
@@ -342,10 +346,5 @@ def oidc_provider_run(
         config.setdefault("introspection_endpoint", f"{url}/o/introspect/")
         yield OidcProvider(url=url, config=config, db=db, process=process)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _stop(process)
         log.close()

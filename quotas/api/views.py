@@ -431,6 +431,16 @@ class TokenLoginSerializer(RequestSerializer):
     name = serializers.CharField(max_length=100, required=False, default="tessera CLI")
 
 
+def _token_created(*, user: Any, name: str) -> Response:
+    """A new personal token for a user who has just signed in (201, the token shown once)."""
+    try:
+        row, token = api_token_create(user=user, name=name)
+    except TokenLimitReached as exc:
+        raise ApiError(str(exc), code="too_many_tokens", field="name") from None
+    row.token = token
+    return Response(ApiTokenCreatedSerializer(row).data, status=status.HTTP_201_CREATED)
+
+
 class TokenLoginView(APIView):
     """Exchange a username and password for a new personal token (what `tessera login` does).
 
@@ -458,12 +468,7 @@ class TokenLoginView(APIView):
                 code="authentication_failed",
                 status_code=status.HTTP_401_UNAUTHORIZED,
             )
-        try:
-            row, token = api_token_create(user=user, name=incoming.validated_data["name"])
-        except TokenLimitReached as exc:
-            raise ApiError(str(exc), code="too_many_tokens", field="name") from None
-        row.token = token
-        return Response(ApiTokenCreatedSerializer(row).data, status=status.HTTP_201_CREATED)
+        return _token_created(user=user, name=incoming.validated_data["name"])
 
 
 class SsoConfigSerializer(serializers.Serializer):
@@ -536,12 +541,7 @@ class SsoTokenView(APIView):
                 code="authentication_failed",
                 status_code=status.HTTP_401_UNAUTHORIZED,
             )
-        try:
-            row, token = api_token_create(user=user, name=incoming.validated_data["name"])
-        except TokenLimitReached as exc:
-            raise ApiError(str(exc), code="too_many_tokens", field="name") from None
-        row.token = token
-        return Response(ApiTokenCreatedSerializer(row).data, status=status.HTTP_201_CREATED)
+        return _token_created(user=user, name=incoming.validated_data["name"])
 
 
 class SignedOutSerializer(serializers.Serializer):
