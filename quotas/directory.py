@@ -52,7 +52,7 @@ class DirectorySync:
 
 def group_names(values: Iterable[object]) -> frozenset[str]:
     """The group names of a directory's answer: strings, trimmed, at most MAX_GROUPS of them."""
-    names = sorted({str(v).strip() for v in values if isinstance(v, str) and str(v).strip()})
+    names = sorted({v.strip() for v in values if isinstance(v, str) and v.strip()})
     return frozenset(names[:MAX_GROUPS])
 
 
@@ -78,10 +78,7 @@ def directory_sign_in(*, user: AbstractBaseUser, directory: DirectoryUser) -> Di
     sync = DirectorySync()
     roles, managed = _roles_from_groups(directory.groups)
     current = {
-        m.team_id: m
-        for m in Membership.objects.select_for_update()
-        .filter(user=user, team_id__in=managed)
-        .select_related("team")
+        m.team_id: m for m in Membership.objects.select_for_update().filter(user=user, team_id__in=managed)
     }
     slugs = dict(Team.objects.filter(pk__in=set(roles) | set(current)).values_list("pk", "slug"))
     for team_id, membership in current.items():

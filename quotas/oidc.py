@@ -28,6 +28,11 @@ def oidc_enabled() -> bool:
     return bool(settings.OIDC_RP_CLIENT_ID)
 
 
+def cli_sso_enabled() -> bool:
+    """Whether `tessera login --sso` can sign in here: a provider, and a client of it for the CLI."""
+    return oidc_enabled() and bool(settings.TESSERA_OIDC_CLI_CLIENT_ID)
+
+
 def _audiences(payload: dict[str, Any]) -> set[str]:
     aud = payload.get("aud")
     return {aud} if isinstance(aud, str) else {a for a in aud or [] if isinstance(a, str)}
@@ -162,19 +167,18 @@ class DirectoryOIDCBackend(OIDCAuthenticationBackend):
         return claims
 
 
-class SignInStart(OIDCAuthenticationRequestView):
-    """/oidc/sign-in/: off to the provider (404 where no provider is configured)."""
+class _OnlyWithAProvider:
+    """A view of the sign-on flow: 404 where no provider is configured."""
 
-    def get(self, request: HttpRequest) -> HttpResponse:
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if not oidc_enabled():
             raise Http404("No single sign-on provider is configured.")
-        return super().get(request)
+        return super().dispatch(request, *args, **kwargs)
 
 
-class SignInCallback(OIDCAuthenticationCallbackView):
+class SignInStart(_OnlyWithAProvider, OIDCAuthenticationRequestView):
+    """/oidc/sign-in/: off to the provider."""
+
+
+class SignInCallback(_OnlyWithAProvider, OIDCAuthenticationCallbackView):
     """/oidc/callback/: back from the provider, signed in (or to the sign-in page, which says it failed)."""
-
-    def get(self, request: HttpRequest) -> HttpResponse:
-        if not oidc_enabled():
-            raise Http404("No single sign-on provider is configured.")
-        return super().get(request)

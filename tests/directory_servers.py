@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support import free_port
+from tests.support import free_port, wait_for
 
 SLAPD = shutil.which("slapd") or "/usr/sbin/slapd"
 SCHEMAS = ("core", "cosine", "nis", "inetorgperson")
@@ -45,6 +44,17 @@ def slapd_missing() -> str | None:
         return "django-auth-ldap is not installed (pip install -e '.[ldap]'; it builds with libldap2-dev)"
     missing = [s for s in SCHEMAS if not Path(f"/etc/ldap/schema/{s}.schema").exists()]
     return f"slapd's schemas {missing} are missing under /etc/ldap/schema" if missing else None
+
+
+def _while_running(process: subprocess.Popen, log: Path, probe):
+    """`probe` for wait_for, failing at once with the server's log if the server has exited."""
+
+    def attempt():
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args[0]} exited with {process.returncode}: {log.read_text()}")
+        return probe()
+
+    return attempt
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -192,19 +202,18 @@ def slapd_run(directory: Path, *, deadline_s: float = 20.0) -> Iterator[Slapd]:
     process = subprocess.Popen([SLAPD, "-f", str(config), "-h", f"{uri}/", "-d", "0"], stdout=log, stderr=log)
     server = Slapd(uri=uri, ca_file=cert, other_ca_file=other_ca, process=process)
     try:
-        until = time.monotonic() + deadline_s
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(
-                    f"slapd exited with {process.returncode}: {(directory / 'slapd.log').read_text()}"
-                )
+
+        def connected():
             try:
-                conn = server.connection()
-                break
+                return server.connection()
             except ldap.SERVER_DOWN:
-                if time.monotonic() > until:
-                    raise RuntimeError(f"slapd did not answer on {uri} within {deadline_s} s") from None
-                time.sleep(0.05)
+                return None
+
+        conn = wait_for(
+            f"slapd on {uri}",
+            _while_running(process, directory / "slapd.log", connected),
+            timeout_s=deadline_s,
+        )
         for dn, entry in _entries():
             conn.add_s(dn, ldap.modlist.addModlist(entry))
         yield server
@@ -325,21 +334,19 @@ def oidc_provider_run(
         stderr=log,
     )
     try:
-        until = time.monotonic() + deadline_s
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(
-                    f"the provider exited with {process.returncode}: {(directory / 'provider.log').read_text()}"
-                )
+
+        def discovered():
             try:
                 answer = requests.get(f"{url}/o/.well-known/openid-configuration", timeout=5)
-                if answer.status_code == 200:
-                    break
             except requests.ConnectionError:
-                pass
-            if time.monotonic() > until:
-                raise RuntimeError(f"the provider did not answer on {url} within {deadline_s} s")
-            time.sleep(0.1)
+                return None
+            return answer if answer.status_code == 200 else None
+
+        answer = wait_for(
+            f"the provider on {url}",
+            _while_running(process, directory / "provider.log", discovered),
+            timeout_s=deadline_s,
+        )
         config = answer.json()
         # django-oauth-toolkit's discovery document does not list these (Keycloak's and Okta's do).
         config.setdefault("device_authorization_endpoint", f"{url}/o/device-authorization/")

@@ -37,7 +37,7 @@ from quotas.api.serializers import (
 from quotas.choices import ChangeSource
 from quotas.errors import QuotaForbidden, QuotaRefused
 from quotas.models import ApiToken, Membership, PriorityClass, Quota, QuotaChange, Team
-from quotas.oidc import DirectoryOIDCBackend, oidc_enabled
+from quotas.oidc import DirectoryOIDCBackend, cli_sso_enabled
 from quotas.selectors import TeamAllowance, team_allowances, team_ids_for_user, team_visible_to
 from quotas.services import (
     quota_change_check,
@@ -488,7 +488,7 @@ class SsoConfigView(APIView):
 
     @extend_schema(responses={200: SsoConfigSerializer})
     def get(self, request: Request) -> Response:
-        if not (oidc_enabled() and settings.TESSERA_OIDC_CLI_CLIENT_ID):
+        if not cli_sso_enabled():
             raise NotFound(
                 "This portal has no single sign-on for the CLI; sign in with a username and password."
             )
@@ -527,7 +527,7 @@ class SsoTokenView(APIView):
 
     @extend_schema(request=SsoTokenSerializer, responses={201: ApiTokenCreatedSerializer})
     def post(self, request: Request) -> Response:
-        if not (oidc_enabled() and settings.TESSERA_OIDC_CLI_CLIENT_ID):
+        if not cli_sso_enabled():
             raise NotFound("This portal has no single sign-on for the CLI.")
         incoming = SsoTokenSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
