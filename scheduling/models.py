@@ -1,12 +1,12 @@
 """Every model of the scheduling app, for Django's app registry; code imports them from their room.
 
-Rooms: `inventory` (GPU models, nodes, GPUs, links), `jobs` (jobs, slices, gang members, events) and `cycle` (the scheduler's
+Rooms: `inventory` (GPU models, nodes, GPUs, links), `jobs` (jobs, slices, gang members, events, logs still to pull) and `cycle` (the scheduler's
 fencing lease, each node's desired-state sync).
 """
 
 from scheduling.cycle.models import NodeSync, SchedulerLease
 from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node, NodeStateChange
-from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
+from scheduling.jobs.models import GangMember, Job, JobEvent, LogDrain, Slice
 from scheduling.notifications.models import Notification, NotificationSettings
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "GpuModel",
     "Job",
     "JobEvent",
+    "LogDrain",
     "Node",
     "NodeStateChange",
     "NodeSync",

@@ -232,3 +232,21 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job}: {self.from_state or '-'} -> {self.to_state or '-'} ({self.code})"
+
+
+class LogDrain(models.Model):
+    """A placement that ended on a node whose logs the portal has not pulled to their end yet. Kept in the database
+    so that a reconnect (or a portal restart) between the final report and the last chunk still pulls them."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_drains")
+    attempt = models.PositiveSmallIntegerField()
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="log_drains")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["node", "job", "attempt"], name="logdrain_unique_placement"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job} attempt {self.attempt} on {self.node.name}: logs still coming"

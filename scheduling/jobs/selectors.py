@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -16,7 +16,7 @@ from quotas.selectors import team_ids_administered_by, team_ids_for_user
 from scheduling.choices import GangMemberOutcome, JobState
 from scheduling.cycle import node_loss
 from scheduling.cycle.liveness import SCHEDULER_STALLED, scheduler_stall
-from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
+from scheduling.jobs.models import GangMember, Job, JobEvent, LogDrain, Slice
 from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES
 from scheduling.jobs.wording import reason_in_general
 
@@ -172,6 +172,20 @@ def job_for_user(*, user: AbstractBaseUser, job_id: int) -> Job | None:
         .filter(pk=job_id)
         .first()
     )
+
+
+# How long after a placement ended its logs are still waited for (its agent reconnecting, a busy portal) before
+# readers are told the log is complete. A node that comes back later still delivers them.
+LOG_DRAIN_WAIT_S = 120
+
+
+def job_logs_complete(*, job: Job) -> bool:
+    """The job has finished and its agents' last lines are here (or no longer expected soon): its log will not
+    grow."""
+    if job.state not in TERMINAL_STATES:
+        return False
+    since = timezone.now() - timedelta(seconds=LOG_DRAIN_WAIT_S)
+    return not LogDrain.objects.filter(job=job, created_at__gt=since).exists()
 
 
 def job_events(*, job: Job) -> list[JobEvent]:

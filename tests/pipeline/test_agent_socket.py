@@ -271,6 +271,52 @@ def test_node_bs_agent_writes_its_own_jobs_log_where_the_portal_asked(two_nodes)
     assert joblogs.log_read(job_id=on_b.pk, stream="stdout")[0] == b"hello\n"
 
 
+def test_the_last_lines_of_a_job_that_ended_just_before_its_node_reconnected_still_arrive(two_nodes):
+    """The final report is recorded, the portal asks for the last lines, the connection drops before the answer:
+    the next connection (another portal process, or after a restart) goes on pulling them, and until they are
+    here a reader is not told the log is complete."""
+    from scheduling.jobs.models import LogDrain
+    from scheduling.jobs.selectors import job_logs_complete
+
+    _, on_b, _, token_b = two_nodes
+    report = {"job_id": str(on_b.pk), "attempt": on_b.attempt, "pid": 9}
+    started = protocol.message("job_status", {**report, "state": "started"})
+    exited = protocol.message("job_status", {**report, "state": "exited", "exit_code": 0})
+
+    def drains() -> list[tuple[int, int]]:
+        return list(LogDrain.objects.values_list("job_id", "attempt"))
+
+    async def first_connection() -> None:
+        communicator = await _connect(token_b, "a100-02")
+        for msg in (started, exited):
+            await communicator.send_to(text_data=protocol.encode(msg))
+            await _next(communicator, "ack", ack_id=msg["id"])  # (the portal's logs requests go unanswered)
+        await communicator.disconnect()  # before answering them: the agent's host rebooted, a proxy cut it
+
+    async def second_connection() -> tuple[bytes, list]:
+        communicator = await _connect(token_b, "a100-02")
+        for stream, data in (("stdout", b"the last line\n"), ("stderr", b"")):
+            request = await _next(communicator, "logs_request", job_id=str(on_b.pk), stream=stream)
+            answer = {**request["payload"], "request_id": request["id"], "data_b64": _b64(data), "eof": True}
+            answer.update(next_offset=len(data), size=len(data))
+            await communicator.send_to(text_data=protocol.encode(protocol.message("logs", answer)))
+        stored = await wait_for_async("the last line stored", lambda: _stored_log(on_b.pk), timeout_s=15)
+        left = await wait_for_async(
+            "the drain to be done", lambda: sync_to_async(lambda: drains() == [])(), timeout_s=15
+        )
+        await communicator.disconnect()
+        return stored, left
+
+    async_to_sync(first_connection)()
+    on_b.refresh_from_db()
+    assert on_b.state == "succeeded"
+    assert drains() == [(on_b.pk, on_b.attempt)]
+    assert not job_logs_complete(job=on_b), "told complete while its last lines are still on the node"
+    stored, _ = async_to_sync(second_connection)()
+    assert stored == b"the last line\n"
+    assert job_logs_complete(job=on_b)
+
+
 def test_any_bytes_are_stored_exactly_and_a_chunk_not_matching_its_offsets_is_refused(two_nodes):
     _, on_b, _, token_b = two_nodes
     chunk = bytes(range(256)) + b"\0" * 1000 + b"\xff\xfe\xc3("  # every byte, NULs, invalid UTF-8

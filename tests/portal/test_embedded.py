@@ -185,7 +185,10 @@ def test_the_readme_first_job_runs_on_the_embedded_demo(embedded_server):
         return logs if "hello from tessera" in logs.stdout else None
 
     # The agent ships log chunks every couple of seconds.
-    wait_for("its output in `tessera logs`", logged, timeout_s=20, interval_s=0.5)
+    try:
+        wait_for("its output in `tessera logs`", logged, timeout_s=20, interval_s=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the demo printed:\n{(var / 'demo.log').read_text()[-6000:]}") from None
 
 
 @pytest.mark.django_db

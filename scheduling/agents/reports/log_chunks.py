@@ -13,7 +13,7 @@ from agent import protocol
 from scheduling.agents import joblogs
 from scheduling.agents.reports.job_status import placed_here
 from scheduling.inventory.models import Node
-from scheduling.jobs.models import Job
+from scheduling.jobs.models import Job, LogDrain
 from scheduling.realtime import events, groups
 
 
@@ -72,6 +72,24 @@ def job_logs_store(
                 groups.job(job_id), {"type": "logs.appended", "stream": stream, "size": size_stored}
             )
     return next_offset, size
+
+
+def log_drain_expect(*, node_id: int, job_id: int, attempt: int) -> None:
+    """The placement ended on this node: its logs are pulled to their end, across reconnects and restarts."""
+    if Job.objects.filter(pk=job_id).exists():
+        LogDrain.objects.bulk_create(
+            [LogDrain(node_id=node_id, job_id=job_id, attempt=attempt)], ignore_conflicts=True
+        )
+
+
+def log_drain_done(*, node_id: int, job_id: int, attempt: int) -> None:
+    """The placement's logs are all here (or can no longer be pulled)."""
+    LogDrain.objects.filter(node_id=node_id, job_id=job_id, attempt=attempt).delete()
+
+
+def log_drains(*, node_id: int) -> list[tuple[int, int]]:
+    """The (job, attempt) placements that ended on this node with logs still to pull."""
+    return list(LogDrain.objects.filter(node_id=node_id).values_list("job_id", "attempt"))
 
 
 def _attempt_base(job_id: int, stream: str, attempt: int) -> int:

@@ -148,6 +148,7 @@ class ReportHandlers:
         self.desired.after_hello = True
         # The inventory may have renamed GPUs (their UUIDs): the agent gets the state it can run.
         await self.desired.send(force=True)
+        await self.pulls.resume()
         return Outcome(True)
 
     async def on_job_status(self, msg: dict[str, Any]) -> Outcome:
@@ -155,9 +156,11 @@ class ReportHandlers:
         outcome = await db(job_status.job_report)(node_id=self.link.node_id, payload=payload)
         if outcome.ok and payload.get("state") in FINAL_STATES:
             try:
-                self.pulls.drain(int(payload["job_id"]), int(payload["attempt"]))
+                ended = int(payload["job_id"]), int(payload["attempt"])
             except (KeyError, TypeError, ValueError):
-                pass
+                ended = None
+            if ended is not None:
+                await self.pulls.drain(*ended)
             await self.pulls.pull()
         return outcome
 

@@ -4,7 +4,8 @@ streams (`logs_request`), and stores each answer (`logs`) at the offset it asked
 A stream whose last answers brought nothing new is asked again after twice the wait before, up to
 LOG_UNWATCHED_MAX_S: at 1,000 nodes of 8 quiet jobs, asking every stream each LOG_PULL_INTERVAL_S was 16,000
 frames a second through the portal (bench/cluster_scale.py). New output resets the wait; a finished placement's
-logs are drained at once. A person watching a quiet job (its page open, or following its logs through the API:
+logs are drained at once, and kept draining (a LogDrain row) until both streams reached their end, so a reconnect or a
+portal restart in between still brings the last lines. A person watching a quiet job (its page open, or following its logs through the API:
 realtime/listeners.py) sees its next line at most TESSERA_LOG_QUIET_MAX_S (10 s) late; a quiet job nobody
 watches is asked every TESSERA_LOG_UNWATCHED_MAX_S (60 s) at most, and at once when someone starts watching.
 """
@@ -63,9 +64,19 @@ class LogPulls:
         self.eof: set[Key] = set()
         self.quiet: dict[Key, tuple[float, float]] = {}  # -> (wait s, ask again at)
 
-    def drain(self, job_id: int, attempt: int) -> None:
-        """The placement has ended: pull its logs to the end, however quiet it was."""
+    async def drain(self, job_id: int, attempt: int) -> None:
+        """The placement has ended: pull its logs to the end, however quiet it was (remembered in the database
+        until done)."""
+        await db(log_chunks.log_drain_expect)(node_id=self.link.node_id, job_id=job_id, attempt=attempt)
         self.draining.add((job_id, attempt))
+
+    async def resume(self) -> None:
+        """Go on draining what ended on this node before this connection (a reconnect, a portal restart)."""
+        self.draining.update(await db(log_chunks.log_drains)(node_id=self.link.node_id))
+
+    async def _drained(self, job_id: int, attempt: int) -> None:
+        self.draining.discard((job_id, attempt))
+        await db(log_chunks.log_drain_done)(node_id=self.link.node_id, job_id=job_id, attempt=attempt)
 
     async def answer(self, payload: dict[str, Any]) -> Outcome | None:
         """The agent's answer to a logs_request: stored where it was asked; a refusal when it is not the chunk
@@ -89,7 +100,8 @@ class LogPulls:
                 await self.link.refuse(CLOSE_UNAUTHENTICATED)  # the token was rotated: it speaks for no one
                 return None
         if stored is None:
-            self.draining.discard(key[:2])
+            if key[:2] in self.draining:
+                await self._drained(job_id, attempt)  # refused: asking again would bring the same answer
             if "error" in payload:
                 return None  # the agent's own "cannot read it": nothing to refuse
             if checked is not None:
@@ -108,8 +120,8 @@ class LogPulls:
             await self._request(*key)  # more to read right away
         elif payload.get("eof"):
             self.eof.add(key)
-            if all((key[0], key[1], s) in self.eof for s in STREAMS):
-                self.draining.discard(key[:2])
+            if key[:2] in self.draining and all((job_id, attempt, s) in self.eof for s in STREAMS):
+                await self._drained(job_id, attempt)
         return None
 
     async def pull(self) -> None:

@@ -257,7 +257,9 @@ class JobLogSerializer(serializers.Serializer):
     data = serializers.CharField(
         allow_blank=True, required=False, help_text="encoding=base64: the exact bytes, base64."
     )
-    complete = serializers.BooleanField(help_text="The job has finished: the log will not grow.")
+    complete = serializers.BooleanField(
+        help_text="The job has finished and its node's last lines have arrived: the log will not grow."
+    )
 
 
 class QueueEntrySerializer(serializers.Serializer):

@@ -41,9 +41,9 @@ from scheduling.jobs.api.filtersets import JobFilterSet, QueueFilterSet
 from scheduling.jobs.chargeback import MAX_WINDOW, usage_rows
 from scheduling.jobs.documents import MAX_DEPTH, MAX_SPEC_BYTES, MAX_VALUES
 from scheduling.jobs.models import Job, Slice
-from scheduling.jobs.selectors import can_cancel_job, jobs_visible_to, queue, queue_entries
+from scheduling.jobs.selectors import can_cancel_job, job_logs_complete, jobs_visible_to, queue, queue_entries
 from scheduling.jobs.spec import SpecError, spec_check_card_limits, spec_from_mapping, spec_from_text
-from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES
+from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.jobs.submit import job_submit
 from scheduling.jobs.transitions import job_cancel
 from scheduling.realtime import listeners
@@ -301,7 +301,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             "next_offset": start + len(data),
             "size": size,
             "encoding": encoding,
-            "complete": job.state in TERMINAL_STATES,
+            "complete": job_logs_complete(job=job),
         }
         if encoding == "base64":
             body["data"] = base64.b64encode(data).decode("ascii")
