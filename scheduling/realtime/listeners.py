@@ -35,6 +35,7 @@ LISTENED_REFRESH_S = 2.0
 
 _listened: set[str] | None = None
 _listened_at = float("-inf")  # monotonic
+_reads = 0  # reads started (and forgets): only the newest read's answer is kept
 
 
 def _member(group: str, channel: str) -> str:
@@ -81,19 +82,27 @@ def _read() -> set[str] | None:
 async def listened() -> set[str] | None:
     """The groups some browser socket listens to, as of at most LISTENED_REFRESH_S ago; None: unknown (no Redis,
     or it failed to answer): the caller publishes to every group."""
-    global _listened, _listened_at
+    global _listened, _listened_at, _reads
     now = time.monotonic()
     if now - _listened_at >= LISTENED_REFRESH_S:
         _listened_at = now  # one read per interval per process, however many sockets ask meanwhile
+        _reads += 1
+        this_read = _reads
         try:
-            _listened = await sync_to_async(_read, thread_sensitive=False)()
+            found = await sync_to_async(_read, thread_sensitive=False)()
         except Exception as exc:
             log.warning("listened groups unknown (%s): publishing samples to every group", exc)
-            _listened = None
+            found = None
+        if this_read != _reads:
+            # A newer read started meanwhile (after a `forget`): its answer is kept, never this older one.
+            return found
+        _listened = found
     return _listened
 
 
 def forget() -> None:
-    """Re-read on the next ask (tests, and a process that just joined a group itself)."""
-    global _listened_at
+    """Re-read on the next ask (tests, and a process that just joined a group itself); a read under way
+    started before this, so its answer is not kept."""
+    global _listened_at, _reads
     _listened_at = float("-inf")
+    _reads += 1
