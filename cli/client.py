@@ -178,8 +178,11 @@ class Client:
     def events(self, job_id: int) -> list[dict[str, Any]]:
         return self.get_all(f"/api/v1/jobs/{int(job_id)}/events/")
 
-    def cancel(self, job_id: int) -> dict[str, Any]:
-        return self.post(f"/api/v1/jobs/{int(job_id)}/cancel/")
+    def cancel(self, job_id: int, *, tasks: str | None = None) -> dict[str, Any]:
+        """Cancel a job (an array's line: all of it); `tasks` only those tasks of its array (e.g. 3-7)."""
+        return self.post(
+            f"/api/v1/jobs/{int(job_id)}/cancel/", {"tasks": tasks} if tasks is not None else None
+        )
 
     def logs(
         self,

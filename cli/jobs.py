@@ -76,6 +76,9 @@ def ls(argv: Sequence[str]) -> int:
     parser.add_argument("--user", "-u")
     parser.add_argument("--mine", action="store_true", help="only jobs you submitted")
     parser.add_argument("--limit", "-n", type=int, default=50)
+    parser.add_argument(
+        "--array", type=int, metavar="ID", help="the tasks of this array (else one line per array)"
+    )
     args = parser.parse_args(argv)
 
     def handle(args: argparse.Namespace) -> int:
@@ -86,6 +89,7 @@ def ls(argv: Sequence[str]) -> int:
             team=args.team,
             user=args.user,
             mine="true" if args.mine else None,
+            array=args.array,
         )
         if args.json:
             print_json(rows)
@@ -94,11 +98,11 @@ def ls(argv: Sequence[str]) -> int:
             table(
                 [
                     [
-                        r["id"],
+                        _job_label(r),
                         shorten(r["name"], 24),
                         r["team"],
                         r["user"],
-                        r["state"],
+                        _state_words(r),
                         request_text(r["request"]),
                         r["priority"],
                         ago(r["submitted_at"]),
@@ -115,6 +119,24 @@ def ls(argv: Sequence[str]) -> int:
         return ExitCode.OK
 
     return run_command(handle, args)
+
+
+def _job_label(job: dict[str, Any]) -> str:
+    """A job's id as Slurm writes an array's: 123_7 for task 7 of array 123, 123_[0-999%50] for its line."""
+    array = job.get("array")
+    if not array:
+        return str(job["id"])
+    if array["counts"] is not None:
+        return f"{array['id']}_[{array['tasks']}]"
+    return f"{array['id']}_{array['task_id']}"
+
+
+def _state_words(job: dict[str, Any]) -> str:
+    """A job's state; an array's line counts its tasks by state: "12 running, 30 pending"."""
+    array = job.get("array")
+    if not array or array["counts"] is None:
+        return job["state"]
+    return ", ".join(f"{n} {state}" for state, n in sorted(array["counts"].items(), key=lambda kv: -kv[1]))
 
 
 def _node_words(condition: dict | None) -> str:
@@ -153,6 +175,9 @@ def show(argv: Sequence[str]) -> int:
             ("Command", job["command"]),
             ("Submitted", f"{job['submitted_at']} ({ago(job['submitted_at'])})"),
         ]
+        array = job.get("array")
+        if array:
+            fields.insert(1, ("Array", _array_words(array)))
         if job["state"] == "pending":
             fields += [
                 ("Queue position", job["queue_position"] or "-"),
@@ -207,6 +232,17 @@ def show(argv: Sequence[str]) -> int:
     return run_command(handle, args)
 
 
+def _array_words(array: dict[str, Any]) -> str:
+    at_once = f", at most {array['max_running']} at once" if array["max_running"] else ""
+    tasks = f"{array['task_count']:,} tasks ({array['tasks']}){at_once}"
+    if array["counts"] is None:
+        return f"task {array['task_id']} of array {array['id']}: {tasks}"
+    counts = ", ".join(
+        f"{n:,} {state}" for state, n in sorted(array["counts"].items(), key=lambda kv: -kv[1])
+    )
+    return f"{tasks}: {counts} (tessera ls --array {array['id']})"
+
+
 def _message_width(events: list[dict[str, Any]]) -> int:
     """What is left of the terminal (80 columns when not one) for the events' messages, at least 40."""
     used = 19 + 2  # AT
@@ -219,9 +255,14 @@ def _message_width(events: list[dict[str, Any]]) -> int:
 
 
 def cancel(argv: Sequence[str]) -> int:
-    parser = command_parser("cancel", "Cancel jobs (scancel).")
+    parser = command_parser("cancel", "Cancel jobs (scancel); an array's id cancels all of its tasks.")
     parser.add_argument("job_ids", type=int, nargs="+")
+    parser.add_argument(
+        "--tasks", metavar="INDEXES", help="only these tasks of the array (e.g. 3-7 or 1,4,9); one array id"
+    )
     args = parser.parse_args(argv)
+    if args.tasks is not None and len(args.job_ids) != 1:
+        parser.error("--tasks names the tasks of one array: give one job id")
 
     def handle(args: argparse.Namespace) -> int:
         client = Client.from_config()
@@ -229,10 +270,16 @@ def cancel(argv: Sequence[str]) -> int:
         results = []
         for job_id in args.job_ids:
             try:
-                job = client.cancel(job_id)
+                job = client.cancel(job_id, tasks=args.tasks)
                 results.append({"id": job_id, "state": job["state"]})
                 if not args.json:
-                    print(f"Cancelled job {job_id}.")
+                    array = job.get("array")
+                    if args.tasks is not None:
+                        print(f"Cancelled tasks {args.tasks} of array {job_id}: {_state_words(job)}.")
+                    elif array and array["counts"] is not None:
+                        print(f"Cancelled array {job_id}: {_state_words(job)}.")
+                    else:
+                        print(f"Cancelled job {job_id}.")
             except ApiError as exc:
                 results.append({"id": job_id, "error": {"code": exc.code, "message": exc.message}})
                 if not args.json:

@@ -93,7 +93,7 @@ def submit(argv: Sequence[str]) -> int:
     )
     parser.add_argument("file", nargs="?", help="job spec (.yaml/.json) or a script; flags override it")
     for flags, field, text in SUBMIT_FLAGS:
-        kwargs: dict[str, Any] = {"dest": field, "help": text}
+        kwargs: dict[str, Any] = {"dest": field, "help": text.replace("%", "%%")}  # argparse formats help
         if field in REPEATED:
             kwargs["action"] = "append"
         parser.add_argument(*flags, **kwargs)

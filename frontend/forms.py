@@ -17,7 +17,7 @@ from quotas.selectors import TeamAllowance
 from scheduling.errors import ServiceError
 from scheduling.jobs import fields
 from scheduling.jobs.fields import SpecField
-from scheduling.jobs.spec import spec_field_errors, spec_to_mapping
+from scheduling.jobs.spec import dependencies_written, spec_field_errors, spec_to_mapping
 from scheduling.jobs.submit import job_spec_of
 from scheduling.jobs.validation import team_priority_grant
 
@@ -154,6 +154,8 @@ class JobForm(SpecFields):
             "cpu",
             "memory",
             "workdir",
+            "array",
+            "depends_on",
         ):
             if d.get(field):
                 spec[field] = d[field]
@@ -226,5 +228,9 @@ def initial_from_job(job: Any) -> dict[str, Any]:
         "command": spec["command"],
         "env": "\n".join(f"{k}={v}" for k, v in spec.get("env", {}).items()),
         "workdir": spec.get("workdir", ""),
+        "array": spec.get("array", ""),
+        "depends_on": dependencies_written(
+            spec.get("depends_on", []), singleton=spec.get("singleton", False)
+        ),
         "notify": [e for e in spec.get("notify", "").split(",") if e and e != "none"],
     }

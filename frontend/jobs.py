@@ -33,11 +33,11 @@ from scheduling.cycle.whatif import job_whatif, snapshot_warm
 from scheduling.errors import ServiceError
 from scheduling.inventory.selectors import gpu_model_rows
 from scheduling.jobs import selectors as job_selectors
+from scheduling.jobs.array_tasks import job_cancel_as_listed
 from scheduling.jobs.chargeback import usage_rows
 from scheduling.jobs.spec import spec_check_card_limits, spec_from_mapping, spec_to_mapping
 from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES, IllegalTransition
 from scheduling.jobs.submit import job_submit
-from scheduling.jobs.transitions import job_cancel
 from scheduling.jobs.wording import LIMIT_STOPS
 from scheduling.realtime.parts import pushed
 
@@ -64,7 +64,11 @@ def jobs(request: HttpRequest) -> HttpResponse:
     if scope not in dict(scopes):
         scope = "mine"
     state, team, search = (request.GET.get(k, "").strip() for k in ("state", "team", "q"))
-    rows = job_selectors.jobs_for_user(user=request.user, scope=scope, state=state, team=team, search=search)
+    array = request.GET.get("array", "")
+    array_id = int(array) if array.isdigit() and len(array) < 10 else None
+    rows = job_selectors.jobs_for_user(
+        user=request.user, scope=scope, state=state, team=team, search=search, array=array_id
+    )
     page = Paginator(rows, JOBS_PAGE_SIZE).get_page(request.GET.get("page"))
     page_jobs = list(page.object_list)
     active = [j.pk for j in page_jobs if j.state in ACTIVE_STATES]
@@ -87,6 +91,8 @@ def jobs(request: HttpRequest) -> HttpResponse:
         "teams": team_slugs_visible_to(user=request.user),
         "idle_warn_min": int(IDLE_WARN_AFTER_S // 60),
         "node_conditions": job_selectors.jobs_node_silence(jobs=page_jobs),
+        "arrays": job_selectors.array_summaries(jobs=page_jobs),
+        "array": array_id,
     }
     template = "frontend/jobs/_rows.html" if request.GET.get("part") == "rows" else "frontend/jobs/list.html"
     return render(request, template, context)
@@ -142,6 +148,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     usage = job_usage(job_ids=[job.pk]).get(job.pk)
     context = {
         "job": job,
+        "array": job_selectors.array_summaries(jobs=[job]).get(job.pk),
         "events": events,
         "phases": _bar_phases(job_selectors.job_phases(job=job, events=events)),
         "slices": list(job.slices.all()),
@@ -202,7 +209,7 @@ def jobs_cancel(request: HttpRequest) -> HttpResponse:
             refused.append(f"{job_id} (not yours to cancel)")
             continue
         try:
-            job_cancel(job=job, actor=request.user)
+            job_cancel_as_listed(job=job, actor=request.user)
             done.append(str(job_id))
         except IllegalTransition:
             refused.append(f"{job_id} (already {job.state})")

@@ -30,6 +30,10 @@ RULE_CODES = {
     "incompatible": "fields that do not go together (a field under two names, whole GPUs and a slice, since not "
     "before until)",
     "cannot_run": "this cluster can never run it (no such GPU model, more GPUs than any node has)",
+    "bad_dependency": "a dependency on a job that does not exist or is not yours to see, a job named twice, or one "
+    "that has already ended so it could never be met",
+    "not_an_array": "an array's tasks named for a job that is not an array",
+    "array_syntax": "a job array's tasks written wrong (they are 0-99, 0-99:10 or 1,3,8, then optionally %N)",
     "unknown_priority": "no priority class of that name",
     "priority_not_granted": "the team may not use that priority class",
     "beyond_team_limit": "more than the team may ever hold",

@@ -186,6 +186,32 @@ def update_from_values(
     return updated
 
 
+def insert_from_values(model: type[Model], columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """Insert many rows of `columns` (field names; every value given, auto_now ones too). On PostgreSQL one
+    `INSERT ... SELECT FROM unnest(...)`, each column one array (as update_from_values writes): Django's
+    bulk_create builds a placeholder per value and prepares each the ORM's way, seconds for a cycle's 8,000
+    placements' events and slices. Elsewhere bulk_create."""
+    if not rows:
+        return
+    meta = model._meta
+    fields = [meta.get_field(c) for c in columns]
+    if not postgresql():
+        model.objects.bulk_create(
+            [model(**{f.attname: v for f, v in zip(fields, row, strict=True)}) for row in rows],
+            batch_size=2000,
+        )
+        return
+    arrays = ", ".join(f"%s::{f.db_type(connection)}[]" for f in fields)
+    names = ", ".join(f.column for f in fields)
+    prepare = [None if f.get_internal_type() in _DRIVER_TYPES else f for f in fields]
+    with connection.cursor() as cursor:
+        params = [
+            [row[i] if f is None else f.get_db_prep_save(row[i], connection=connection) for row in rows]
+            for i, f in enumerate(prepare)
+        ]
+        cursor.execute(f"INSERT INTO {meta.db_table} ({names}) SELECT * FROM unnest({arrays})", params)
+
+
 def _update_rows(
     table: str, fields: Sequence[Field], rows: Sequence[Sequence[Any]], *, where: str
 ) -> list[int]:

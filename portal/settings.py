@@ -172,6 +172,8 @@ TESSERA_BEAT_LOCK_TTL_S = env.float("TESSERA_BEAT_LOCK_TTL_S", default=30.0)
 TESSERA_AGENT_DB_THREADS = env.int("TESSERA_AGENT_DB_THREADS", default=4)
 TESSERA_FAIRSHARE_HALF_LIFE_S = env.float("TESSERA_FAIRSHARE_HALF_LIFE_S", default=7 * 24 * 3600.0)
 TESSERA_MAX_REQUEUES = env.int("TESSERA_MAX_REQUEUES", default=10)
+# The most tasks one job array may have (its pending tasks are one row until placed).
+TESSERA_MAX_ARRAY_TASKS = env.int("TESSERA_MAX_ARRAY_TASKS", default=10_000)
 # A multi-node job's rendezvous port (MASTER_PORT) comes from this range, one per live gang on its rank-0 host
 # (torchrun's default, 29500, is the first). Keep the range free of other services on the GPU hosts.
 TESSERA_GANG_PORT_FIRST = env.int("TESSERA_GANG_PORT_FIRST", default=29500)

@@ -6,7 +6,7 @@ fencing lease, each node's desired-state sync).
 
 from scheduling.cycle.models import NodeSync, SchedulerLease
 from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node, NodeStateChange
-from scheduling.jobs.models import GangMember, Job, JobEvent, LogDrain, Slice
+from scheduling.jobs.models import GangMember, Job, JobDependency, JobEvent, LogDrain, Slice
 from scheduling.notifications.models import Notification, NotificationSettings
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "GpuLink",
     "GpuModel",
     "Job",
+    "JobDependency",
     "JobEvent",
     "LogDrain",
     "Node",

@@ -19,10 +19,12 @@ from django.db import transaction
 from portal.database import update_from_values
 from scheduling import lock_objects
 from scheduling.choices import ActorKind, JobState, NodeState
+from scheduling.cycle.arrays import array_tasks_split
 from scheduling.cycle.lease import epoch_claim
 from scheduling.engine import types as eng
 from scheduling.inventory.models import Gpu
 from scheduling.jobs.batches import PlacementWrite, SliceWant, jobs_place
+from scheduling.jobs.dependencies import NEVER_SATISFIED, dependency_holds
 from scheduling.jobs.gangs import NoRendezvousPort, gang_members_place
 from scheduling.jobs.ledger import SliceDoesNotFit, slice_allocate
 from scheduling.jobs.models import Job, Slice
@@ -188,6 +190,7 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
     result = ApplyResult(epoch=epoch)
     with transaction.atomic():
         epoch_claim(epoch)
+        decisions = array_tasks_split(decisions)  # the array tasks placed become rows (cycle/arrays.py)
 
         placement_nodes = {a.node for p in decisions.placements for a in p.assignments}
         eviction_ids = [int(e.job_id) for e in decisions.evictions]
@@ -284,8 +287,9 @@ def apply_decisions(*, decisions: eng.Decisions, epoch: int) -> ApplyResult:
             result.placed.append(job.pk)
 
         result.relabelled = _write_borrowed(decisions.borrowed)
+        held = _held_by_dependencies(placed=set(result.placed))
         result.pending_updated = _write_pending(
-            decisions, placed=set(result.placed), conflicts=result.conflicts
+            decisions, placed=set(result.placed), conflicts=result.conflicts, held=held
         )
         if result.placed or result.evicted:
             _fault_point("commit", f"with placements {result.placed} and evictions {result.evicted} written")
@@ -312,12 +316,47 @@ def _write_borrowed(borrowed: frozenset[str]) -> int:
     return len(now_borrowed) + len(now_within)
 
 
-def _write_pending(decisions: eng.Decisions, *, placed: set[int], conflicts: dict[int, str]) -> int:
+def _held_by_dependencies(*, placed: set[int]) -> dict[int, tuple[str, str]]:
+    """The pending jobs that wait for other jobs (or as singletons), with their reasons; those whose dependency
+    can never be met end now, failed as `dependency_never_satisfied`, their owner told."""
+    holds = dependency_holds()
+    if holds.never:
+        for job in Job.objects.select_for_update().filter(pk__in=list(holds.never), state=JobState.PENDING):
+            if job.pk in placed:
+                continue
+            if job.array_pending:  # an array's tasks not yet placed end with it
+                job.array_pending = ""
+                job.save(update_fields=["array_pending"])
+            job_transition(
+                job=job,
+                to_state=JobState.FAILED,
+                actor_kind=ActorKind.SCHEDULER,
+                code=NEVER_SATISFIED,
+                message=f"Its dependency can never be met: {holds.never[job.pk]}.",
+                notify_always=True,
+            )
+    return holds.waiting
+
+
+def _write_pending(
+    decisions: eng.Decisions,
+    *,
+    placed: set[int],
+    conflicts: dict[int, str],
+    held: dict[int, tuple[str, str]] | None = None,
+) -> int:
     """Pending reasons, queue positions and estimated starts, written only where they changed."""
     wanted: dict[int, tuple[str, str, int | None, datetime | None]] = {}
     for p in decisions.pending:
         eta = datetime.fromtimestamp(p.estimated_start, tz=UTC) if p.estimated_start is not None else None
         wanted[int(p.job_id)] = (p.status.code[:50], p.status.reason, p.position, eta)
+    for job_id, (code, reason) in (held or {}).items():
+        wanted[job_id] = (
+            code,
+            reason,
+            None,
+            None,
+        )  # not in the queue's order until what it waits for happens
     _write_reserved(decisions, placed=placed)
     for job_id, why in conflicts.items():
         if job_id not in wanted:

@@ -69,6 +69,9 @@ class PlacedJob(NamedTuple):
     user: str | None  # the submitter's Unix account (_run_as)
     gpus: int
     nodes: int
+    array_job_id: int | None
+    array_task_id: int | None
+    array_task_count: int | None
 
 
 class Member(NamedTuple):
@@ -108,6 +111,14 @@ def _job_entry(job: PlacedJob, cards: list[Card]) -> dict[str, Any]:
         )
     env = {str(k): str(v) for k, v in (job.env or {}).items()}
     env.update({"TESSERA_JOB_ID": str(job.pk), "TESSERA_ATTEMPT": str(job.attempt)})
+    if job.array_task_id is not None:
+        env.update(
+            {
+                "TESSERA_ARRAY_JOB_ID": str(job.array_job_id),
+                "TESSERA_ARRAY_TASK_ID": str(job.array_task_id),
+                "TESSERA_ARRAY_TASK_COUNT": str(job.array_task_count),
+            }
+        )
     return {
         "job_id": str(job.pk),
         "attempt": job.attempt,

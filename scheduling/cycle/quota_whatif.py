@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass, replace
 
 from quotas.models import Quota as QuotaRow
+from scheduling.cycle.arrays import row_id
 from scheduling.cycle.snapshot import cycle_profile, engine_shares
 from scheduling.cycle.whatif import current_snapshot
 from scheduling.engine import run_cycle
@@ -177,7 +178,7 @@ def _team_standing(snap: eng.Snapshot, team: str) -> TeamStanding:
 
 def _change(job: eng.Job, assignments: tuple[eng.Assignment, ...]) -> JobChange:
     mem, comp = charge_of(assignments)
-    return JobChange(job_id=int(job.id), team=job.team, gpus=comp / eng.WHOLE_GPU_MILLI, memory_mib=mem)
+    return JobChange(job_id=row_id(job.id), team=job.team, gpus=comp / eng.WHOLE_GPU_MILLI, memory_mib=mem)
 
 
 def quota_impact(*, row: QuotaRow, snapshot: eng.Snapshot | None = None) -> QuotaImpact:

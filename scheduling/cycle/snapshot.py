@@ -24,11 +24,13 @@ from quotas.models import PriorityClass, Team
 from quotas.models import Quota as QuotaRow
 from quotas.selectors import team_allowances
 from scheduling.choices import JobState, LinkKind, SharingMode
+from scheduling.cycle.arrays import array_entries, pending_arrays
 from scheduling.engine import types as eng
 from scheduling.engine.framework import Profile
 from scheduling.engine.profiles import get_profile
 from scheduling.inventory.engine_view import capability, gpu_of, model_of, node_of
 from scheduling.inventory.models import Gpu, GpuLink, GpuModel, Node
+from scheduling.jobs.dependencies import dependency_holds
 from scheduling.jobs.models import Job, JobEvent, Slice
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.jobs.usage import decayed_usage
@@ -427,11 +429,17 @@ def _read_snapshot(now_s: float) -> eng.Snapshot:
         Job.objects.filter(state=JobState.PENDING).order_by("submitted_at", "id").values_list(*_JOB_COLUMNS)
     )
     pending = _jobs_from_rows(queued, slugs=slugs, classes=classes, held_by_job={})
+    held = dependency_holds()  # waiting for other jobs (or a singleton): not in the engine's queue
+    if held.waiting or held.never:
+        pending = [j for j in pending if int(j.id) not in held]
     return eng.Snapshot(
         now=now_s,
         nodes=nodes,
         running=tuple(running),
-        pending=(*_with_reservations(pending), *_moving(now_s, slugs=slugs, classes=classes)),
+        pending=(
+            *array_entries(_with_reservations(pending), pending_arrays(), nodes),
+            *_moving(now_s, slugs=slugs, classes=classes),
+        ),
         quotas=engine_quotas(),
         usage=decayed_usage(now_s=now_s, half_life_s=settings.TESSERA_FAIRSHARE_HALF_LIFE_S),
         workload=_typical_workload(),

@@ -10,7 +10,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from portal.database import update_from_values
+from portal.database import insert_from_values, update_from_values
 from scheduling.choices import ActorKind, JobState
 from scheduling.inventory.models import Gpu
 from scheduling.jobs.ledger import SliceDoesNotFit, gpus_allocate, slice_check
@@ -98,13 +98,14 @@ def jobs_place(*, placements: list[PlacementWrite]) -> bool:
                 (p.job, state, p.message, p.data) for p, (state, _) in zip(placements, before, strict=True)
             ]
             _changes_record(changes, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER, code="placed")
-            Slice.objects.bulk_create(
+            insert_from_values(
+                Slice,
+                ["job", "gpu", "memory_mib", "compute_pct", "created_at"],
                 [
-                    Slice(job=p.job, gpu=w.gpu, memory_mib=w.memory_mib, compute_pct=w.compute_pct)
+                    (p.job.pk, w.gpu.pk, w.memory_mib, w.compute_pct, now)
                     for p in placements
                     for w in p.slices
                 ],
-                batch_size=2000,
             )
     except _BatchRefused as exc:
         log.info("placing %d jobs at once refused (%s): placing them one at a time", len(placements), exc)
@@ -119,20 +120,14 @@ def _changes_record(
     changes: list[tuple[Job, str, str, dict[str, Any]]], *, to_state: str, actor_kind: str, code: str
 ) -> None:
     """The events of many jobs' changes to `to_state` ((job, from state, message, data) each), in one INSERT."""
-    JobEvent.objects.bulk_create(
+    now = timezone.now()
+    insert_from_values(
+        JobEvent,
+        ["job", "at", "from_state", "to_state", "actor_kind", "actor", "code", "message", "data"],
         [
-            JobEvent(
-                job=job,
-                from_state=from_state,
-                to_state=to_state,
-                actor_kind=actor_kind,
-                code=code,
-                message=message,
-                data=data,
-            )
+            (job.pk, now, from_state, to_state, actor_kind, None, code, message, data)
             for job, from_state, message, data in changes
         ],
-        batch_size=2000,
     )
 
 
@@ -140,10 +135,15 @@ def _changes_tell(changes: list[tuple[Job, str, str, dict[str, Any]]], *, to_sta
     """What job_transition says of each change once written: its log line, its owner's notifications (their
     defaults read once for all), the browsers' events (one commit hook)."""
     defaults = job_events_wanted(user_ids={job.submitter_id for job, *_ in changes if job.notify is None})
+    arrays_told: set[int] = set()  # an array's tasks changed together tell as one (notifications: arrays)
     for job, from_state, message, _ in changes:
         job_change_log_on_commit(
             job_id=job.pk, from_state=from_state, to_state=to_state, code=code, message=message
         )
+        if job.array_job_id is not None:
+            if job.array_job_id in arrays_told:
+                continue
+            arrays_told.add(job.array_job_id)
         job_state_notify(
             job=job, from_state=from_state, to_state=to_state, message=message, defaults=defaults
         )

@@ -28,6 +28,11 @@ MIN_CHECKPOINT_INTERVAL_S = 60
 MAX_CHECKPOINT_INTERVAL_S = 7 * 24 * 3600
 MAX_WORKDIR_CHARS = 4096
 MAX_GPU_MODELS = 32
+MAX_ARRAY_CHARS = 10_000  # scheduling.jobs.array_indexes.MAX_ARRAY_CHARS
+MAX_DEPENDENCIES = 64
+DEPENDENCY_WHEN = ("succeeded", "ended", "failed")
+# sbatch's --dependency words for them (and `singleton`).
+SLURM_DEPENDENCY = {"afterok": "succeeded", "afterany": "ended", "afternotok": "failed"}
 MAX_SPEC_INT = 2**63 - 1  # the database's bigint
 TOPOLOGIES = ("none", "numa", "nvlink")  # scheduling.choices.Topology's values
 EVENTS = ("start", "end", "fail", "preempt")  # what a submitter may be told of
@@ -39,6 +44,8 @@ INCOMPATIBLE = "incompatible"
 # Beyond "invalid" (against the schema), a bound the schema cannot state for a quantity as written ("20TiB", "0s",
 # a digit string).
 OUT_OF_RANGE = "out_of_range"
+# A dependency on a job that does not exist or is not the submitter's to see, named twice, or already impossible.
+BAD_DEPENDENCY = "bad_dependency"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +72,10 @@ class JobSpec:
     requeue_on_node_loss: bool = True
     workdir: str = ""
     notify: tuple[str, ...] | None = None  # start, end, fail, preempt; None: the submitter's default
+    array: str = ""  # a job array's tasks, e.g. 0-999%50 (scheduling.jobs.array_indexes); blank: one job
+    # The jobs it waits for, each with how it must have ended: ((job id, "succeeded" | "ended" | "failed"), ...).
+    depends_on: tuple[tuple[int, str], ...] = ()
+    singleton: bool = False  # waits while an earlier live job of its owner has its name
 
 
 # --- Fields ---------------------------------------------------------------------------------------------------
@@ -82,6 +93,7 @@ FLAG = "flag"  # true or false
 DURATION = "duration"  # 2h, 30m, 1h30m, or seconds
 DIRECTORY = "directory"  # an absolute path on the node
 EVENT_LIST = "events"  # a comma list of EVENTS, all or none
+DEPENDENCIES = "dependencies"  # afterok:123,afterany:45 (sbatch --dependency), or a list of {job, when}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -307,6 +319,35 @@ FIELDS: tuple[SpecField, ...] = (
         flags=("--chdir", "-D"),
         label="Working directory",
         form_help="Absolute path on the node; empty: the agent's",
+    ),
+    SpecField(
+        name="array",
+        kind=TEXT,
+        attr="array",
+        high=MAX_ARRAY_CHARS,
+        help="run it as a job array: task indexes 0-999, 0-99:10 or 1,3,8, and optionally %N to run at most N at "
+        "once; each task gets TESSERA_ARRAY_TASK_ID",
+        flags=("--array", "-a"),
+        label="Array",
+        form_help="Optional: tasks 0-99, 0-99:10 or 1,3,8; %10 runs at most 10 at once",
+    ),
+    SpecField(
+        name="depends_on",
+        kind=DEPENDENCIES,
+        attr="depends_on",
+        high=MAX_DEPENDENCIES,
+        help="start only after other jobs ended: afterok:123 (succeeded), afterany:123 (ended), afternotok:123 "
+        "(failed), several joined by commas, and singleton; or a list of {job: 123, when: succeeded|ended|failed}. "
+        "An array counts as all its tasks",
+        flags=("--dependency", "-d"),
+        label="Starts after",
+        form_help="Optional: afterok:123 (after job 123 succeeded), afterany:123, afternotok:123, singleton",
+    ),
+    SpecField(
+        name="singleton",
+        kind=FLAG,
+        attr="singleton",
+        help="wait while an earlier job of yours with the same name is live (sbatch's --dependency=singleton)",
     ),
     SpecField(
         name="notify",

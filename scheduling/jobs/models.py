@@ -92,6 +92,18 @@ class Job(models.Model):
         blank=True,
         help_text="Pending: the nodes its reservation holds (kept while it makes sense).",
     )
+    # A job array (scheduling/cycle/arrays.py): every row of one array carries its id (the first row's); the
+    # first row also holds the tasks not yet placed, as runs (`array_pending`), until it becomes the last task.
+    array_job_id = models.PositiveIntegerField("array", null=True, blank=True, db_index=True)
+    array_task_id = models.PositiveIntegerField("array task", null=True, blank=True)
+    array_spec = models.CharField("tasks of the array", max_length=10_000, blank=True)
+    array_pending = models.TextField("array tasks not yet placed", blank=True)
+    array_task_count = models.PositiveIntegerField("tasks in the array", null=True, blank=True)
+    array_max_running = models.PositiveIntegerField("most tasks running at once", null=True, blank=True)
+    singleton = models.BooleanField(
+        default=False,
+        help_text="Waits while an earlier job of its owner with its name is live (Slurm's singleton).",
+    )
     pending_reason_code = models.CharField("why it waits (code)", max_length=50, blank=True)
     pending_reason = models.TextField("why it waits", blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)
@@ -250,3 +262,21 @@ class LogDrain(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job} attempt {self.attempt} on {self.node.name}: logs still coming"
+
+
+class JobDependency(models.Model):
+    """A job that may start only once another (an array: all its tasks) has ended the way it names."""
+
+    SUCCEEDED, ENDED, FAILED = "succeeded", "ended", "failed"
+    WHEN = ((SUCCEEDED, "succeeded"), (ENDED, "ended"), (FAILED, "failed"))
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependencies")
+    on = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependents", verbose_name="waits for")
+    when = models.CharField(max_length=10, choices=WHEN)
+
+    class Meta:
+        verbose_name_plural = "job dependencies"
+        constraints = [models.UniqueConstraint(fields=["job", "on"], name="jobdependency_unique")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} after job {self.on_id} {self.when}"

@@ -9,13 +9,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import F, Prefetch, Q, QuerySet
+from django.db.models import Count, F, Prefetch, Q, QuerySet
 from django.utils import timezone
 
 from quotas.selectors import team_ids_administered_by, team_ids_for_user
 from scheduling.choices import GangMemberOutcome, JobState
 from scheduling.cycle import node_loss
 from scheduling.cycle.liveness import SCHEDULER_STALLED, scheduler_stall
+from scheduling.jobs.array_indexes import TaskIndexes
 from scheduling.jobs.models import GangMember, Job, JobEvent, LogDrain, Slice
 from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES
 from scheduling.jobs.wording import reason_in_general
@@ -144,11 +145,19 @@ JOB_SCOPES = ("mine", "teams", "all")
 
 
 def jobs_for_user(
-    *, user: AbstractBaseUser, scope: str = "mine", state: str = "", team: str = "", search: str = ""
+    *,
+    user: AbstractBaseUser,
+    scope: str = "mine",
+    state: str = "",
+    team: str = "",
+    search: str = "",
+    array: int | None = None,
 ) -> QuerySet[Job]:
     """The jobs list as the portal shows it: the user's own, their teams' or (staff only) everyone's, newest
-    first, filtered by state, team slug and a name fragment. Never more than `jobs_visible_to`."""
+    first, filtered by state, team slug and a name fragment; an array as one line, or (`array`) its tasks. Never
+    more than `jobs_visible_to`."""
     jobs = jobs_visible_to(user=user)  # staff: everyone's; others: their teams'
+    jobs = array_tasks_of(jobs, array_id=array) if array is not None else array_lines(jobs)
     if scope not in ("teams", "all"):
         jobs = jobs.filter(submitter=user)
     if state:
@@ -386,3 +395,71 @@ def _silence(job: Job, on: tuple[str, datetime]) -> NodeSilence:
         f"{heard[0].upper()}{heard[1:]}: the job may still be running there. If the node stays silent, its "
         f"supervisor stops it at its fence and it is {then} after about {until:%H:%M} UTC.",
     )
+
+
+# --- Job arrays: one line each (its first row), its tasks, its counts by state --------------------------------
+# The first row holds the tasks not yet placed (`array_pending`); counts add up the task rows, those runs, and
+# the tasks cancelled before they were ever placed.
+
+
+def array_lines(jobs: QuerySet[Job]) -> QuerySet[Job]:
+    """One line per array (its first row) and every job that is not in one: the tasks split off are left out."""
+    return jobs.filter(Q(array_job_id__isnull=True) | Q(array_job_id=F("pk")))
+
+
+def array_tasks_of(jobs: QuerySet[Job], *, array_id: int) -> QuerySet[Job]:
+    """The tasks of this array that are rows (placed at least once); those not yet placed are its line's."""
+    return jobs.filter(array_job_id=array_id, array_task_id__isnull=False)
+
+
+@dataclass(frozen=True)
+class ArraySummary:
+    array_id: int
+    tasks: str  # as submitted: 0-999%50
+    task_count: int
+    max_running: int | None
+    counts: dict[str, int]  # by state, every task counted once
+
+    def as_dict(self) -> dict:
+        return {
+            "id": self.array_id,
+            "tasks": self.tasks,
+            "task_count": self.task_count,
+            "max_running": self.max_running,
+            "counts": self.counts,
+        }
+
+
+def array_summaries(*, jobs: Iterable[Job]) -> dict[int, ArraySummary]:
+    """For the arrays among these rows (their first rows), their tasks counted by state: one statement."""
+    firsts = {j.pk: j for j in jobs if j.array_job_id is not None and j.array_job_id == j.pk}
+    if not firsts:
+        return {}
+    counts: dict[int, dict[str, int]] = defaultdict(dict)
+    for array_id, state, n in (
+        Job.objects.filter(array_job_id__in=list(firsts), array_task_id__isnull=False)
+        .values_list("array_job_id", "state")
+        .annotate(n=Count("id"))
+        .values_list("array_job_id", "state", "n")
+    ):
+        counts[array_id][state] = n
+    out = {}
+    for pk, first in firsts.items():
+        by_state = counts[pk]
+        waiting = len(TaskIndexes.parse(first.array_pending)) if first.array_pending else 0
+        if waiting:
+            by_state[JobState.PENDING] = by_state.get(JobState.PENDING, 0) + waiting
+        never_placed = (first.array_task_count or 0) - sum(by_state.values())
+        if never_placed > 0:  # ended before they were placed: cancelled, or failed with the array's row
+            ended_as = (
+                first.state if first.array_task_id is None and first.state == JobState.FAILED else "cancelled"
+            )
+            by_state[ended_as] = by_state.get(ended_as, 0) + never_placed
+        out[pk] = ArraySummary(
+            pk,
+            first.array_spec,
+            first.array_task_count or 0,
+            first.array_max_running,
+            dict(sorted(by_state.items())),
+        )
+    return out

@@ -431,12 +431,82 @@ def _read(field: SpecField, value: Any, *, written_as: str) -> Any:
             return parse_duration_s(value, field=written_as)
         case f.DIRECTORY:
             return _workdir(value)
+        case f.DEPENDENCIES:
+            return parse_dependencies(value, high=field.high or f.MAX_DEPENDENCIES)
         case f.EVENT_LIST:
             try:
                 return tuple(parse_events(value, field=name))
             except ServiceError as exc:
                 raise SpecError(exc.message, field=name) from None
     raise AssertionError(f"no reader for the kind {field.kind!r} of {name}")
+
+
+_SINGLETON = (0, "singleton")  # `singleton` written among the dependencies: the flag, not a job
+
+
+def parse_dependencies(value: Any, *, high: int) -> tuple[tuple[int, str], ...]:
+    """sbatch's `afterok:123:456,afterany:789,singleton`, or a list of {job: 123, when: succeeded}: ((job, when),
+    ...) in the order given, each job once. Refusals name `depends_on` and say the forms."""
+    forms = "afterok:<job>, afterany:<job>, afternotok:<job> or singleton, joined by commas"
+    deps: list[tuple[int, str]] = []
+    if isinstance(value, str):
+        for part in value.replace(" ", "").split(","):
+            kind, _, jobs = part.partition(":")
+            if kind == "singleton" and not jobs:
+                deps.append(_SINGLETON)
+                continue
+            when = f.SLURM_DEPENDENCY.get(kind) or (kind if kind in f.DEPENDENCY_WHEN else None)
+            if when is None or not jobs:
+                raise SpecError(f"depends_on: {part[:40]!r} is not one of {forms}.", field="depends_on")
+            for job in jobs.split(":"):
+                deps.append((_dependency_job(job), when))
+    elif isinstance(value, list):
+        for item in value:
+            if not isinstance(item, dict) or set(item) - {"job", "when"} or "job" not in item:
+                raise SpecError(
+                    "depends_on: each item is {job: <id>, when: succeeded|ended|failed} (when defaults to "
+                    "succeeded).",
+                    field="depends_on",
+                )
+            when = item.get("when", "succeeded")
+            if when not in f.DEPENDENCY_WHEN:
+                raise SpecError(
+                    f"depends_on: when must be one of {', '.join(f.DEPENDENCY_WHEN)} (got {str(when)[:40]!r}).",
+                    field="depends_on",
+                )
+            deps.append((_dependency_job(item["job"]), when))
+    else:
+        raise SpecError(f"depends_on is a text ({forms}) or a list of {{job, when}}.", field="depends_on")
+    jobs = [job for job, _ in deps if (job, _) != _SINGLETON]
+    if len(jobs) > high:
+        raise SpecError(
+            f"depends_on names at most {high} jobs (got {len(jobs)}).",
+            field="depends_on",
+            limit=high,
+            code=OUT_OF_RANGE,
+        )
+    twice = sorted({job for job in jobs if jobs.count(job) > 1})
+    if twice:
+        raise SpecError(f"depends_on names job {twice[0]} twice.", field="depends_on", code=f.BAD_DEPENDENCY)
+    return tuple(deps)
+
+
+def dependencies_written(depends_on: list[dict[str, Any]], *, singleton: bool = False) -> str:
+    """Dependencies as sbatch writes them (afterok:123,afterany:45,singleton): the submit form's text."""
+    words = {when: word for word, when in f.SLURM_DEPENDENCY.items()}
+    parts = [f"{words[d['when']]}:{d['job']}" for d in depends_on]
+    return ",".join([*parts, "singleton"] if singleton else parts)
+
+
+def _dependency_job(value: Any) -> int:
+    if isinstance(value, bool) or not (
+        isinstance(value, int) or (isinstance(value, str) and value.isascii() and value.isdigit())
+    ):
+        raise SpecError(f"depends_on: {str(value)[:40]!r} is not a job id.", field="depends_on")
+    job = int(value)
+    if not 1 <= job <= 2**31 - 1:
+        raise SpecError(f"depends_on: {job} is not a job id.", field="depends_on")
+    return job
 
 
 def spec_from_mapping(data: Any) -> ParsedSpec:
@@ -481,6 +551,9 @@ def spec_from_mapping(data: Any) -> ParsedSpec:
             code=INCOMPATIBLE,
         )
     kwargs = {f.FIELD[name].attr: value for name, value in values.items() if f.FIELD[name].attr}
+    if _SINGLETON in kwargs.get("depends_on", ()):  # sbatch's -d singleton: the flag
+        kwargs["depends_on"] = tuple(d for d in kwargs["depends_on"] if d != _SINGLETON)
+        kwargs["singleton"] = True
     return ParsedSpec(team=values.get("team") or None, spec=JobSpec(**kwargs))
 
 
@@ -549,6 +622,12 @@ def spec_to_mapping(spec: JobSpec, *, team: str | None = None) -> dict[str, Any]
         out["workdir"] = spec.workdir
     if spec.notify is not None:
         out["notify"] = ",".join(spec.notify) or "none"
+    if spec.array:
+        out["array"] = spec.array
+    if spec.depends_on:
+        out["depends_on"] = [{"job": job, "when": when} for job, when in spec.depends_on]
+    if spec.singleton:
+        out["singleton"] = True
     return out
 
 

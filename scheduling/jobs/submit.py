@@ -11,8 +11,11 @@ from quotas.selectors import team_allowance
 from scheduling.choices import ActorKind, JobState
 from scheduling.cycle.requests import cycle_request_after_commit
 from scheduling.errors import ServiceError
+from scheduling.jobs.array_indexes import ArraySpec
+from scheduling.jobs.dependencies import dependencies_check
 from scheduling.jobs.fields import JobSpec
-from scheduling.jobs.models import Job, JobEvent
+from scheduling.jobs.models import Job, JobDependency, JobEvent
+from scheduling.jobs.selectors import jobs_visible_to
 from scheduling.jobs.transitions import job_change_log_on_commit
 from scheduling.jobs.validation import job_spec_validate_for_team
 from scheduling.realtime import events
@@ -45,7 +48,24 @@ def job_from_spec(
         requeue_on_node_loss=spec.requeue_on_node_loss,
         workdir=spec.workdir,
         notify=None if spec.notify is None else list(spec.notify),
+        singleton=spec.singleton,
+        **_array_fields(spec),
     )
+
+
+def _array_fields(spec: JobSpec) -> dict:
+    """An array's columns on its first row: every task pending, as runs (one task: that row is the task)."""
+    if not spec.array:
+        return {}
+    array = ArraySpec.parse(spec.array)
+    only = array.indexes.first(2)
+    return {
+        "array_spec": array.written(),
+        "array_pending": array.indexes.written() if len(only) > 1 else "",
+        "array_task_id": only[0] if len(only) == 1 else None,
+        "array_task_count": len(array.indexes),
+        "array_max_running": array.max_running,
+    }
 
 
 def job_spec_of(job: Job) -> JobSpec:
@@ -71,6 +91,10 @@ def job_spec_of(job: Job) -> JobSpec:
         requeue_on_node_loss=job.requeue_on_node_loss,
         workdir=job.workdir,
         notify=None if job.notify is None else tuple(job.notify),
+        # The whole array again from its first row; one of its tasks alone from the others.
+        array=job.array_spec if job.array_job_id is not None and job.array_job_id == job.pk else "",
+        depends_on=tuple(job.dependencies.order_by("id").values_list("on_id", "when")) if job.pk else (),
+        singleton=job.singleton,
     )
 
 
@@ -82,9 +106,22 @@ def job_submit(*, submitter: AbstractBaseUser, team: Team, spec: JobSpec) -> Job
     if not submitter.is_staff and not allowance.is_member:
         raise ServiceError(f"You are not a member of team {team.slug}.", field="team", code="not_member")
     priority_class = job_spec_validate_for_team(spec=spec, team=team, allowance=allowance)
+    if spec.depends_on:
+        named = [job_id for job_id, _ in spec.depends_on]
+        visible = jobs_visible_to(user=submitter).filter(pk__in=named).values_list("pk", flat=True)
+        dependencies_check(depends_on=spec.depends_on, visible=visible)
     job = job_from_spec(submitter=submitter, team=team, spec=spec, priority_class=priority_class)
     job.pending_reason_code, job.pending_reason = "queued", "Waiting for the next scheduling cycle."
     job.save(force_insert=True)
+    if spec.depends_on:
+        JobDependency.objects.bulk_create(
+            [JobDependency(job=job, on_id=job_id, when=when) for job_id, when in spec.depends_on]
+        )
+    what = ""
+    if job.array_spec:
+        job.array_job_id = job.pk
+        job.save(update_fields=["array_job_id"])
+        what = f": an array of {job.array_task_count:,} tasks ({job.array_spec})"
     event = JobEvent.objects.create(
         job=job,
         from_state="",
@@ -92,7 +129,7 @@ def job_submit(*, submitter: AbstractBaseUser, team: Team, spec: JobSpec) -> Job
         actor_kind=ActorKind.USER,
         actor=submitter,
         code="submitted",
-        message=f"Submitted by {submitter} to {team.slug}.",
+        message=f"Submitted by {submitter} to {team.slug}{what}.",
     )
     job_change_log_on_commit(
         job_id=job.id, from_state="", to_state=job.state, code="submitted", message=event.message

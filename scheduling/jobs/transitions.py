@@ -100,10 +100,12 @@ def job_transition(
     message: str = "",
     data: dict[str, Any] | None = None,
     happened_at: datetime | None = None,
+    notify_always: bool = False,
 ) -> Job:
     """Move a job along a legal transition and record it. Raises IllegalTransition otherwise. `happened_at`: when
     it really happened, for a report that arrives late (a job that ended while its node could not reach the
-    portal); the job's start or end time is then that moment, never later than now nor before it was placed."""
+    portal); the job's start or end time is then that moment, never later than now nor before it was placed.
+    `notify_always`: its owner is told whatever events they chose (an end they could not foresee)."""
     from_state = job.state
     check_transition(job_id=job.pk, from_state=from_state, to_state=to_state)
     now = timezone.now()
@@ -152,7 +154,7 @@ def job_transition(
         code=code,
         message=message,
     )
-    job_state_notify(job=job, from_state=from_state, to_state=to_state, message=message)
+    job_state_notify(job=job, from_state=from_state, to_state=to_state, message=message, always=notify_always)
     return job
 
 

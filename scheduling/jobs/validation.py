@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from django.conf import settings
+
 from quotas.models import PriorityClass, Team
 from quotas.selectors import ClassGrant, TeamAllowance
 from scheduling.choices import Topology
@@ -12,6 +14,7 @@ from scheduling.engine import types as eng
 from scheduling.engine.accounting import estimated_charge
 from scheduling.errors import ServiceError
 from scheduling.inventory import selectors as inventory
+from scheduling.jobs.array_indexes import ARRAY_SYNTAX, ArrayError, ArraySpec, ArrayTooLarge
 from scheduling.jobs.fields import (
     CANNOT_RUN,
     INCOMPATIBLE,
@@ -19,6 +22,7 @@ from scheduling.jobs.fields import (
     MAX_GANG_NODES,
     MAX_GPUS_PER_JOB_NODE,
     MIN_CHECKPOINT_INTERVAL_S,
+    OUT_OF_RANGE,
     JobSpec,
 )
 
@@ -55,6 +59,15 @@ def job_spec_validate(*, spec: JobSpec) -> list[inventory.GpuModelRow]:
         _refuse("name must not be empty.", "name")
     if not spec.command.strip():
         _refuse("command must not be empty.", "command")
+    if spec.array:
+        try:
+            ArraySpec.parse(spec.array, max_tasks=settings.TESSERA_MAX_ARRAY_TASKS)
+        except ArrayTooLarge as exc:
+            raise ServiceError(
+                f"array {exc}.", field="array", code=OUT_OF_RANGE, limit=settings.TESSERA_MAX_ARRAY_TASKS
+            ) from None
+        except ArrayError as exc:
+            _refuse(f"array {exc} (got {spec.array[:60]!r}).", "array", ARRAY_SYNTAX)
     if spec.nodes < 1 or spec.nodes > MAX_GANG_NODES:
         _refuse(f"nodes must be between 1 and {MAX_GANG_NODES} (got {spec.nodes}).", "nodes")
     if spec.gpus > MAX_GPUS_PER_JOB_NODE:

@@ -143,10 +143,16 @@ def job_events_wanted(*, user_ids: Iterable[int]) -> dict[int, list[str]]:
 
 
 def job_state_notify(
-    *, job, from_state: str, to_state: str, message: str = "", defaults: dict[int, list[str]] | None = None
+    *,
+    job,
+    from_state: str,
+    to_state: str,
+    message: str = "",
+    defaults: dict[int, list[str]] | None = None,
+    always: bool = False,
 ) -> list[Notification]:
-    """Called by job_transition: the owner's notifications for this change, if they asked for its event.
-    `defaults`: job_events_wanted of the submitter, when the caller has read it already."""
+    """Called by job_transition: the owner's notifications for this change, if they asked for its event (or
+    `always`). `defaults`: job_events_wanted of the submitter, when the caller has read it already."""
     kind = EVENT_OF_STATE.get(to_state)
     if kind is None:
         return []
@@ -156,21 +162,74 @@ def job_state_notify(
         wanted = defaults[job.submitter_id]
     else:
         wanted = settings_of(job.submitter).job_events
-    if kind not in (wanted or []):
+    wanted = wanted or []
+    array_counts = None
+    if job.array_job_id is not None:
+        if not always and not ({kind, "end", "fail"} if kind in ("end", "fail") else {kind}) & set(wanted):
+            return []  # asked for nothing this could tell: no query
+        said = _array_moment(job, kind)
+        if said is None:
+            return []
+        kind, array_counts = said
+        if kind == "fail" and "fail" not in wanted and not always:
+            kind = "end"  # the array ended, some of it failed: told as its end, with the counts
+    if kind not in wanted and not always:
         return []
     words = {"start": "started", "end": to_state, "fail": to_state, "preempt": "was preempted"}[kind]
     subject = f"[Tessera] job {job.pk} {job.name} {words}"
+    shown = job.pk if array_counts is None else job.array_job_id
     url = (
-        f"{settings.TESSERA_PUBLIC_URL.rstrip('/')}/jobs/{job.pk}/"
+        f"{settings.TESSERA_PUBLIC_URL.rstrip('/')}/jobs/{shown}/"
         if settings.TESSERA_PUBLIC_URL
-        else f"/jobs/{job.pk}/"
+        else f"/jobs/{shown}/"
     )
     body = (
         f"Job {job.pk} ({job.name}, {job.team.slug}) went from {from_state} to {to_state}.\n{message}\n{url}"
     )
+    if array_counts is not None:
+        counted = ", ".join(
+            f"{n:,} {state}" for state, n in sorted(array_counts.items(), key=lambda kv: -kv[1])
+        )
+        if kind == "start":
+            subject = f"[Tessera] array {job.array_job_id} {job.name} started"
+            body = f"Array {job.array_job_id} ({job.name}, {job.team.slug}): its first task started.\n{url}"
+        else:
+            subject = f"[Tessera] array {job.array_job_id} {job.name} ended: {counted}"
+            body = f"Array {job.array_job_id} ({job.name}, {job.team.slug}) ended: {counted}.\n{url}"
     rows = Notification.objects.bulk_create(_messages_for(job.submitter, kind, subject, body.strip(), job.pk))
     _deliver_after_commit([r.pk for r in rows])
     return rows
+
+
+def _array_moment(job, kind: str) -> tuple[str, dict[str, int]] | None:
+    """An array tells its owner as one job, as Slurm mails by default: when its first task starts, and when its
+    last task ends ("fail" if any task failed, with the counts by state); never task by task, and never of a
+    task's preemption (it is requeued). None: this change of a task says nothing."""
+    rows = type(job).objects.filter(array_job_id=job.array_job_id)
+    others = rows.exclude(pk=job.pk)
+    if kind == "start":
+        # Tasks started together (one batch: the same started_at) tell once, by the caller's choice.
+        started = job.started_at or timezone.now()
+        return None if others.filter(started_at__lt=started).exists() else ("start", {})
+    if kind not in ("end", "fail"):
+        return None
+    live = others.filter(array_task_id__isnull=False).exclude(state__in=_ENDED)
+    if live.exists() or rows.filter(pk=job.array_job_id).exclude(array_pending="").exists():
+        return None
+    counts: dict[str, int] = {}
+    for state in rows.filter(array_task_id__isnull=False).values_list("state", flat=True):
+        counts[state] = counts.get(state, 0) + 1
+    never_placed = (job.array_task_count or 0) - sum(counts.values())
+    if never_placed > 0:  # ended with the array's row before they were placed: cancelled, or failed with it
+        ended_as = (
+            job.state if job.pk == job.array_job_id and job.array_task_id is None else JobState.CANCELLED
+        )
+        counts[ended_as] = counts.get(ended_as, 0) + never_placed
+    failed = counts.get(JobState.FAILED, 0) + counts.get(JobState.LOST, 0)
+    return ("fail" if failed else "end"), counts
+
+
+_ENDED = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
 
 def admin_notify(*, kind: str, subject: str, body: str) -> list[Notification]:

@@ -256,3 +256,48 @@ def test_a_change_made_before_the_pages_socket_opened_shows_once_it_opens(browse
     assert page.evaluate("window.__socketOpenAt") is not None
     _expect_text(page, "#job-state", "Cancelled", timeout_s=5)
     browse.shots(page, "caught-up")
+
+
+@pytest.mark.timeout(180, func_only=True)
+def test_alice_submits_a_sweep_as_an_array_from_the_form_and_sees_it_as_one_line(browse):
+    """The form's Array field: one line in the list with its tasks counted by state, the tasks a click away,
+    at most %2 running, and the whole array cancelled from the list."""
+    page = browse("alice")
+    page.goto("/jobs/new/")
+    page.fill("#id_name", "seed-sweep")
+    page.check("input[name=kind][value=slice]")
+    page.fill("#id_gpu_memory", "2GiB")
+    page.fill("#id_compute_pct", "5")
+    page.fill("#id_command", "sleep 300")
+    page.fill("#id_array", "0-5%2")
+    _expect_text(page, "#whatif", "Starts now")
+    browse.shots(page, "form")
+    page.click("#job-form button[type=submit]")
+    page.wait_for_url(re.compile(r".*/jobs/\d+/$"))
+    array_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+    _expect_text(page, "#job-live", "6 tasks \\(0-5%2\\), at most 2 at once")
+    wait_for(
+        "two of its tasks running",
+        lambda: Job.objects.filter(array_job_id=array_id, state="running").count() == 2,
+        timeout_s=40,
+    )
+    page.reload()
+    _expect_text(page, "#job-live", "2 running")
+    browse.shots(page, "array-page")
+    page.goto("/jobs/")
+    row = f"tr[data-job='{array_id}']"
+    _expect_text(page, row, "4 pending")
+    assert page.locator("#job-rows tr[data-job]").count() == 1  # its tasks are not lines of their own
+    assert "its 6 tasks" in page.inner_text(row)
+    browse.shots(page, "list")
+    page.click(f"{row} a:has-text('its 6 tasks')")
+    _expect_text(page, "#job-rows", f"{array_id}_1")
+    assert page.locator("#job-rows tr[data-job]").count() == 2
+    browse.shots(page, "tasks")
+    page.goto("/jobs/")
+    page.once("dialog", lambda d: d.accept())
+    page.check(f"input[name=job][value='{array_id}']")
+    page.click("#cancel-selected")
+    _expect_text(page, row, "6 cancelled", timeout_s=40)
+    browse.shots(page, "cancelled")
+    assert page.errors == []

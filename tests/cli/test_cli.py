@@ -394,3 +394,42 @@ def test_the_queue_says_why_another_teams_job_waits_in_general_words(logged_in, 
     assert shown.returncode == 0, shown.stderr
     assert "no node has enough free" in shown.stdout  # was the bare code, "insufficient-gpus"
     assert "insufficient-gpus" not in shown.stdout and "bob's own words" not in shown.stdout
+
+
+def test_an_array_is_submitted_listed_as_one_line_expanded_and_cancelled_in_part(logged_in):
+    from scheduling.cycle import runner
+
+    submitted = logged_in("submit", "-G", "1", "--array", "0-9%4", "--json", "--", "python", "sweep.py")
+    assert submitted.returncode == 0, submitted.stderr
+    array_id = json.loads(submitted.stdout)["id"]
+    runner.cycle_run_once()  # %4: tasks 0-3 placed
+
+    listing = logged_in("ls").stdout.splitlines()
+    assert len(listing) == 2, listing  # one line for the array
+    assert listing[1].startswith(f"{array_id}_[0-9%4]") and "6 pending, 4 placed" in listing[1]
+    tasks = logged_in("ls", "--array", str(array_id)).stdout
+    assert f"{array_id}_0 " in tasks and f"{array_id}_3 " in tasks
+    shown = logged_in("show", str(array_id)).stdout
+    assert "10 tasks (0-9%4), at most 4 at once: 6 pending, 4 placed" in shown
+
+    cancelled = logged_in("cancel", str(array_id), "--tasks", "2-5")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert (
+        cancelled.stdout.strip()
+        == f"Cancelled tasks 2-5 of array {array_id}: 4 cancelled, 4 pending, 2 placed."
+    )
+    wrong = logged_in("cancel", str(array_id), "--tasks", "5-2")
+    assert wrong.returncode == ExitCode.INVALID and "runs backwards" in wrong.stderr
+
+
+def test_sbatch_dependency_flags_make_a_job_wait_for_another(logged_in):
+    from scheduling.cycle import runner
+
+    first = json.loads(logged_in("submit", "-G", "1", "--json", "--", "python", "a.py").stdout)
+    then = logged_in("submit", "-G", "1", "-d", f"afterok:{first['id']}", "--json", "--", "python", "b.py")
+    assert then.returncode == 0, then.stderr
+    runner.cycle_run_once()
+    shown = logged_in("show", str(json.loads(then.stdout)["id"])).stdout
+    assert f"[dependency] Waits for job {first['id']} to succeed (it is placed)." in shown
+    wrong = logged_in("submit", "-G", "1", "-d", "afterok:x", "--", "python", "c.py")
+    assert wrong.returncode == ExitCode.INVALID and "depends_on" in wrong.stderr

@@ -159,3 +159,28 @@ def test_a_job_without_a_runtime_limit_gets_a_note_beside_that_field(alice, team
         in without
     )
     assert re.search(note, _preview(client, max_runtime="2h")).group(1) == ""
+
+
+def test_the_form_submits_an_array_and_the_list_shows_it_as_one_line_with_its_tasks(node, alice):
+    client = _signed_in(alice)
+    response = client.post("/jobs/new/", {**FORM, "name": "sweep", "array": "0-9%4"})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    array = Job.objects.get()
+    assert (array.array_spec, array.array_task_count, array.array_max_running) == ("0-9%4", 10, 4)
+    cycle_run_once()  # %4: tasks 0-3 placed
+    page = client.get("/jobs/").content.decode()
+    assert page.count('data-job="') == 1  # one line for the array
+    assert "array 0-9%4" in page and "its 10 tasks" in page
+    assert ">6 pending</span>" in page and ">4 placed</span>" in page
+    tasks = client.get(f"/jobs/?array={array.pk}").content.decode()
+    assert tasks.count('data-job="') == 4 and f">{array.pk}_3</a>" in tasks
+    detail = client.get(f"/jobs/{array.pk}/").content.decode()
+    assert "10 tasks (0-9%4), at most 4 at once" in detail
+
+
+def test_an_array_written_wrong_is_said_beside_its_field(node, alice):
+    response = _signed_in(alice).post("/jobs/new/", {**FORM, "array": "0-9%0"})
+    assert response.status_code == 400
+    said = html.unescape(response.content.decode())
+    assert re.search(r'id="error-array"[^>]*>[^<]*%0 would never run a task', said), said[-3000:]
+    assert not Job.objects.exists()

@@ -122,6 +122,9 @@ def _placed(**overrides) -> PlacedJob:
         user="alice",
         gpus=2,
         nodes=2,
+        array_job_id=None,
+        array_task_id=None,
+        array_task_count=None,
     )
     return PlacedJob(**{**values, **overrides})
 

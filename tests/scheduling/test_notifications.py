@@ -186,3 +186,28 @@ def test_the_api_and_the_cli_take_notify_with_the_job(alice, teams, node):
         timeout=30,
     )
     assert '"notify": "start"' in dry.stdout or "notify: start" in dry.stdout, dry.stdout + dry.stderr
+
+
+def test_an_array_tells_its_owner_once_when_it_starts_and_once_when_it_ends(alice, teams, node):
+    """As Slurm mails for an array by default: not once per task. Its end says how its tasks ended."""
+    from scheduling.cycle.runner import cycle_run_once
+    from scheduling.jobs.batches import StartWrite, jobs_start
+
+    alice.email = "alice@example.org"
+    alice.save()
+    notification_settings_save(user=alice, job_events=[], email=True, webhook_url="")
+    array = _submit(alice, teams["training"], notify=("start", "end"), array="0-3")
+    cycle_run_once()  # the node's 8 cards: all four tasks placed
+    tasks = list(Job.objects.filter(array_job_id=array.pk).order_by("array_task_id"))
+    assert [t.state for t in tasks] == ["placed"] * 4
+    jobs_start(starts=[StartWrite(job=t, message="Started.", data={}) for t in tasks[:3]])  # three at once
+    job_transition(job=Job.objects.get(pk=tasks[3].pk), to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
+    for t in tasks[:3]:
+        job_transition(job=Job.objects.get(pk=t.pk), to_state=JobState.SUCCEEDED, actor_kind=ActorKind.AGENT)
+    job_transition(job=Job.objects.get(pk=tasks[3].pk), to_state=JobState.FAILED, actor_kind=ActorKind.AGENT)
+    notifications_deliver_due()
+    assert [m.subject for m in mail.outbox] == [
+        f"[Tessera] array {array.pk} train started",
+        f"[Tessera] array {array.pk} train ended: 3 succeeded, 1 failed",
+    ]
+    assert f"/jobs/{array.pk}/" in mail.outbox[1].body

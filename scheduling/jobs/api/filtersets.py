@@ -1,4 +1,4 @@
-"""Filters for job lists: by state, team, user, priority class, "mine" and submit time (portal.api_params says
+"""Filters for job lists: by state, team, user, priority class, "mine", an array's tasks and submit time (portal.api_params says
 how each value is read)."""
 
 from __future__ import annotations
@@ -6,9 +6,10 @@ from __future__ import annotations
 import django_filters
 from django.db.models import QuerySet
 
-from portal.api_params import MOMENT_HELP, MomentFilter, StrictFilterSet, TextFilter
+from portal.api_params import MOMENT_HELP, IdFilter, MomentFilter, StrictFilterSet, TextFilter
 from scheduling.choices import JobState
 from scheduling.jobs.models import Job
+from scheduling.jobs.selectors import array_tasks_of
 
 
 class JobFilterSet(StrictFilterSet):
@@ -21,6 +22,11 @@ class JobFilterSet(StrictFilterSet):
         choices=[(v, v) for v in ("true", "false")],
         help_text="true: only jobs you submitted; false: only others'. Anything else is refused (400).",
     )
+    array = IdFilter(
+        method="filter_array",
+        help_text="The tasks of this array that have been placed (its id: the array's line; those not yet placed "
+        "are counted on it). Without it, an array is one line.",
+    )
     submitted_after = MomentFilter(
         field_name="submitted_at", lookup_expr="gte", help_text=f"Submitted at or after. {MOMENT_HELP}"
     )
@@ -30,7 +36,10 @@ class JobFilterSet(StrictFilterSet):
 
     class Meta:
         model = Job
-        fields = ["state", "team", "user", "priority", "mine"]
+        fields = ["state", "team", "user", "priority", "mine", "array"]
+
+    def filter_array(self, queryset: QuerySet[Job], name: str, value: int | None) -> QuerySet[Job]:
+        return queryset if value is None else array_tasks_of(queryset, array_id=int(value))
 
     def filter_mine(self, queryset: QuerySet[Job], name: str, value: str) -> QuerySet[Job]:
         if not value:

@@ -13,8 +13,12 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from scheduling.choices import JobState
+from scheduling.jobs.array_indexes import TASKS_PATTERN
+from scheduling.jobs.fields import MAX_ARRAY_CHARS
 from scheduling.jobs.models import Job, JobEvent
 from scheduling.jobs.selectors import (
+    ArraySummary,
+    array_summaries,
     can_cancel_job,
     job_request_fields,
     jobs_node_silence,
@@ -55,6 +59,36 @@ class NodeConditionSerializer(serializers.Serializer):
     message = serializers.CharField()
 
 
+class JobArraySerializer(serializers.Serializer):
+    id = serializers.IntegerField(
+        help_text="The array's id: its line's job id (?array=<id> lists its tasks)."
+    )
+    task_id = serializers.IntegerField(
+        allow_null=True,
+        help_text="This task's index (TESSERA_ARRAY_TASK_ID); null on the line of tasks to come.",
+    )
+    tasks = serializers.CharField(help_text="The tasks as submitted, e.g. 0-999%50.")
+    task_count = serializers.IntegerField()
+    max_running = serializers.IntegerField(allow_null=True, help_text="At most this many run at once (%N).")
+    counts = serializers.DictField(
+        child=serializers.IntegerField(),
+        allow_null=True,
+        help_text="On the array's line: every task counted once, by state (tasks not yet placed are pending).",
+    )
+
+
+class JobCancelSerializer(serializers.Serializer):
+    # Runs as the schema can say them; what it cannot (a range that runs backwards, a task named twice) is
+    # refused by the view with the code `array_syntax`.
+    tasks = serializers.RegexField(
+        TASKS_PATTERN,
+        required=False,
+        max_length=MAX_ARRAY_CHARS,
+        help_text="Only these tasks of the array, e.g. 3-7 or 1,4,9 (else an array's line cancels all of it).",
+        error_messages={"invalid": "tasks are written 3-7, 0-99:10 or 1,4,9."},
+    )
+
+
 class JobSerializer(serializers.Serializer):
     """A job as lists show it. Declared field by field (not a ModelSerializer): submit answers with it, and
     building model fields on every request costs more than the rest of the serialisation."""
@@ -87,6 +121,9 @@ class JobSerializer(serializers.Serializer):
         help_text="Set while the job's node is silent (the job may still run there), or while an ended job's cards "
         "on a silent node are being released; null otherwise."
     )
+    array = serializers.SerializerMethodField(
+        help_text="Null unless the job is an array or one of its tasks."
+    )
 
     def get_pending_reason_code(self, job: Job) -> str:
         """Why it waits, as a code; scheduler_stalled when no scheduling cycle ran for three intervals."""
@@ -113,6 +150,35 @@ class JobSerializer(serializers.Serializer):
                 self.context["node_conditions"] = conditions
         condition = conditions["found"].get(job.pk)
         return None if condition is None else NodeConditionSerializer(condition.as_dict()).data
+
+    @extend_schema_field(JobArraySerializer(allow_null=True))
+    def get_array(self, job: Job) -> dict[str, Any] | None:
+        if job.array_job_id is None or job.array_job_id != job.pk:
+            return job_array_fields(job, None)
+        # The array's line: its tasks counted by state, read once per response for every array it lists.
+        summaries = self.context.get("array_summaries") if isinstance(self.context, dict) else None
+        if summaries is None or job.pk not in summaries:
+            listed = getattr(self.parent, "instance", None) if self.parent is not None else None
+            jobs = list(listed) if listed is not None and job in listed else [job]
+            summaries = array_summaries(jobs=jobs)
+            if isinstance(self.context, dict):
+                self.context["array_summaries"] = summaries
+        return job_array_fields(job, summaries[job.pk])
+
+
+def job_array_fields(job: Job, summary: ArraySummary | None) -> dict[str, Any] | None:
+    """A job's `array` (JobArraySerializer): None unless it is an array or one of its tasks; counts on the
+    array's line."""
+    if job.array_job_id is None:
+        return None
+    return {
+        "id": job.array_job_id,
+        "task_id": job.array_task_id,
+        "tasks": job.array_spec,
+        "task_count": job.array_task_count,
+        "max_running": job.array_max_running,
+        "counts": summary.counts if summary is not None else None,
+    }
 
 
 _DATETIME = serializers.DateTimeField()
@@ -150,6 +216,7 @@ def job_payload(job: Job) -> dict[str, Any]:
         "queue_position": job.queue_position,
         "estimated_start_at": _moment(job.estimated_start_at),
         "node_condition": None,  # a job just submitted holds no cards
+        "array": job_array_fields(job, array_summaries(jobs=[job]).get(job.pk)),
     }
 
 

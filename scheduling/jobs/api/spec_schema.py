@@ -139,6 +139,33 @@ EVENTS = {
 }
 
 
+_DEPENDENCY_JOB = "[0-9]{1,9}"
+_DEPENDENCY = f"(after(ok|any|notok)|{'|'.join(fields.DEPENDENCY_WHEN)}):{_DEPENDENCY_JOB}(:{_DEPENDENCY_JOB})*|singleton"
+DEPENDENCIES = {
+    "anyOf": [
+        {"type": "string", "pattern": f"^ *({_DEPENDENCY})( *, *({_DEPENDENCY}))* *$"},
+        {
+            "type": "array",
+            "maxItems": fields.MAX_DEPENDENCIES,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "job": {
+                        "anyOf": [
+                            {"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
+                            {"type": "string", "pattern": f"^{_DEPENDENCY_JOB}$"},
+                        ]
+                    },
+                    "when": {"type": "string", "enum": list(fields.DEPENDENCY_WHEN)},
+                },
+                "required": ["job"],
+                "additionalProperties": False,
+            },
+        },
+    ],
+}
+
+
 def _of_kind(kind: str, *, low: int, high: int | None, required: bool, zero: bool, choices: tuple[str, ...]):
     """The schema of a value written as `kind` (scheduling.jobs.fields) within its bounds."""
     match kind:
@@ -169,6 +196,8 @@ def _of_kind(kind: str, *, low: int, high: int | None, required: bool, zero: boo
             return WORKDIR
         case fields.EVENT_LIST:
             return EVENTS
+        case fields.DEPENDENCIES:
+            return DEPENDENCIES
     raise AssertionError(f"no schema for the kind {kind!r}")
 
 

@@ -38,14 +38,22 @@ from scheduling.errors import ServiceError
 from scheduling.jobs.api import serializers as s
 from scheduling.jobs.api import spec_schema  # noqa: F401 - registers the submit body's schema
 from scheduling.jobs.api.filtersets import JobFilterSet, QueueFilterSet
+from scheduling.jobs.array_indexes import ARRAY_SYNTAX, ArrayError, TaskIndexes
+from scheduling.jobs.array_tasks import array_cancel, job_cancel_as_listed
 from scheduling.jobs.chargeback import MAX_WINDOW, usage_rows
 from scheduling.jobs.documents import MAX_DEPTH, MAX_SPEC_BYTES, MAX_VALUES
 from scheduling.jobs.models import Job, Slice
-from scheduling.jobs.selectors import can_cancel_job, job_logs_complete, jobs_visible_to, queue, queue_entries
+from scheduling.jobs.selectors import (
+    array_lines,
+    can_cancel_job,
+    job_logs_complete,
+    jobs_visible_to,
+    queue,
+    queue_entries,
+)
 from scheduling.jobs.spec import SpecError, spec_check_card_limits, spec_from_mapping, spec_from_text
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.jobs.submit import job_submit
-from scheduling.jobs.transitions import job_cancel
 from scheduling.realtime import listeners
 
 MAX_IDEMPOTENCY_KEY_CHARS = 200
@@ -121,6 +129,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         if getattr(self, "swagger_fake_view", False):  # schema generation has no user
             return Job.objects.none()
         jobs = jobs_visible_to(user=self.request.user).order_by("-submitted_at", "-id")
+        if self.action == "list" and "array" not in self.request.query_params:
+            jobs = array_lines(jobs)  # an array is one line; ?array=<id> lists its tasks
         if self.action == "retrieve":
             jobs = jobs.prefetch_related(
                 Prefetch("slices", queryset=Slice.objects.select_related("gpu__node", "gpu__model"))
@@ -214,10 +224,11 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             raise
         return Response(s.job_payload(job), status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=None, responses={200: s.JobSerializer})
+    @extend_schema(request=s.JobCancelSerializer, responses={200: s.JobSerializer})
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
-        """Cancel a job: your own as a member, any of the team's as its admin, any as staff."""
+        """Cancel a job: your own as a member, any of the team's as its admin, any as staff. An array's line
+        cancels the whole array; `tasks` (e.g. `3-7`) cancels only those tasks of it."""
         job = self.get_object()
         if not can_cancel_job(user=request.user, job=job):
             raise ApiError(
@@ -225,8 +236,20 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                 code="permission_denied",
                 status_code=status.HTTP_403_FORBIDDEN,
             )
-        job = job_cancel(job=job, actor=request.user)
-        job = self.get_queryset().get(pk=job.pk)
+        body = s.JobCancelSerializer(data=request.data if isinstance(request.data, dict) else {})
+        body.is_valid(raise_exception=True)
+        tasks = None
+        if "tasks" in body.validated_data:
+            try:
+                tasks = TaskIndexes.parse(body.validated_data["tasks"])
+            except ArrayError as exc:
+                raise ApiError(f"tasks {exc}.", code=ARRAY_SYNTAX, field="tasks") from None
+        if tasks is not None:
+            array_cancel(job=job, actor=request.user, tasks=tasks)
+            job = self.get_queryset().get(pk=job.array_job_id)
+        else:
+            job = job_cancel_as_listed(job=job, actor=request.user)
+            job = self.get_queryset().get(pk=job.pk)
         return Response(s.JobSerializer(job, context={"request": request}).data)
 
     @extend_schema(responses={200: s.JobEventSerializer(many=True)})

@@ -1,0 +1,80 @@
+"""/api/v1/jobs with `array`: one request makes the whole sweep, the list shows it as one line with counts, it
+expands to its tasks, and it is cancelled whole or task by task."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduling.cycle import runner
+from scheduling.jobs.models import Job
+
+pytestmark = pytest.mark.django_db
+
+SWEEP = {"name": "sweep", "command": "python sweep.py --seed $TESSERA_ARRAY_TASK_ID", "gpus": 1}
+
+
+def test_one_request_submits_a_ten_thousand_task_array_as_one_row(as_alice):
+    response = as_alice.post("/api/v1/jobs/", {**SWEEP, "array": "0-9999%50"}, format="json")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["array"] == {
+        "id": body["id"],
+        "task_id": None,
+        "tasks": "0-9999%50",
+        "task_count": 10000,
+        "max_running": 50,
+        "counts": {"pending": 10000},
+    }
+    assert Job.objects.count() == 1  # never a row per task (bench/cluster_scale.py times the request)
+
+
+def test_the_list_shows_an_array_as_one_line_with_counts_and_expands_to_its_tasks(as_alice):
+    array_id = as_alice.post("/api/v1/jobs/", {**SWEEP, "array": "0-9"}, format="json").json()["id"]
+    runner.cycle_run_once()  # 8 cards: tasks 0-7 placed, 8-9 wait in the array's row
+    (line,) = as_alice.get("/api/v1/jobs/").json()["results"]
+    assert line["id"] == array_id and line["state"] == "pending"
+    assert line["array"]["counts"] == {"pending": 2, "placed": 8}
+    tasks = as_alice.get(f"/api/v1/jobs/?array={array_id}&page_size=100").json()["results"]
+    assert sorted(t["array"]["task_id"] for t in tasks if t["array"]["task_id"] is not None) == list(range(8))
+    assert all(t["array"]["id"] == array_id for t in tasks)
+
+
+def test_some_tasks_are_cancelled_then_the_rest(as_alice):
+    array_id = as_alice.post("/api/v1/jobs/", {**SWEEP, "array": "0-9"}, format="json").json()["id"]
+    runner.cycle_run_once()
+    some = as_alice.post(f"/api/v1/jobs/{array_id}/cancel/", {"tasks": "6-8"}, format="json")
+    assert some.status_code == 200, some.json()
+    # 6 and 7 were placed (cancelled as jobs), 8 was still in the array's row (it leaves it).
+    assert some.json()["array"]["counts"] == {"cancelled": 3, "pending": 1, "placed": 6}
+    assert Job.objects.get(pk=array_id).array_pending == "9"
+    again = as_alice.post(f"/api/v1/jobs/{array_id}/cancel/", {"tasks": "6-8"}, format="json")
+    assert again.status_code == 409 and "no live task among 6-8" in again.json()["error"]["message"]
+    rest = as_alice.post(f"/api/v1/jobs/{array_id}/cancel/")
+    assert rest.status_code == 200
+    assert rest.json()["state"] == "cancelled" and rest.json()["array"]["counts"] == {"cancelled": 10}
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [
+        ({**SWEEP, "array": "0-10%0"}, "array", "%0 would never run a task"),
+        ({**SWEEP, "array": "9-1"}, "array", "runs backwards"),
+        ({**SWEEP, "array": "0-100000"}, "array", "has 100,001 tasks; an array has at most 10,000"),
+    ],
+)
+def test_an_array_written_wrong_is_refused_naming_the_field(as_alice, body, field, words):
+    response = as_alice.post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["field"] == field and words in error["message"], error
+    assert Job.objects.count() == 0
+
+
+def test_tasks_to_cancel_written_wrong_or_of_a_single_job_are_refused(as_alice):
+    single = as_alice.post("/api/v1/jobs/", SWEEP, format="json").json()["id"]
+    response = as_alice.post(f"/api/v1/jobs/{single}/cancel/", {"tasks": "1-3"}, format="json")
+    assert response.status_code == 400 and response.json()["error"]["field"] == "tasks"
+    array_id = as_alice.post("/api/v1/jobs/", {**SWEEP, "array": "0-9"}, format="json").json()["id"]
+    response = as_alice.post(f"/api/v1/jobs/{array_id}/cancel/", {"tasks": "3-"}, format="json")
+    assert response.status_code == 400 and response.json()["error"]["field"] == "tasks"
+    assert Job.objects.get(pk=array_id).state == "pending"
