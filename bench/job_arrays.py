@@ -1,16 +1,18 @@
 """Job arrays on a large idle cluster: one request for a 10,000-task array, the scheduling cycles until its first
-8,000 tasks are placed, and a `%50` array's most tasks placed at once. Prints JSON.
+8,000 tasks are placed, a `%50` array's most tasks placed at once, and a chain of 1,000 jobs (one, an array
+fanning out after it, one fanning in after the array). Prints JSON.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/tessera REDIS_URL=redis://127.0.0.1:6379/6 \\
         .venv/bin/python -m bench.job_arrays [--nodes 1000 --tasks 10000 --first 8000]
 
-It creates and drops its own database (<name>_bench next to DATABASE_URL's). The cluster is `--nodes` nodes of 8
-whole-GPU cards (half A100, half H100), bulk-inserted, with one team whose quota holds all of it. What it runs is
-the portal's own code in this process: the API's submit view (DRF's test client: the view, the serializer, the
-validation and one transaction, without an HTTP server) and `cycle_run_once` (snapshot, engine, apply) back to
-back, as the Celery cycle task runs them. Tasks count as started when placed: no agents run here
-(`bench/cluster_scale.py` adds them). For comparison, the same run times `--singles` single submits through the
-same view, and scales them to the array's size: what a sweep cost as one request per task.
+It creates and drops its own database (<name>_bench next to DATABASE_URL's) and empties REDIS_URL's database.
+The cluster is `--nodes` nodes of 8 whole-GPU cards (half A100, half H100), bulk-inserted, with one team whose
+quota holds all of it. What it runs is the portal's own code in this process: the API's submit view (DRF's test
+client: the view, the serializer, the validation and one transaction, without an HTTP server) and
+`cycle_run_once` (snapshot, engine, apply) back to back, as the Celery cycle task runs them. Tasks count as
+started when placed: no agents run here (`bench/cluster_scale.py` runs agents, without arrays). For comparison,
+the same run times `--singles` single submits through the same view, and scales them to the array's size: what a
+sweep cost as one request per task. In the chain, each job ends the moment it is placed.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ import os
 import statistics
 import time
 from decimal import Decimal
-from urllib.parse import urlsplit, urlunsplit
 
 GPUS_PER_NODE = 8
 TARGETS = {"array_accept_s": 1.0, "array_first_8000_running_s": 20.0}
+# (No target is set for dependency_chain_s: it is measured, with the cycles it took.)
 
 
 def seed(*, nodes: int) -> tuple:
@@ -138,6 +140,20 @@ def idle_again() -> None:
         cursor.execute("VACUUM ANALYZE")
 
 
+def all_end_at_once() -> None:
+    """Every placed job succeeds now and gives its cards back, as agents would report (in three statements)."""
+    from django.utils import timezone
+
+    from scheduling.inventory.models import Gpu
+    from scheduling.jobs.models import Job, Slice
+    from scheduling.jobs.states import ACTIVE_STATES
+
+    Slice.objects.all().delete()
+    Gpu.objects.update(allocated_memory_mib=0, allocated_compute_pct=0)
+    now = timezone.now()
+    Job.objects.filter(state__in=ACTIVE_STATES).update(state="succeeded", started_at=now, finished_at=now)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
@@ -145,21 +161,18 @@ def main() -> None:
     parser.add_argument("--first", type=int, default=8_000)
     parser.add_argument("--singles", type=int, default=200, help="single submits timed for comparison")
     parser.add_argument("--throttle", type=int, default=50, help="the %%N of the throttled array")
+    parser.add_argument(
+        "--chain", type=int, default=1000, help="jobs in the dependency chain (fan-out, fan-in)"
+    )
     args = parser.parse_args()
 
     import psycopg
 
-    parts = urlsplit(os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/tessera")
-    bench_name = f"{parts.path.lstrip('/') or 'tessera'}_bench"
-    admin_url = urlunsplit((parts.scheme, parts.netloc, "/postgres", "", ""))
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{bench_name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{bench_name}"')
+    from bench.cluster_scale import bench_database
+
+    admin_url, _, bench_name = bench_database()  # <DATABASE_URL name>_bench afresh, REDIS_URL's emptied
     os.environ.update(
-        DATABASE_URL=urlunsplit((parts.scheme, parts.netloc, f"/{bench_name}", "", "")),
-        DJANGO_SETTINGS_MODULE="portal.settings",
-        TESSERA_API_SUBMIT_RATE="1000000/min",
-        TESSERA_MAX_ARRAY_TASKS=str(max(args.tasks, 10_000)),
+        TESSERA_API_SUBMIT_RATE="1000000/min", TESSERA_MAX_ARRAY_TASKS=str(max(args.tasks, 10_000))
     )
     import django
 
@@ -167,6 +180,7 @@ def main() -> None:
     from django.core.management import call_command
     from django.db import connection, connections
 
+    from scheduling.cycle.runner import cycle_run_once
     from scheduling.jobs.array_tasks import array_cancel
     from scheduling.jobs.models import Job
 
@@ -201,6 +215,26 @@ def main() -> None:
         result["array_throttle"] = args.throttle
         result["array_throttle_max_running"] = most
         array_cancel(job=Job.objects.get(pk=throttled["id"]), actor=None)
+        idle_again()
+
+        # A chain of --chain jobs: one, then an array of the rest but one fanning out after it (afterok), then
+        # one fanning in after the whole array. Each job ends the moment it is placed (no agents here).
+        root, _ = submit(client, {**body, "name": "prepare"})
+        fan_out, _ = submit(
+            client,
+            {**body, "name": "train", "array": f"0-{args.chain - 3}", "depends_on": f"afterok:{root['id']}"},
+        )
+        fan_in, _ = submit(client, {**body, "name": "evaluate", "depends_on": f"afterok:{fan_out['id']}"})
+        t0 = time.perf_counter()
+        cycles = 0
+        while Job.objects.get(pk=fan_in["id"]).state == "pending" and cycles < 100:
+            cycle_run_once()
+            cycles += 1
+            all_end_at_once()
+        result["dependency_chain_jobs"] = args.chain
+        result["dependency_chain_s"] = round(time.perf_counter() - t0, 2)
+        result["dependency_chain_cycles"] = cycles
+        result["dependency_chain_end"] = Job.objects.get(pk=fan_in["id"]).state
         idle_again()
 
         # Singles through the same view, for comparison: a sweep as one request per task.

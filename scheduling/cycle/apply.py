@@ -19,7 +19,7 @@ from django.db import transaction
 from portal.database import update_from_values
 from scheduling import lock_objects
 from scheduling.choices import ActorKind, JobState, NodeState
-from scheduling.cycle.arrays import array_tasks_split
+from scheduling.cycle.array_split import array_tasks_split
 from scheduling.cycle.lease import epoch_claim
 from scheduling.engine import types as eng
 from scheduling.inventory.models import Gpu

@@ -1,5 +1,5 @@
 """Job arrays in the cycle: the array's pending tasks are one row; the engine sees as many of its tasks as could
-start now, and the tasks it places become rows of their own as the placement is written.
+start now, and the tasks it places become rows of their own as the placement is written (`array_split.py`).
 
 - The snapshot (`array_entries`): an array's row stands for all its tasks not yet placed (`Job.array_pending`).
   The engine gets entries `<array>_<index>` (Slurm's `123_7`) for its lowest pending indexes: no more than its
@@ -16,19 +16,16 @@ start now, and the tasks it places become rows of their own as the placement is 
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass, replace
-from datetime import datetime
 
-from django.db import connection
 from django.db.models import Count
 
-from scheduling.choices import ActorKind, JobState
+from scheduling.choices import JobState
 from scheduling.engine import types as eng
 from scheduling.jobs.array_indexes import TaskIndexes
-from scheduling.jobs.models import Job, JobEvent
-from scheduling.jobs.states import ACTIVE_STATES
+from scheduling.jobs.models import Job, JobDependency
+from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES
 
 SEPARATOR = "_"
 THROTTLED = "array_throttled"
@@ -58,6 +55,11 @@ class PendingArray:
     pending: TaskIndexes
     max_running: int | None
     occupied: int  # tasks split off and not ended
+    # aftercorr (each task after the same task of these arrays succeeded): the pending tasks that may start now
+    # (None: every one), those that never can, and the arrays waited for.
+    ready: frozenset[int] | None = None
+    never: frozenset[int] = frozenset()
+    waits_for: tuple[int, ...] = ()
 
     @property
     def room(self) -> int:
@@ -65,6 +67,12 @@ class PendingArray:
         if self.max_running is None:
             return len(self.pending)
         return max(0, min(len(self.pending), self.max_running - self.occupied))
+
+    def startable(self, count: int) -> list[int]:
+        """The lowest `count` pending tasks that may start now."""
+        if self.ready is None:
+            return self.pending.first(count)
+        return [i for i in self.pending if i in self.ready][: max(0, count)]
 
 
 def pending_arrays(*, pks: list[int] | None = None) -> dict[int, PendingArray]:
@@ -86,9 +94,41 @@ def pending_arrays(*, pks: list[int] | None = None) -> dict[int, PendingArray]:
         if throttled
         else {}
     )
-    return {
+    arrays = {
         pk: PendingArray(pk, TaskIndexes.parse(text), limit, occupied.get(pk, 0)) for pk, text, limit in found
     }
+    return _with_task_dependencies(arrays)
+
+
+def _with_task_dependencies(arrays: dict[int, PendingArray]) -> dict[int, PendingArray]:
+    """Each array whose tasks wait task by task for another's (aftercorr), with which may start now and which
+    never can: task i may once task i of every array named has succeeded, never once one ended otherwise."""
+    each: dict[int, list[int]] = {}
+    for job_id, on in JobDependency.objects.filter(
+        job_id__in=list(arrays), when=JobDependency.EACH_TASK
+    ).values_list("job_id", "on_id"):
+        each.setdefault(job_id, []).append(on)
+    if not each:
+        return arrays
+    succeeded: dict[int, set[int]] = {}
+    failed: dict[int, set[int]] = {}
+    for array_id, index, state in Job.objects.filter(
+        array_job_id__in={on for ons in each.values() for on in ons}, array_task_id__isnull=False
+    ).values_list("array_job_id", "array_task_id", "state"):
+        if state == JobState.SUCCEEDED:
+            succeeded.setdefault(array_id, set()).add(index)
+        elif state in TERMINAL_STATES:
+            failed.setdefault(array_id, set()).add(index)
+    out = dict(arrays)
+    for pk, ons in each.items():
+        array = arrays[pk]
+        ready = set(array.pending)
+        never: set[int] = set()
+        for on in ons:
+            never |= ready & failed.get(on, set())
+            ready &= succeeded.get(on, set())
+        out[pk] = replace(array, ready=frozenset(ready - never), never=frozenset(never), waits_for=tuple(ons))
+    return out
 
 
 def _fits_on_free_cards(request: eng.Request, nodes: tuple[eng.Node, ...]) -> int:
@@ -137,149 +177,6 @@ def array_entries(
         if job.request not in fits:
             fits[job.request] = _fits_on_free_cards(job.request, nodes)
         wanted = min(array.room, fits[job.request] + 1)
-        for index in array.pending.first(wanted):
+        for index in array.startable(wanted):
             out.append(replace(job, id=task_entry_id(array.pk, index), reserved_on=()))
     return out
-
-
-# A task's row is its array's row with its index, nothing placed, nothing held: every other column copied as is
-# (the array's submit time is the task's queue age).
-_TASK_COLUMNS = {
-    "array_task_id": "t.idx",
-    "array_pending": "''",
-    "pending_reason_code": "'queued'",
-    "pending_reason": "''",
-    "queue_position": "NULL",
-    "estimated_start_at": "NULL",
-    "reserved_nodes": "'[]'",
-}
-
-
-def _tasks_insert(array: Job, indexes: list[int], *, at: datetime) -> dict[int, int]:
-    """Rows for these tasks of the array, copied from its row by the database in one INSERT ... SELECT (however
-    many), with their first event in one more; their ids by index."""
-    if not indexes:
-        return {}
-    quote = connection.ops.quote_name
-    fields = [f.column for f in Job._meta.concrete_fields if f.column != "id"]
-    columns = ", ".join(quote(c) for c in fields)
-    values = ", ".join(_TASK_COLUMNS.get(c, f"a.{quote(c)}") for c in fields)
-    job_table = quote(Job._meta.db_table)
-    if connection.vendor == "postgresql":
-        tasks, param = "unnest(%s::integer[]) AS t(idx)", list(indexes)
-    else:  # SQLite: the indexes as one JSON parameter, whatever their number
-        tasks, param = "(SELECT value AS idx FROM json_each(%s)) AS t", json.dumps(indexes)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {job_table} ({columns}) SELECT {values} FROM {job_table} AS a, {tasks} "
-            "WHERE a.id = %s RETURNING id, array_task_id",
-            [param, array.pk],
-        )
-        ids = {index: pk for pk, index in cursor.fetchall()}
-        event_table = quote(JobEvent._meta.db_table)
-        said = f" of array #{array.pk}, submitted by {array.submitter} to {array.team.slug}."
-        cursor.execute(
-            f"INSERT INTO {event_table} (job_id, {quote('at')}, from_state, to_state, actor_kind, actor_id, code, "
-            f"message, data) SELECT id, %s, '', %s, %s, NULL, 'array_task', 'Task ' || array_task_id || %s, "
-            f"'{{}}' FROM {job_table} WHERE array_job_id = %s AND id BETWEEN %s AND %s",
-            [at, JobState.PENDING, ActorKind.SCHEDULER, said, array.pk, min(ids.values()), max(ids.values())],
-        )
-    return ids
-
-
-def array_tasks_split(decisions: eng.Decisions) -> eng.Decisions:
-    """Make rows of the array tasks the engine placed, and return the decisions about rows only (module doc).
-    Called inside the apply's transaction: a task whose index was cancelled meanwhile is dropped."""
-    taken: dict[int, list[int]] = {}
-    for placement in decisions.placements:
-        entry = task_entry(placement.job_id)
-        if entry is not None:
-            taken.setdefault(entry[0], []).append(entry[1])
-    waiting = {entry[0] for p in decisions.pending if (entry := task_entry(p.job_id)) is not None}
-    arrays = {
-        a.pk: a
-        for a in Job.objects.select_for_update()
-        .select_related("submitter", "team")
-        .filter(pk__in=set(taken) | waiting, state=JobState.PENDING)
-        .exclude(array_pending="")
-    }
-    row_of: dict[str, int] = {}  # engine entry -> the task's row
-    for array_id, indexes in taken.items():
-        array = arrays.get(array_id)
-        if array is None:
-            continue  # cancelled (or already split) since the snapshot: its entries are dropped
-        left = TaskIndexes.parse(array.array_pending)
-        indexes = [i for i in indexes if i in left]
-        if not indexes:
-            continue
-        left = left.without(set(indexes))
-        new = indexes if left else indexes[:-1]
-        # Each task's trail starts when it was submitted (its array's submit): its wait in the queue counts from
-        # there (the admission-wait metric reads it).
-        for index, pk in _tasks_insert(array, new, at=array.submitted_at).items():
-            row_of[task_entry_id(array_id, index)] = pk
-        if not left:
-            last = indexes[-1]
-            Job.objects.filter(pk=array.pk).update(array_pending="", array_task_id=last)
-            row_of[task_entry_id(array_id, last)] = array.pk
-        else:
-            Job.objects.filter(pk=array.pk).update(array_pending=left.written())
-    return _about_rows(decisions, row_of, arrays)
-
-
-def _about_rows(decisions: eng.Decisions, row_of: dict[str, int], arrays: dict[int, Job]) -> eng.Decisions:
-    """The decisions with each array entry replaced by its task's row (placed), or by the array's row (the first
-    that waits gives the array its reason; a preemptor not yet placed is named by its array)."""
-
-    def row(job_id: str) -> str:
-        entry = task_entry(job_id)
-        if entry is None:
-            return job_id
-        return str(row_of.get(job_id, entry[0]))
-
-    placements = tuple(
-        replace(p, job_id=str(row_of[p.job_id])) if task_entry(p.job_id) else p
-        for p in decisions.placements
-        if task_entry(p.job_id) is None or p.job_id in row_of
-    )
-    pending: list[eng.Pending] = []
-    reasoned: set[int] = set()
-    for p in decisions.pending:
-        entry = task_entry(p.job_id)
-        if entry is None:
-            pending.append(p)
-        elif entry[0] not in reasoned and entry[0] in arrays:
-            reasoned.add(entry[0])
-            pending.append(replace(p, job_id=str(entry[0])))
-    return replace(
-        decisions,
-        placements=placements,
-        pending=(
-            *pending,
-            *_throttled(arrays_with_entries=reasoned | _placed_arrays(decisions), start=len(pending)),
-        ),
-        evictions=tuple(replace(e, preemptor_id=row(e.preemptor_id)) for e in decisions.evictions),
-        reservations=tuple(r for r in decisions.reservations if task_entry(r.job_id) is None),
-        borrowed=frozenset(row(j) for j in decisions.borrowed if task_entry(j) is None or j in row_of),
-    )
-
-
-def _placed_arrays(decisions: eng.Decisions) -> set[int]:
-    return {entry[0] for p in decisions.placements if (entry := task_entry(p.job_id)) is not None}
-
-
-def _throttled(*, arrays_with_entries: set[int], start: int) -> list[eng.Pending]:
-    """A reason for each array with tasks left that had no entry this cycle: its %N holds them back."""
-    held = {pk: a for pk, a in pending_arrays().items() if pk not in arrays_with_entries and a.room == 0}
-    return [
-        eng.Pending(
-            job_id=str(pk),
-            status=eng.Status(
-                THROTTLED,
-                f"At most {a.max_running} of its tasks run at once ({a.occupied} are placed, running or about to "
-                f"start); the next of its {len(a.pending):,} waiting tasks starts when one of them ends.",
-            ),
-            position=start + k + 1,
-        )
-        for k, (pk, a) in enumerate(sorted(held.items()))
-    ]

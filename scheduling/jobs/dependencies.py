@@ -19,7 +19,7 @@ from django.db.models import Count
 
 from scheduling.choices import JobState
 from scheduling.errors import ServiceError
-from scheduling.jobs.array_indexes import TaskIndexes
+from scheduling.jobs.array_indexes import ArraySpec, TaskIndexes
 from scheduling.jobs.fields import BAD_DEPENDENCY
 from scheduling.jobs.models import Job, JobDependency
 from scheduling.jobs.states import TERMINAL_STATES
@@ -134,6 +134,7 @@ def dependency_holds() -> Holds:
     holds = Holds({}, {})
     deps = list(
         JobDependency.objects.filter(job__state=JobState.PENDING)
+        .exclude(when=JobDependency.EACH_TASK)  # held task by task (scheduling/cycle/arrays.py)
         .order_by("job_id", "id")
         .values_list("job_id", "on_id", "when")
     )
@@ -188,10 +189,13 @@ def _singletons_waiting() -> dict[int, str]:
     return waiting
 
 
-def dependencies_check(*, depends_on: tuple[tuple[int, str], ...], visible: Iterable[int]) -> None:
+def dependencies_check(
+    *, depends_on: tuple[tuple[int, str], ...], visible: Iterable[int], tasks: TaskIndexes | None
+) -> None:
     """Refuse, at submit, a dependency on a job the submitter cannot see (or that does not exist), or one that
     already can never be met (field `depends_on`, code `bad_dependency`). `visible`: of the named jobs, those the
-    submitter may see."""
+    submitter may see; `tasks`: the submitted array's (None: not an array), each of which an `aftercorr` needs in
+    the array it names."""
     seen = set(visible)
     for job_id, _ in depends_on:
         if job_id not in seen:
@@ -200,8 +204,22 @@ def dependencies_check(*, depends_on: tuple[tuple[int, str], ...], visible: Iter
                 field="depends_on",
                 code=BAD_DEPENDENCY,
             )
-    known = outcomes(job_ids=[job_id for job_id, _ in depends_on])
+    each = [job_id for job_id, when in depends_on if when == JobDependency.EACH_TASK]
+    for job_id, array_spec in Job.objects.filter(pk__in=each).values_list("pk", "array_spec"):
+        if tasks is None:
+            said = "aftercorr makes each task of an array wait for the same task of another: this job is no array"
+        elif not array_spec:
+            said = f"job {job_id} is not an array"
+        else:
+            theirs = ArraySpec.parse(array_spec).indexes
+            missing = next((i for i in tasks if i not in theirs), None)
+            said = f"array {job_id} has no task {missing}" if missing is not None else ""
+        if said:
+            raise ServiceError(f"depends_on: {said}.", field="depends_on", code=BAD_DEPENDENCY)
+    known = outcomes(job_ids=[job_id for job_id, when in depends_on if when != JobDependency.EACH_TASK])
     for job_id, when in depends_on:
+        if when == JobDependency.EACH_TASK:
+            continue
         if verdict(when, known.get(job_id)) == NEVER:
             raise ServiceError(
                 f"depends_on: {never_words(when, known.get(job_id), job_id)}: this job could never start.",

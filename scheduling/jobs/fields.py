@@ -32,7 +32,9 @@ MAX_ARRAY_CHARS = 10_000  # scheduling.jobs.array_indexes.MAX_ARRAY_CHARS
 MAX_DEPENDENCIES = 64
 DEPENDENCY_WHEN = ("succeeded", "ended", "failed")
 # sbatch's --dependency words for them (and `singleton`).
-SLURM_DEPENDENCY = {"afterok": "succeeded", "afterany": "ended", "afternotok": "failed"}
+SLURM_DEPENDENCY = {"afterok": "succeeded", "afterany": "ended", "afternotok": "failed", "aftercorr": "each"}
+# Each task of an array after the task of the same index of another array succeeded (sbatch's aftercorr).
+EACH_TASK = "each"
 MAX_SPEC_INT = 2**63 - 1  # the database's bigint
 TOPOLOGIES = ("none", "numa", "nvlink")  # scheduling.choices.Topology's values
 EVENTS = ("start", "end", "fail", "preempt")  # what a submitter may be told of
@@ -73,7 +75,8 @@ class JobSpec:
     workdir: str = ""
     notify: tuple[str, ...] | None = None  # start, end, fail, preempt; None: the submitter's default
     array: str = ""  # a job array's tasks, e.g. 0-999%50 (scheduling.jobs.array_indexes); blank: one job
-    # The jobs it waits for, each with how it must have ended: ((job id, "succeeded" | "ended" | "failed"), ...).
+    # The jobs it waits for, each with how it must have ended: ((job id, "succeeded" | "ended" | "failed"), ...);
+    # "each": each of its tasks waits for the same task of that array to succeed.
     depends_on: tuple[tuple[int, str], ...] = ()
     singleton: bool = False  # waits while an earlier live job of its owner has its name
 
@@ -337,7 +340,8 @@ FIELDS: tuple[SpecField, ...] = (
         attr="depends_on",
         high=MAX_DEPENDENCIES,
         help="start only after other jobs ended: afterok:123 (succeeded), afterany:123 (ended), afternotok:123 "
-        "(failed), several joined by commas, and singleton; or a list of {job: 123, when: succeeded|ended|failed}. "
+        "(failed), aftercorr:123 (each task of this array after the same task of array 123 succeeded), several "
+        "joined by commas, and singleton; or a list of {job: 123, when: succeeded|ended|failed, each_task: true}. "
         "An array counts as all its tasks",
         flags=("--dependency", "-d"),
         label="Starts after",

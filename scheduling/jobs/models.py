@@ -267,8 +267,13 @@ class LogDrain(models.Model):
 class JobDependency(models.Model):
     """A job that may start only once another (an array: all its tasks) has ended the way it names."""
 
-    SUCCEEDED, ENDED, FAILED = "succeeded", "ended", "failed"
-    WHEN = ((SUCCEEDED, "succeeded"), (ENDED, "ended"), (FAILED, "failed"))
+    SUCCEEDED, ENDED, FAILED, EACH_TASK = "succeeded", "ended", "failed", "each"
+    WHEN = (
+        (SUCCEEDED, "succeeded"),
+        (ENDED, "ended"),
+        (FAILED, "failed"),
+        (EACH_TASK, "each task after the same task succeeded"),
+    )
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependencies")
     on = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependents", verbose_name="waits for")

@@ -447,7 +447,9 @@ _SINGLETON = (0, "singleton")  # `singleton` written among the dependencies: the
 def parse_dependencies(value: Any, *, high: int) -> tuple[tuple[int, str], ...]:
     """sbatch's `afterok:123:456,afterany:789,singleton`, or a list of {job: 123, when: succeeded}: ((job, when),
     ...) in the order given, each job once. Refusals name `depends_on` and say the forms."""
-    forms = "afterok:<job>, afterany:<job>, afternotok:<job> or singleton, joined by commas"
+    forms = (
+        "afterok:<job>, afterany:<job>, afternotok:<job>, aftercorr:<array> or singleton, joined by commas"
+    )
     deps: list[tuple[int, str]] = []
     if isinstance(value, str):
         for part in value.replace(" ", "").split(","):
@@ -462,10 +464,10 @@ def parse_dependencies(value: Any, *, high: int) -> tuple[tuple[int, str], ...]:
                 deps.append((_dependency_job(job), when))
     elif isinstance(value, list):
         for item in value:
-            if not isinstance(item, dict) or set(item) - {"job", "when"} or "job" not in item:
+            if not isinstance(item, dict) or set(item) - {"job", "when", "each_task"} or "job" not in item:
                 raise SpecError(
-                    "depends_on: each item is {job: <id>, when: succeeded|ended|failed} (when defaults to "
-                    "succeeded).",
+                    "depends_on: each item is {job: <id>, when: succeeded|ended|failed, each_task: true|false} "
+                    "(when defaults to succeeded).",
                     field="depends_on",
                 )
             when = item.get("when", "succeeded")
@@ -474,7 +476,14 @@ def parse_dependencies(value: Any, *, high: int) -> tuple[tuple[int, str], ...]:
                     f"depends_on: when must be one of {', '.join(f.DEPENDENCY_WHEN)} (got {str(when)[:40]!r}).",
                     field="depends_on",
                 )
-            deps.append((_dependency_job(item["job"]), when))
+            each = item.get("each_task", False)
+            if not isinstance(each, bool) or (each and when != "succeeded"):
+                raise SpecError(
+                    "depends_on: each_task is true or false, and true only with when: succeeded (sbatch's "
+                    "aftercorr).",
+                    field="depends_on",
+                )
+            deps.append((_dependency_job(item["job"]), f.EACH_TASK if each else when))
     else:
         raise SpecError(f"depends_on is a text ({forms}) or a list of {{job, when}}.", field="depends_on")
     jobs = [job for job, _ in deps if (job, _) != _SINGLETON]
@@ -494,7 +503,7 @@ def parse_dependencies(value: Any, *, high: int) -> tuple[tuple[int, str], ...]:
 def dependencies_written(depends_on: list[dict[str, Any]], *, singleton: bool = False) -> str:
     """Dependencies as sbatch writes them (afterok:123,afterany:45,singleton): the submit form's text."""
     words = {when: word for word, when in f.SLURM_DEPENDENCY.items()}
-    parts = [f"{words[d['when']]}:{d['job']}" for d in depends_on]
+    parts = [f"{words[f.EACH_TASK if d.get('each_task') else d['when']]}:{d['job']}" for d in depends_on]
     return ",".join([*parts, "singleton"] if singleton else parts)
 
 
@@ -625,7 +634,12 @@ def spec_to_mapping(spec: JobSpec, *, team: str | None = None) -> dict[str, Any]
     if spec.array:
         out["array"] = spec.array
     if spec.depends_on:
-        out["depends_on"] = [{"job": job, "when": when} for job, when in spec.depends_on]
+        out["depends_on"] = [
+            {"job": job, "when": "succeeded", "each_task": True}
+            if when == f.EACH_TASK
+            else {"job": job, "when": when}
+            for job, when in spec.depends_on
+        ]
     if spec.singleton:
         out["singleton"] = True
     return out

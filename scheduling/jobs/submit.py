@@ -109,7 +109,8 @@ def job_submit(*, submitter: AbstractBaseUser, team: Team, spec: JobSpec) -> Job
     if spec.depends_on:
         named = [job_id for job_id, _ in spec.depends_on]
         visible = jobs_visible_to(user=submitter).filter(pk__in=named).values_list("pk", flat=True)
-        dependencies_check(depends_on=spec.depends_on, visible=visible)
+        tasks = ArraySpec.parse(spec.array).indexes if spec.array else None
+        dependencies_check(depends_on=spec.depends_on, visible=visible, tasks=tasks)
     job = job_from_spec(submitter=submitter, team=team, spec=spec, priority_class=priority_class)
     job.pending_reason_code, job.pending_reason = "queued", "Waiting for the next scheduling cycle."
     job.save(force_insert=True)

@@ -154,3 +154,53 @@ def test_a_dependency_that_cannot_be_met_or_seen_is_refused_at_submit(node, alic
         assert (refused.value.field, refused.value.code) == ("depends_on", "bad_dependency")
         assert says in refused.value.message
     assert not Job.objects.filter(name="later").exists()
+
+
+def test_aftercorr_starts_each_task_after_the_same_task_of_the_other_array(node, alice, teams):
+    """sbatch's aftercorr: task i of `evaluate` after task i of `train` succeeded; one whose training failed ends
+    as dependency_never_satisfied, the others run."""
+    train = submit(alice, teams["training"], name="train", array="0-2", gpu_memory_mib=1024, gpus=0)
+    spec = spec_from_mapping(
+        {
+            "name": "eval",
+            "command": "x",
+            "gpu_memory": "1GiB",
+            "array": "0-2",
+            "depends_on": f"aftercorr:{train.pk}",
+        }
+    ).spec
+    evaluate = job_submit(submitter=alice, team=teams["training"], spec=spec)
+    runner.cycle_run_once()
+    trained = {t.array_task_id: t for t in Job.objects.filter(array_job_id=train.pk)}
+    assert {t.state for t in trained.values()} == {"placed"}
+    waiting = fresh(evaluate)
+    assert (waiting.state, waiting.pending_reason_code) == ("pending", "dependency")
+    assert (
+        f"Each of its tasks waits for the same task of array {train.pk} to succeed" in waiting.pending_reason
+    )
+    end(trained[0], JobState.SUCCEEDED)
+    end(trained[1], JobState.FAILED)
+    runner.cycle_run_once()
+    tasks = {t.array_task_id: t.state for t in Job.objects.filter(array_job_id=evaluate.pk)}
+    assert tasks == {0: "placed", 1: "failed", None: "pending"}, tasks  # task 2 still in the array's row
+    assert fresh(evaluate).array_pending == "2"
+    failed = Job.objects.get(array_job_id=evaluate.pk, array_task_id=1)
+    assert (
+        f"task 1 of array {train.pk} did not succeed"
+        in failed.events.get(code="dependency_never_satisfied").message
+    )
+    end(trained[2], JobState.SUCCEEDED)
+    runner.cycle_run_once()
+    assert (fresh(evaluate).array_task_id, fresh(evaluate).state) == (2, "placed")  # the last: the row itself
+
+
+def test_aftercorr_is_refused_unless_both_are_arrays_with_the_same_tasks(node, alice, teams):
+    train = submit(alice, teams["training"], name="train", array="0-2")
+    single = submit(alice, teams["training"], name="single")
+    for array, on, says in (
+        ("", train.pk, "this job is no array"),
+        ("0-2", single.pk, f"job {single.pk} is not an array"),
+        ("0-3", train.pk, f"array {train.pk} has no task 3"),
+    ):
+        with pytest.raises(ServiceError, match=says):
+            submit(alice, teams["training"], name="eval", array=array, depends_on=((on, "each"),))

@@ -157,6 +157,7 @@ DEPENDENCIES = {
                         ]
                     },
                     "when": {"type": "string", "enum": list(fields.DEPENDENCY_WHEN)},
+                    "each_task": {"type": "boolean"},
                 },
                 "required": ["job"],
                 "additionalProperties": False,
