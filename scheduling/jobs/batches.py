@@ -149,7 +149,8 @@ def _changes_tell(changes: list[tuple[Job, str, str, dict[str, Any]]], *, to_sta
         )
     events.jobs_changed(
         changes=[
-            (job.pk, job.team_id, job.submitter_id, to_state, code, message) for job, _, message, _ in changes
+            (job.pk, job.team_id, job.submitter_id, to_state, code, message, job.array_job_id)
+            for job, _, message, _ in changes
         ]
     )
 

@@ -153,6 +153,7 @@ def job_transition(
         state=to_state,
         code=code,
         message=message,
+        array_id=job.array_job_id,
     )
     job_state_notify(job=job, from_state=from_state, to_state=to_state, message=message, always=notify_always)
     return job

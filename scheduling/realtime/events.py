@@ -114,7 +114,13 @@ def publish_after_commit(group: str, message: dict[str, Any]) -> None:
 
 
 def _job_messages(
-    job_id: int, team_id: int, submitter_id: int | None, state: str, code: str, message: str
+    job_id: int,
+    team_id: int,
+    submitter_id: int | None,
+    state: str,
+    code: str,
+    message: str,
+    array_id: int | None = None,
 ) -> list[tuple[str, dict[str, Any]]]:
     payload = {
         "type": "job.changed",
@@ -126,7 +132,17 @@ def _job_messages(
         "message": message,
         "event_id": secrets.token_hex(8),
     }
-    return [(groups.job(job_id), payload), (groups.team(team_id), dict(payload))]
+    messages = [(groups.job(job_id), payload), (groups.team(team_id), dict(payload))]
+    if array_id is not None and array_id != job_id:
+        # A task of an array: the array's page counts its tasks by state (its own state is not this one's).
+        array = {
+            "type": "array.changed",
+            "job_id": array_id,
+            "task_id": job_id,
+            "event_id": payload["event_id"],
+        }
+        messages.append((groups.job(array_id), array))
+    return messages
 
 
 def job_changed(
@@ -137,8 +153,9 @@ def job_changed(
     code: str = "",
     message: str = "",
     submitter_id: int | None = None,
+    array_id: int | None = None,
 ) -> None:
-    job_messages = _job_messages(job_id, team_id, submitter_id, state, code, message)
+    job_messages = _job_messages(job_id, team_id, submitter_id, state, code, message, array_id)
     messages = [
         *job_messages,
         # The cluster group sees no names or messages, only that the queue moved: the same change, the same id.
@@ -152,8 +169,8 @@ def job_changed(
 
 
 def jobs_changed(*, changes: list[tuple[int, int, int | None, str, str, str]]) -> None:
-    """job_changed for many jobs at once, (job id, team id, submitter id, state, code, message) each: one commit
-    hook, and the cluster group told once per state rather than once per job."""
+    """job_changed for many jobs at once, (job id, team id, submitter id, state, code, message[, array id]) each:
+    one commit hook, and the cluster group told once per state rather than once per job."""
     if not changes:
         return
     messages = [m for change in changes for m in _job_messages(*change)]

@@ -406,6 +406,11 @@ class JobStream(_StreamConsumer):
         await self.parts_changed("job.changed", event)  # its render starts first, beside the sends
         await self.send_json(_job_event(event))
 
+    async def array_changed(self, event: dict[str, Any]) -> None:
+        """A task of this array changed: its counts by state are on the page's live part."""
+        if await self._may_see():
+            await self.parts_changed("job.changed", event)
+
     async def job_metrics(self, event: dict[str, Any]) -> None:
         if await self._may_see():
             await self.send_json(_metrics_event(event))

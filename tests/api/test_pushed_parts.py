@@ -174,3 +174,32 @@ def test_the_queue_is_rendered_once_per_set_of_teams_and_others_jobs_stay_anonym
             await c.disconnect()
 
     async_to_sync(scenario)()
+
+
+def test_an_arrays_page_is_pushed_its_counts_when_one_of_its_tasks_changes(alice, teams, node):
+    from scheduling.cycle.runner import cycle_run_once
+    from scheduling.jobs.models import Job
+
+    array = _submit(alice, teams["training"], array="0-7")
+    cycle_run_once()  # all 8 placed: the array's row is task 7, no longer pending (the queue's moves are not its)
+    task = Job.objects.filter(array_job_id=array.pk, state="placed").exclude(pk=array.pk).first()
+
+    def run_it() -> None:
+        with transaction.atomic():
+            row = type(task).objects.select_for_update().get(pk=task.pk)
+            job_transition(job=row, to_state=JobState.RUNNING, actor_kind=ActorKind.AGENT)
+
+    headers = _headers(alice)
+
+    async def scenario():
+        communicator, connected = await _open(f"/ws/jobs/{array.pk}/", headers)
+        assert connected
+        assert await _watching(communicator, _live(array.pk)) == ["job-live"]
+        await sync_to_async(run_it)()
+        pushed = await _next_part(communicator)
+        await communicator.disconnect()
+        return pushed
+
+    pushed = async_to_sync(scenario)()
+    assert re.search(r">1 running</span>", pushed["html"]) and re.search(r">7 placed</span>", pushed["html"])
+    assert Job.objects.get(pk=array.pk).array_task_id == 7
