@@ -15,6 +15,11 @@ from typing import Any
 PROTOCOL_VERSION = 1
 AGENT_MESSAGES = ("hello", "heartbeat", "metrics", "job_status", "event", "logs", "ack")
 PORTAL_MESSAGES = ("desired_state", "logs_request", "heartbeat_ack", "ack")
+# What a portal may say it understands, in its ack of a hello (`features`); an agent uses a feature only once the
+# portal it is connected to has said so, so new agents and old portals (and old agents and new portals) mix.
+# metrics_batch: a `metrics` message may carry `batch`, a list of samples (each as a `metrics` payload), one frame
+# every few seconds instead of one a second.
+FEATURES = ("metrics_batch",)
 # The sender keeps these until acked, and sends them again after a reconnect (receivers must be idempotent).
 RELIABLE = frozenset({"hello", "job_status", "event", "desired_state"})
 # The largest websocket message either side sends or accepts, encoded. daphne drops the connection of a client

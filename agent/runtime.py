@@ -125,6 +125,7 @@ class Agent:
         sample_interval_s: float = 1.0,
         heartbeat_s: float = 5.0,
         metrics_interval_s: float = 1.0,
+        metrics_batch_s: float = 5.0,
         ack_timeout_s: float = 30.0,
         retry_initial_s: float = 1.0,
         watchdog_tolerance_mib: int = 0,
@@ -151,6 +152,12 @@ class Agent:
             executor, tolerance_mib=watchdog_tolerance_mib, grace_s=watchdog_grace_s
         )
         self.metrics = MetricsAggregator(metrics_interval_s)
+        # Samples sent together every metrics_batch_s, once the portal has said it takes batches (its hello ack);
+        # one frame a second otherwise.
+        self.metrics_batch_s = metrics_batch_s
+        self.portal_features: frozenset[str] = frozenset()
+        self._batch: list[dict[str, Any]] = []
+        self._batch_started = 0.0
         self.started_at = time.time()
         self._state_path = executor.work_dir / "desired.json"
         self.desired: DesiredState | None = self._load_desired()
@@ -252,7 +259,18 @@ class Agent:
         self.metrics.add(sample)
         now = time.monotonic()
         if self.metrics.due(now):
-            out.append(protocol.message("metrics", self.metrics.flush(now, self._owners(sample))))
+            folded = self.metrics.flush(now, self._owners(sample))
+            if "metrics_batch" not in self.portal_features or self.metrics_batch_s <= 0:
+                out.append(protocol.message("metrics", folded))
+            else:
+                if not self._batch:
+                    self._batch_started = now
+                self._batch.append(folded)
+                xid = any(g.get("xid_events") for g in folded["gpus"])  # a GPU error is not held back
+                # A batch holds metrics_batch_s of samples: sent once the last of them is in.
+                if xid or now - self._batch_started >= self.metrics_batch_s - self.metrics.interval_s - 1e-6:
+                    out.append(protocol.message("metrics", {"batch": self._batch}))
+                    self._batch = []
         if now - self._last_heartbeat >= self.heartbeat_s:
             self._last_heartbeat = now
             out.append(self.heartbeat())
@@ -386,6 +404,10 @@ class Agent:
             if pending is not None:
                 if pending.msg["type"] == "hello" and payload.get("ok", True):
                     self.executor.renew_lease()  # the portal recorded the hello as this node's heartbeat
+                    features = payload.get("features")
+                    self.portal_features = frozenset(
+                        f for f in (features if isinstance(features, list) else []) if f in protocol.FEATURES
+                    )
                 if not payload.get("ok", True):
                     log.warning(
                         "portal refused %s %s: %s",
@@ -526,6 +548,8 @@ class Agent:
         self._ensure_async()
         self._channel = channel
         try:
+            self.portal_features = frozenset()  # until this portal's ack of the hello says
+            self._batch = []
             hello = self._queue(self.hello())
             # A new hello replaces any older one still waiting for its ack.
             for mid in [m for m, p in self._outbox.items() if p.msg["type"] == "hello" and m != hello["id"]]:

@@ -57,6 +57,10 @@ GPUS_PER_NODE = 8
 # not accepted within 5 s (--websocket_connect_timeout), which a storm of 1,000 hellos at once makes happen.
 CONNECT_EVERY_S = 0.04
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/tessera_scale"
+# The simulated agents' samples per frame where the portal takes batches (agent/runtime.py metrics_batch_s);
+# TESSERA_BENCH_NO_BATCHES=1 sends a frame a second, as agents before batches did.
+BATCH_S = 5
+BATCHES = os.environ.get("TESSERA_BENCH_NO_BATCHES", "") != "1"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/6"
 TARGETS = {
     "cycle_total_s": 2.0,
@@ -121,6 +125,10 @@ class SimNode:
         self.started_at = time.time()
         self.rng = random.Random(self.name)
         self.ws = None
+        # As the agent: its samples in one frame every BATCH_S once the portal's hello ack says it takes them
+        # (agent/protocol.py FEATURES), else a frame a second; --no-batches: always a frame a second.
+        self.batches = False
+        self.batched: list[dict] = []
         from agent.transport import Backoff
 
         self.backoff = Backoff()
@@ -279,7 +287,9 @@ class SimNode:
                 return
             if not p.get("ok", True):
                 self.stats["refused"] += 1
-            self.outbox.pop(str(p.get("ack_id")), None)
+            acked = self.outbox.pop(str(p.get("ack_id")), None)
+            if acked is not None and acked["type"] == "hello" and BATCHES:
+                self.batches = "metrics_batch" in (p.get("features") or [])
         elif kind == "desired_state":
             version = int(p.get("version") or 0)
             if self.desired_version is not None and version < self.desired_version:
@@ -340,6 +350,8 @@ class SimNode:
         )
 
     async def ticks(self) -> None:
+        from agent import protocol
+
         await asyncio.sleep(self.rng.uniform(0, 1.0))  # nodes do not tick in step
         next_heartbeat = time.monotonic() + self.rng.uniform(0, 5.0)
         while True:
@@ -348,8 +360,16 @@ class SimNode:
                 job = self.jobs.pop(key)
                 self.finished.add(key)
                 await self.send(self.end_report(key, job, "exited", exit_code=0, reason=None))
-            await self.send(self.metrics())
-            self.stats["metrics"] += 1
+            sample = self.metrics()
+            if not self.batches:
+                await self.send(sample)
+                self.stats["metrics"] += 1
+            else:
+                self.batched.append(sample["payload"])
+                if len(self.batched) >= BATCH_S:
+                    await self.send(protocol.message("metrics", {"batch": self.batched}))
+                    self.batched = []
+                    self.stats["metrics"] += 1
             if time.monotonic() >= next_heartbeat:
                 next_heartbeat += 5.0
                 await self.send(self.heartbeat())
@@ -379,6 +399,7 @@ class SimNode:
                     self.ws = ws
                     self.backoff.reset()
                     self.stats["connected"] += 1
+                    self.batches, self.batched = False, []  # until this connection's hello ack says
                     await self.send(self.hello())
                     for msg in list(self.outbox.values()):
                         if msg["type"] != "hello":

@@ -1056,3 +1056,66 @@ def test_an_xid_event_in_a_sample_is_kept_without_holding_up_the_nodes_frames(tw
         release.set()
     assert acked["payload"]["seq"] == 3 and kept_meanwhile == 0
     assert list(GpuEvent.objects.values_list("kind", "code")) == [("xid", 79)]
+
+
+def test_an_old_agent_and_a_new_one_at_the_same_portal_each_get_their_samples_kept(two_nodes, node):
+    """The portal's ack of a hello says it takes batched samples (agent/protocol.py FEATURES). A new agent sends
+    the samples of the last few seconds in one frame, an older one a frame a second: both are kept, and every
+    sample of a batch reaches the browsers that listen."""
+    from channels.layers import get_channel_layer
+
+    from scheduling.agents import live_metrics
+    from scheduling.realtime import groups, listeners
+
+    on_a, on_b, _, token_b = two_nodes
+    token_a = node_issue_token(node=node)
+    for name in ("a100-01", "a100-02"):
+        forget_live_metrics(name)
+
+    def sample(uuid: str, util: float, at: float) -> dict:
+        gpu = {"index": 0, "uuid": uuid, "util_pct": util, "memory_used_mib": 1, "memory_total_mib": 81920}
+        return {"sampled_at": at, "gpus": [gpu]}
+
+    layer = get_channel_layer()
+
+    async def scenario():
+        channel = await layer.new_channel()
+        await layer.group_add(groups.job(on_b.pk), channel)
+        await sync_to_async(listeners.listening_add)(groups=[groups.job(on_b.pk)], channel=channel)
+        listeners.forget()
+        old = await _connect(token_a, "a100-01")
+        new = await _connect(token_b, "a100-02")
+        acks = [(await _next(c, "ack"))["payload"] for c in (old, new)]
+        now = time.time()
+        await old.send_to(
+            text_data=protocol.encode(protocol.message("metrics", sample("GPU-test-0", 7.0, now)))
+        )
+        batch = [sample("GPU-b-0", util, now - 3 + k) for k, util in enumerate((31.0, 32.0, 33.0))]
+        await new.send_to(text_data=protocol.encode(protocol.message("metrics", {"batch": batch})))
+        for c in (old, new):
+            await _handled_so_far(c)
+        kept = sync_to_async(live_metrics.live_metrics_for_nodes)
+
+        async def both_kept():
+            found = await kept(node_names=["a100-01", "a100-02"])
+            utils = (
+                found.get("a100-01", {}).get(0, {}).get("util_pct"),
+                found.get("a100-02", {}).get(0, {}).get("util_pct"),
+            )
+            return utils if utils == (7.0, 33.0) else None
+
+        utils = await wait_for_async("both nodes' newest samples kept", both_kept, timeout_s=15)
+        heard = []
+        while len(heard) < 3:
+            message = await asyncio.wait_for(layer.receive(channel), timeout=15)
+            if message["type"] == "job.metrics":
+                heard.append(message["gpus"][0]["util_pct"])
+        for c in (old, new):
+            await c.disconnect()
+        await sync_to_async(listeners.listening_remove)(groups=[groups.job(on_b.pk)], channel=channel)
+        return acks, utils, heard
+
+    acks, utils, heard = async_to_sync(scenario)()
+    assert all(a["features"] == list(protocol.FEATURES) for a in acks)
+    assert utils == (7.0, 33.0)
+    assert heard == [31.0, 32.0, 33.0]  # the live charts keep one point a second

@@ -36,6 +36,8 @@ T = TypeVar("T")
 # Browsers see utilisation at most this often per node, however often agents send it.
 METRICS_PUBLISH_INTERVAL_S = 1.0
 MAX_GPUS_PER_SAMPLE = 64
+# A batch of samples (agent/protocol.py FEATURES): at most this many are read (an agent sends one every few seconds).
+MAX_SAMPLES_PER_BATCH = 30
 FINAL_STATES = frozenset({"exited", "stopped", "killed", "launch_failed", "lost"})
 # Reports that write: the token is re-checked before each (metrics only relays what browsers may see).
 # Heartbeats and log chunks check it in the same database call as their write.
@@ -132,7 +134,9 @@ class ReportHandlers:
         # Reliable messages are always acked; others only when refused, so the agent can log why.
         if kind in protocol.RELIABLE or (outcome is not None and not outcome.ok):
             ok = outcome.ok if outcome is not None else True
-            extra = {"retry": True} if outcome is not None and outcome.retry else {}
+            extra: dict[str, Any] = {"retry": True} if outcome is not None and outcome.retry else {}
+            if kind == "hello" and ok:
+                extra["features"] = list(protocol.FEATURES)  # what this portal takes (agent/protocol.py)
             await self.link.send_msg(
                 protocol.ack(msg["id"], ok=ok, error=outcome.error if outcome else None, **extra)
             )
@@ -224,10 +228,17 @@ class ReportHandlers:
 
     # -- samples, on the frames' path --------------------------------------------------------------------------
     async def on_metrics(self, msg: dict[str, Any]) -> None:
-        """A sample: XID events kept, utilisation relayed to the browsers that listen. Never waits for the
-        database, but to note a sample that failed."""
+        """A sample, or (`batch`, from an agent this portal told it takes them) the samples of the last few
+        seconds: XID events kept, utilisation relayed to the browsers that listen, every sample of a batch (the
+        live charts keep their resolution). Never waits for the database, but to note a sample that failed."""
         try:
-            await self._sample(msg["payload"])
+            batch = msg["payload"].get("batch")
+            if isinstance(batch, list):
+                for sample in batch[:MAX_SAMPLES_PER_BATCH]:
+                    if isinstance(sample, dict):
+                        await self._sample(sample, every=True)
+            else:
+                await self._sample(msg["payload"])
         # A boundary, as for a report: one bad sample must not drop the node's connection.
         except Exception as exc:
             log.exception("node %s: metrics failed", self.link.node_name)
@@ -235,7 +246,7 @@ class ReportHandlers:
         else:
             AGENT_REPORTS.labels("metrics", "ok").inc()
 
-    async def _sample(self, payload: dict[str, Any]) -> None:
+    async def _sample(self, payload: dict[str, Any], *, every: bool = False) -> None:
         gpus = payload.get("gpus")
         if isinstance(gpus, list) and any(isinstance(g, dict) and g.get("xid_events") for g in gpus):
             # XID events are kept whatever the throttle below drops: each one matters. Written beside the frames'
@@ -245,7 +256,7 @@ class ReportHandlers:
             )
             self.link.beside(record, "XID events")
         now = time.monotonic()
-        if now - self.last_metrics_at < METRICS_PUBLISH_INTERVAL_S:
+        if not every and now - self.last_metrics_at < METRICS_PUBLISH_INTERVAL_S:
             return
         self.last_metrics_at = now
         try:
