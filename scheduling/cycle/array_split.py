@@ -82,17 +82,18 @@ def array_tasks_split(decisions: eng.Decisions) -> eng.Decisions:
     waiting = {entry[0] for p in decisions.pending if (entry := task_entry(p.job_id)) is not None}
     arrays = {
         a.pk: a
-        for a in Job.objects.select_for_update()
+        for a in Job.objects.select_for_update(of=("self",))
         .select_related("submitter", "team")
         .filter(pk__in=set(taken) | waiting, state=JobState.PENDING)
         .exclude(array_pending="")
+        .order_by("id")
     }
     row_of: dict[str, int] = {}  # engine entry -> the task's row
     for array_id, indexes in taken.items():
         array = arrays.get(array_id)
         if array is None:
             continue  # cancelled (or already split) since the snapshot: its entries are dropped
-        left = TaskIndexes.parse(array.array_pending)
+        left = TaskIndexes.parse(array.array_pending, trusted=True)
         indexes = [i for i in indexes if i in left]
         if not indexes:
             continue
@@ -180,14 +181,20 @@ def _held_back(*, arrays_with_entries: set[int], start: int) -> list[eng.Pending
     return said
 
 
+# At most this many of an array's tasks whose aftercorr can never be met end in one cycle (the rest in the next
+# ones): each is a transition of its own, inside the apply's transaction.
+NEVER_PER_CYCLE = 200
+
+
 def _tasks_never(array: PendingArray) -> None:
     """End the tasks whose aftercorr can never be met: rows of their own, failed as dependency_never_satisfied
-    (the last of the array's tasks is its first row itself)."""
-    row = Job.objects.select_for_update().select_related("submitter", "team").get(pk=array.pk)
-    left = TaskIndexes.parse(row.array_pending).without(set(array.never))
-    gone = sorted(i for i in array.never if i in TaskIndexes.parse(row.array_pending))
+    (the last of the array's tasks is its first row itself). Its owner hears of it with the array's end."""
+    row = Job.objects.select_for_update(of=("self",)).select_related("submitter", "team").get(pk=array.pk)
+    pending = TaskIndexes.parse(row.array_pending, trusted=True)
+    gone = sorted(i for i in array.never if i in pending)[:NEVER_PER_CYCLE]
     if not gone:
         return
+    left = pending.without(set(gone))
     rows = list(_tasks_insert(row, gone if left else gone[:-1], at=row.submitted_at).values())
     if left:
         Job.objects.filter(pk=row.pk).update(array_pending=left.written())
@@ -195,12 +202,13 @@ def _tasks_never(array: PendingArray) -> None:
         Job.objects.filter(pk=row.pk).update(array_pending="", array_task_id=gone[-1])
         rows.append(row.pk)
     waits = ", ".join(str(on) for on in array.waits_for)
-    for job in Job.objects.select_for_update().filter(pk__in=rows, state=JobState.PENDING):
+    for job in (
+        Job.objects.select_for_update(of=("self",)).filter(pk__in=rows, state=JobState.PENDING).order_by("id")
+    ):
         job_transition(
             job=job,
             to_state=JobState.FAILED,
             actor_kind=ActorKind.SCHEDULER,
             code=NEVER_SATISFIED,
             message=f"Its dependency can never be met: task {job.array_task_id} of array {waits} did not succeed.",
-            notify_always=True,
         )

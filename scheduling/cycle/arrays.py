@@ -23,7 +23,7 @@ from django.db.models import Count
 
 from scheduling.choices import JobState
 from scheduling.engine import types as eng
-from scheduling.jobs.array_indexes import TaskIndexes
+from scheduling.jobs.array_indexes import ArraySpec, TaskIndexes
 from scheduling.jobs.models import Job, JobDependency
 from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES
 
@@ -95,7 +95,8 @@ def pending_arrays(*, pks: list[int] | None = None) -> dict[int, PendingArray]:
         else {}
     )
     arrays = {
-        pk: PendingArray(pk, TaskIndexes.parse(text), limit, occupied.get(pk, 0)) for pk, text, limit in found
+        pk: PendingArray(pk, TaskIndexes.parse(text, trusted=True), limit, occupied.get(pk, 0))
+        for pk, text, limit in found
     }
     return _with_task_dependencies(arrays)
 
@@ -110,15 +111,27 @@ def _with_task_dependencies(arrays: dict[int, PendingArray]) -> dict[int, Pendin
         each.setdefault(job_id, []).append(on)
     if not each:
         return arrays
+    targets = {on for ons in each.values() for on in ons}
     succeeded: dict[int, set[int]] = {}
     failed: dict[int, set[int]] = {}
+    rows: dict[int, set[int]] = {}
     for array_id, index, state in Job.objects.filter(
-        array_job_id__in={on for ons in each.values() for on in ons}, array_task_id__isnull=False
+        array_job_id__in=targets, array_task_id__isnull=False
     ).values_list("array_job_id", "array_task_id", "state"):
+        rows.setdefault(array_id, set()).add(index)
         if state == JobState.SUCCEEDED:
             succeeded.setdefault(array_id, set()).add(index)
         elif state in TERMINAL_STATES:
             failed.setdefault(array_id, set()).add(index)
+    # A task of theirs that is neither a row nor still pending ended before it was ever placed (cancelled, or
+    # failed with its array's row): it never succeeds.
+    for on, spec, pending in Job.objects.filter(pk__in=targets).values_list(
+        "pk", "array_spec", "array_pending"
+    ):
+        if spec:
+            waiting = set(TaskIndexes.parse(pending, trusted=True)) if pending else set()
+            never_placed = set(ArraySpec.parse(spec).indexes) - waiting - rows.get(on, set())
+            failed.setdefault(on, set()).update(never_placed)
     out = dict(arrays)
     for pk, ons in each.items():
         array = arrays[pk]

@@ -12,7 +12,7 @@ from django.db import transaction
 
 from scheduling.choices import ActorKind, JobState
 from scheduling.errors import ServiceError
-from scheduling.jobs.array_indexes import TaskIndexes
+from scheduling.jobs.array_indexes import ArraySpec, TaskIndexes
 from scheduling.jobs.models import Job, JobEvent
 from scheduling.jobs.states import TERMINAL_STATES, IllegalTransition
 from scheduling.jobs.transitions import job_cancel, job_transition
@@ -27,15 +27,20 @@ def array_cancel(*, job: Job, actor: AbstractBaseUser | None, tasks: TaskIndexes
         raise ServiceError(
             f"Job {job.pk} is not an array: it has no tasks to name.", field="tasks", code="not_an_array"
         )
-    first = Job.objects.select_for_update().get(pk=job.array_job_id)
-    pending = TaskIndexes.parse(first.array_pending) if first.array_pending else TaskIndexes()
-    unplaced = set(pending) if tasks is None else {i for i in tasks if i in pending}
+    first = Job.objects.select_for_update(of=("self",)).get(pk=job.array_job_id)
+    pending = TaskIndexes.parse(first.array_pending, trusted=True) if first.array_pending else TaskIndexes()
+    named: set[int] | None = None
+    if tasks is not None:  # those of the array's own tasks (however widely `tasks` was written)
+        asked = set(tasks)
+        named = {i for i in ArraySpec.parse(first.array_spec).indexes if i in asked}
+    unplaced = set(pending) if named is None else {i for i in named if i in pending}
     live = Job.objects.filter(array_job_id=first.pk, array_task_id__isnull=False).exclude(
         state__in=TERMINAL_STATES
     )
-    if tasks is not None:
-        live = live.filter(array_task_id__in=list(tasks))
-    rows = list(live.order_by("array_task_id"))
+    if named is not None:
+        live = live.filter(array_task_id__in=sorted(named))
+    # Locked in one order (as the cycle locks jobs); a task that ended meanwhile is left as it ended.
+    rows = list(live.select_for_update(of=("self",)).order_by("id"))
     if not unplaced and not rows:
         raise IllegalTransition(
             first.pk,
@@ -52,8 +57,7 @@ def array_cancel(*, job: Job, actor: AbstractBaseUser | None, tasks: TaskIndexes
         message = (
             f"Cancelled by {who}: its {len(unplaced):,} tasks not yet placed."
             if tasks is None
-            else f"Tasks {TaskIndexes.parse(','.join(map(str, sorted(unplaced)))).written()} cancelled by {who} "
-            "before they were placed."
+            else f"Tasks {TaskIndexes.of(unplaced).written()} cancelled by {who} before they were placed."
         )
         if not left and first.array_task_id is None and first.state == JobState.PENDING:
             job_transition(
@@ -74,9 +78,12 @@ def array_cancel(*, job: Job, actor: AbstractBaseUser | None, tasks: TaskIndexes
                 code="array_tasks_cancelled",
                 message=message,
             )
+    cancelled = 0
     for row in rows:
-        job_cancel(job=row, actor=actor)
-    return len(unplaced) + len(rows)
+        if row.state not in TERMINAL_STATES:
+            job_cancel(job=row, actor=actor)
+            cancelled += 1
+    return len(unplaced) + cancelled
 
 
 def job_cancel_as_listed(*, job: Job, actor: AbstractBaseUser | None) -> Job:

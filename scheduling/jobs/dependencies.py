@@ -69,7 +69,7 @@ def outcomes(*, job_ids: Iterable[int]) -> dict[int, Outcome]:
             )
             continue
         counts = by_array[pk]
-        waiting = len(TaskIndexes.parse(pending)) if pending else 0
+        waiting = len(TaskIndexes.parse(pending, trusted=True)) if pending else 0
         rows_counted = sum(counts.values())
         never_placed = max(0, (task_count or 0) - rows_counted - waiting)  # cancelled before placement
         live = waiting + sum(n for s, n in counts.items() if s not in TERMINAL_STATES)
@@ -175,10 +175,12 @@ def _singletons_waiting() -> dict[int, str]:
         live[(submitter_id, name)].append((pk, array_id))
     waiting = {}
     for pk, submitter_id, name, array_id in singles:
+        # An array's tasks are as old as the array (their rows are newer): compared by the array's id.
+        mine = array_id or pk
         earlier = sorted(
-            other
+            other_array or other
             for other, other_array in live[(submitter_id, name)]
-            if other < pk and (array_id is None or other_array != array_id)
+            if (other_array or other) < mine and (array_id is None or other_array != array_id)
         )
         if earlier:
             waiting[pk] = (
@@ -205,11 +207,15 @@ def dependencies_check(
                 code=BAD_DEPENDENCY,
             )
     each = [job_id for job_id, when in depends_on if when == JobDependency.EACH_TASK]
-    for job_id, array_spec in Job.objects.filter(pk__in=each).values_list("pk", "array_spec"):
+    for job_id, array_spec, array_id in Job.objects.filter(pk__in=each).values_list(
+        "pk", "array_spec", "array_job_id"
+    ):
         if tasks is None:
             said = "aftercorr makes each task of an array wait for the same task of another: this job is no array"
         elif not array_spec:
             said = f"job {job_id} is not an array"
+        elif array_id != job_id:
+            said = f"job {job_id} is a task of array {array_id}: name the array"
         else:
             theirs = ArraySpec.parse(array_spec).indexes
             missing = next((i for i in tasks if i not in theirs), None)

@@ -446,7 +446,7 @@ def array_summaries(*, jobs: Iterable[Job]) -> dict[int, ArraySummary]:
     out = {}
     for pk, first in firsts.items():
         by_state = counts[pk]
-        waiting = len(TaskIndexes.parse(first.array_pending)) if first.array_pending else 0
+        waiting = len(TaskIndexes.parse(first.array_pending, trusted=True)) if first.array_pending else 0
         if waiting:
             by_state[JobState.PENDING] = by_state.get(JobState.PENDING, 0) + waiting
         never_placed = (first.array_task_count or 0) - sum(by_state.values())

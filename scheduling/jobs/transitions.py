@@ -116,6 +116,11 @@ def job_transition(
         if earliest is not None:
             at = max(at, earliest)
     update = job_state_enter(job, to_state=to_state, now=now, at=at, code=code, message=message)
+    if to_state in TERMINAL_STATES and job.array_pending:
+        # An array's first row ending (cancelled, failed) ends its tasks not yet placed with it, whatever path
+        # ended it (the admin site's cancel, a dependency never met).
+        job.array_pending = ""
+        update = [*update, "array_pending"]
     job.save(update_fields=update)
     JobEvent.objects.create(
         job=job,

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.mail import send_mail
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from scheduling.choices import JobState
@@ -205,6 +205,9 @@ def _array_moment(job, kind: str) -> tuple[str, dict[str, int]] | None:
     """An array tells its owner as one job, as Slurm mails by default: when its first task starts, and when its
     last task ends ("fail" if any task failed, with the counts by state); never task by task, and never of a
     task's preemption (it is requeued). None: this change of a task says nothing."""
+    if kind in ("end", "fail") and job.state == JobState.LOST:
+        return None  # a lost task goes back to the queue (or fails later): not its end
+    _array_lock(job.array_job_id)
     rows = type(job).objects.filter(array_job_id=job.array_job_id)
     others = rows.exclude(pk=job.pk)
     if kind == "start":
@@ -230,6 +233,18 @@ def _array_moment(job, kind: str) -> tuple[str, dict[str, int]] | None:
 
 
 _ENDED = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+# The key class of the advisory lock two tasks of one array take before deciding which of them tells its owner.
+_ARRAY_NOTIFY_LOCK = 7101
+
+
+def _array_lock(array_id: int) -> None:
+    """Two tasks of one array ending at once (two nodes' reports) decide in turn whether theirs is the array's
+    end: the second sees the first committed, so exactly one tells. (PostgreSQL; SQLite writes one at a time.)
+    An advisory lock, not the array's row: the cycle holds that row while it locks task rows, the other way
+    round."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_ARRAY_NOTIFY_LOCK, array_id])
 
 
 def admin_notify(*, kind: str, subject: str, body: str) -> list[Notification]:

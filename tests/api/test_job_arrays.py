@@ -60,6 +60,7 @@ def test_some_tasks_are_cancelled_then_the_rest(as_alice):
         ({**SWEEP, "array": "0-10%0"}, "array", "%0 would never run a task"),
         ({**SWEEP, "array": "9-1"}, "array", "runs backwards"),
         ({**SWEEP, "array": "0-100000"}, "array", "has 100,001 tasks; an array has at most 10,000"),
+        ({**SWEEP, "array": "0-9%\u00b2"}, "array", "is not a whole number of tasks to run at once"),
     ],
 )
 def test_an_array_written_wrong_is_refused_naming_the_field(as_alice, body, field, words):
@@ -78,3 +79,13 @@ def test_tasks_to_cancel_written_wrong_or_of_a_single_job_are_refused(as_alice):
     response = as_alice.post(f"/api/v1/jobs/{array_id}/cancel/", {"tasks": "3-"}, format="json")
     assert response.status_code == 400 and response.json()["error"]["field"] == "tasks"
     assert Job.objects.get(pk=array_id).state == "pending"
+
+
+def test_tasks_to_cancel_named_by_the_million_are_refused_at_once(as_alice):
+    array_id = as_alice.post("/api/v1/jobs/", {**SWEEP, "array": "0-9"}, format="json").json()["id"]
+    response = as_alice.post(f"/api/v1/jobs/{array_id}/cancel/", {"tasks": "0-3999999"}, format="json")
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["field"], error["code"], error["limit"]) == ("tasks", "out_of_range", 10000), error
+    wide = as_alice.post(f"/api/v1/jobs/{array_id}/cancel/", {"tasks": "5-9999"}, format="json")
+    assert wide.status_code == 200 and wide.json()["array"]["counts"] == {"cancelled": 5, "pending": 5}

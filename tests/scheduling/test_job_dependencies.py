@@ -197,10 +197,38 @@ def test_aftercorr_starts_each_task_after_the_same_task_of_the_other_array(node,
 def test_aftercorr_is_refused_unless_both_are_arrays_with_the_same_tasks(node, alice, teams):
     train = submit(alice, teams["training"], name="train", array="0-2")
     single = submit(alice, teams["training"], name="single")
+    runner.cycle_run_once()
+    task = Job.objects.filter(array_job_id=train.pk).exclude(pk=train.pk).first()
     for array, on, says in (
         ("", train.pk, "this job is no array"),
+        ("0-2", task.pk, f"job {task.pk} is a task of array {train.pk}: name the array"),
         ("0-2", single.pk, f"job {single.pk} is not an array"),
         ("0-3", train.pk, f"array {train.pk} has no task 3"),
     ):
         with pytest.raises(ServiceError, match=says):
             submit(alice, teams["training"], name="eval", array=array, depends_on=((on, "each"),))
+
+
+def test_aftercorr_on_a_task_cancelled_before_it_was_placed_never_starts(node, alice, teams):
+    train = submit(alice, teams["training"], name="train", array="0-1")
+    evaluate = submit(alice, teams["training"], name="eval", array="0-1", depends_on=((train.pk, "each"),))
+    from scheduling.jobs.array_indexes import TaskIndexes
+    from scheduling.jobs.array_tasks import array_cancel
+
+    array_cancel(job=train, actor=alice, tasks=TaskIndexes.parse("1"))  # never placed
+    runner.cycle_run_once()
+    end(Job.objects.get(array_job_id=train.pk, array_task_id=0), JobState.SUCCEEDED)
+    runner.cycle_run_once()
+    states = {t.array_task_id: t.state for t in Job.objects.filter(array_job_id=evaluate.pk)}
+    assert states == {0: "placed", 1: "failed"}, states
+
+
+def test_an_arrays_first_row_ending_by_any_path_ends_its_tasks_not_yet_placed(node, alice, teams):
+    from scheduling.jobs.selectors import array_summaries
+    from scheduling.jobs.transitions import job_cancel
+
+    array = submit(alice, teams["training"], name="sweep", array="0-99")
+    job_cancel(job=array, actor=alice)  # as the admin site cancels a job
+    array = fresh(array)
+    assert (array.state, array.array_pending) == ("cancelled", "")
+    assert array_summaries(jobs=[array])[array.pk].counts == {"cancelled": 100}

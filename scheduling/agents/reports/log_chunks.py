@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from agent import protocol
 from scheduling.agents import joblogs
@@ -87,9 +89,16 @@ def log_drain_done(*, node_id: int, job_id: int, attempt: int) -> None:
     LogDrain.objects.filter(node_id=node_id, job_id=job_id, attempt=attempt).delete()
 
 
+# A drain its node never came back for is given up after this long (the agent keeps a job's logs a week).
+LOG_DRAIN_KEEP_S = 7 * 24 * 3600
+
+
 def log_drains(*, node_id: int) -> list[tuple[int, int]]:
-    """The (job, attempt) placements that ended on this node with logs still to pull."""
-    return list(LogDrain.objects.filter(node_id=node_id).values_list("job_id", "attempt"))
+    """The (job, attempt) placements that ended on this node with logs still to pull (those older than
+    LOG_DRAIN_KEEP_S given up)."""
+    drains = LogDrain.objects.filter(node_id=node_id)
+    drains.filter(created_at__lt=timezone.now() - timedelta(seconds=LOG_DRAIN_KEEP_S)).delete()
+    return list(drains.values_list("job_id", "attempt"))
 
 
 def _attempt_base(job_id: int, stream: str, attempt: int) -> int:

@@ -71,7 +71,8 @@ class LogPulls:
         self.draining.add((job_id, attempt))
 
     async def resume(self) -> None:
-        """Go on draining what ended on this node before this connection (a reconnect, a portal restart)."""
+        """Go on draining what ended on this node before this connection (a reconnect, a portal restart). Pulled
+        from the start again: what is stored already is written over with the same bytes."""
         self.draining.update(await db(log_chunks.log_drains)(node_id=self.link.node_id))
 
     async def _drained(self, job_id: int, attempt: int) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Prefetch
 from django.utils import timezone
@@ -38,10 +39,11 @@ from scheduling.errors import ServiceError
 from scheduling.jobs.api import serializers as s
 from scheduling.jobs.api import spec_schema  # noqa: F401 - registers the submit body's schema
 from scheduling.jobs.api.filtersets import JobFilterSet, QueueFilterSet
-from scheduling.jobs.array_indexes import ARRAY_SYNTAX, ArrayError, TaskIndexes
+from scheduling.jobs.array_indexes import ARRAY_SYNTAX, ArrayError, ArrayTooLarge, TaskIndexes
 from scheduling.jobs.array_tasks import array_cancel, job_cancel_as_listed
 from scheduling.jobs.chargeback import MAX_WINDOW, usage_rows
 from scheduling.jobs.documents import MAX_DEPTH, MAX_SPEC_BYTES, MAX_VALUES
+from scheduling.jobs.fields import OUT_OF_RANGE
 from scheduling.jobs.models import Job, Slice
 from scheduling.jobs.selectors import (
     array_lines,
@@ -240,8 +242,11 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         body.is_valid(raise_exception=True)
         tasks = None
         if "tasks" in body.validated_data:
+            most = settings.TESSERA_MAX_ARRAY_TASKS
             try:
-                tasks = TaskIndexes.parse(body.validated_data["tasks"])
+                tasks = TaskIndexes.parse(body.validated_data["tasks"], max_tasks=most)
+            except ArrayTooLarge as exc:
+                raise ApiError(f"tasks {exc}.", code=OUT_OF_RANGE, field="tasks", limit=most) from None
             except ArrayError as exc:
                 raise ApiError(f"tasks {exc}.", code=ARRAY_SYNTAX, field="tasks") from None
         if tasks is not None:
