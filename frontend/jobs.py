@@ -210,7 +210,8 @@ def jobs_cancel(request: HttpRequest) -> HttpResponse:
             continue
         try:
             job_cancel_as_listed(job=job, actor=request.user)
-            done.append(str(job_id))
+            is_array = job.array_job_id is not None and job.array_job_id == job.pk
+            done.append(f"{job_id} (an array: all its tasks)" if is_array else str(job_id))
         except IllegalTransition:
             refused.append(f"{job_id} (already {job.state})")
     if done:

@@ -141,7 +141,7 @@ def _about_rows(decisions: eng.Decisions, row_of: dict[str, int], arrays: dict[i
         placements=placements,
         pending=(
             *pending,
-            *_held_back(arrays_with_entries=reasoned | _placed_arrays(decisions), start=len(pending)),
+            *_held_back(arrays_with_entries=reasoned, start=len(pending)),
         ),
         evictions=tuple(replace(e, preemptor_id=row(e.preemptor_id)) for e in decisions.evictions),
         reservations=tuple(r for r in decisions.reservations if task_entry(r.job_id) is None),
@@ -149,13 +149,10 @@ def _about_rows(decisions: eng.Decisions, row_of: dict[str, int], arrays: dict[i
     )
 
 
-def _placed_arrays(decisions: eng.Decisions) -> set[int]:
-    return {entry[0] for p in decisions.placements if (entry := task_entry(p.job_id)) is not None}
-
-
 def _held_back(*, arrays_with_entries: set[int], start: int) -> list[eng.Pending]:
     """For each array with tasks left: its tasks that can never start (aftercorr on a task that did not succeed)
-    end now; one with no entry this cycle says why: its %N holds them back, or they wait task by task."""
+    end now; one whose waiting tasks got no reason from the engine this cycle (none offered, or all offered
+    placed) says why: its %N holds them back, or they wait task by task."""
     said = []
     for pk, a in sorted(pending_arrays().items()):
         if a.never:

@@ -283,11 +283,17 @@ def test_alice_submits_a_sweep_as_an_array_from_the_form_and_sees_it_as_one_line
     )
     page.reload()
     _expect_text(page, "#job-live", "2 running")
+    assert "At most 2 of its tasks run at once" in page.inner_text("#job-live")
+    assert "open one from its tasks" in page.inner_text("#array-tasks")  # not an empty log of its own
     browse.shots(page, "array-page")
     page.goto("/jobs/")
     row = f"tr[data-job='{array_id}']"
     _expect_text(page, row, "4 pending")
-    assert page.locator("#job-rows tr[data-job]").count() == 1  # its tasks are not lines of their own
+    tasks = set(Job.objects.filter(array_job_id=array_id).exclude(pk=array_id).values_list("pk", flat=True))
+    listed = set(
+        map(int, page.eval_on_selector_all("#job-rows tr[data-job]", "rs => rs.map(r => r.dataset.job)"))
+    )
+    assert len(tasks) == 2 and not tasks & listed  # its tasks are not lines of their own
     assert "its 6 tasks" in page.inner_text(row)
     browse.shots(page, "list")
     page.click(f"{row} a:has-text('its 6 tasks')")

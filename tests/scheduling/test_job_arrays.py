@@ -80,7 +80,10 @@ def test_the_last_task_placed_is_the_arrays_own_row(node, alice, teams):
 
 def test_a_throttled_array_never_runs_more_than_its_limit(node, alice, teams):
     array = submit(alice, teams["training"], gpu_memory_mib=1024, compute_pct=5, array="0-99%3")
-    for _ in range(3):
+    runner.cycle_run_once()
+    # Said in the cycle that placed its first three, not one later.
+    assert Job.objects.get(pk=array.pk).pending_reason_code == "array_throttled"
+    for _ in range(2):
         runner.cycle_run_once()
     tasks = Job.objects.filter(array_job_id=array.pk, array_task_id__isnull=False)
     assert tasks.count() == 3 and set(tasks.values_list("state", flat=True)) == {"placed"}
