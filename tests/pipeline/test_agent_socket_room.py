@@ -87,5 +87,10 @@ def test_an_agent_is_served_while_the_channel_layer_is_away(node, settings):
         seen = async_to_sync(scenario)()
     finally:
         db_threads.db_pool_shutdown()
-    assert seen["ack"]["payload"] == {"ack_id": hello["id"], "ok": True, "error": None}
+    assert seen["ack"]["payload"] == {
+        "ack_id": hello["id"],
+        "ok": True,
+        "error": None,
+        "features": list(protocol.FEATURES),
+    }
     assert seen["heartbeat_ack"]["payload"]["seq"] == 4
