@@ -24,13 +24,13 @@ from scheduling.cycle.lease import epoch_claim
 from scheduling.engine import types as eng
 from scheduling.inventory.models import Gpu
 from scheduling.jobs.batches import PlacementWrite, SliceWant, jobs_place
-from scheduling.jobs.dependencies import NEVER_SATISFIED, dependency_holds
+from scheduling.jobs.dependencies import dependency_holds
 from scheduling.jobs.gangs import NoRendezvousPort, gang_members_place
 from scheduling.jobs.ledger import SliceDoesNotFit, slice_allocate
 from scheduling.jobs.models import Job, Slice
 from scheduling.jobs.selectors import gangs_failing
 from scheduling.jobs.states import ACTIVE_STATES
-from scheduling.jobs.transitions import job_moving, job_transition
+from scheduling.jobs.transitions import job_dependency_never_met, job_moving, job_transition
 from scheduling.jobs.wording import job_ref
 from scheduling.realtime import events
 
@@ -320,21 +320,12 @@ def _held_by_dependencies(*, placed: set[int]) -> dict[int, tuple[str, str]]:
     """The pending jobs that wait for other jobs (or as singletons), with their reasons; those whose dependency
     can never be met end now, failed as `dependency_never_satisfied`, their owner told."""
     holds = dependency_holds()
-    if holds.never:
-        for job in Job.objects.select_for_update().filter(pk__in=list(holds.never), state=JobState.PENDING):
-            if job.pk in placed:
-                continue
-            if job.array_pending:  # an array's tasks not yet placed end with it
-                job.array_pending = ""
-                job.save(update_fields=["array_pending"])
-            job_transition(
-                job=job,
-                to_state=JobState.FAILED,
-                actor_kind=ActorKind.SCHEDULER,
-                code=NEVER_SATISFIED,
-                message=f"Its dependency can never be met: {holds.never[job.pk]}.",
-                notify_always=True,
-            )
+    never = Job.objects.select_for_update(of=("self",)).filter(
+        pk__in=list(holds.never), state=JobState.PENDING
+    )
+    for job in never.order_by("id") if holds.never else ():
+        if job.pk not in placed:
+            job_dependency_never_met(job=job, why=holds.never[job.pk])
     return holds.waiting
 
 

@@ -22,9 +22,9 @@ from scheduling.cycle.arrays import (
 )
 from scheduling.engine import types as eng
 from scheduling.jobs.array_indexes import TaskIndexes
-from scheduling.jobs.dependencies import NEVER_SATISFIED, WAITS
+from scheduling.jobs.dependencies import WAITS
 from scheduling.jobs.models import Job, JobEvent
-from scheduling.jobs.transitions import job_transition
+from scheduling.jobs.transitions import job_dependency_never_met
 
 # A task's row is its array's row with its index, nothing placed, nothing held: every other column copied as is
 # (the array's submit time is the task's queue age).
@@ -202,10 +202,5 @@ def _tasks_never(array: PendingArray) -> None:
     for job in (
         Job.objects.select_for_update(of=("self",)).filter(pk__in=rows, state=JobState.PENDING).order_by("id")
     ):
-        job_transition(
-            job=job,
-            to_state=JobState.FAILED,
-            actor_kind=ActorKind.SCHEDULER,
-            code=NEVER_SATISFIED,
-            message=f"Its dependency can never be met: task {job.array_task_id} of array {waits} did not succeed.",
-        )
+        why = f"task {job.array_task_id} of array {waits} did not succeed"
+        job_dependency_never_met(job=job, why=why, tell_owner=False)

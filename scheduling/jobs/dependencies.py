@@ -15,18 +15,16 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from django.db.models import Count
-
 from scheduling.choices import JobState
 from scheduling.errors import ServiceError
 from scheduling.jobs.array_indexes import ArraySpec, TaskIndexes
 from scheduling.jobs.fields import BAD_DEPENDENCY
 from scheduling.jobs.models import Job, JobDependency
+from scheduling.jobs.selectors import array_summaries
 from scheduling.jobs.states import TERMINAL_STATES
 
 MET, WAITING, NEVER = "met", "waiting", "never"
 WAITS = "dependency"  # the pending reason's code while it waits
-NEVER_SATISFIED = "dependency_never_satisfied"
 SINGLETON = "singleton"
 _VERB = {"succeeded": "succeed", "ended": "end", "failed": "fail"}
 
@@ -44,44 +42,35 @@ class Outcome:
 
 
 def outcomes(*, job_ids: Iterable[int]) -> dict[int, Outcome]:
-    """These jobs' outcomes (those that exist), in two statements."""
-    rows = list(
-        Job.objects.filter(pk__in=list(job_ids)).values_list(
-            "pk", "state", "array_job_id", "array_pending", "array_task_count"
+    """These jobs' outcomes (those that exist), in two statements: an array's from its tasks counted by state
+    (`selectors.array_summaries`)."""
+    jobs = list(
+        Job.objects.filter(pk__in=list(job_ids)).only(
+            "state", "array_job_id", "array_task_id", "array_pending", "array_task_count", "array_spec"
         )
     )
-    arrays = [pk for pk, _, array_id, _, _ in rows if array_id == pk]
-    by_array: dict[int, dict[str, int]] = defaultdict(dict)
-    if arrays:
-        for array_id, state, n in (
-            Job.objects.filter(array_job_id__in=arrays, array_task_id__isnull=False)
-            .values_list("array_job_id", "state")
-            .annotate(n=Count("id"))
-            .values_list("array_job_id", "state", "n")
-        ):
-            by_array[array_id][state] = n
+    summaries = array_summaries(jobs=jobs)
     out = {}
-    for pk, state, array_id, pending, task_count in rows:
-        if array_id != pk:
-            failed = state in (JobState.FAILED, JobState.CANCELLED)
-            out[pk] = Outcome(
-                pk, False, state in TERMINAL_STATES, state == JobState.SUCCEEDED, failed, f"it is {state}"
+    for job in jobs:
+        summary = summaries.get(job.pk)
+        if summary is None:
+            failed = job.state in (JobState.FAILED, JobState.CANCELLED)
+            ended = job.state in TERMINAL_STATES
+            out[job.pk] = Outcome(
+                job.pk, False, ended, job.state == JobState.SUCCEEDED, failed, f"it is {job.state}"
             )
             continue
-        counts = by_array[pk]
-        waiting = len(TaskIndexes.parse(pending, trusted=True)) if pending else 0
-        rows_counted = sum(counts.values())
-        never_placed = max(0, (task_count or 0) - rows_counted - waiting)  # cancelled before placement
-        live = waiting + sum(n for s, n in counts.items() if s not in TERMINAL_STATES)
-        failed = counts.get(JobState.FAILED, 0) + counts.get(JobState.CANCELLED, 0) + never_placed
-        ended_tasks = (task_count or 0) - live
-        out[pk] = Outcome(
-            pk,
+        counts = summary.counts
+        live = sum(n for state, n in counts.items() if state not in TERMINAL_STATES)
+        failed = counts.get(JobState.FAILED, 0) + counts.get(JobState.CANCELLED, 0)
+        ended_tasks = summary.task_count - live
+        out[job.pk] = Outcome(
+            job.pk,
             True,
             live == 0,
             live == 0 and failed == 0,
             failed > 0,
-            f"{ended_tasks:,} of its {task_count or 0:,} tasks have ended",
+            f"{ended_tasks:,} of its {summary.task_count:,} tasks have ended",
         )
     return out
 

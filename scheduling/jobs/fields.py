@@ -48,6 +48,8 @@ INCOMPATIBLE = "incompatible"
 OUT_OF_RANGE = "out_of_range"
 # A dependency on a job that does not exist or is not the submitter's to see, named twice, or already impossible.
 BAD_DEPENDENCY = "bad_dependency"
+# How a job whose dependency can never be met ends (scheduling/jobs/dependencies.py).
+NEVER_SATISFIED = "dependency_never_satisfied"
 
 
 @dataclass(frozen=True, kw_only=True)

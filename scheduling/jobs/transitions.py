@@ -15,6 +15,7 @@ from django.utils import timezone
 from scheduling.choices import ActorKind, JobState
 from scheduling.cycle import node_loss
 from scheduling.cycle.requests import cycle_request_after_commit
+from scheduling.jobs.fields import NEVER_SATISFIED
 from scheduling.jobs.ledger import job_release_slices
 from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
 from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES, IllegalTransition, check_transition
@@ -162,6 +163,20 @@ def job_transition(
     )
     job_state_notify(job=job, from_state=from_state, to_state=to_state, message=message, always=notify_always)
     return job
+
+
+def job_dependency_never_met(*, job: Job, why: str, tell_owner: bool = True) -> Job:
+    """End a pending job whose dependency can never be met (scheduling/jobs/dependencies.py): failed as
+    `dependency_never_satisfied`, its owner told whatever events they chose (`tell_owner`; an array's task is
+    told with its array's end instead)."""
+    return job_transition(
+        job=job,
+        to_state=JobState.FAILED,
+        actor_kind=ActorKind.SCHEDULER,
+        code=NEVER_SATISFIED,
+        message=f"Its dependency can never be met: {why}.",
+        notify_always=tell_owner,
+    )
 
 
 @transaction.atomic
