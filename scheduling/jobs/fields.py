@@ -347,7 +347,8 @@ FIELDS: tuple[SpecField, ...] = (
         "An array counts as all its tasks",
         flags=("--dependency", "-d"),
         label="Starts after",
-        form_help="Optional: afterok:123 (after job 123 succeeded), afterany:123, afternotok:123, singleton",
+        form_help="Optional: afterok:123 (after job 123 succeeded), afterany:123, afternotok:123, aftercorr:123, "
+        "singleton",
     ),
     SpecField(
         name="singleton",
