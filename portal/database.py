@@ -11,10 +11,11 @@ as the ORM converts them.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import BigIntegerField, Field, FloatField, Func, Model
 
 
@@ -120,77 +121,45 @@ def fetch_rows(sql: str, params: Sequence[Any]) -> list[tuple]:
         return cursor.fetchall()
 
 
-_DRIVER_TYPES = frozenset(
-    {
-        "AutoField",
-        "BigAutoField",
-        "BigIntegerField",
-        "BooleanField",
-        "CharField",
-        "DateTimeField",
-        "IntegerField",
-        "PositiveIntegerField",
-        "PositiveSmallIntegerField",
-        "SmallIntegerField",
-        "TextField",
-    }
-)
-
-
 def update_from_values(
     model: type[Model],
     columns: Sequence[str],
     rows: Sequence[Sequence[Any]],
     *,
     where: str = "",
-    batch_size: int = 50_000,
 ) -> list[int]:
     """Write many rows' `columns` (each row: its primary key, then the columns' new values); the primary keys of
     the rows updated. `where`, an extra condition on the table (aliased `t`), guards the write: a row it excludes
     is not written nor returned.
 
-    On PostgreSQL one `UPDATE ... FROM unnest(...)` per `batch_size` rows: a set-based write of thousands of rows.
-    Django's bulk_update builds a CASE per column per row (seconds at 20,000 rows), and a save per row is a round
-    trip each. Each column travels as one array: a `VALUES` list of a placeholder per value was a statement of
-    100,000 placeholders at 20,000 rows, which the driver spent over a second splitting before sending it
-    (bench/cluster_scale.py's first cycle). Elsewhere (SQLite, in process: no round trips) one guarded UPDATE per
-    row."""
+    On PostgreSQL the rows are COPYed into a temporary table, then one `UPDATE ... FROM` it: a set-based write of
+    thousands of rows. Django's bulk_update builds a CASE per column per row (seconds at 20,000 rows); arrays
+    bound as parameters (`unnest(%s::int[], ...)`) were quoted value by value in Python, 0.9 s for a cycle's
+    18,000 pending rows, which COPY streams in a tenth of that (bench/cluster_scale.py's first cycle). Elsewhere
+    (SQLite, in process: no round trips) one guarded UPDATE per row."""
     if not rows:
         return []
     meta = model._meta
     fields = [meta.pk, *(meta.get_field(c) for c in columns)]
     if not postgresql():
         return _update_rows(meta.db_table, fields, rows, where=where)
-    arrays = ", ".join(f"%s::{f.db_type(connection)}[]" for f in fields)
     assign = ", ".join(f"{f.column} = v.{f.column}" for f in fields[1:])
-    names = ", ".join(f.column for f in fields)
     pk = meta.pk.column
     guard = f" AND ({where})" if where else ""
-    # Values of these types go to the driver as they are (it adapts them); others as the ORM would save them. At
-    # 20,000 rows of five columns, preparing every value the ORM's way cost most of a second.
-    prepare = [None if f.get_internal_type() in _DRIVER_TYPES else f for f in fields]
-    updated: list[int] = []
-    with connection.cursor() as cursor:
-        for k in range(0, len(rows), batch_size):
-            batch = rows[k : k + batch_size]
-            params = [
-                [row[i] if f is None else f.get_db_prep_save(row[i], connection=connection) for row in batch]
-                for i, f in enumerate(prepare)
-            ]
-            cursor.execute(
-                f"UPDATE {meta.db_table} AS t SET {assign} FROM unnest({arrays}) AS v({names}) "
-                f"WHERE t.{pk} = v.{pk}{guard} RETURNING t.{pk}",
-                params,
-            )
-            updated += [r[0] for r in cursor.fetchall()]
-    return updated
+    with transaction.atomic(), connection.cursor() as cursor:  # the temporary table lives until commit
+        values = _copy_to_temporary(cursor, fields, rows)
+        cursor.execute(
+            f"UPDATE {meta.db_table} AS t SET {assign} FROM {values} AS v WHERE t.{pk} = v.{pk}{guard} "
+            f"RETURNING t.{pk}"
+        )
+        return [r[0] for r in cursor.fetchall()]
 
 
 def insert_from_values(model: type[Model], columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """Insert many rows of `columns` (field names; every value given, auto_now ones too). On PostgreSQL one
-    `INSERT ... SELECT FROM unnest(...)`, each column one array (as update_from_values writes): Django's
-    bulk_create builds a placeholder per value and prepares each the ORM's way, seconds for a cycle's 8,000
-    placements' events and slices. Elsewhere bulk_create."""
+    """Insert many rows of `columns` (field names; every value given, auto_now ones too). On PostgreSQL one COPY
+    into the table (as update_from_values writes): Django's bulk_create builds a placeholder per value and
+    prepares each the ORM's way, seconds for a cycle's 8,000 placements' events and slices. Elsewhere
+    bulk_create."""
     if not rows:
         return
     meta = model._meta
@@ -201,15 +170,51 @@ def insert_from_values(model: type[Model], columns: Sequence[str], rows: Sequenc
             batch_size=2000,
         )
         return
-    arrays = ", ".join(f"%s::{f.db_type(connection)}[]" for f in fields)
     names = ", ".join(f.column for f in fields)
-    prepare = [None if f.get_internal_type() in _DRIVER_TYPES else f for f in fields]
     with connection.cursor() as cursor:
-        params = [
-            [row[i] if f is None else f.get_db_prep_save(row[i], connection=connection) for row in rows]
-            for i, f in enumerate(prepare)
-        ]
-        cursor.execute(f"INSERT INTO {meta.db_table} ({names}) SELECT * FROM unnest({arrays})", params)
+        _copy_rows(cursor, f"COPY {meta.db_table} ({names}) FROM STDIN", fields, rows)
+
+
+# Values of these types go to COPY as they are (the driver writes them); others as the ORM would save them. At
+# 20,000 rows of five columns, preparing every value the ORM's way cost most of a second.
+_DRIVER_TYPES = frozenset(
+    {
+        "AutoField",
+        "BigAutoField",
+        "BigIntegerField",
+        "BooleanField",
+        "CharField",
+        "DateTimeField",
+        "ForeignKey",  # given as the primary key it points to
+        "IntegerField",
+        "PositiveIntegerField",
+        "PositiveSmallIntegerField",
+        "SmallIntegerField",
+        "TextField",
+    }
+)
+_temporary_names = itertools.count()
+
+
+def _copy_rows(cursor: Any, copy_sql: str, fields: Sequence[Field], rows: Sequence[Sequence[Any]]) -> None:
+    """Stream `rows` (values in `fields`' order) through one `COPY ... FROM STDIN`."""
+    prepare = [(i, f) for i, f in enumerate(fields) if f.get_internal_type() not in _DRIVER_TYPES]
+    with cursor.cursor.copy(copy_sql) as copy:  # the driver's cursor under Django's wrapper
+        for row in rows:
+            if prepare:
+                row = list(row)
+                for i, f in prepare:
+                    row[i] = f.get_db_prep_save(row[i], connection=connection)
+            copy.write_row(row)
+
+
+def _copy_to_temporary(cursor: Any, fields: Sequence[Field], rows: Sequence[Sequence[Any]]) -> str:
+    """A temporary table, dropped at commit, holding `rows`: a column per field, of its name and type. Its name."""
+    name = f"tessera_values_{next(_temporary_names)}"
+    columns = ", ".join(f"{f.column} {f.db_type(connection)}" for f in fields)
+    cursor.execute(f"CREATE TEMPORARY TABLE {name} ({columns}) ON COMMIT DROP")
+    _copy_rows(cursor, f"COPY {name} FROM STDIN", fields, rows)
+    return name
 
 
 def _update_rows(
