@@ -155,6 +155,13 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBIL
 # --- Scheduling -------------------------------------------------------------------------------------------
 TESSERA_SCHEDULER_PROFILE = env.str("TESSERA_SCHEDULER_PROFILE", default="default")
 TESSERA_CYCLE_INTERVAL_S = env.float("TESSERA_CYCLE_INTERVAL_S", default=5.0)
+# A long queue is scored whole only this often (a full cycle); the cycles requested in between (a submit, a job
+# ending) are incremental passes over the head of the queue and the jobs no cycle has seen yet, placing them on
+# what is free now without re-scoring the rest (scheduling/cycle/runner.py). Below
+# TESSERA_INCREMENTAL_MIN_PENDING waiting jobs every cycle is full.
+TESSERA_FULL_CYCLE_INTERVAL_S = env.float("TESSERA_FULL_CYCLE_INTERVAL_S", default=15.0)
+TESSERA_INCREMENTAL_MIN_PENDING = env.int("TESSERA_INCREMENTAL_MIN_PENDING", default=2000)
+TESSERA_INCREMENTAL_QUEUE_DEPTH = env.int("TESSERA_INCREMENTAL_QUEUE_DEPTH", default=500)
 TESSERA_NODE_LOST_AFTER_S = env.float("TESSERA_NODE_LOST_AFTER_S", default=50.0)
 # A job's supervisor stops it once its node's agent has not been heard by the portal for this long (the agent died,
 # or lost the portal, Redis does not count); the portal re-places a lost node's jobs only after this, the job's

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from datetime import datetime
 
 from django.db import transaction
 from django.utils import timezone
@@ -32,8 +33,9 @@ def epoch_issue(*, holder: str | None = None) -> int:
         return lease.issued_epoch
 
 
-def epoch_claim(epoch: int) -> None:
-    """Inside the apply transaction: lock the lease row and refuse unless `epoch` is the newest, unapplied one."""
+def epoch_claim(epoch: int, *, full_pending: int | None = None) -> None:
+    """Inside the apply transaction: lock the lease row and refuse unless `epoch` is the newest, unapplied one.
+    `full_pending`, for a full cycle: the jobs it saw waiting (incremental passes follow it, runner.py)."""
     lease = lock_objects.scheduler_lease_for_update().filter(pk=1).first()
     if lease is None or lease.issued_epoch != epoch or lease.applied_epoch >= epoch:
         newest = lease.issued_epoch if lease else 0
@@ -43,4 +45,14 @@ def epoch_claim(epoch: int) -> None:
         )
     lease.applied_epoch = epoch
     lease.applied_at = timezone.now()
-    lease.save(update_fields=["applied_epoch", "applied_at"])
+    fields = ["applied_epoch", "applied_at"]
+    if full_pending is not None:
+        lease.full_applied_at, lease.full_pending = lease.applied_at, full_pending
+        fields += ["full_applied_at", "full_pending"]
+    lease.save(update_fields=fields)
+
+
+def last_full_cycle() -> tuple[datetime | None, int]:
+    """When the last full cycle was applied (None: never), and how many jobs it saw waiting."""
+    row = SchedulerLease.objects.filter(pk=1).values_list("full_applied_at", "full_pending").first()
+    return row if row is not None else (None, 0)

@@ -21,6 +21,9 @@ class SchedulerLease(models.Model):
     holder = models.CharField(max_length=200, blank=True, help_text="Who took the last epoch (host:pid).")
     issued_at = models.DateTimeField(null=True, blank=True)
     applied_at = models.DateTimeField(null=True, blank=True)
+    # The last full cycle (the whole queue scored), which incremental passes follow until the next one is due.
+    full_applied_at = models.DateTimeField(null=True, blank=True)
+    full_pending = models.PositiveIntegerField(default=0, help_text="Jobs waiting at the last full cycle.")
 
     class Meta:
         constraints = [

@@ -8,11 +8,14 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from django.conf import settings
+from django.utils import timezone
+
 from scheduling.coordination import redis_client
 from scheduling.cycle import requests
 from scheduling.cycle.apply import ApplyResult, apply_decisions
 from scheduling.cycle.desired_state import desired_state_sync
-from scheduling.cycle.lease import StaleEpoch, epoch_issue
+from scheduling.cycle.lease import StaleEpoch, epoch_issue, last_full_cycle
 from scheduling.cycle.snapshot import cycle_profile, snapshot_from_db
 from scheduling.engine import run_cycle
 from scheduling.observability import instruments
@@ -27,6 +30,7 @@ MAX_CYCLES_PER_TASK = 20
 @dataclass
 class CycleReport:
     epoch: int
+    kind: str  # "full": the whole queue scored; "incremental": its head and the jobs no cycle has seen
     pending: int
     running: int
     placed: int
@@ -41,24 +45,49 @@ class CycleReport:
         return dict(self.__dict__)
 
 
-def cycle_run_once(*, holder: str | None = None) -> CycleReport:
-    """One scheduling cycle under a fresh fencing epoch. The caller provides mutual exclusion (a lock);
-    the epoch makes the database refuse this cycle's writes if a newer one started meanwhile."""
+def cycle_kind() -> str:
+    """Whether the next cycle scores the whole queue ("full") or is an incremental pass.
+
+    A full cycle reads, ranks and writes every waiting job: seconds at 20,000. While the last one is younger than
+    TESSERA_FULL_CYCLE_INTERVAL_S and saw at least TESSERA_INCREMENTAL_MIN_PENDING jobs waiting, the cycles a
+    submit or a job's end requests are incremental passes instead: the cluster and the running jobs whole, but of
+    the queue only the first TESSERA_INCREMENTAL_QUEUE_DEPTH of the last full cycle's order, the jobs no cycle has
+    ranked yet, and those holding a reservation. The same engine places them by the same rules; a job further
+    back waits for the next full cycle, which stays the one source of the queue's order (as Slurm's main loop
+    looks at the head of its queue on events and its backfill at the whole of it on an interval)."""
+    minimum = int(settings.TESSERA_INCREMENTAL_MIN_PENDING)
+    if minimum <= 0:
+        return "full"
+    full_at, full_pending = last_full_cycle()
+    if full_at is None or full_pending < minimum:
+        return "full"
+    age_s = (timezone.now() - full_at).total_seconds()
+    return "incremental" if 0 <= age_s < float(settings.TESSERA_FULL_CYCLE_INTERVAL_S) else "full"
+
+
+def cycle_run_once(*, holder: str | None = None, kind: str = "full") -> CycleReport:
+    """One scheduling cycle under a fresh fencing epoch: "full" or "incremental" (`cycle_kind`). The caller
+    provides mutual exclusion (a lock); the epoch makes the database refuse this cycle's writes if a newer one
+    started meanwhile."""
+    full = kind == "full"
     epoch = epoch_issue(holder=holder)
     t0 = time.perf_counter()
-    snapshot = snapshot_from_db()
+    snapshot = snapshot_from_db(queue_depth=None if full else int(settings.TESSERA_INCREMENTAL_QUEUE_DEPTH))
     t1 = time.perf_counter()
     decisions = run_cycle(snapshot, cycle_profile())
     t2 = time.perf_counter()
     stale = False
     try:
-        result = apply_decisions(decisions=decisions, epoch=epoch)
+        result = apply_decisions(
+            decisions=decisions, epoch=epoch, full_pending=len(snapshot.pending) if full else None
+        )
     except StaleEpoch as exc:
         log.warning("%s; its decisions were discarded", exc)
         result, stale = ApplyResult(epoch=epoch), True
     t3 = time.perf_counter()
     report = CycleReport(
         epoch=epoch,
+        kind=kind,
         pending=len(snapshot.pending),
         running=len(snapshot.running),
         placed=len(result.placed),
@@ -107,7 +136,7 @@ def run_cycles(*, holder: str, keeper: requests.LockKeeper | None = None) -> lis
             r.delete(requests.KEY_WANTED)
         else:
             requests.local_cycle_wanted.clear()
-        reports.append(cycle_run_once(holder=holder).as_dict())
+        reports.append(cycle_run_once(holder=holder, kind=cycle_kind()).as_dict())
         if keeper is not None:
             keeper.progress()
         desired_state_sync()

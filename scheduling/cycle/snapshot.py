@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, TextField
+from django.db.models import Count, Q, TextField
 from django.db.models.functions import Cast
 
 from portal import database
@@ -329,7 +329,7 @@ def _moving(now_s: float, *, slugs: dict, classes: dict) -> list[eng.Job]:
     ]
 
 
-def _read_snapshot(now_s: float) -> eng.Snapshot:
+def _read_snapshot(now_s: float, queue_depth: int | None) -> eng.Snapshot:
     # Plain rows, not model instances: at 1,000 nodes and 20,000 queued jobs, building instances was most of the
     # read's 8-10 s (bench/snapshot_read.py).
     slugs = dict(Team.objects.values_list("id", "slug"))
@@ -425,9 +425,12 @@ def _read_snapshot(now_s: float) -> eng.Snapshot:
         )
         for pk, name, cpu_milli, memory_mib, state, labels in node_rows
     )
-    queued = (
-        Job.objects.filter(state=JobState.PENDING).order_by("submitted_at", "id").values_list(*_JOB_COLUMNS)
-    )
+    queued = Job.objects.filter(state=JobState.PENDING)
+    if queue_depth is not None:  # incremental: the queue's head, what no cycle has ranked, reservations
+        queued = queued.filter(
+            Q(queue_position__isnull=True) | Q(queue_position__lte=queue_depth) | ~Q(reserved_nodes=[])
+        )
+    queued = queued.order_by("submitted_at", "id").values_list(*_JOB_COLUMNS)
     pending = _jobs_from_rows(queued, slugs=slugs, classes=classes, held_by_job={})
     held = dependency_holds()  # waiting for other jobs (or a singleton): not in the engine's queue
     if held.waiting or held.never:
@@ -446,15 +449,19 @@ def _read_snapshot(now_s: float) -> eng.Snapshot:
     )
 
 
-def snapshot_from_db(*, now_s: float | None = None) -> eng.Snapshot:
-    """The cluster and queue as one consistent picture (one REPEATABLE READ transaction on PostgreSQL)."""
+def snapshot_from_db(*, now_s: float | None = None, queue_depth: int | None = None) -> eng.Snapshot:
+    """The cluster and queue as one consistent picture (one REPEATABLE READ transaction on PostgreSQL).
+
+    `queue_depth`, for an incremental pass (runner.py): of the waiting jobs, only the first `queue_depth` of the
+    last full cycle's order, those no cycle has ranked yet (just submitted or requeued) and those holding a
+    reservation; the cluster and the running jobs whole, as always."""
     now_s = time.time() if now_s is None else now_s
     outermost = not connection.in_atomic_block
     with transaction.atomic():
         if database.postgresql() and outermost:
             with connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        return _read_snapshot(now_s)
+        return _read_snapshot(now_s, queue_depth)
 
 
 @functools.lru_cache(maxsize=16)
