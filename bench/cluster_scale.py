@@ -15,7 +15,10 @@ state, report each new placement started, and exited once its `sleep N` is over,
 
 Half the nodes are A100s, half H100s. The queue (`--pending`, bulk-inserted with the rows job_submit writes)
 asks for A100s only: it fills them and the rest waits, so the H100 half stays free for what follows, with the
-cycle seeing the whole queue each time. Then:
+queue waiting throughout (full cycles score it whole; the cycles between them are incremental passes). In order:
+- sweeps on the idle cluster, before the queue (`--array-tasks`, 0 for none): a 10,000-task array accepted in one
+  request and the time until its first 8,000 tasks run, then cancelled; a `%50` array's most tasks active at
+  once; a 1,000-job dependency chain (fan-out, fan-in) from first submit to last success (`sweeps`);
 - the first cycle's phases at `--pending` (from the worker's own "cycle" log line: snapshot read, engine,
   apply), and the time until every placed job is reported running by its agent;
 - a window of `--window-s` with only heartbeats and samples flowing (jobs running, none changing): daphne's
@@ -63,11 +66,14 @@ BATCH_S = 5
 BATCHES = os.environ.get("TESSERA_BENCH_NO_BATCHES", "") != "1"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/6"
 TARGETS = {
-    "cycle_total_s": 2.0,
+    "cycle_total_s": 1.5,
     "placements_per_s": 2000,
     "submit_to_running_p99_s": 3.0,
-    "agent_traffic_cpu_pct": 50.0,
+    "agent_traffic_cpu_pct": 35.0,
     "engine_placements_per_s": 5000,
+    "array_accept_s": 1.0,
+    "array_first_8000_running_s": 20.0,
+    "array_throttle_max_running": 50,
 }
 
 
@@ -720,6 +726,131 @@ def submit_many(port: int, people: list, bodies: list[dict], clients: int) -> tu
     return ids, time.perf_counter() - t0
 
 
+def api_post(port: int, token: str, path: str, body: dict) -> tuple[int, dict]:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn.request(
+        "POST",
+        path,
+        body=json.dumps(body),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    response = conn.getresponse()
+    data = response.read()
+    conn.close()
+    return response.status, json.loads(data or b"{}")
+
+
+def array_counts(array_id: int) -> dict[str, int]:
+    """The array's tasks by state: those started (ever), those active now, those ended."""
+    from django.db.models import Count, Q
+
+    from scheduling.jobs.models import Job
+    from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES
+
+    return Job.objects.filter(array_job_id=array_id).aggregate(
+        started=Count("id", filter=Q(started_at__isnull=False)),
+        active=Count("id", filter=Q(state__in=ACTIVE_STATES)),
+        ended=Count("id", filter=Q(state__in=TERMINAL_STATES)),
+    )
+
+
+def cluster_idle() -> bool:
+    from scheduling.inventory.models import Gpu
+    from scheduling.jobs.models import Job
+    from scheduling.jobs.states import ACTIVE_STATES
+
+    return (
+        not Job.objects.filter(state__in=ACTIVE_STATES).exists()
+        and not Gpu.objects.filter(allocated_compute_pct__gt=0).exists()
+    )
+
+
+def sweeps(port: int, people: list, args: argparse.Namespace, *, missed: list) -> dict:
+    """Sweeps on the idle cluster, through the API, with every task started and ended by its node's agent:
+    - a `--array-tasks` array accepted in one request, and the time until its first `--array-first` run;
+    - a `%50` array of `--throttle-tasks` short tasks, its running tasks counted every 0.2 s until all ended;
+    - a `--chain` dependency chain: one job, an array of all but two after it (fan-out, afterok), and one
+      job after the whole array (fan-in); the time from the first submit to the last job's success."""
+    from scheduling.jobs.models import Job
+
+    out: dict = {}
+    _, team, token = people[0]
+    body = {"command": "sleep 100000", "gpus": 1, "team": team.slug}
+    t0 = time.perf_counter()
+    code, array = api_post(
+        port, token, "/api/v1/jobs/", {**body, "name": "sweep", "array": f"0-{args.array_tasks - 1}"}
+    )
+    out["array_accept_s"] = round(time.perf_counter() - t0, 3)
+    if code != 201:
+        raise RuntimeError(f"the array was refused: {code} {array}")
+    first = min(args.array_first, args.array_tasks)
+    soft_wait(
+        f"{first} of the array's tasks running",
+        lambda: array_counts(array["id"])["started"] >= first,
+        timeout_s=300,
+        interval_s=0.5,
+        missed=missed,
+    )
+    out["array_first_8000_running_s"] = round(time.perf_counter() - t0, 1)
+    out["array_first_running"] = array_counts(array["id"])["started"]
+    code, _ = api_post(port, token, f"/api/v1/jobs/{array['id']}/cancel/", {})
+    soft_wait(
+        "the array cancelled and every card free", cluster_idle, timeout_s=300, interval_s=1, missed=missed
+    )
+    out["array_cancelled_to_idle_s"] = round(time.perf_counter() - t0 - out["array_first_8000_running_s"], 1)
+
+    code, throttled = api_post(
+        port,
+        token,
+        "/api/v1/jobs/",
+        {**body, "command": "sleep 2", "name": "throttled", "array": f"0-{args.throttle_tasks - 1}%50"},
+    )
+    most, deadline = 0, time.monotonic() + 240
+    while time.monotonic() < deadline:
+        counts = array_counts(throttled["id"])
+        most = max(most, counts["active"])
+        if counts["ended"] >= args.throttle_tasks:
+            break
+        time.sleep(0.2)
+    else:
+        missed.append("the throttled array ending")
+    out["array_throttle_max_running"] = most
+
+    t0 = time.perf_counter()
+    _, root = api_post(port, token, "/api/v1/jobs/", {**body, "command": "sleep 1", "name": "prepare"})
+    _, fan_out = api_post(
+        port,
+        token,
+        "/api/v1/jobs/",
+        {
+            **body,
+            "command": "sleep 1",
+            "name": "train",
+            "array": f"0-{args.chain - 3}",
+            "depends_on": f"afterok:{root['id']}",
+        },
+    )
+    _, fan_in = api_post(
+        port,
+        token,
+        "/api/v1/jobs/",
+        {**body, "command": "sleep 1", "name": "evaluate", "depends_on": f"afterok:{fan_out['id']}"},
+    )
+    soft_wait(
+        "the dependency chain's last job ended",
+        lambda: Job.objects.get(pk=fan_in["id"]).state not in ("pending", "placed", "starting", "running"),
+        timeout_s=300,
+        interval_s=0.25,
+        missed=missed,
+    )
+    out["dependency_chain_s"] = round(time.perf_counter() - t0, 1)
+    out["dependency_chain_end"] = Job.objects.get(pk=fan_in["id"]).state
+    soft_wait("the cluster idle again", cluster_idle, timeout_s=120, interval_s=1, missed=missed)
+    return out
+
+
 def table_sizes() -> dict[str, int]:
     from django.db import connection
 
@@ -897,6 +1028,8 @@ def run(args: argparse.Namespace) -> dict:
         time.sleep(args.window_s / 2)
         # Idle traffic: heartbeats and samples, no jobs.
         result["agent_traffic_idle"] = traffic_window(daphne, bench_url, min(20.0, args.window_s), sims)
+        if args.array_tasks:
+            result |= sweeps(port, people, args, missed=missed)
 
         # -- the queue, and the first cycle at its size ----------------------------------------------------------
         phases["queue_insert_s"] = round(
@@ -1052,6 +1185,15 @@ def run(args: argparse.Namespace) -> dict:
         "agent_traffic_cpu_pct": result["agent_traffic_cpu_pct"] <= TARGETS["agent_traffic_cpu_pct"],
         "engine_placements_per_s": result["engine_placements_per_s"] >= TARGETS["engine_placements_per_s"],
     }
+    if "array_accept_s" in result:
+        result["met"] |= {
+            "array_accept_s": result["array_accept_s"] <= TARGETS["array_accept_s"],
+            "array_first_8000_running_s": result["array_first_running"]
+            >= min(args.array_first, args.array_tasks)
+            and result["array_first_8000_running_s"] <= TARGETS["array_first_8000_running_s"],
+            "array_throttle_max_running": result["array_throttle_max_running"]
+            <= TARGETS["array_throttle_max_running"],
+        }
     return result
 
 
@@ -1137,6 +1279,10 @@ def main() -> int:
     parser.add_argument("--burst", type=int, default=2000)
     parser.add_argument("--bursts", type=int, default=1)
     parser.add_argument("--singles", type=int, default=20)
+    parser.add_argument("--array-tasks", type=int, default=10_000, help="the sweep's array (0: no sweeps)")
+    parser.add_argument("--array-first", type=int, default=8_000, help="its tasks timed until running")
+    parser.add_argument("--throttle-tasks", type=int, default=200, help="tasks of the %%50 array")
+    parser.add_argument("--chain", type=int, default=1000, help="jobs in the dependency chain")
     parser.add_argument("--window-s", type=float, default=65.0, help="the traffic / database-growth window")
     parser.add_argument("--agent-procs", type=int, default=2, help="processes the simulated nodes share")
     parser.add_argument("--web-procs", type=int, default=2, help="daphne processes the nodes are spread over")
