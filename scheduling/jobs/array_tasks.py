@@ -13,6 +13,7 @@ from django.db import transaction
 from scheduling.choices import ActorKind, JobState
 from scheduling.errors import ServiceError
 from scheduling.jobs.array_indexes import ArraySpec, TaskIndexes
+from scheduling.jobs.batches import jobs_cancel
 from scheduling.jobs.models import Job, JobEvent
 from scheduling.jobs.states import TERMINAL_STATES, IllegalTransition
 from scheduling.jobs.transitions import job_cancel, job_transition
@@ -78,12 +79,13 @@ def array_cancel(*, job: Job, actor: AbstractBaseUser | None, tasks: TaskIndexes
                 code="array_tasks_cancelled",
                 message=message,
             )
-    cancelled = 0
-    for row in rows:
-        if row.state not in TERMINAL_STATES:
+    live_rows = [row for row in rows if row.state not in TERMINAL_STATES]
+    # The placed tasks in a few statements (thousands of them, in a sweep); a gang's members one by one.
+    jobs_cancel(jobs=[r for r in live_rows if r.nodes == 1], actor=actor, message=f"Cancelled by {who}.")
+    for row in live_rows:
+        if row.nodes > 1:
             job_cancel(job=row, actor=actor)
-            cancelled += 1
-    return len(unplaced) + cancelled
+    return len(unplaced) + len(live_rows)
 
 
 def job_cancel_as_listed(*, job: Job, actor: AbstractBaseUser | None) -> Job:

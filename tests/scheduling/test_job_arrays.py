@@ -123,3 +123,62 @@ def test_array_bounds_are_refused_naming_the_field(node, alice, teams, settings)
         submit(alice, teams["training"], gpus=1, array="0-x")
     assert wrong.value.field == "array" and wrong.value.code == "array_syntax"
     assert Job.objects.count() == 0
+
+
+def _cancel_placed(array, user) -> int:
+    """Cancel the whole array; the statements it took."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from scheduling.jobs.array_tasks import array_cancel
+
+    with CaptureQueriesContext(connection) as statements:
+        array_cancel(job=array, actor=user)
+    return len(statements)
+
+
+def test_an_arrays_placed_tasks_are_cancelled_together_and_give_their_cards_back(node, alice, teams):
+    from django.utils import timezone
+
+    from portal import database
+    from scheduling.inventory.models import Gpu
+    from scheduling.jobs.models import JobEvent, Slice
+
+    node.last_heartbeat_at = timezone.now()  # heard from: its agent stops what is cancelled at once
+    node.save(update_fields=["last_heartbeat_at"])
+    few = submit(alice, teams["training"], gpus=4, array="0-1")
+    runner.cycle_run_once()
+    few_took = _cancel_placed(few, alice)
+    many = submit(alice, teams["training"], gpus=1, array="0-7")
+    runner.cycle_run_once()  # 8 placed on the node's 8 cards
+    assert Job.objects.filter(array_job_id=many.pk, state="placed").count() == 8
+    many_took = _cancel_placed(many, alice)
+    tasks = Job.objects.filter(array_job_id=many.pk)
+    assert set(tasks.values_list("state", flat=True)) == {"cancelled"} and tasks.count() == 8
+    assert not Slice.objects.exists()
+    assert not Gpu.objects.filter(allocated_compute_pct__gt=0).exists()
+    assert not Gpu.objects.filter(allocated_memory_mib__gt=0).exists()
+    ended = JobEvent.objects.filter(
+        job__array_job_id=many.pk, job__array_task_id__isnull=False, to_state="cancelled"
+    )
+    assert ended.count() == 8 and set(ended.values_list("actor__username", "message")) == {
+        ("alice", "Cancelled by alice.")
+    }
+    if database.postgresql():  # elsewhere the ledger is written card by card
+        assert many_took == few_took  # 8 tasks or 2: the same statements
+
+
+def test_cancelled_tasks_on_a_silent_node_keep_their_cards_until_it_is_heard_from(node, alice, teams):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from scheduling.inventory.models import Gpu
+
+    array = submit(alice, teams["training"], gpus=1, array="0-9")
+    runner.cycle_run_once()
+    node.last_heartbeat_at = timezone.now() - timedelta(hours=1)  # silent: it may run them on until its fence
+    node.save(update_fields=["last_heartbeat_at"])
+    _cancel_placed(array, alice)
+    assert set(Job.objects.filter(array_job_id=array.pk).values_list("state", flat=True)) == {"cancelled"}
+    assert Gpu.objects.filter(allocated_compute_pct=100).count() == 8
