@@ -161,7 +161,7 @@ def jobs_for_user(
     if scope not in ("teams", "all"):
         jobs = jobs.filter(submitter=user)
     if state:
-        jobs = jobs.filter(state=state)
+        jobs = jobs_in_states(jobs, [state])
     if team:
         jobs = jobs.filter(team__slug=team)
     if search:
@@ -405,6 +405,18 @@ def _silence(job: Job, on: tuple[str, datetime]) -> NodeSilence:
 def array_lines(jobs: QuerySet[Job]) -> QuerySet[Job]:
     """One line per array (its first row) and every job that is not in one: the tasks split off are left out."""
     return jobs.filter(Q(array_job_id__isnull=True) | Q(array_job_id=F("pk")))
+
+
+def jobs_in_states(jobs: QuerySet[Job], states: Iterable[str]) -> QuerySet[Job]:
+    """The jobs in any of these states, where an array's line stands for its tasks: it matches when one of its
+    tasks is in one of them (its row's own state is that of the tasks not yet placed: `pending` while they wait,
+    though others run)."""
+    states = list(states)
+    tasks_there = Job.objects.filter(state__in=states, array_task_id__isnull=False).values("array_job_id")
+    match = Q(state__in=states) | Q(array_job_id=F("pk"), pk__in=tasks_there)
+    if JobState.PENDING in states:
+        match |= Q(array_job_id=F("pk")) & ~Q(array_pending="")
+    return jobs.filter(match)
 
 
 def array_tasks_of(jobs: QuerySet[Job], *, array_id: int) -> QuerySet[Job]:

@@ -39,6 +39,23 @@ def test_the_list_shows_an_array_as_one_line_with_counts_and_expands_to_its_task
     assert all(t["array"]["id"] == array_id for t in tasks)
 
 
+def test_a_state_filter_finds_an_array_by_the_states_of_its_tasks(as_alice):
+    """The array's line is `pending` while 2 tasks wait and 8 are placed: ?state=placed finds it too, and
+    ?state=running (none yet) does not; within the array, the filter is by each task's own state."""
+    array_id = as_alice.post("/api/v1/jobs/", {**SWEEP, "array": "0-9"}, format="json").json()["id"]
+    single = as_alice.post("/api/v1/jobs/", {**SWEEP, "name": "single", "gpus": 8}, format="json").json()["id"]
+    runner.cycle_run_once()
+
+    def listed(query: str) -> list[int]:
+        return [j["id"] for j in as_alice.get(f"/api/v1/jobs/?{query}").json()["results"]]
+
+    assert listed("state=placed") == [array_id]
+    assert sorted(listed("state=pending")) == sorted([array_id, single])
+    assert listed("state=running") == []
+    assert listed("state=running&state=placed") == [array_id]
+    assert len(listed(f"array={array_id}&state=placed&page_size=100")) == 8
+
+
 def test_some_tasks_are_cancelled_then_the_rest(as_alice):
     array_id = as_alice.post("/api/v1/jobs/", {**SWEEP, "array": "0-9"}, format="json").json()["id"]
     runner.cycle_run_once()

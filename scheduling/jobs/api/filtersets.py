@@ -9,11 +9,15 @@ from django.db.models import QuerySet
 from portal.api_params import MOMENT_HELP, IdFilter, MomentFilter, StrictFilterSet, TextFilter
 from scheduling.choices import JobState
 from scheduling.jobs.models import Job
-from scheduling.jobs.selectors import array_tasks_of
+from scheduling.jobs.selectors import array_tasks_of, jobs_in_states
 
 
 class JobFilterSet(StrictFilterSet):
-    state = django_filters.MultipleChoiceFilter(choices=JobState.choices, help_text="Repeat for several.")
+    state = django_filters.MultipleChoiceFilter(
+        choices=JobState.choices,
+        method="filter_state",
+        help_text="Repeat for several. An array's line matches when any of its tasks is in one of them.",
+    )
     team = TextFilter(field_name="team__slug", help_text="Team slug.")
     user = TextFilter(field_name="submitter__username", help_text="Submitter's username.")
     priority = TextFilter(field_name="priority_class__name", help_text="Priority class name.")
@@ -40,6 +44,9 @@ class JobFilterSet(StrictFilterSet):
 
     def filter_array(self, queryset: QuerySet[Job], name: str, value: int | None) -> QuerySet[Job]:
         return queryset if value is None else array_tasks_of(queryset, array_id=int(value))
+
+    def filter_state(self, queryset: QuerySet[Job], name: str, value: list[str]) -> QuerySet[Job]:
+        return jobs_in_states(queryset, value) if value else queryset
 
     def filter_mine(self, queryset: QuerySet[Job], name: str, value: str) -> QuerySet[Job]:
         if not value:
