@@ -19,7 +19,9 @@ PORTAL_MESSAGES = ("desired_state", "logs_request", "heartbeat_ack", "ack")
 # portal it is connected to has said so, so new agents and old portals (and old agents and new portals) mix.
 # metrics_batch: a `metrics` message may carry `batch`, a list of samples (each as a `metrics` payload), one frame
 # every few seconds instead of one a second.
-FEATURES = ("metrics_batch",)
+# heartbeat_samples: a `heartbeat` may carry `samples`, the batch gathered since the last heartbeat (as
+# `metrics`'s `batch`): a node sends one frame a heartbeat period instead of two.
+FEATURES = ("metrics_batch", "heartbeat_samples")
 # The sender keeps these until acked, and sends them again after a reconnect (receivers must be idempotent).
 RELIABLE = frozenset({"hello", "job_status", "event", "desired_state"})
 # The largest websocket message either side sends or accepts, encoded. daphne drops the connection of a client

@@ -258,6 +258,7 @@ class Agent:
             self._health[g.uuid] = g.health
         self.metrics.add(sample)
         now = time.monotonic()
+        heartbeat_now = False
         if self.metrics.due(now):
             folded = self.metrics.flush(now, self._owners(sample))
             if "metrics_batch" not in self.portal_features or self.metrics_batch_s <= 0:
@@ -267,11 +268,15 @@ class Agent:
                     self._batch_started = now
                 self._batch.append(folded)
                 xid = any(g.get("xid_events") for g in folded["gpus"])  # a GPU error is not held back
-                # A batch holds metrics_batch_s of samples: sent once the last of them is in.
-                if xid or now - self._batch_started >= self.metrics_batch_s - self.metrics.interval_s - 1e-6:
+                # A batch holds metrics_batch_s of samples: sent once the last of them is in, with the heartbeat
+                # where the portal takes samples there (the heartbeat then goes early).
+                full = now - self._batch_started >= self.metrics_batch_s - self.metrics.interval_s - 1e-6
+                if xid or (full and "heartbeat_samples" not in self.portal_features):
                     out.append(protocol.message("metrics", {"batch": self._batch}))
                     self._batch = []
-        if now - self._last_heartbeat >= self.heartbeat_s:
+                elif full:
+                    heartbeat_now = True
+        if heartbeat_now or now - self._last_heartbeat >= self.heartbeat_s:
             self._last_heartbeat = now
             out.append(self.heartbeat())
         return out
@@ -306,19 +311,20 @@ class Agent:
         return [h.summary() for h in self.executor.active()]
 
     def heartbeat(self) -> dict[str, Any]:
+        """The heartbeat, carrying the samples batched since the last one where the portal takes them there."""
         self._heartbeat_seq += 1
-        return protocol.message(
-            "heartbeat",
-            {
-                "node": self.node_name,
-                "seq": self._heartbeat_seq,
-                "uptime_s": round(time.time() - self.started_at, 1),
-                "desired_version": self.desired.version if self.desired else None,
-                "running": self.running(),
-                "waiting": dict(self.last_result.waiting) if self.last_result else {},
-                "unacked": len(self._outbox),
-            },
-        )
+        payload = {
+            "node": self.node_name,
+            "seq": self._heartbeat_seq,
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "desired_version": self.desired.version if self.desired else None,
+            "running": self.running(),
+            "waiting": dict(self.last_result.waiting) if self.last_result else {},
+            "unacked": len(self._outbox),
+        }
+        if "heartbeat_samples" in self.portal_features and self._batch:
+            payload["samples"], self._batch = self._batch, []
+        return protocol.message("heartbeat", payload)
 
     def hello(self) -> dict[str, Any]:
         return protocol.message(

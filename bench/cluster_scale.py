@@ -64,6 +64,9 @@ DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/tessera_scale"
 # TESSERA_BENCH_NO_BATCHES=1 sends a frame a second, as agents before batches did.
 BATCH_S = 5
 BATCHES = os.environ.get("TESSERA_BENCH_NO_BATCHES", "") != "1"
+# Where the portal takes them, the batch rides the heartbeat (one frame a node every 5 s);
+# TESSERA_BENCH_NO_HEARTBEAT_SAMPLES=1 sends it in a frame of its own, as agents before that did.
+HEARTBEAT_SAMPLES = os.environ.get("TESSERA_BENCH_NO_HEARTBEAT_SAMPLES", "") != "1"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/6"
 TARGETS = {
     "cycle_total_s": 1.5,
@@ -134,6 +137,7 @@ class SimNode:
         # As the agent: its samples in one frame every BATCH_S once the portal's hello ack says it takes them
         # (agent/protocol.py FEATURES), else a frame a second; --no-batches: always a frame a second.
         self.batches = False
+        self.in_heartbeats = False  # the batch rides the heartbeat (FEATURES heartbeat_samples)
         self.batched: list[dict] = []
         from agent.transport import Backoff
 
@@ -296,6 +300,7 @@ class SimNode:
             acked = self.outbox.pop(str(p.get("ack_id")), None)
             if acked is not None and acked["type"] == "hello" and BATCHES:
                 self.batches = "metrics_batch" in (p.get("features") or [])
+                self.in_heartbeats = HEARTBEAT_SAMPLES and "heartbeat_samples" in (p.get("features") or [])
         elif kind == "desired_state":
             version = int(p.get("version") or 0)
             if self.desired_version is not None and version < self.desired_version:
@@ -372,13 +377,16 @@ class SimNode:
                 self.stats["metrics"] += 1
             else:
                 self.batched.append(sample["payload"])
-                if len(self.batched) >= BATCH_S:
+                if len(self.batched) >= BATCH_S and not self.in_heartbeats:
                     await self.send(protocol.message("metrics", {"batch": self.batched}))
                     self.batched = []
                     self.stats["metrics"] += 1
             if time.monotonic() >= next_heartbeat:
                 next_heartbeat += 5.0
-                await self.send(self.heartbeat())
+                beat = self.heartbeat()
+                if self.in_heartbeats and self.batched:
+                    beat["payload"]["samples"], self.batched = self.batched, []
+                await self.send(beat)
                 self.stats["heartbeats"] += 1
             for msg in list(self.outbox.values()):  # unacked for 30 s: again, as the agent does
                 if now - msg["sent_at"] > 30:
@@ -405,7 +413,8 @@ class SimNode:
                     self.ws = ws
                     self.backoff.reset()
                     self.stats["connected"] += 1
-                    self.batches, self.batched = False, []  # until this connection's hello ack says
+                    # Until this connection's hello ack says otherwise: a frame a second.
+                    self.batches, self.in_heartbeats, self.batched = False, False, []
                     await self.send(self.hello())
                     for msg in list(self.outbox.values()):
                         if msg["type"] != "hello":

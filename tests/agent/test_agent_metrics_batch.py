@@ -58,3 +58,31 @@ def test_a_portal_that_says_nothing_of_batches_gets_a_frame_a_second(tmp_path, c
     _hello_acked(agent)  # an older portal: its ack names no features
     sent = _metrics(agent, clock, 5)
     assert len(sent) == 5 and all("batch" not in p and len(p["gpus"]) == 2 for p in sent)
+
+
+def _frames(agent: runtime.Agent, clock: list[float], seconds: int) -> list[dict]:
+    sent = []
+    for _ in range(seconds):
+        clock[0] += 1.0
+        sent += [m for m in agent.tick() if m["type"] in ("metrics", "heartbeat")]
+    return sent
+
+
+def test_a_portal_that_takes_samples_in_heartbeats_gets_one_frame_a_heartbeat_period(tmp_path, clock):
+    agent = _agent(tmp_path)
+    _hello_acked(agent, features=["metrics_batch", "heartbeat_samples"])
+    agent._last_heartbeat = clock[0]  # the heartbeat sent on connecting
+    frames = _frames(agent, clock, 20)
+    assert {m["type"] for m in frames} == {"heartbeat"} and len(frames) == 4
+    samples = [s for m in frames for s in m["payload"]["samples"]]
+    times = [s["sampled_at"] for s in samples]
+    assert len(samples) == 20 and times == sorted(times) and len(set(times)) == 20  # every second's, in order
+    assert {m["payload"]["seq"] for m in frames} == {1, 2, 3, 4}
+
+
+def test_samples_ride_heartbeats_only_where_the_portal_said_so(tmp_path, clock):
+    agent = _agent(tmp_path)
+    _hello_acked(agent, features=["metrics_batch"])  # a portal from before heartbeat_samples
+    frames = _frames(agent, clock, 10)
+    assert all("samples" not in m["payload"] for m in frames if m["type"] == "heartbeat")
+    assert sum(len(m["payload"]["batch"]) for m in frames if m["type"] == "metrics") == 10

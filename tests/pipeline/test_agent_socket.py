@@ -1060,8 +1060,9 @@ def test_an_xid_event_in_a_sample_is_kept_without_holding_up_the_nodes_frames(tw
 
 def test_an_old_agent_and_a_new_one_at_the_same_portal_each_get_their_samples_kept(two_nodes, node):
     """The portal's ack of a hello says it takes batched samples (agent/protocol.py FEATURES). A new agent sends
-    the samples of the last few seconds in one frame, an older one a frame a second: both are kept, and every
-    sample of a batch reaches the browsers that listen."""
+    the samples of the last few seconds in one frame (`metrics_batch`), the newest in its heartbeat
+    (`heartbeat_samples`), an older one a frame a second: all are kept, every sample of a batch reaches the
+    browsers that listen, and the heartbeat that carried samples is recorded and acknowledged as any other."""
     from channels.layers import get_channel_layer
 
     from scheduling.agents import live_metrics
@@ -1098,8 +1099,17 @@ def test_an_old_agent_and_a_new_one_at_the_same_portal_each_get_their_samples_ke
         await old.send_to(
             text_data=protocol.encode(protocol.message("metrics", sample("GPU-test-0", 7.0, now)))
         )
-        batch = [sample("GPU-b-0", util, now - 3 + k) for k, util in enumerate((31.0, 32.0, 33.0))]
+        batch = [sample("GPU-b-0", util, now - 4 + k) for k, util in enumerate((31.0, 32.0))]
         await new.send_to(text_data=protocol.encode(protocol.message("metrics", {"batch": batch})))
+        riding = [sample("GPU-b-0", util, now - 2 + k) for k, util in enumerate((33.0, 34.0))]
+        beat = {"node": "a100-02", "seq": 41, "running": [], "samples": riding}
+        await new.send_to(text_data=protocol.encode(protocol.message("heartbeat", beat)))
+        async with asyncio.timeout(15 * TIMEOUT_SCALE):
+            while True:
+                got = protocol.decode(await new.receive_from(timeout=15 * TIMEOUT_SCALE))
+                if got["type"] == "heartbeat_ack":
+                    break
+        beat_acked = got["payload"]["seq"]
         for c in (old, new):
             await _handled_so_far(c)
         kept = sync_to_async(live_metrics.live_metrics_for_nodes)
@@ -1110,20 +1120,20 @@ def test_an_old_agent_and_a_new_one_at_the_same_portal_each_get_their_samples_ke
                 found.get("a100-01", {}).get(0, {}).get("util_pct"),
                 found.get("a100-02", {}).get(0, {}).get("util_pct"),
             )
-            return utils if utils == (7.0, 33.0) else None
+            return utils if utils == (7.0, 34.0) else None
 
         utils = await wait_for_async("both nodes' newest samples kept", both_kept, timeout_s=15)
         heard = []
-        while len(heard) < 3:
+        while len(heard) < 4:
             message = await asyncio.wait_for(layer.receive(channel), timeout=15)
             if message["type"] == "job.metrics":
                 heard.append(message["gpus"][0]["util_pct"])
         for c in (old, new):
             await c.disconnect()
         await sync_to_async(listeners.listening_remove)(groups=[groups.job(on_b.pk)], channel=channel)
-        return acks, utils, heard
+        return acks, utils, heard, beat_acked
 
-    acks, utils, heard = async_to_sync(scenario)()
+    acks, utils, heard, beat_acked = async_to_sync(scenario)()
     assert all(a["features"] == list(protocol.FEATURES) for a in acks)
-    assert utils == (7.0, 33.0)
-    assert heard == [31.0, 32.0, 33.0]  # the live charts keep one point a second
+    assert utils == (7.0, 34.0) and beat_acked == 41
+    assert heard == [31.0, 32.0, 33.0, 34.0]  # the live charts keep one point a second

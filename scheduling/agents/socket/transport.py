@@ -157,7 +157,11 @@ class AgentConsumer:
             return
         kind = msg["type"]
         if kind == "heartbeat":
-            self.lanes.heartbeat(msg["payload"])
+            payload = msg["payload"]
+            samples = payload.pop("samples", None)
+            self.lanes.heartbeat(payload)
+            if isinstance(samples, list):  # the samples since the last heartbeat (protocol FEATURES)
+                await self.handlers.on_metrics({**msg, "type": "metrics", "payload": {"batch": samples}})
         elif kind == "metrics":
             await self.handlers.on_metrics(msg)
         else:
