@@ -829,21 +829,21 @@ def test_a_quiet_jobs_logs_are_asked_for_often_only_while_someone_watches_it(two
     async def scenario():
         listeners.forget()
         communicator = await _connect(token_b, "a100-02")
-        # Each empty answer doubles a stream's wait from 0.05 s: after six, each waits 1.6 s, past LOG_QUIET_MAX_S.
-        await answered(communicator, per_stream=6)
+        # Nobody watches: after one empty answer, each stream waits LOG_UNWATCHED_MAX_S (100 s here).
+        await answered(communicator, per_stream=1)
         unwatched = sum((await answered(communicator, for_s=1.5)).values())
         await sync_to_async(listeners.listening_add)(groups=[job_group], channel="a-browser", for_s=60)
         listeners.forget()
         # Watched, each waits at most 0.2 s: four more asks a stream come within a second or so, where unwatched
-        # they would take 3.2 + 6.4 + 12.8 + 25.6 s (`answered` fails after 20).
+        # they would take 400 s (`answered` fails after 20).
         await answered(communicator, per_stream=4)
         await sync_to_async(listeners.listening_remove)(groups=[job_group], channel="a-browser")
         await communicator.disconnect()
         return unwatched
 
     unwatched = async_to_sync(scenario)()
-    # Two streams, each waiting 1.6 s then 3.2 s: at most one ask each in 1.5 s (fewer on a slow machine).
-    assert unwatched <= 4, f"{unwatched} requests in 1.5 s for a quiet job nobody watches"
+    # Two streams, each waiting 100 s: not asked again in 1.5 s (with the doubling from 0.05 s, some 20 times).
+    assert unwatched == 0, f"{unwatched} requests in 1.5 s for a quiet job nobody watches"
 
 
 def test_a_nodes_heartbeats_are_recorded_while_its_reports_wait_on_the_database(two_nodes, monkeypatch):

@@ -3,7 +3,9 @@ streams (`logs_request`), and stores each answer (`logs`) at the offset it asked
 
 A stream whose last answers brought nothing new is asked again after twice the wait before, up to
 LOG_UNWATCHED_MAX_S: at 1,000 nodes of 8 quiet jobs, asking every stream each LOG_PULL_INTERVAL_S was 16,000
-frames a second through the portal (bench/cluster_scale.py). New output resets the wait; a finished placement's
+frames a second through the portal (bench/cluster_scale.py). A stream nobody watches waits LOG_UNWATCHED_MAX_S
+after its first empty answer: doubling from 2 s, a sweep's 8,000 new quiet jobs were six asks a stream in their
+first minute, 100,000 frames that held up the starts and ends reported behind them. New output resets the wait; a finished placement's
 logs are drained at once, and kept draining (a LogDrain row) until both streams reached their end, so a reconnect or a
 portal restart in between still brings the last lines. A person watching a quiet job (its page open, or following its logs through the API:
 realtime/listeners.py) sees its next line at most TESSERA_LOG_QUIET_MAX_S (10 s) late; a quiet job nobody
@@ -44,6 +46,7 @@ class _LogRequest:
     key: Key
     offset: int
     asked_at: float  # monotonic
+    watched: bool  # someone watched the job when it was asked
 
 
 def _store_logs(node_id: int, token_hash: str, **chunk: Any) -> tuple[int, int] | None | bool:
@@ -112,13 +115,15 @@ class LogPulls:
             return Outcome(False, f"not the chunk asked for job {job_id} attempt {attempt} {stream}")
         next_offset, size = stored
         if next_offset == request.offset and not payload.get("eof"):
-            wait = min(LOG_UNWATCHED_MAX_S, 2 * self.quiet.get(key, (LOG_PULL_INTERVAL_S / 2, 0.0))[0])
+            wait = LOG_UNWATCHED_MAX_S  # nobody watches: the slowest pace, until someone does
+            if request.watched:
+                wait = min(wait, 2 * self.quiet.get(key, (LOG_PULL_INTERVAL_S / 2, 0.0))[0])
             self.quiet[key] = (wait, time.monotonic() + wait)
         else:
             self.quiet.pop(key, None)
         self.next[key] = next_offset
         if next_offset < size:
-            await self._request(*key)  # more to read right away
+            await self._request(*key, watched=request.watched)  # more to read right away
         elif payload.get("eof"):
             self.eof.add(key)
             if key[:2] in self.draining and all((job_id, attempt, s) in self.eof for s in STREAMS):
@@ -138,7 +143,7 @@ class LogPulls:
                     wait_s, asked_at = quiet[0], quiet[1] - quiet[0]
                     if now < asked_at + (min(wait_s, LOG_QUIET_MAX_S) if watched else wait_s):
                         continue  # nothing new the last times asked: asked again later
-                await self._request(job_id, attempt, stream)
+                await self._request(job_id, attempt, stream, watched=watched or draining)
 
     async def forever(self) -> None:
         while not self.link.closing:
@@ -153,7 +158,7 @@ class LogPulls:
             self.asked.discard(self.waiting.pop(request_id).key)
         await self.pull()
 
-    async def _request(self, job_id: int, attempt: int, stream: str) -> None:
+    async def _request(self, job_id: int, attempt: int, stream: str, *, watched: bool) -> None:
         key = (job_id, attempt, stream)
         if key in self.asked:
             return
@@ -165,6 +170,6 @@ class LogPulls:
             "limit_bytes": LOG_CHUNK_BYTES,
         }
         msg = protocol.message("logs_request", payload)
-        self.waiting[msg["id"]] = _LogRequest(key, payload["offset"], time.monotonic())
+        self.waiting[msg["id"]] = _LogRequest(key, payload["offset"], time.monotonic(), watched)
         self.asked.add(key)
         await self.link.send_msg(msg)
