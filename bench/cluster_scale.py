@@ -461,6 +461,7 @@ async def _sim_main(spec_file: Path, url: str, status_file: Path) -> None:
         tasks.append(asyncio.ensure_future(node.run(stop)))
         await asyncio.sleep(CONNECT_EVERY_S)
     while not stop.is_set():
+        stats["unacked"] = sum(len(node.outbox) for node in nodes)  # reports the portal has not answered yet
         status_file.write_text(json.dumps(stats))
         try:
             await asyncio.wait_for(stop.wait(), timeout=1.0)
@@ -776,7 +777,21 @@ def cluster_idle() -> bool:
     )
 
 
-def sweeps(port: int, people: list, args: argparse.Namespace, *, missed: list) -> dict:
+def settled(root: Path, sims: int) -> bool:
+    """Nothing running, every simulated node's reports answered and every ended placement's logs drained: the
+    portal has caught up with what came before (a phase after it measures itself, not the last one's wake)."""
+    from scheduling.jobs.models import LogDrain
+
+    for k in range(sims):
+        try:
+            if json.loads((root / f"agents{k}.status").read_text()).get("unacked", 1):
+                return False
+        except (OSError, ValueError):  # being written
+            return False
+    return cluster_idle() and not LogDrain.objects.exists()
+
+
+def sweeps(port: int, people: list, args: argparse.Namespace, root: Path, *, missed: list) -> dict:
     """Sweeps on the idle cluster, through the API, with every task started and ended by its node's agent:
     - a `--array-tasks` array accepted in one request, and the time until its first `--array-first` run;
     - a `%50` array of `--throttle-tasks` short tasks, its running tasks counted every 0.2 s until all ended;
@@ -804,11 +819,16 @@ def sweeps(port: int, people: list, args: argparse.Namespace, *, missed: list) -
     )
     out["array_first_8000_running_s"] = round(time.perf_counter() - t0, 1)
     out["array_first_running"] = array_counts(array["id"])["started"]
+    t1 = time.perf_counter()
     code, _ = api_post(port, token, f"/api/v1/jobs/{array['id']}/cancel/", {})
+    out["array_cancel_s"] = round(time.perf_counter() - t1, 2)
     soft_wait(
         "the array cancelled and every card free", cluster_idle, timeout_s=300, interval_s=1, missed=missed
     )
-    out["array_cancelled_to_idle_s"] = round(time.perf_counter() - t0 - out["array_first_8000_running_s"], 1)
+    out["array_cancelled_to_idle_s"] = round(time.perf_counter() - t1, 1)
+    # Every stop reported and answered, every log drained: the cancel's wake, before the next phase.
+    soft_wait("the cancel's reports answered", lambda: settled(root, args.agent_procs), 600, 1, missed=missed)
+    out["array_cancel_settled_s"] = round(time.perf_counter() - t1, 1)
 
     code, throttled = api_post(
         port,
@@ -826,6 +846,7 @@ def sweeps(port: int, people: list, args: argparse.Namespace, *, missed: list) -
     else:
         missed.append("the throttled array ending")
     out["array_throttle_max_running"] = most
+    soft_wait("the throttled array settled", lambda: settled(root, args.agent_procs), 300, 1, missed=missed)
 
     t0 = time.perf_counter()
     _, root = api_post(port, token, "/api/v1/jobs/", {**body, "command": "sleep 1", "name": "prepare"})
@@ -856,7 +877,7 @@ def sweeps(port: int, people: list, args: argparse.Namespace, *, missed: list) -
     )
     out["dependency_chain_s"] = round(time.perf_counter() - t0, 1)
     out["dependency_chain_end"] = Job.objects.get(pk=fan_in["id"]).state
-    soft_wait("the cluster idle again", cluster_idle, timeout_s=120, interval_s=1, missed=missed)
+    soft_wait("the chain settled", lambda: settled(root, args.agent_procs), 300, 1, missed=missed)
     return out
 
 
@@ -1038,7 +1059,7 @@ def run(args: argparse.Namespace) -> dict:
         # Idle traffic: heartbeats and samples, no jobs.
         result["agent_traffic_idle"] = traffic_window(daphne, bench_url, min(20.0, args.window_s), sims)
         if args.array_tasks:
-            result |= sweeps(port, people, args, missed=missed)
+            result |= sweeps(port, people, args, root, missed=missed)
 
         # -- the queue, and the first cycle at its size ----------------------------------------------------------
         phases["queue_insert_s"] = round(
