@@ -271,7 +271,12 @@ class Agent:
                 # A batch holds metrics_batch_s of samples: sent once the last of them is in, with the heartbeat
                 # where the portal takes samples there (the heartbeat then goes early).
                 full = now - self._batch_started >= self.metrics_batch_s - self.metrics.interval_s - 1e-6
-                if xid or (full and "heartbeat_samples" not in self.portal_features):
+                # Riding the heartbeat only where heartbeats come as often as batches: a longer heartbeat_s is
+                # kept (each heartbeat is a write at the portal), the batch then sent alone.
+                rides = (
+                    "heartbeat_samples" in self.portal_features and self.heartbeat_s <= self.metrics_batch_s
+                )
+                if xid or (full and not rides):
                     out.append(protocol.message("metrics", {"batch": self._batch}))
                     self._batch = []
                 elif full:

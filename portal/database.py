@@ -199,7 +199,9 @@ _temporary_names = itertools.count()
 def _copy_rows(cursor: Any, copy_sql: str, fields: Sequence[Field], rows: Sequence[Sequence[Any]]) -> None:
     """Stream `rows` (values in `fields`' order) through one `COPY ... FROM STDIN`."""
     prepare = [(i, f) for i, f in enumerate(fields) if f.get_internal_type() not in _DRIVER_TYPES]
-    with cursor.cursor.copy(copy_sql) as copy:  # the driver's cursor under Django's wrapper
+    # The driver's cursor under Django's wrapper; its errors raised as Django's (OperationalError, ...), as any
+    # statement's are, so callers that retry on those retry a failed COPY too.
+    with connection.wrap_database_errors, cursor.cursor.copy(copy_sql) as copy:
         for row in rows:
             if prepare:
                 row = list(row)

@@ -375,7 +375,8 @@ def _write_pending(
             None,
             None,
         )  # not in the queue's order until what it waits for happens
-    _write_reserved(decisions, placed=placed, seen=None if full else set(wanted) | placed)
+    seen = None if full else set(wanted) | placed | set(conflicts)
+    _write_reserved(decisions, placed=placed, seen=seen)
     for job_id, why in conflicts.items():
         if job_id not in wanted:
             wanted[job_id] = (

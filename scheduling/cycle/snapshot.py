@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, Q, TextField
+from django.db.models import Count, F, Q, TextField
 from django.db.models.functions import Cast
 
 from portal import database
@@ -427,8 +427,13 @@ def _read_snapshot(now_s: float, queue_depth: int | None) -> eng.Snapshot:
     )
     queued = Job.objects.filter(state=JobState.PENDING)
     if queue_depth is not None:  # incremental: the queue's head, what no cycle has ranked, reservations
+        # An array's line too, wherever it ranks: one held back by its %N is ranked last, and a task of it ending
+        # must let the next start without waiting for a full cycle.
         queued = queued.filter(
-            Q(queue_position__isnull=True) | Q(queue_position__lte=queue_depth) | ~Q(reserved_nodes=[])
+            Q(queue_position__isnull=True)
+            | Q(queue_position__lte=queue_depth)
+            | ~Q(reserved_nodes=[])
+            | Q(array_job_id=F("pk"))
         )
     queued = queued.order_by("submitted_at", "id").values_list(*_JOB_COLUMNS)
     pending = _jobs_from_rows(queued, slugs=slugs, classes=classes, held_by_job={})

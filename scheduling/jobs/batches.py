@@ -217,14 +217,16 @@ def jobs_cancel(*, jobs: list[Job], actor: AbstractBaseUser | None, message: str
             raise ValueError(f"job {job.pk} is a gang: cancel it with job_cancel")
     now = timezone.now()
     before = [job.state for job in jobs]
-    update: list[str] = []
+    changed: set[str] = set()  # every job's: a moved one also clears moving_until
     for job in jobs:
-        update = job_state_enter(
-            job, to_state=JobState.CANCELLED, now=now, at=now, code="cancelled", message=message
+        changed.update(
+            job_state_enter(
+                job, to_state=JobState.CANCELLED, now=now, at=now, code="cancelled", message=message
+            )
         )
         if job.array_pending:  # an array's first row: its tasks not yet placed end with it
             job.array_pending = ""
-    columns = [*(c for c in update if c != "state"), "array_pending", "state"]
+    columns = [*sorted(changed - {"state"}), "array_pending", "state"]
     written = update_from_values(
         Job,
         columns,

@@ -161,7 +161,7 @@ def jobs_for_user(
     if scope not in ("teams", "all"):
         jobs = jobs.filter(submitter=user)
     if state:
-        jobs = jobs_in_states(jobs, [state])
+        jobs = jobs_in_states(jobs, [state], lines=array is None)
     if team:
         jobs = jobs.filter(team__slug=team)
     if search:
@@ -407,11 +407,14 @@ def array_lines(jobs: QuerySet[Job]) -> QuerySet[Job]:
     return jobs.filter(Q(array_job_id__isnull=True) | Q(array_job_id=F("pk")))
 
 
-def jobs_in_states(jobs: QuerySet[Job], states: Iterable[str]) -> QuerySet[Job]:
-    """The jobs in any of these states, where an array's line stands for its tasks: it matches when one of its
-    tasks is in one of them (its row's own state is that of the tasks not yet placed: `pending` while they wait,
-    though others run)."""
+def jobs_in_states(jobs: QuerySet[Job], states: Iterable[str], *, lines: bool = True) -> QuerySet[Job]:
+    """The jobs in any of these states. Where `jobs` lists arrays as lines (`array_lines`), an array's line stands
+    for its tasks: it matches when one of its tasks is in one of them (its row's own state is that of the tasks
+    not yet placed: `pending` while they wait, though others run). Listing an array's tasks (`lines` False), each
+    task by its own state."""
     states = list(states)
+    if not lines:
+        return jobs.filter(state__in=states)
     tasks_there = Job.objects.filter(state__in=states, array_task_id__isnull=False).values("array_job_id")
     match = Q(state__in=states) | Q(array_job_id=F("pk"), pk__in=tasks_there)
     if JobState.PENDING in states:

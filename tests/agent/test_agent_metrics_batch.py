@@ -86,3 +86,15 @@ def test_samples_ride_heartbeats_only_where_the_portal_said_so(tmp_path, clock):
     frames = _frames(agent, clock, 10)
     assert all("samples" not in m["payload"] for m in frames if m["type"] == "heartbeat")
     assert sum(len(m["payload"]["batch"]) for m in frames if m["type"] == "metrics") == 10
+
+
+def test_a_longer_heartbeat_period_is_kept_and_the_batches_go_alone(tmp_path, clock):
+    """heartbeat_s 15, batches of 5 s: each heartbeat is a write at the portal, so its period is kept."""
+    agent = _agent(tmp_path)
+    agent.heartbeat_s = 15.0
+    _hello_acked(agent, features=["metrics_batch", "heartbeat_samples"])
+    agent._last_heartbeat = clock[0]
+    frames = _frames(agent, clock, 30)
+    assert [m["type"] for m in frames].count("heartbeat") == 2
+    sent = sum(len(m["payload"].get("batch", m["payload"].get("samples", []))) for m in frames)
+    assert sent == 30 - len(agent._batch)  # every sample sent once, in a batch or riding a heartbeat

@@ -43,7 +43,9 @@ def test_a_state_filter_finds_an_array_by_the_states_of_its_tasks(as_alice):
     """The array's line is `pending` while 2 tasks wait and 8 are placed: ?state=placed finds it too, and
     ?state=running (none yet) does not; within the array, the filter is by each task's own state."""
     array_id = as_alice.post("/api/v1/jobs/", {**SWEEP, "array": "0-9"}, format="json").json()["id"]
-    single = as_alice.post("/api/v1/jobs/", {**SWEEP, "name": "single", "gpus": 8}, format="json").json()["id"]
+    single = as_alice.post("/api/v1/jobs/", {**SWEEP, "name": "single", "gpus": 8}, format="json").json()[
+        "id"
+    ]
     runner.cycle_run_once()
 
     def listed(query: str) -> list[int]:
@@ -54,6 +56,29 @@ def test_a_state_filter_finds_an_array_by_the_states_of_its_tasks(as_alice):
     assert listed("state=running") == []
     assert listed("state=running&state=placed") == [array_id]
     assert len(listed(f"array={array_id}&state=placed&page_size=100")) == 8
+
+
+def test_within_an_array_each_task_is_filtered_by_its_own_state(as_alice):
+    """Every task placed: the array's first row is its last task. Ended, it is listed among the tasks by its own
+    state, while the array's line is found by any of its tasks' states."""
+    from scheduling.jobs.transitions import job_transition
+
+    array_id = as_alice.post("/api/v1/jobs/", {**SWEEP, "array": "0-7"}, format="json").json()["id"]
+    runner.cycle_run_once()
+    first = Job.objects.get(pk=array_id)
+    assert first.array_task_id is not None and first.state == "placed"
+    for state in ("running", "succeeded"):
+        job_transition(job=first, to_state=state, actor_kind="agent")
+
+    def listed(query: str) -> list[int]:
+        return [j["id"] for j in as_alice.get(f"/api/v1/jobs/?{query}&page_size=100").json()["results"]]
+
+    assert (
+        array_id not in listed(f"array={array_id}&state=placed")
+        and len(listed(f"array={array_id}&state=placed")) == 7
+    )
+    assert listed(f"array={array_id}&state=succeeded") == [array_id]
+    assert listed("state=placed") == [array_id] and listed("state=succeeded") == [array_id]
 
 
 def test_some_tasks_are_cancelled_then_the_rest(as_alice):

@@ -91,3 +91,20 @@ def test_a_short_queue_always_gets_full_cycles(settings, node, alice, teams):
     assert runner.cycle_run_once(kind=runner.cycle_kind()).kind == "full"
     submit(alice, teams["training"], gpus=1)
     assert runner.cycle_kind() == "full"  # 1 waiting at the last full cycle: below the minimum (2,000)
+
+
+def test_a_throttled_arrays_next_task_starts_in_an_incremental_pass(long_queue, settings, alice, teams):
+    """A %1 array is ranked after the whole queue while its one task runs; that task ending must let the next one
+    start in the incremental pass its end asks for, not at the next full cycle."""
+    array = submit(alice, teams["training"], name="sweep", gpus=1, array="0-9%1")
+    settings.TESSERA_FULL_CYCLE_INTERVAL_S = 0
+    assert runner.cycle_run_once(kind=runner.cycle_kind()).kind == "full"
+    settings.TESSERA_FULL_CYCLE_INTERVAL_S = 3600
+    (task,) = Job.objects.filter(array_job_id=array.pk, state="placed")
+    array.refresh_from_db()
+    assert array.queue_position > settings.TESSERA_INCREMENTAL_QUEUE_DEPTH  # held back: ranked last
+    for state in ("running", "succeeded"):
+        job_transition(job=task, to_state=state, actor_kind="agent")
+    report = runner.cycle_run_once(kind=runner.cycle_kind())
+    assert (report.kind, report.placed) == ("incremental", 1)
+    assert Job.objects.filter(array_job_id=array.pk, state="placed").count() == 1

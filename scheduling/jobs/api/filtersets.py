@@ -46,7 +46,8 @@ class JobFilterSet(StrictFilterSet):
         return queryset if value is None else array_tasks_of(queryset, array_id=int(value))
 
     def filter_state(self, queryset: QuerySet[Job], name: str, value: list[str]) -> QuerySet[Job]:
-        return jobs_in_states(queryset, value) if value else queryset
+        lines = not self.data.get("array")  # ?array=<id> lists its tasks, each by its own state
+        return jobs_in_states(queryset, value, lines=lines) if value else queryset
 
     def filter_mine(self, queryset: QuerySet[Job], name: str, value: str) -> QuerySet[Job]:
         if not value:
