@@ -11,7 +11,7 @@ as the ORM converts them.
 from __future__ import annotations
 
 import functools
-import itertools
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -146,7 +146,7 @@ def update_from_values(
     assign = ", ".join(f"{f.column} = v.{f.column}" for f in fields[1:])
     pk = meta.pk.column
     guard = f" AND ({where})" if where else ""
-    with transaction.atomic(), connection.cursor() as cursor:  # the temporary table lives until commit
+    with transaction.atomic(), connection.cursor() as cursor:  # the temporary table's rows live until commit
         values = _copy_to_temporary(cursor, fields, rows)
         cursor.execute(
             f"UPDATE {meta.db_table} AS t SET {assign} FROM {values} AS v WHERE t.{pk} = v.{pk}{guard} "
@@ -193,7 +193,6 @@ _DRIVER_TYPES = frozenset(
         "TextField",
     }
 )
-_temporary_names = itertools.count()
 
 
 def _copy_rows(cursor: Any, copy_sql: str, fields: Sequence[Field], rows: Sequence[Sequence[Any]]) -> None:
@@ -211,10 +210,14 @@ def _copy_rows(cursor: Any, copy_sql: str, fields: Sequence[Field], rows: Sequen
 
 
 def _copy_to_temporary(cursor: Any, fields: Sequence[Field], rows: Sequence[Sequence[Any]]) -> str:
-    """A temporary table, dropped at commit, holding `rows`: a column per field, of its name and type. Its name."""
-    name = f"tessera_values_{next(_temporary_names)}"
+    """A temporary table of this session holding `rows` (a column per field, of its name and type), emptied at
+    commit and kept for the next write of the same columns; its name. One table per column set, made once per
+    connection: a table created and dropped per write is catalog rows written and vacuumed, and cache
+    invalidations sent to every backend, several times a cycle."""
     columns = ", ".join(f"{f.column} {f.db_type(connection)}" for f in fields)
-    cursor.execute(f"CREATE TEMPORARY TABLE {name} ({columns}) ON COMMIT DROP")
+    name = f"tessera_values_{zlib.crc32(columns.encode()):08x}"
+    cursor.execute(f"CREATE TEMPORARY TABLE IF NOT EXISTS {name} ({columns}) ON COMMIT DELETE ROWS")
+    cursor.execute(f"DELETE FROM {name}")  # an earlier write of the same columns in this transaction
     _copy_rows(cursor, f"COPY {name} FROM STDIN", fields, rows)
     return name
 
