@@ -9,7 +9,7 @@ first minute, 100,000 frames that held up the starts and ends reported behind th
 logs are drained at once, and kept draining (a LogDrain row) until both streams reached their end, so a reconnect or a
 portal restart in between still brings the last lines. A person watching a quiet job (its page open, or following its logs through the API:
 realtime/listeners.py) sees its next line at most TESSERA_LOG_QUIET_MAX_S (10 s) late; a quiet job nobody
-watches is asked every TESSERA_LOG_UNWATCHED_MAX_S (60 s) at most, and at once when someone starts watching.
+watches is asked every TESSERA_LOG_UNWATCHED_MAX_S (300 s), and within TESSERA_LOG_QUIET_MAX_S once someone watches.
 """
 
 from __future__ import annotations
