@@ -271,6 +271,48 @@ def test_node_bs_agent_writes_its_own_jobs_log_where_the_portal_asked(two_nodes)
     assert joblogs.log_read(job_id=on_b.pk, stream="stdout")[0] == b"hello\n"
 
 
+def test_an_answer_past_the_request_timeout_is_still_taken_and_an_unwatched_stream_is_not_asked_again_meanwhile(
+    two_nodes, monkeypatch
+):
+    """The answer to a logs request may wait behind the node's reports at the portal (a wave of them): past the
+    request's timeout it is still stored, and the stream of a job nobody watches is not asked again at once (each
+    ask re-asked made more answers to queue)."""
+    from scheduling.realtime import listeners
+
+    _, on_b, _, token_b = two_nodes
+    monkeypatch.setattr(log_pulls, "LOG_REQUEST_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(log_pulls, "LOG_UNWATCHED_MAX_S", 100.0)
+
+    async def scenario():
+        listeners.forget()
+        communicator = await _connect(token_b, "a100-02")
+        request = await _next(communicator, "logs_request", job_id=str(on_b.pk), stream="stdout")
+        asked_again = 0
+        end = time.monotonic() + 1.0  # five timeouts (the agent's slowness, not a wait for the portal)
+        while time.monotonic() < end:
+            if await communicator.receive_nothing(timeout=0.05):
+                continue
+            msg = protocol.decode(await communicator.receive_from())
+            asked_again += msg["type"] == "logs_request" and msg["payload"]["stream"] == "stdout"
+        answer = {
+            **request["payload"],
+            "request_id": request["id"],
+            "data_b64": _b64(b"late\n"),
+            "eof": False,
+        }
+        answer.update(next_offset=5, size=5)
+        await communicator.send_to(text_data=protocol.encode(protocol.message("logs", answer)))
+        stored = await wait_for_async(
+            "the late answer to be stored", lambda: _stored_log(on_b.pk), timeout_s=15
+        )
+        await communicator.disconnect()
+        return asked_again, stored
+
+    asked_again, stored = async_to_sync(scenario)()
+    assert stored == b"late\n"
+    assert asked_again == 0, f"an unwatched stream asked {asked_again} times more in five timeouts"
+
+
 def test_the_last_lines_of_a_job_that_ended_just_before_its_node_reconnected_still_arrive(two_nodes):
     """The final report is recorded, the portal asks for the last lines, the connection drops before the answer:
     the next connection (another portal process, or after a restart) goes on pulling them, and until they are

@@ -31,8 +31,10 @@ from scheduling.realtime import groups, listeners
 
 # How often the portal pulls new log bytes of running jobs from the agent.
 LOG_PULL_INTERVAL_S = 2.0
-# A logs_request unanswered this long is asked again (the agent dropped it).
+# A logs_request unanswered this long is asked again (the agent dropped it); its answer is still taken until it is
+# this much older.
 LOG_REQUEST_TIMEOUT_S = 30.0
+LOG_REQUEST_FORGET_S = 300.0
 LOG_QUIET_MAX_S = float(settings.TESSERA_LOG_QUIET_MAX_S)
 LOG_UNWATCHED_MAX_S = float(settings.TESSERA_LOG_UNWATCHED_MAX_S)
 LOG_CHUNK_BYTES = protocol.MAX_LOG_CHUNK_BYTES
@@ -62,7 +64,10 @@ class LogPulls:
         self.desired = desired  # its placements are what the agent runs: no database read a node a pull
         self.next: dict[Key, int] = {}  # -> the agent's offset to ask from
         self.waiting: dict[str, _LogRequest] = {}  # request id -> what it asked
-        self.asked: set[Key] = set()  # the keys of waiting's requests
+        self.asked: set[Key] = set()  # the keys of waiting's requests not yet timed out
+        self.expired: set[str] = (
+            set()
+        )  # waiting's requests past LOG_REQUEST_TIMEOUT_S, their answers still taken
         self.draining: set[tuple[int, int]] = set()  # finished placements whose logs are still coming
         self.eof: set[Key] = set()
         self.quiet: dict[Key, tuple[float, float]] = {}  # -> (wait s, ask again at)
@@ -85,11 +90,15 @@ class LogPulls:
     async def answer(self, payload: dict[str, Any]) -> Outcome | None:
         """The agent's answer to a logs_request: stored where it was asked; a refusal when it is not the chunk
         asked for (None: stored, or an answer to nothing asked)."""
-        request = self.waiting.pop(str(payload.get("request_id") or ""), None)
+        request_id = str(payload.get("request_id") or "")
+        request = self.waiting.pop(request_id, None)
         if request is None:
-            return None  # an answer to nothing we asked (or asked again since): ignored
+            return None  # an answer to nothing we asked (or forgotten since): ignored
         key = request.key
-        self.asked.discard(key)
+        if request_id in self.expired:
+            self.expired.discard(request_id)  # a late answer: taken; a newer ask of the stream may be waiting
+        else:
+            self.asked.discard(key)
         if request.offset != self.next.get(key, 0):
             return None  # asked before an earlier answer moved the offset on: the next pull asks again
         job_id, attempt, stream = key
@@ -151,11 +160,23 @@ class LogPulls:
             await logged(self._turn(), "log pull", self.link.node_name)
 
     async def _turn(self) -> None:
-        # A request the agent has not answered for a while is asked again; a slow answer is still taken
-        # (dropping every answer older than one interval would starve a busy node's logs).
-        cutoff = time.monotonic() - LOG_REQUEST_TIMEOUT_S
-        for request_id in [i for i, r in self.waiting.items() if r.asked_at < cutoff]:
-            self.asked.discard(self.waiting.pop(request_id).key)
+        # A request the agent has not answered for a while may be asked again (the agent dropped it), but its
+        # answer is still taken should it come (it may be waiting behind this node's reports, here), and a stream
+        # nobody watches is asked again only at its slow pace: re-asking every stream of a node whose answers
+        # queue behind a wave of reports made more answers to queue (bench/cluster_scale.py, 8,000 jobs).
+        now = time.monotonic()
+        for request_id, request in list(self.waiting.items()):
+            age_s = now - request.asked_at
+            if age_s >= LOG_REQUEST_FORGET_S:  # never answered: forgotten
+                del self.waiting[request_id]
+                self.expired.discard(request_id)
+                continue
+            if age_s < LOG_REQUEST_TIMEOUT_S or request_id in self.expired:
+                continue
+            self.expired.add(request_id)
+            self.asked.discard(request.key)
+            if not request.watched:
+                self.quiet[request.key] = (LOG_UNWATCHED_MAX_S, now + LOG_UNWATCHED_MAX_S)
         await self.pull()
 
     async def _request(self, job_id: int, attempt: int, stream: str, *, watched: bool) -> None:
