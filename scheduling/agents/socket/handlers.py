@@ -206,7 +206,9 @@ class ReportHandlers:
             # Missed start reports are recorded on the reports' threads, never on the heartbeats'.
             catch_up = db(heartbeats.heartbeat_catch_up)
             link.beside_once(
-                "catch-up", lambda: catch_up(node_id=link.node_id, running=running), "missed start reports"
+                "catch-up",
+                lambda: catch_up(node_id=link.node_id, running=running, token_hash=link.token_hash),
+                "missed start reports",
             )
         if not self.channel.joined:
             await self.channel.join()
