@@ -849,7 +849,7 @@ def sweeps(port: int, people: list, args: argparse.Namespace, root: Path, *, mis
     soft_wait("the throttled array settled", lambda: settled(root, args.agent_procs), 300, 1, missed=missed)
 
     t0 = time.perf_counter()
-    _, root = api_post(port, token, "/api/v1/jobs/", {**body, "command": "sleep 1", "name": "prepare"})
+    _, prepare = api_post(port, token, "/api/v1/jobs/", {**body, "command": "sleep 1", "name": "prepare"})
     _, fan_out = api_post(
         port,
         token,
@@ -859,7 +859,7 @@ def sweeps(port: int, people: list, args: argparse.Namespace, root: Path, *, mis
             "command": "sleep 1",
             "name": "train",
             "array": f"0-{args.chain - 3}",
-            "depends_on": f"afterok:{root['id']}",
+            "depends_on": f"afterok:{prepare['id']}",
         },
     )
     _, fan_in = api_post(
