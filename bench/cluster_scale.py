@@ -1062,6 +1062,8 @@ def run(args: argparse.Namespace) -> dict:
             result |= sweeps(port, people, args, root, missed=missed)
 
         # -- the queue, and the first cycle at its size ----------------------------------------------------------
+        # The sweeps' cycles came before: the queue's is the first to place anything after them.
+        before_queue = max((c["epoch"] for c in cycles_logged(procs.log("worker"))), default=0)
         phases["queue_insert_s"] = round(
             queue_jobs(people=people, count=args.pending, command="sleep 100000", models=("A100-80GB",)), 1
         )
@@ -1071,7 +1073,10 @@ def run(args: argparse.Namespace) -> dict:
         cycle_request()
         first = wait_for(
             "the first cycle at the queue's size",
-            lambda: next((c for c in cycles_logged(procs.log("worker")) if c["placed"]), None),
+            lambda: next(
+                (c for c in cycles_logged(procs.log("worker")) if c["placed"] and c["epoch"] > before_queue),
+                None,
+            ),
             timeout_s=240,
             scale=False,
         )
