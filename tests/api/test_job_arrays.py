@@ -96,6 +96,18 @@ def test_some_tasks_are_cancelled_then_the_rest(as_alice):
     assert rest.json()["state"] == "cancelled" and rest.json()["array"]["counts"] == {"cancelled": 10}
 
 
+def test_a_cancel_body_that_is_not_json_is_refused_and_cancels_nothing(as_alice):
+    """Tasks named in a YAML body were once read as no body at all: the whole array was cancelled."""
+    array_id = as_alice.post("/api/v1/jobs/", {**SWEEP, "array": "0-9"}, format="json").json()["id"]
+    runner.cycle_run_once()
+    refused = as_alice.post(
+        f"/api/v1/jobs/{array_id}/cancel/", data=b'tasks: "3-4"\n', content_type="application/yaml"
+    )
+    assert refused.status_code == 415 and refused.json()["error"]["message"]
+    assert not Job.objects.filter(array_job_id=array_id, state="cancelled").exists()
+    assert as_alice.post(f"/api/v1/jobs/{array_id}/cancel/").status_code == 200  # no body: the whole array
+
+
 @pytest.mark.parametrize(
     ("body", "field", "words"),
     [

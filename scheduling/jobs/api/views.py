@@ -227,7 +227,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return Response(s.job_payload(job), status=status.HTTP_201_CREATED)
 
     @extend_schema(request=s.JobCancelSerializer, responses={200: s.JobSerializer})
-    @action(detail=True, methods=["post"])
+    # JSON only: a YAML body (the spec's other form) was read as no body at all, its `tasks` ignored, and the whole
+    # array cancelled; now it is refused (415) and nothing is cancelled.
+    @action(detail=True, methods=["post"], parser_classes=[SafeJSONParser])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         """Cancel a job: your own as a member, any of the team's as its admin, any as staff. An array's line
         cancels the whole array; `tasks` (e.g. `3-7`) cancels only those tasks of it."""
