@@ -17,7 +17,7 @@ from scheduling.cycle import node_loss
 from scheduling.cycle.requests import cycle_request_after_commit
 from scheduling.inventory.models import Gpu
 from scheduling.jobs.ledger import SliceDoesNotFit, gpus_allocate, slice_check, slices_release_many
-from scheduling.jobs.models import GangMember, Job, JobEvent, Slice
+from scheduling.jobs.models import Job, JobEvent, Slice
 from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES, check_transition
 from scheduling.jobs.transitions import job_change_log_on_commit, job_state_enter
 from scheduling.notifications.services import job_events_wanted, job_state_notify
@@ -205,7 +205,7 @@ def jobs_start(*, starts: list[StartWrite]) -> None:
 
 def jobs_cancel(*, jobs: list[Job], actor: AbstractBaseUser | None, message: str) -> None:
     """Cancel many live single-node jobs in a few statements, as job_cancel does each: the jobs, their events,
-    their cards given back in one guarded ledger UPDATE (those on a silent node stay taken, "releasing", as
+    their cards given back in one ledger UPDATE (those on a silent node stay taken, "releasing", as
     job_transition keeps them), their nodes told, one cycle asked for. The caller holds the jobs' row locks and
     has left out the ended ones. Cancelling an array's 8,000 running tasks one job_cancel at a time held their
     locks (and the cycle waiting on them) for minutes (bench/cluster_scale.py)."""
@@ -246,6 +246,5 @@ def jobs_cancel(*, jobs: list[Job], actor: AbstractBaseUser | None, message: str
     silent = node_loss.silent_nodes(node_ids=set(on_nodes), now=now)
     for node_name in slices_release_many(job_ids=active, keep_node_ids=silent):
         events.node_desired_state_changed(node_name=node_name)
-    GangMember.objects.filter(job_id__in=active).delete()
     cycle_request_after_commit()
     _changes_tell(changes, to_state=JobState.CANCELLED, code="cancelled")

@@ -74,20 +74,31 @@ def gpus_allocate(*, per_gpu: dict[int, tuple[int, int]]) -> list[int]:
             for gpu_id, (memory_mib, compute_pct) in rows
             if not _gpu_take(gpu_id=gpu_id, memory_mib=memory_mib, compute_pct=compute_pct)
         ]
-    table = Gpu._meta.db_table
+    taken = _gpus_update(
+        rows,
+        sign="+",
+        guard="AND g.allocated_memory_mib <= g.memory_mib - v.memory_mib "
+        "AND g.allocated_compute_pct <= g.compute_capacity_pct - v.compute_pct",
+    )
+    return sorted(set(per_gpu) - taken)
+
+
+def _gpus_update(rows: list[tuple[int, tuple[int, int]]], *, sign: str, guard: str = "") -> set[int]:
+    """PostgreSQL: add (`sign` "+") or give back ("-") (memory MiB, compute %) on each card of `rows`, where
+    `guard` (SQL on the card `g` and the row `v`) allows, in one UPDATE; the ids of the cards written."""
     taken = fetch_rows(
-        f"UPDATE {table} AS g SET allocated_memory_mib = g.allocated_memory_mib + v.memory_mib, "
-        "allocated_compute_pct = g.allocated_compute_pct + v.compute_pct "
+        f"UPDATE {Gpu._meta.db_table} AS g "
+        f"SET allocated_memory_mib = g.allocated_memory_mib {sign} v.memory_mib, "
+        f"allocated_compute_pct = g.allocated_compute_pct {sign} v.compute_pct "
         "FROM unnest(%s::integer[], %s::integer[], %s::integer[]) AS v(id, memory_mib, compute_pct) "
-        "WHERE g.id = v.id AND g.allocated_memory_mib <= g.memory_mib - v.memory_mib "
-        "AND g.allocated_compute_pct <= g.compute_capacity_pct - v.compute_pct RETURNING g.id",
+        f"WHERE g.id = v.id {guard} RETURNING g.id",
         [
             [gpu_id for gpu_id, _ in rows],
             [memory_mib for _, (memory_mib, _) in rows],
             [compute_pct for _, (_, compute_pct) in rows],
         ],
     )
-    return sorted(set(per_gpu) - {r[0] for r in taken})
+    return {r[0] for r in taken}
 
 
 def job_release_slices(
@@ -130,13 +141,7 @@ def slices_release_many(*, job_ids: Collection[int], keep_node_ids: Collection[i
     rows = sorted(per_gpu.items())
     list(Gpu.objects.select_for_update().filter(pk__in=[g for g, _ in rows]).order_by("pk").values_list("pk"))
     if database.postgresql():
-        fetch_rows(
-            f"UPDATE {Gpu._meta.db_table} AS g SET allocated_memory_mib = g.allocated_memory_mib - v.memory_mib, "
-            "allocated_compute_pct = g.allocated_compute_pct - v.compute_pct "
-            "FROM unnest(%s::integer[], %s::integer[], %s::integer[]) AS v(id, memory_mib, compute_pct) "
-            "WHERE g.id = v.id RETURNING g.id",
-            [[g for g, _ in rows], [m for _, (m, _) in rows], [c for _, (_, c) in rows]],
-        )
+        _gpus_update(rows, sign="-")
     else:
         for gpu_id, (memory_mib, compute_pct) in rows:
             Gpu.objects.filter(pk=gpu_id).update(
