@@ -376,7 +376,10 @@ LOG_FORMAT = env.str("LOG_FORMAT", default="text").strip().lower()
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"context": {"()": "agent.logformat.ContextFilter"}},
+    "filters": {
+        "context": {"()": "agent.logformat.ContextFilter"},
+        "refusal_without_traceback": {"()": "portal.log_filters.RefusalWithoutTraceback"},
+    },
     "formatters": {
         "tessera": {
             "()": "agent.logformat.JsonFormatter" if LOG_FORMAT == "json" else "agent.logformat.TextFormatter"
@@ -391,6 +394,8 @@ LOGGING = {
         # line would be written twice. Its records go to the root's handler only.
         "django": {"handlers": [], "propagate": True},
         "django.server": {"handlers": [], "propagate": True},
+        # A 4xx the portal meant (a 403 for PermissionDenied) keeps its warning line but not the traceback.
+        "django.request": {"filters": ["refusal_without_traceback"]},
         # django-axes logs every sign-in at INFO; lockouts (WARNING) are what an operator needs.
         "axes": {"level": "WARNING"},
     },

@@ -158,6 +158,21 @@ class Proc:
         except subprocess.TimeoutExpired:
             self.kill9()
 
+    def log_size(self) -> int:
+        """Where the log ends now: `written_since(log_size())` later reads what came after."""
+        try:
+            return self.log.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def written_since(self, offset: int) -> str:
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(offset)
+                return f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
     def tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])

@@ -151,3 +151,25 @@ def test_log_format_json_in_the_environment_makes_the_portal_and_celery_write_js
     by_message = {line["message"]: line for line in lines}
     assert by_message["from django"]["job_id"] == 7 and by_message["from django"]["level"] == "WARNING"
     assert by_message["from celery"]["logger"] == "scheduling.tasks"
+
+
+@pytest.mark.django_db
+def test_a_refusal_is_one_warning_without_a_traceback_and_a_5xx_keeps_its_traceback(
+    portal_log, client, alice, node
+):
+    """Django logs a PermissionDenied with its traceback; a refusal the portal meant is no fault, so its line stays
+    and the trace goes. A server error keeps its traceback."""
+    buf = portal_log("json")
+    client.force_login(alice)
+    response = client.post(f"/cluster/{node.name}/state/", {"state": "cordoned"})
+    assert response.status_code == 403
+    refused = [line for line in _json_lines(buf) if line["logger"] == "django.request"]
+    assert refused and all("Forbidden" in line["message"] for line in refused), refused
+    assert not any("exc_info" in line or "Traceback" in json.dumps(line) for line in refused), refused
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        logging.getLogger("django.request").error(
+            "Internal Server Error", exc_info=True, extra={"status_code": 500}
+        )
+    assert "Traceback" in json.dumps(_json_lines(buf)[-1])
