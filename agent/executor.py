@@ -22,7 +22,15 @@ from agent.backends.base import JobUsageHint
 from agent.ending import ending_of, kill, overdue, stop_request, supervisor_exited
 from agent.isolation import Isolation, IsolationError, close_job_tree
 from agent.jobspec import JobSpec
-from agent.launch import LaunchError, job_env, record_launch, recover_launch, supervisor_run, supervisor_start
+from agent.launch import (
+    LaunchError,
+    job_env,
+    ports_choose,
+    record_launch,
+    recover_launch,
+    supervisor_run,
+    supervisor_start,
+)
 from agent.mps import MpsController
 from agent.placement import (
     FINISHED,
@@ -120,6 +128,7 @@ class Executor:
         if not new:
             return handle
         try:
+            handle.ports = ports_choose(spec, taken={p for h in self.active() for p in h.ports.values()})
             env = job_env(spec, handle, base_env=self.base_env, mps=self.mps)
             run = supervisor_run(
                 spec,

@@ -91,6 +91,8 @@ class JobSpec:
     memory_mib: int | None = None
     user: str | None = None  # the submitter (a Unix account of that name, where jobs run as their submitters)
     gang: Gang | None = None  # a member of a multi-node job
+    # Web ports it serves, ((name, port), ...): given to it as TESSERA_PORT_<NAME> (that port where it is free).
+    ports: tuple[tuple[str, int], ...] = ()
 
     @property
     def key(self) -> str:
@@ -125,17 +127,29 @@ class JobSpec:
             memory_mib=_positive_int(data.get("memory_mib")),
             user=str(data["user"]) if data.get("user") else None,
             gang=Gang.from_dict(data["gang"]) if data.get("gang") else None,
+            ports=tuple(_port(p) for p in data.get("ports") or ()),
         )
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["command"] = list(self.command) if isinstance(self.command, tuple) else self.command
         out["gpus"] = [asdict(g) for g in self.gpus]
+        if not self.ports:
+            del out["ports"]
+        else:
+            out["ports"] = [{"name": name, "port": port} for name, port in self.ports]
         if self.gang is None:
             del out["gang"]
         else:
             out["gang"]["members"] = [asdict(m) for m in self.gang.members]
         return out
+
+
+def _port(data: Any) -> tuple[str, int]:
+    name, port = str(data["name"]), int(data["port"])
+    if not re.fullmatch(r"[a-z][a-z0-9-]{0,30}", name) or not 1024 <= port <= 65535:
+        raise ValueError(f"a web port is a name and a port from 1024 to 65535, not {name!r}: {port!r}")
+    return name, port
 
 
 def _positive_int(value: Any) -> int | None:

@@ -4,6 +4,7 @@ its launch record, and finding that process again when the launch record is miss
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
 from collections.abc import Collection, Mapping
@@ -15,6 +16,7 @@ from agent.isolation import Isolation
 from agent.jobspec import JobSpec, safe_name
 from agent.mps import MpsController
 from agent.placement import JobHandle, write_private_json
+from agent.protocol import port_env_name
 
 SUPERVISOR = Path(__file__).resolve().parent / "supervisor.py"
 # Variables of the agent that a job must never inherit.
@@ -55,7 +57,40 @@ def job_env(
         )
         env.update(client)
     env.update(gang_env(spec, handle.dir))
+    for name, port in handle.ports.items():
+        env[f"TESSERA_PORT_{port_env_name(name)}"] = str(port)
     return env
+
+
+def _port_free(port: int) -> bool:
+    """Nothing on this host listens on the port (a server's bind on every address would succeed: as servers do, with
+    SO_REUSEADDR, so a port an ended job left in TIME_WAIT counts as free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def _any_free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("0.0.0.0", 0))
+        return s.getsockname()[1]
+
+
+def ports_choose(spec: JobSpec, *, taken: Collection[int]) -> dict[str, int]:
+    """Each web port the job asked for, or another free one where this host's is taken (by another placement of
+    this agent, or anything else listening): name -> port."""
+    chosen: dict[str, int] = {}
+    for name, port in spec.ports:
+        if port in taken or port in chosen.values() or not _port_free(port):
+            port = _any_free_port()
+            while port in taken or port in chosen.values():
+                port = _any_free_port()
+        chosen[name] = port
+    return chosen
 
 
 def supervisor_run(
@@ -151,6 +186,7 @@ def record_launch(handle: JobHandle, popen: subprocess.Popen, argv: list[str]) -
             "started_at": handle.started_at,
             "mps": handle.mps,
             "uid": handle.uid,
+            "ports": handle.ports,
         },
     )
 

@@ -44,6 +44,9 @@ class JobHandle:
     detail: str = ""
     reported: bool = False
     mps: str | None = None
+    ports: dict[str, int] = field(default_factory=dict)  # its web ports as given on this node (name -> port)
+    ports_ready: set[str] = field(default_factory=set)  # those that have answered a connection
+    ports_said: tuple | None = None  # (ports, ready) as last reported to the portal
 
     @property
     def key(self) -> str:
@@ -146,4 +149,5 @@ def restore_launch(handle: JobHandle, launch: dict) -> None:
     handle.started_at = launch.get("started_at")
     handle.mps = launch.get("mps")
     handle.uid = launch.get("uid")
+    handle.ports = {str(k): int(v) for k, v in (launch.get("ports") or {}).items()}
     handle.adopted = True

@@ -33,6 +33,12 @@ MAX_FRAME_BYTES = 1024 * 1024
 MAX_LOG_CHUNK_BYTES = 256 * 1024
 
 
+def port_env_name(name: str) -> str:
+    """A job's web port `name` (jupyter, my-board) as its environment names it: TESSERA_PORT_<this> carries the
+    port its agent gave, TESSERA_BASE_URL_<this> the path the portal serves it under."""
+    return name.upper().replace("-", "_")
+
+
 class ProtocolError(ValueError):
     pass
 

@@ -101,6 +101,15 @@ class MetricsAggregator:
         return {"sampled_at": latest.sampled_at, "samples": len(samples), "gpus": gpus}
 
 
+def _answers(port: int, *, timeout_s: float = 0.05) -> bool:
+    """Something accepts connections on this host's port (a job's server has come up)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
 def _cut_lines(lines: list[str]) -> list[str]:
     return [line if len(line) <= LOG_LINE_CHARS else "…" + line[1 - LOG_LINE_CHARS :] for line in lines]
 
@@ -244,6 +253,7 @@ class Agent:
                         )
                     )
                 )
+        out.extend(self._queue(m) for m in self._ports_news())
         self.backend.note_jobs(self.executor.usage_hints())
         for g in sample.gpus:
             if self._health.get(g.uuid, "ok") != g.health:
@@ -285,6 +295,34 @@ class Agent:
             self._last_heartbeat = now
             out.append(self.heartbeat())
         return out
+
+    def _ports_news(self) -> list[dict[str, Any]]:
+        """Where each running placement's web ports listen and which have answered a connection, told to the portal
+        when that changes (an event of kind `ports`): its proxy goes there, and the job's page offers "Open" once
+        one answers. A gang's ports are its first member's."""
+        news = []
+        for h in self.executor.active():
+            if not h.ports or (h.spec.gang is not None and h.spec.gang.rank != 0):
+                continue
+            for name, port in h.ports.items():
+                if name not in h.ports_ready and _answers(port):
+                    h.ports_ready.add(name)
+            said = (dict(h.ports), sorted(h.ports_ready))
+            if said != h.ports_said:
+                h.ports_said = said
+                news.append(
+                    protocol.message(
+                        "event",
+                        {
+                            "kind": "ports",
+                            "job_id": h.spec.job_id,
+                            "attempt": h.spec.attempt,
+                            "ports": said[0],
+                            "ready": said[1],
+                        },
+                    )
+                )
+        return news
 
     def _housekeeping(self) -> None:
         wanted = {j.key for j in self.desired.jobs} if self.desired else set()

@@ -393,3 +393,42 @@ def _say_why_it_failed(client: Client, job_id: int, *, stdout_empty: bool) -> No
     print(f"tessera logs: job {job_id} failed{exit_code}; {head}", file=sys.stderr)
     for line in lines:
         print(f"  {line}", file=sys.stderr)
+
+
+def open_session(argv: Sequence[str]) -> int:
+    parser = command_parser(
+        "open", "Where to open a job's web port (a notebook, a dashboard) in the browser."
+    )
+    parser.add_argument("job_id", type=int)
+    parser.add_argument("name", nargs="?", help="which of its ports (default: its first)")
+    args = parser.parse_args(argv)
+
+    def handle(args: argparse.Namespace) -> int:
+        client = Client.from_config()
+        job = client.job(args.job_id)
+        ports = job.get("ports") or []
+        if not ports:
+            print(
+                f"Job {args.job_id} serves no web ports (submit it with --port name:port).", file=sys.stderr
+            )
+            return ExitCode.NOT_FOUND
+        port = next((p for p in ports if p["name"] == args.name), None) if args.name else ports[0]
+        if port is None:
+            names = ", ".join(p["name"] for p in ports)
+            print(f"Job {args.job_id} has no port {args.name!r}; it serves {names}.", file=sys.stderr)
+            return ExitCode.NOT_FOUND
+        url = f"{client.url}{port['path']}"
+        if args.json:
+            print_json({**port, "url": url})
+            return ExitCode.OK
+        print(url)
+        notes = {
+            "starting": f"{port['name']} is starting: the link answers once its server is up.",
+            "waiting": f"job {args.job_id} is {job['state']}: the link answers once it runs.",
+            "ended": f"job {args.job_id} has ended ({job['state']}): the link no longer answers.",
+        }
+        if port["state"] in notes:
+            print(notes[port["state"]], file=sys.stderr)
+        return ExitCode.OK
+
+    return run_command(handle, args)

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("cli.jobs:show", "one job in detail with its events"),
     "cancel": ("cli.jobs:cancel", "cancel jobs (scancel)"),
     "logs": ("cli.jobs:logs", "a job's output; --follow to keep reading"),
+    "open": ("cli.jobs:open_session", "the URL of a job's web port (a notebook, a dashboard)"),
     "nodes": ("cli.cluster:nodes", "nodes and GPUs (sinfo)"),
     "top": ("cli.cluster:top", "live cluster view; q quits"),
 }

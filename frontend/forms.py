@@ -17,7 +17,7 @@ from quotas.selectors import TeamAllowance
 from scheduling.errors import ServiceError
 from scheduling.jobs import fields
 from scheduling.jobs.fields import SpecField
-from scheduling.jobs.spec import dependencies_written, spec_field_errors, spec_to_mapping
+from scheduling.jobs.spec import dependencies_written, ports_written, spec_field_errors, spec_to_mapping
 from scheduling.jobs.submit import job_spec_of
 from scheduling.jobs.validation import team_priority_grant
 
@@ -69,6 +69,11 @@ class JobForm(SpecFields):
     kind = forms.ChoiceField(choices=KINDS, initial="whole", widget=forms.RadioSelect, label="GPUs")
     command_form = forms.ChoiceField(
         choices=COMMAND_FORMS, initial="argv", widget=forms.RadioSelect, label="Command is"
+    )
+    interactive = forms.BooleanField(
+        required=False,
+        label="Interactive session",
+        help_text="A notebook or dashboard you work in (the spec's kind: interactive)",
     )
 
     def __init__(self, *args: Any, allowances: dict[str, TeamAllowance], models: list[str], **kwargs: Any):
@@ -156,6 +161,7 @@ class JobForm(SpecFields):
             "workdir",
             "array",
             "depends_on",
+            "ports",
         ):
             if d.get(field):
                 spec[field] = d[field]
@@ -163,6 +169,8 @@ class JobForm(SpecFields):
             spec["gpu_models"] = list(d["gpu_models"])
         if d.get("notify"):
             spec["notify"] = list(d["notify"])
+        if d.get("interactive"):
+            spec["kind"] = "interactive"
         return {k: v for k, v in spec.items() if v not in (None, "")}
 
     def add_spec_field_errors(self) -> None:
@@ -233,4 +241,6 @@ def initial_from_job(job: Any) -> dict[str, Any]:
             spec.get("depends_on", []), singleton=spec.get("singleton", False)
         ),
         "notify": [e for e in spec.get("notify", "").split(",") if e and e != "none"],
+        "interactive": job.kind == "interactive",
+        "ports": ports_written(job.ports),
     }

@@ -35,6 +35,7 @@ from scheduling.inventory.selectors import gpu_model_rows
 from scheduling.jobs import selectors as job_selectors
 from scheduling.jobs.array_tasks import job_cancel_as_listed
 from scheduling.jobs.chargeback import usage_rows
+from scheduling.jobs.sessions import SESSION_TEMPLATES, job_sessions_for, session_share
 from scheduling.jobs.spec import spec_check_card_limits, spec_from_mapping, spec_to_mapping
 from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES, IllegalTransition
 from scheduling.jobs.submit import job_submit
@@ -167,6 +168,10 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "exit_code": _exit_code(events),
         "stopped_by_limit": _stopped_by_limit(job, events) if job.state in TERMINAL_STATES else None,
         "node_condition": job_selectors.job_node_silence(job=job),
+        "sessions": job_sessions_for(user=request.user, job=job),
+        "can_share": bool(job.ports)
+        and job.submitter_id == request.user.pk
+        and job.state not in TERMINAL_STATES,
     }
     if request.GET.get("part") != "live":
         context["charts"] = job_charts(job=job, events=events)
@@ -195,6 +200,47 @@ def _gpu_hours(request: HttpRequest, job) -> float:
     mine = job_selectors.jobs_visible_to(user=request.user).filter(pk=job.pk)
     rows = usage_rows(jobs=mine, since=job.submitted_at, until=timezone.now(), group_by=("team",))
     return sum(r["gpu_hours"] for r in rows)
+
+
+def _new_page(form: JobForm) -> dict:
+    """The submit page's context: the form, and the session templates as the values they put in it."""
+    templates = [
+        (
+            key,
+            {
+                "label": t["label"],
+                "values_json": json.dumps(
+                    {
+                        "name": t["name"],
+                        "command_form": "shell",
+                        "command": t["command"],
+                        "ports": t["ports"],
+                        "interactive": "on" if t["kind"] == "interactive" else "",
+                    }
+                ),
+            },
+        )
+        for key, t in SESSION_TEMPLATES.items()
+    ]
+    return {"form": form, "session_templates": templates}
+
+
+@login_required
+@require_POST
+def job_share(request: HttpRequest, job_id: int) -> HttpResponse:
+    """The submitter lets the job's team open its web ports too (share=1), or no longer (share=0)."""
+    try:
+        job = session_share(user=request.user, job_id=job_id, shared=request.POST.get("share") == "1")
+    except ServiceError as exc:
+        if exc.code == "not_found":
+            raise Http404(exc.message) from None
+        messages.error(request, exc.message)
+        return redirect("frontend:job", job_id=job_id)
+    if job.session_shared:
+        messages.success(request, f"Members of {job.team.slug} may now open job {job.pk}'s web ports.")
+    else:
+        messages.success(request, f"Only you may open job {job.pk}'s web ports now.")
+    return redirect("frontend:job", job_id=job_id)
 
 
 @login_required
@@ -288,7 +334,7 @@ def job_new(request: HttpRequest) -> HttpResponse:
             else:
                 messages.success(request, f"Submitted job {job.pk}: {job.name}.")
                 return redirect("frontend:job", job_id=job.pk)
-        return render(request, "frontend/jobs/new.html", {"form": form}, status=400)
+        return render(request, "frontend/jobs/new.html", _new_page(form), status=400)
     initial = None
     copy = request.GET.get("from")
     if copy and copy.isdigit():
@@ -299,7 +345,7 @@ def job_new(request: HttpRequest) -> HttpResponse:
         teams = team_slugs_visible_to(user=request.user)
         initial = {"team": teams[0] if teams else "", "command_form": "argv", "kind": "whole", "gpus": "1"}
     snapshot_warm()  # the what-if's first answer comes as the user types: its snapshot is read meanwhile
-    return render(request, "frontend/jobs/new.html", {"form": _form(request, initial=initial)})
+    return render(request, "frontend/jobs/new.html", _new_page(_form(request, initial=initial)))
 
 
 @login_required

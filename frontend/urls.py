@@ -20,6 +20,7 @@ urlpatterns = [
     path("jobs/cancel/", jobs.jobs_cancel, name="jobs_cancel"),
     path("jobs/<int:job_id>/", jobs.job_detail, name="job"),
     path("jobs/<int:job_id>/logs/<str:stream>/", jobs.job_log_download, name="job_log"),
+    path("jobs/<int:job_id>/share/", jobs.job_share, name="job_share"),
     path("queue/", views.queue, name="queue"),
     path("teams/", teams.teams, name="teams"),
     # Team slugs hold a '/' (ai-lab/training): a path converter, with the fixed ends after it.

@@ -1,4 +1,4 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels routes."""
+"""ASGI entry point: HTTP through Django (sessions' proxy aside), websockets through Channels routes."""
 
 import os
 
@@ -9,11 +9,13 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from frontend.sessions import http_app  # noqa: E402
 from portal.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # A job's web port (/jobs/<id>/open/<name>/) is proxied before Django's stack; the rest is Django's.
+        "http": http_app(django_asgi_app),
         "websocket": URLRouter(websocket_urlpatterns),
     }
 )

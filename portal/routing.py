@@ -13,3 +13,10 @@ websocket_urlpatterns.append(path("ws/agent/", AgentConsumer.as_asgi()))
 from scheduling.realtime.streams import websocket_urlpatterns as browser_streams  # noqa: E402
 
 websocket_urlpatterns.extend(browser_streams)
+
+# A job's web port over WebSocket (Jupyter's kernels): session auth and the same Origin checks as the streams; see
+# frontend/sessions.py.
+from frontend.sessions import websocket_routes as session_routes  # noqa: E402
+from scheduling.realtime.streams import browser_origin_checks  # noqa: E402
+
+websocket_urlpatterns.extend(session_routes(browser_origin_checks))

@@ -8,11 +8,13 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from scheduling.jobs.fields import COUNT, FIELDS, MODELS
+from scheduling.jobs.fields import COUNT, FIELDS, MODELS, PORTS
 
 # (flags, spec field, help) for every field `tessera submit` sets by a flag; the rest are set in a spec file.
 SUBMIT_FLAGS = tuple((f.flags, f.name, f.flag_help or f.help) for f in FIELDS if f.flags)
-REPEATED = frozenset(f.name for f in FIELDS if f.flags and f.kind == MODELS)  # the flag may be given again
+REPEATED = frozenset(
+    f.name for f in FIELDS if f.flags and f.kind in (MODELS, PORTS)
+)  # the flag may be given again
 COUNTS = frozenset(f.name for f in FIELDS if f.flags and f.kind == COUNT)  # sent as numbers
 
 _FLAG_OF = {field: flags[0] for flags, field, _ in SUBMIT_FLAGS}

@@ -40,6 +40,11 @@ class Topology(models.TextChoices):
     NVLINK = "nvlink", "NVLink-connected set"
 
 
+class JobKind(models.TextChoices):
+    BATCH = "batch", "Batch"
+    INTERACTIVE = "interactive", "Interactive session"
+
+
 class JobState(models.TextChoices):
     PENDING = "pending", "Pending"
     PLACED = "placed", "Placed"

@@ -29,6 +29,7 @@ from scheduling.cycle.models import NodeSync
 from scheduling.inventory.models import Node
 from scheduling.jobs.models import GangMember, Job, Slice
 from scheduling.jobs.selectors import job_team_ids
+from scheduling.jobs.sessions import port_env_name, session_path
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.realtime import events
 
@@ -72,6 +73,8 @@ class PlacedJob(NamedTuple):
     array_job_id: int | None
     array_task_id: int | None
     array_task_count: int | None
+    ports: list[list[Any]]  # [[name, port], ...] as asked
+    session_token: str
 
 
 class Member(NamedTuple):
@@ -119,7 +122,9 @@ def _job_entry(job: PlacedJob, cards: list[Card]) -> dict[str, Any]:
                 "TESSERA_ARRAY_TASK_COUNT": str(job.array_task_count),
             }
         )
-    return {
+    if job.ports:
+        env.update(session_env(job_id=job.pk, ports=job.ports, token=job.session_token))
+    entry = {
         "job_id": str(job.pk),
         "attempt": job.attempt,
         "name": job.name,
@@ -134,6 +139,18 @@ def _job_entry(job: PlacedJob, cards: list[Card]) -> dict[str, Any]:
         "memory_mib": job.memory_mib,
         "user": job.user,
     }
+    if job.ports:  # only then: an agent from before sessions is told nothing new
+        entry["ports"] = [{"name": name, "port": port} for name, port in job.ports]
+    return entry
+
+
+def session_env(*, job_id: int, ports: list[list[Any]], token: str) -> dict[str, str]:
+    """What a job serving web ports is told beyond TESSERA_PORT_<NAME> (its agent's): the path the portal serves
+    each port under (a server's base URL, e.g. Jupyter's --ServerApp.base_url) and the token the portal's proxy
+    sends (`Authorization: token ...`), also as JUPYTER_TOKEN, which Jupyter takes as its own."""
+    env = {f"TESSERA_BASE_URL_{port_env_name(name)}": session_path(job_id, name) for name, _ in ports}
+    env.update({"TESSERA_SESSION_TOKEN": token, "JUPYTER_TOKEN": token})
+    return env
 
 
 def _run_as() -> Coalesce:

@@ -38,6 +38,11 @@ EACH_TASK = "each"
 MAX_SPEC_INT = 2**63 - 1  # the database's bigint
 TOPOLOGIES = ("none", "numa", "nvlink")  # scheduling.choices.Topology's values
 EVENTS = ("start", "end", "fail", "preempt")  # what a submitter may be told of
+JOB_KINDS = ("batch", "interactive")  # scheduling.choices.JobKind's values
+# Web ports a job serves (notebooks, dashboards), opened through the portal at /jobs/<id>/open/<name>/.
+MAX_PORTS = 8
+MIN_PORT, MAX_PORT = 1024, 65535  # no privileged port: jobs never run as root
+PORT_NAME = r"[a-z][a-z0-9-]{0,30}"
 
 # A spec well formed field by field can still be refused: this cluster can never run it, its fields do not go
 # together, or its team may not (the codes a 400 may carry: portal/api_schema.py).
@@ -81,6 +86,10 @@ class JobSpec:
     # "each": each of its tasks waits for the same task of that array to succeed.
     depends_on: tuple[tuple[int, str], ...] = ()
     singleton: bool = False  # waits while an earlier live job of its owner has its name
+    kind: str = "batch"  # batch | interactive (a session: a notebook, a dashboard)
+    # Web ports it serves: ((name, port), ...); its agent gives it that port, or another one where the node's is
+    # taken, as TESSERA_PORT_<NAME>.
+    ports: tuple[tuple[str, int], ...] = ()
 
 
 # --- Fields ---------------------------------------------------------------------------------------------------
@@ -99,6 +108,7 @@ DURATION = "duration"  # 2h, 30m, 1h30m, or seconds
 DIRECTORY = "directory"  # an absolute path on the node
 EVENT_LIST = "events"  # a comma list of EVENTS, all or none
 DEPENDENCIES = "dependencies"  # afterok:123,afterany:45 (sbatch --dependency), or a list of {job, when}
+PORTS = "ports"  # jupyter:8888,tensorboard:6006, or a list of {name, port}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -355,6 +365,27 @@ FIELDS: tuple[SpecField, ...] = (
         kind=FLAG,
         attr="singleton",
         help="wait while an earlier job of yours with the same name is live (sbatch's --dependency=singleton)",
+    ),
+    SpecField(
+        name="kind",
+        kind=CHOICE,
+        attr="kind",
+        choices=JOB_KINDS,
+        help="batch (default), or interactive for a session such as a notebook",
+        flags=("--kind",),
+    ),
+    SpecField(
+        name="ports",
+        kind=PORTS,
+        attr="ports",
+        high=MAX_PORTS,
+        help=f"web ports the job serves, opened through the portal at /jobs/<id>/open/<name>/: name:port "
+        f"joined by commas (jupyter:8888), or a list of {{name, port}}; at most {MAX_PORTS}, ports "
+        f"{MIN_PORT}-{MAX_PORT}. The job listens on $TESSERA_PORT_<NAME>",
+        flags=("--port",),
+        flag_help="a web port the job serves, name:port (repeat for several), e.g. jupyter:8888",
+        label="Web ports",
+        form_help="Optional: name:port, e.g. jupyter:8888; open them from the job's page",
     ),
     SpecField(
         name="notify",

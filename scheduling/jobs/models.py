@@ -7,7 +7,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-from scheduling.choices import ActorKind, GangMemberOutcome, JobState, Topology
+from scheduling.choices import ActorKind, GangMemberOutcome, JobKind, JobState, Topology
 from scheduling.inventory.models import Gpu, Node
 
 
@@ -104,6 +104,17 @@ class Job(models.Model):
         default=False,
         help_text="Waits while an earlier job of its owner with its name is live (Slurm's singleton).",
     )
+    kind = models.CharField(max_length=20, choices=JobKind.choices, default=JobKind.BATCH)
+    # Web ports the job serves, [[name, port], ...] as asked; opened through the portal (frontend/sessions.py).
+    ports = models.JSONField(default=list, blank=True)
+    # The secret the session proxy sends as `Authorization: token ...` (the job's JUPYTER_TOKEN): made at submit
+    # for a job with ports, never shown. Other jobs on the node lack it.
+    session_token = models.CharField(max_length=64, blank=True, editable=False)
+    session_shared = models.BooleanField(
+        "shared with the team", default=False, help_text="Its team's members may open its web ports too."
+    )
+    # Where its current attempt's ports are: {"attempt": n, "ports": {name: port on the node}, "ready": [names]}.
+    ports_bound = models.JSONField(default=dict, blank=True)
     pending_reason_code = models.CharField("why it waits (code)", max_length=50, blank=True)
     pending_reason = models.TextField("why it waits", blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)

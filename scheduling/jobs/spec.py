@@ -433,12 +433,58 @@ def _read(field: SpecField, value: Any, *, written_as: str) -> Any:
             return _workdir(value)
         case f.DEPENDENCIES:
             return parse_dependencies(value, high=field.high or f.MAX_DEPENDENCIES)
+        case f.PORTS:
+            return parse_ports(value, high=field.high or f.MAX_PORTS)
         case f.EVENT_LIST:
             try:
                 return tuple(parse_events(value, field=name))
             except ServiceError as exc:
                 raise SpecError(exc.message, field=name) from None
     raise AssertionError(f"no reader for the kind {field.kind!r} of {name}")
+
+
+def parse_ports(value: Any, *, high: int) -> tuple[tuple[str, int], ...]:
+    """`jupyter:8888,tensorboard:6006` (the CLI's --port, repeated, comes as a list of such), or a list of
+    {name, port}: ((name, port), ...) in the order given, each name and each port once."""
+    forms = "name:port joined by commas (jupyter:8888), or a list of {name, port}"
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list):
+        raise SpecError(f"ports is {forms}.", field="ports")
+    ports: list[tuple[str, int]] = []
+    for item in items:
+        if isinstance(item, str):
+            name, _, port = item.strip().partition(":")
+        elif isinstance(item, dict) and set(item) == {"name", "port"}:
+            name, port = item["name"], item["port"]
+        else:
+            raise SpecError(
+                f"ports: each item is name:port or {{name, port}} (got {_shown(item)}).", field="ports"
+            )
+        if not isinstance(name, str) or not re.fullmatch(f.PORT_NAME, name):
+            raise SpecError(
+                f"ports: a name is a lower-case word of at most 31 letters, digits and '-', starting with a "
+                f"letter (got {_shown(name)}).",
+                field="ports",
+            )
+        ports.append((name, _int_in("ports", port, low=f.MIN_PORT, high=f.MAX_PORT)))
+    if len(ports) > high:
+        raise SpecError(
+            f"ports may list at most {high} ports (got {len(ports)}).",
+            field="ports",
+            limit=high,
+            code=OUT_OF_RANGE,
+        )
+    for i, what in ((0, "name"), (1, "port")):
+        seen = [p[i] for p in ports]
+        twice = next((x for x in seen if seen.count(x) > 1), None)
+        if twice is not None:
+            raise SpecError(f"ports gives the {what} {twice!r} twice.", field="ports", code=INCOMPATIBLE)
+    return tuple(ports)
+
+
+def ports_written(ports: Any) -> str:
+    """Ports as the CLI and the form write them: jupyter:8888,tensorboard:6006."""
+    return ",".join(f"{name}:{port}" for name, port in (ports or ()))
 
 
 _SINGLETON = (0, "singleton")  # `singleton` written among the dependencies: the flag, not a job
@@ -559,6 +605,12 @@ def spec_from_mapping(data: Any) -> ParsedSpec:
             field="gpus",
             code=INCOMPATIBLE,
         )
+    if values.get("ports") and values.get("array"):
+        raise SpecError(
+            "ports are for one job (a session); an array's tasks cannot share them.",
+            field="ports",
+            code=INCOMPATIBLE,
+        )
     kwargs = {f.FIELD[name].attr: value for name, value in values.items() if f.FIELD[name].attr}
     if _SINGLETON in kwargs.get("depends_on", ()):  # sbatch's -d singleton: the flag
         kwargs["depends_on"] = tuple(d for d in kwargs["depends_on"] if d != _SINGLETON)
@@ -642,6 +694,10 @@ def spec_to_mapping(spec: JobSpec, *, team: str | None = None) -> dict[str, Any]
         ]
     if spec.singleton:
         out["singleton"] = True
+    if spec.kind != "batch":
+        out["kind"] = spec.kind
+    if spec.ports:
+        out["ports"] = [{"name": name, "port": port} for name, port in spec.ports]
     return out
 
 

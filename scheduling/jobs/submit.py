@@ -3,6 +3,8 @@ way in)."""
 
 from __future__ import annotations
 
+import secrets
+
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
@@ -49,6 +51,9 @@ def job_from_spec(
         workdir=spec.workdir,
         notify=None if spec.notify is None else list(spec.notify),
         singleton=spec.singleton,
+        kind=spec.kind,
+        ports=[[name, port] for name, port in spec.ports],
+        session_token=secrets.token_urlsafe(32) if spec.ports else "",
         **_array_fields(spec),
     )
 
@@ -95,6 +100,8 @@ def job_spec_of(job: Job) -> JobSpec:
         array=job.array_spec if job.array_job_id is not None and job.array_job_id == job.pk else "",
         depends_on=tuple(job.dependencies.order_by("id").values_list("on_id", "when")) if job.pk else (),
         singleton=job.singleton,
+        kind=job.kind,
+        ports=tuple((str(name), int(port)) for name, port in job.ports or ()),
     )
 
 

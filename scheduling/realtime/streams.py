@@ -479,8 +479,13 @@ def origin_allowed(scope: dict) -> bool:
     return (parts.scheme, parts.netloc.lower()) == ("https" if secure else "http", host.lower())
 
 
+def browser_origin_checks(app: Any) -> Any:
+    """A browser socket's Origin checks: one of ALLOWED_HOSTS, and the page's own site."""
+    return SameOriginValidator(AllowedHostsOriginValidator(app))
+
+
 def _browser(consumer: type[_StreamConsumer]) -> Any:
-    return SameOriginValidator(AllowedHostsOriginValidator(AuthMiddlewareStack(consumer.as_asgi())))
+    return browser_origin_checks(AuthMiddlewareStack(consumer.as_asgi()))
 
 
 websocket_urlpatterns = [

@@ -10,7 +10,6 @@ from django.test import Client
 pytestmark = pytest.mark.django_db
 
 
-
 def _signed_in(user) -> Client:
     client = Client()
     client.force_login(user)

@@ -20,7 +20,7 @@ from scheduling.jobs.documents import SpecError
 from scheduling.jobs.fields import JobSpec
 from scheduling.jobs.spec import spec_from_mapping, spec_to_mapping
 
-FORM_OWN = {"kind", "command_form"}  # whole cards or a slice; argv or a shell line
+FORM_OWN = {"kind", "command_form", "interactive"}  # whole cards or a slice; argv or a shell line; a session
 
 
 def test_every_jobspec_attribute_is_one_field_of_the_table():
@@ -125,6 +125,8 @@ def _placed(**overrides) -> PlacedJob:
         array_job_id=None,
         array_task_id=None,
         array_task_count=None,
+        ports=[["jupyter", 8888]],
+        session_token="secret",
     )
     return PlacedJob(**{**values, **overrides})
 
@@ -152,4 +154,11 @@ def test_the_agent_reads_every_key_of_the_job_entry_the_portal_sends():
     ]
     assert (spec.cpu_milli, spec.memory_mib, spec.max_runtime_s, spec.grace_s) == (4000, 65536, 3600.0, 30.0)
     assert spec.gang is not None and spec.gang.rank == 1 and spec.gang.master_port == 29500
+    assert (
+        spec.ports == (("jupyter", 8888),)
+        and spec.env["TESSERA_BASE_URL_JUPYTER"] == "/jobs/17/open/jupyter/"
+    )
     assert AgentJobSpec.from_dict(spec.to_dict()) == spec
+    # A job serving no web ports: the entry an agent from before sessions was sent, key for key.
+    plain = _job_entry(_placed(ports=[], session_token=""), cards)
+    assert "ports" not in plain and not any(k.startswith("TESSERA_BASE_URL") for k in plain["env"])

@@ -15,7 +15,6 @@ from quotas.tokens import api_token_create
 pytestmark = pytest.mark.django_db
 
 
-
 def _signed_in(user) -> Client:
     client = Client()
     client.force_login(user)

@@ -107,6 +107,14 @@
       jobForm.addEventListener("change", apply);
       apply();
       setupPriorityList(jobForm);
+      // A session template (Jupyter, TensorBoard, a plain port) fills in its name, command, ports and kind.
+      jobForm.addEventListener("click", function (e) {
+        const button = e.target.closest && e.target.closest("[data-template]");
+        if (!button) return;
+        applyValues(jobForm, JSON.parse(button.dataset.template));
+        apply();
+        jobForm.dispatchEvent(new Event("change", { bubbles: true }));
+      });
       // The what-if's suggestion is a button: it puts its values in the form, and the change asks again.
       document.addEventListener("click", function (e) {
         const button = e.target.closest && e.target.closest("#preview [data-apply]");

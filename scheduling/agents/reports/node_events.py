@@ -1,4 +1,5 @@
-"""Agent events: prevented neighbour interference (the memory watchdog), GPU health, MPS unavailable. An event about
+"""Agent events: prevented neighbour interference (the memory watchdog), GPU health, MPS unavailable, where a
+job's web ports listen. An event about
 a job counts only while the job's current attempt is placed on the node; each message is recorded once."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from scheduling.choices import ActorKind, GpuHealth
 from scheduling.cycle.requests import cycle_request_after_commit
 from scheduling.inventory.models import Gpu, Node
 from scheduling.jobs.models import Job, JobEvent
+from scheduling.jobs.sessions import session_ports_record
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.realtime import events, groups
 
@@ -108,6 +110,20 @@ def node_event(*, node_id: int, payload: dict[str, Any], message_id: str = "") -
                 data={**data, "node": node.name, "attempt": attempt, "message_id": message_id},
             )
             return Outcome(True, changed=True)
+        if kind == "ports":  # where a job's web ports listen, and which answer (scheduling/jobs/sessions.py)
+            try:
+                job_id, attempt = int(payload["job_id"]), int(payload["attempt"])
+            except (KeyError, TypeError, ValueError):
+                return Outcome(False, "a ports event needs job_id and attempt")
+            job = Job.objects.filter(pk=job_id).first()
+            if job is None or attempt != job.attempt or not placed_here(job, node):
+                return Outcome(
+                    False,
+                    f"stale event: job {job_id} attempt {attempt} is not placed on {node.name}",
+                    stale=job is not None and attempt < job.attempt,
+                )
+            changed = session_ports_record(job=job, node_name=node.name, attempt=attempt, payload=payload)
+            return Outcome(True, changed=changed)
         if kind == "gpu_health":
             health = _HEALTH.get(str(payload.get("health")), GpuHealth.DEGRADED)
             if health != GpuHealth.OK:

@@ -12,7 +12,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from scheduling.choices import JobState
+from scheduling.choices import JobKind, JobState
 from scheduling.jobs.array_indexes import TASKS_PATTERN
 from scheduling.jobs.fields import MAX_ARRAY_CHARS
 from scheduling.jobs.models import Job, JobEvent
@@ -24,6 +24,7 @@ from scheduling.jobs.selectors import (
     jobs_node_silence,
     pending_reason,
 )
+from scheduling.jobs.sessions import session_links
 from scheduling.jobs.spec import spec_to_mapping
 from scheduling.jobs.submit import job_spec_of
 
@@ -89,6 +90,13 @@ class JobCancelSerializer(serializers.Serializer):
     )
 
 
+class JobPortSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    port = serializers.IntegerField(help_text="The port asked for (its node may have given another).")
+    path = serializers.CharField(help_text="Where the portal serves it: /jobs/<id>/open/<name>/.")
+    state = serializers.ChoiceField(choices=["ready", "starting", "waiting", "ended"])
+
+
 class JobSerializer(serializers.Serializer):
     """A job as lists show it. Declared field by field (not a ModelSerializer): submit answers with it, and
     building model fields on every request costs more than the rest of the serialisation."""
@@ -124,6 +132,17 @@ class JobSerializer(serializers.Serializer):
     array = serializers.SerializerMethodField(
         help_text="Null unless the job is an array or one of its tasks."
     )
+    kind = serializers.ChoiceField(choices=JobKind.choices, read_only=True)
+    ports = serializers.SerializerMethodField(
+        help_text="Its web ports: each opened at `path` on the portal (by its owner, and its team when "
+        "`session_shared`); `state` ready (its server answers), starting, waiting (the job is not running yet) "
+        "or ended."
+    )
+    session_shared = serializers.BooleanField(read_only=True)
+
+    @extend_schema_field(JobPortSerializer(many=True))
+    def get_ports(self, job: Job) -> list[dict[str, Any]]:
+        return job_ports_fields(job)
 
     def get_pending_reason_code(self, job: Job) -> str:
         """Why it waits, as a code; scheduler_stalled when no scheduling cycle ran for three intervals."""
@@ -188,6 +207,15 @@ def _moment(value: Any) -> str | None:
     return None if value is None else _DATETIME.to_representation(value)
 
 
+def job_ports_fields(job: Job) -> list[dict[str, Any]]:
+    """A job's `ports` (JobPortSerializer's fields)."""
+    asked = {str(name): int(port) for name, port in job.ports or ()}
+    return [
+        {"name": link.name, "port": asked[link.name], "path": link.path, "state": link.state}
+        for link in session_links(job)
+    ]
+
+
 def job_payload(job: Job) -> dict[str, Any]:
     """`JobSerializer(job).data` without building a serializer: the submit response, on the hot path.
 
@@ -217,6 +245,9 @@ def job_payload(job: Job) -> dict[str, Any]:
         "estimated_start_at": _moment(job.estimated_start_at),
         "node_condition": None,  # a job just submitted holds no cards
         "array": job_array_fields(job, array_summaries(jobs=[job]).get(job.pk)),
+        "kind": job.kind,
+        "ports": job_ports_fields(job),
+        "session_shared": job.session_shared,
     }
 
 

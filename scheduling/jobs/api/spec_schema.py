@@ -167,6 +167,33 @@ DEPENDENCIES = {
 }
 
 
+_PORT = f"{fields.PORT_NAME}:[0-9]{{1,5}}"
+PORTS = {
+    "anyOf": [
+        {"type": "string", "pattern": f"^$|^ *{_PORT}( *, *{_PORT})* *$"},
+        {
+            "type": "array",
+            "maxItems": fields.MAX_PORTS,
+            "items": {
+                "anyOf": [
+                    {"type": "string", "pattern": f"^ *{_PORT} *$"},
+                    {
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string", "pattern": f"^{fields.PORT_NAME}$"},
+                            "port": _whole(fields.MIN_PORT, fields.MAX_PORT),
+                        },
+                        "required": ["name", "port"],
+                        "additionalProperties": False,
+                    },
+                ]
+            },
+        },
+    ],
+    "description": f"Ports {fields.MIN_PORT}-{fields.MAX_PORT}; each name and port once.",
+}
+
+
 def _of_kind(kind: str, *, low: int, high: int | None, required: bool, zero: bool, choices: tuple[str, ...]):
     """The schema of a value written as `kind` (scheduling.jobs.fields) within its bounds."""
     match kind:
@@ -199,6 +226,8 @@ def _of_kind(kind: str, *, low: int, high: int | None, required: bool, zero: boo
             return EVENTS
         case fields.DEPENDENCIES:
             return DEPENDENCIES
+        case fields.PORTS:
+            return PORTS
     raise AssertionError(f"no schema for the kind {kind!r}")
 
 

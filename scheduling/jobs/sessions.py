@@ -1,0 +1,233 @@
+"""Interactive sessions: a job's web ports (a notebook, a dashboard), opened through the portal's proxy at
+/jobs/<id>/open/<name>/ (frontend/sessions.py).
+
+A job asks for ports by name (`ports: [{name: jupyter, port: 8888}]`). Its agent gives it each port, or another
+one where the node's is taken, as TESSERA_PORT_<NAME>, and reports where each went and when it first answered (an
+event of kind `ports`, recorded by `session_ports_record`). Who may open it is decided here once
+(`session_job_for`): its submitter, and its team's members when the submitter shares it. Everyone else, staff
+too, is told there is no such page: opening a session is running code as its owner.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+
+from agent.protocol import port_env_name
+from quotas.selectors import team_ids_for_user
+from scheduling.choices import ActorKind, JobState
+from scheduling.errors import ServiceError
+from scheduling.inventory.models import Node
+from scheduling.jobs.fields import MAX_PORT, MIN_PORT, PORT_NAME
+from scheduling.jobs.models import Job, JobEvent
+from scheduling.realtime import events
+
+__all__ = [
+    "SESSION_TEMPLATES",
+    "SessionLink",
+    "SessionTarget",
+    "job_sessions_for",
+    "port_env_name",
+    "session_job_for",
+    "session_links",
+    "session_path",
+    "session_ports_record",
+    "session_share",
+    "session_target",
+]
+
+
+def session_path(job_id: int, name: str) -> str:
+    """Where the portal serves a job's port: the server's base URL (Jupyter's base_url, TensorBoard's path_prefix)."""
+    return f"/jobs/{job_id}/open/{name}/"
+
+
+def session_job_for(*, user: AbstractBaseUser, job_id: int, name: str) -> Job | None:
+    """The job whose port `name` this user may open: theirs, or their team's when shared. None: a 404."""
+    if not user.is_authenticated:
+        return None
+    job = Job.objects.select_related("team").filter(pk=job_id).first()
+    if job is None or name not in {str(n) for n, _ in job.ports or ()}:
+        return None
+    if job.submitter_id == user.pk:
+        return job
+    if job.session_shared and job.team_id in team_ids_for_user(user=user):
+        return job
+    return None
+
+
+@dataclass(frozen=True)
+class SessionTarget:
+    """Where the proxy goes for a port, or why it cannot (`unavailable`, in words for the user)."""
+
+    address: str = ""
+    port: int = 0
+    token: str = ""
+    ready: bool = False
+    unavailable: str = ""
+    ended: bool = False
+
+
+def session_target(*, job: Job, name: str) -> SessionTarget:
+    """Where the job's port `name` is now: the node its current attempt runs on and the port its agent gave."""
+    if job.state != JobState.RUNNING:
+        if job.state in (JobState.PENDING, JobState.PLACED, JobState.STARTING):
+            return SessionTarget(unavailable=f"Job {job.pk} has not started yet ({job.state}).")
+        return SessionTarget(
+            unavailable=f"Job {job.pk} has ended ({job.state}): its {name} is gone.", ended=True
+        )
+    bound = job.ports_bound or {}
+    port = (bound.get("ports") or {}).get(name)
+    if bound.get("attempt") != job.attempt or port is None:
+        return SessionTarget(
+            unavailable=f"Job {job.pk} is starting: its node has not said where {name} listens."
+        )
+    node = Node.objects.filter(name=bound.get("node")).first()
+    if node is None:
+        return SessionTarget(unavailable=f"Job {job.pk}'s node is no longer known.")
+    return SessionTarget(
+        address=node.reachable_address,
+        port=int(port),
+        token=job.session_token,
+        ready=name in (bound.get("ready") or ()),
+    )
+
+
+def _ports_reported(payload: dict[str, Any], asked: set[str]) -> tuple[dict[str, int], list[str]]:
+    """The ports an agent reported, for the names the job asked for, as numbers in range; and which answer."""
+    raw = payload.get("ports")
+    ports: dict[str, int] = {}
+    if isinstance(raw, dict):
+        for name, port in raw.items():
+            if (
+                name in asked
+                and isinstance(port, int)
+                and not isinstance(port, bool)
+                and MIN_PORT <= port <= MAX_PORT
+                and re.fullmatch(PORT_NAME, name)
+            ):
+                ports[name] = port
+    ready = payload.get("ready")
+    ready_names = sorted({r for r in ready if r in ports}) if isinstance(ready, list) else []
+    return ports, ready_names
+
+
+@transaction.atomic
+def session_ports_record(*, job: Job, node_name: str, attempt: int, payload: dict[str, Any]) -> bool:
+    """An agent's word on where the job's ports listen and which answer (the caller has checked that this
+    attempt is placed on that node). Whether anything changed; the job's page is told after commit."""
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    if attempt != job.attempt or job.state not in (JobState.PLACED, JobState.STARTING, JobState.RUNNING):
+        return False
+    ports, ready = _ports_reported(payload, {str(n) for n, _ in job.ports or ()})
+    bound = {"attempt": attempt, "node": node_name, "ports": ports, "ready": ready}
+    if bound == job.ports_bound:
+        return False
+    newly_ready = set(ready) - set((job.ports_bound or {}).get("ready") or ())
+    if job.ports_bound.get("attempt") != attempt:
+        newly_ready = set(ready)
+    job.ports_bound = bound
+    job.save(update_fields=["ports_bound"])
+    for name in sorted(newly_ready):
+        JobEvent.objects.create(
+            job=job,
+            from_state=job.state,
+            to_state=job.state,
+            actor_kind=ActorKind.AGENT,
+            code="port_ready",
+            message=f"{name} answers on {node_name} (port {ports[name]}): open it from the job's page.",
+            data={"name": name, "node": node_name, "port": ports[name], "attempt": attempt},
+        )
+    _tell(job, "port_ready" if newly_ready else "ports")
+    return True
+
+
+def _tell(job: Job, code: str) -> None:
+    """The job's page (and its team's lists) are told after commit."""
+    events.job_changed(
+        job_id=job.pk, team_id=job.team_id, submitter_id=job.submitter_id, state=job.state, code=code
+    )
+
+
+@transaction.atomic
+def session_share(*, user: AbstractBaseUser, job_id: int, shared: bool) -> Job:
+    """The submitter lets the job's team open its ports too, or stops letting them."""
+    job = Job.objects.select_for_update().filter(pk=job_id, submitter_id=user.pk).first()
+    if job is None:
+        raise ServiceError("Only the job's submitter may share its sessions.", code="not_found")
+    if not job.ports:
+        raise ServiceError(f"Job {job_id} serves no web ports.", field="ports", code="no_ports")
+    if job.session_shared != shared:
+        job.session_shared = shared
+        job.save(update_fields=["session_shared"])
+        _tell(job, "session_shared")
+    return job
+
+
+@dataclass(frozen=True)
+class SessionLink:
+    """One web port of a job as its page shows it to someone who may open it."""
+
+    name: str
+    path: str
+    state: str  # ready | starting (its server not answering yet) | waiting (the job not running) | ended
+
+
+def session_links(job: Job) -> list[SessionLink]:
+    """Each of the job's web ports and where it stands (the API's `ports`; whoever may see the job)."""
+    bound = job.ports_bound if (job.ports_bound or {}).get("attempt") == job.attempt else {}
+    links = []
+    for name, _ in job.ports or ():
+        if job.state == JobState.RUNNING:
+            state = "ready" if name in (bound.get("ready") or ()) else "starting"
+        elif job.state in (JobState.PENDING, JobState.PLACED, JobState.STARTING):
+            state = "waiting"
+        else:
+            state = "ended"
+        links.append(SessionLink(name=str(name), path=session_path(job.pk, str(name)), state=state))
+    return links
+
+
+def job_sessions_for(*, user: AbstractBaseUser, job: Job) -> list[SessionLink]:
+    """The job's web ports this user may open, each with where it stands (none for anyone else)."""
+    if not job.ports or session_job_for(user=user, job_id=job.pk, name=str(job.ports[0][0])) is None:
+        return []
+    return session_links(job)
+
+
+# Ready-made sessions (the submit form's templates; docs/portal.md): each a job's spec as the form writes it. Each
+# server listens on its port where the agent put it and serves under the portal's path for it.
+SESSION_TEMPLATES: dict[str, dict[str, Any]] = {
+    "jupyter": {
+        "label": "Jupyter",
+        "name": "notebook",
+        "kind": "interactive",
+        "ports": "jupyter:8888",
+        # Jupyter takes JUPYTER_TOKEN (the portal's secret for the job) as its own token: the proxy sends it, and
+        # nothing else on the node can open the notebook.
+        "command": 'jupyter lab --no-browser --ip=0.0.0.0 --port="$TESSERA_PORT_JUPYTER" '
+        '--ServerApp.base_url="$TESSERA_BASE_URL_JUPYTER"',
+    },
+    "tensorboard": {
+        "label": "TensorBoard",
+        "name": "tensorboard",
+        "kind": "interactive",
+        "ports": "tensorboard:6006",
+        # TensorBoard has no sign-in of its own: other jobs on its node can read it (docs/portal.md, "Sessions").
+        "command": 'tensorboard --logdir "${LOGDIR:-$HOME/runs}" --bind_all --port "$TESSERA_PORT_TENSORBOARD" '
+        '--path_prefix "${TESSERA_BASE_URL_TENSORBOARD%/}"',
+    },
+    "http": {
+        "label": "Plain HTTP port",
+        "name": "web",
+        "kind": "batch",
+        "ports": "web:8080",
+        # A server gets the whole path (/jobs/<id>/open/web/...): this one serves a folder laid out under it.
+        "command": 'mkdir -p "site$TESSERA_BASE_URL_WEB" && echo "<h1>It works</h1>" > '
+        '"site${TESSERA_BASE_URL_WEB}index.html" && python3 -m http.server "$TESSERA_PORT_WEB" --directory site',
+    },
+}
