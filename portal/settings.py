@@ -337,7 +337,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    "ENUM_NAME_OVERRIDES": {"JobStateEnum": "scheduling.choices.JobState"},
+    "ENUM_NAME_OVERRIDES": {
+        "JobStateEnum": "scheduling.choices.JobState",
+        "JobKindEnum": "scheduling.choices.JobKind",
+    },
 }
 # Browser websockets open at once (scheduling/realtime/sockets.py): per user, and per signed-in session.
 TESSERA_MAX_SOCKETS_PER_USER = env.int("TESSERA_MAX_SOCKETS_PER_USER", default=64)

@@ -88,7 +88,9 @@ done
 exec "{real}" "$@"
 """
 DEMO_JUPYTER = """#!/bin/sh
-# Tessera demo stand-in: plays a notebook server when this machine has no Jupyter.
+# Tessera demo stand-in: plays a notebook server when this machine has no Jupyter. A job serving a `jupyter` port
+# gets a server that answers through the portal's proxy (demo/notebook_stand_in.py).
+if [ -n "$TESSERA_PORT_JUPYTER" ]; then exec "{python}" "{stand_in}" jupyter; fi
 echo "[demo] jupyter $* is simulated here: a notebook server for a few minutes"
 steps=${TESSERA_DEMO_STEPS:-36}
 i=1; while [ $i -le $steps ]; do echo "[demo] notebook kernel idle ($i/$steps)"; sleep 5; i=$((i+1)); done
@@ -267,7 +269,11 @@ def write_stand_ins(bin_dir: Path) -> None:
         "torchrun": DEMO_TORCHRUN.replace(
             '"{real}"', f'"{real_torchrun}"' if real_torchrun else "python -m torch.distributed.run"
         ),
-        "jupyter": None if shutil.which("jupyter") else DEMO_JUPYTER,
+        "jupyter": None
+        if shutil.which("jupyter")
+        else DEMO_JUPYTER.replace("{python}", sys.executable).replace(
+            "{stand_in}", str(Path(__file__).resolve().parents[2] / "notebook_stand_in.py")
+        ),
     }
     for name, text in scripts.items():
         path = bin_dir / name

@@ -1,6 +1,8 @@
-"""A stand-in for Jupyter, run as a job by the session tests: it serves HTTP and WebSocket on the port its agent
-gave it (TESSERA_PORT_<NAME>), under the portal's path for it (TESSERA_BASE_URL_<NAME>), and refuses every request
-without the job's token (`Authorization: token $JUPYTER_TOKEN`), as Jupyter does.
+"""A stand-in for Jupyter where this machine has none: the demo's simulated nodes run it for `jupyter` (run_demo's
+stand-in script) and the session tests run it as a job. It serves HTTP and WebSocket on the port its agent gave it
+(TESSERA_PORT_<NAME>), under the portal's path for it (TESSERA_BASE_URL_<NAME>), refuses every request without the
+job's token (`Authorization: token $JUPYTER_TOKEN`) as Jupyter does, and sets a cookie as Jupyter does (which the
+portal's proxy drops). Standard library and `websockets` only; run as a script, never imported.
 
   GET <base>          a page saying who it is
   GET <base>headers   the request's headers, as JSON (what the proxy passed on)
@@ -27,7 +29,7 @@ TOKEN = os.environ["JUPYTER_TOKEN"]
 
 def _response(status: int, body: bytes, content_type: str) -> Response:
     headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(body)))])
-    headers["Set-Cookie"] = "sessionid=from-the-job; Path=/"  # the proxy must never pass this on
+    headers["Set-Cookie"] = "stand-in-notebook=1; Path=/"  # Jupyter sets _xsrf; the proxy passes no cookie on
     return Response(status, "OK" if status == 200 else "Forbidden", headers, body)
 
 
@@ -41,6 +43,8 @@ async def process_request(connection, request):
     page = (
         f"<!doctype html><title>stand-in {NAME}</title><h1>Stand-in {NAME} of job "
         f"{os.environ['TESSERA_JOB_ID']}</h1><p id='who'>for {request.headers.get('X-Tessera-User')}</p>"
+        "<p>This machine has no Jupyter: this server stands in for it, through the same proxy. "
+        f"<code>ws {BASE}echo</code> answers each message.</p>"
     )
     return _response(200, page.encode(), "text/html; charset=utf-8")
 
