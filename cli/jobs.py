@@ -109,7 +109,7 @@ def ls(argv: Sequence[str]) -> int:
                         r["queue_position"] or "-",
                         shorten(r["pending_reason"], 50)
                         if r["state"] == "pending"
-                        else _node_words(r.get("node_condition")),
+                        else _node_words(r.get("node_condition")) or _idle_words(r.get("idle_reclaim_at")),
                     ]
                     for r in rows
                 ],
@@ -146,6 +146,13 @@ def _node_words(condition: dict | None) -> str:
     if condition["code"] == "releasing":
         return f"releasing GPUs on {condition['node']} (node silent)"
     return f"node {condition['node']} not responding since {condition['since'][11:16]} UTC"
+
+
+def _idle_words(reclaim_at: str | None) -> str:
+    """A job warned that its GPUs sit idle, in a few words for a table row."""
+    if not reclaim_at:
+        return ""
+    return f"idle: GPUs given back at {reclaim_at[11:16]} UTC unless used"
 
 
 def show(argv: Sequence[str]) -> int:

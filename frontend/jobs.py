@@ -29,6 +29,7 @@ from scheduling.agents import joblogs
 from scheduling.agents.live_metrics import IDLE_WARN_AFTER_S, job_usage
 from scheduling.choices import JobState
 from scheduling.cycle.fairness import why_ahead
+from scheduling.cycle.idle import job_idle_reset, jobs_idle_states
 from scheduling.cycle.whatif import job_whatif, snapshot_warm
 from scheduling.errors import ServiceError
 from scheduling.inventory.selectors import gpu_model_rows
@@ -169,6 +170,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "stopped_by_limit": _stopped_by_limit(job, events) if job.state in TERMINAL_STATES else None,
         "node_condition": job_selectors.job_node_silence(job=job),
         "sessions": job_sessions_for(user=request.user, job=job),
+        "idle": jobs_idle_states(jobs=[job]).get(job.pk),
         "can_share": bool(job.ports)
         and job.submitter_id == request.user.pk
         and job.state not in TERMINAL_STATES,
@@ -223,6 +225,21 @@ def _new_page(form: JobForm) -> dict:
         for key, t in SESSION_TEMPLATES.items()
     ]
     return {"form": form, "session_templates": templates}
+
+
+@login_required
+@require_POST
+def job_still_in_use(request: HttpRequest, job_id: int) -> HttpResponse:
+    """The owner says the job is still in use: its idle clock starts again (once per idle timeout)."""
+    try:
+        job_idle_reset(user=request.user, job_id=job_id)
+    except ServiceError as exc:
+        if exc.code == "not_found":
+            raise Http404(exc.message) from None
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Job {job_id}'s idle clock starts again.")
+    return redirect("frontend:job", job_id=job_id)
 
 
 @login_required

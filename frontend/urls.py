@@ -21,6 +21,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/", jobs.job_detail, name="job"),
     path("jobs/<int:job_id>/logs/<str:stream>/", jobs.job_log_download, name="job_log"),
     path("jobs/<int:job_id>/share/", jobs.job_share, name="job_share"),
+    path("jobs/<int:job_id>/still-in-use/", jobs.job_still_in_use, name="job_still_in_use"),
     path("queue/", views.queue, name="queue"),
     path("teams/", teams.teams, name="teams"),
     # Team slugs hold a '/' (ai-lab/training): a path converter, with the fixed ends after it.

@@ -221,6 +221,10 @@ TESSERA_LOG_UNWATCHED_MAX_S = env.float("TESSERA_LOG_UNWATCHED_MAX_S", default=3
 # History (scheduling/history): rollups each minute, kept this many days (docs/operations.md, "History").
 TESSERA_HISTORY_RETENTION_DAYS = env.int("TESSERA_HISTORY_RETENTION_DAYS", default=30)
 TESSERA_HISTORY_INTERVAL_S = env.float("TESSERA_HISTORY_INTERVAL_S", default=60.0)
+# Idle GPUs given back (scheduling/cycle/idle.py): how often jobs' idle clocks are checked, and how long before its
+# GPUs are given back a job is warned (at half its timeout when that is shorter).
+TESSERA_IDLE_CHECK_INTERVAL_S = env.float("TESSERA_IDLE_CHECK_INTERVAL_S", default=30.0)
+TESSERA_IDLE_WARN_BEFORE_S = env.float("TESSERA_IDLE_WARN_BEFORE_S", default=600.0)
 # Beat must run once; both tasks are safe to run twice anyway (RELIABILITY.md, "two beats").
 CELERY_BEAT_SCHEDULE = {
     "scheduling-cycle": {"task": "scheduling.tasks.cycle_tick", "schedule": TESSERA_CYCLE_INTERVAL_S},
@@ -232,6 +236,7 @@ CELERY_BEAT_SCHEDULE = {
     "history-usage": {"task": "scheduling.tasks.history_usage_task", "schedule": 300.0},
     "history-maintain": {"task": "scheduling.tasks.history_maintain_task", "schedule": 3600.0},
     "notifications-due": {"task": "scheduling.tasks.notifications_due_task", "schedule": 30.0},
+    "idle-check": {"task": "scheduling.tasks.idle_check_task", "schedule": TESSERA_IDLE_CHECK_INTERVAL_S},
 }
 
 # --- Auth, API --------------------------------------------------------------------------------------------

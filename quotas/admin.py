@@ -291,7 +291,15 @@ class QuotaChangeAdmin(ReadOnlyAdmin):
 
 @admin.register(PriorityClass)
 class PriorityClassAdmin(admin.ModelAdmin):
-    list_display = ("name", "value", "preemptible", "preemption_grace_s", "open_to_all_teams")
+    list_display = (
+        "name",
+        "value",
+        "preemptible",
+        "preemption_grace_s",
+        "idle_timeout_s",
+        "interactive_idle_timeout_s",
+        "open_to_all_teams",
+    )
     list_filter = ("open_to_all_teams",)
     search_fields = ("name",)
 

@@ -83,11 +83,35 @@ class PriorityClass(models.Model):
         help_text="Every team may use it. Otherwise only the teams granted it (on the team's page), and a team "
         "whose default it is.",
     )
+    # Idle GPUs given back (scheduling/cycle/idle.py): a running job whose every card stays idle this long is
+    # stopped (a session) or requeued (batch, while others wait). Empty: never, e.g. for serving that idles by design.
+    idle_timeout_s = models.PositiveIntegerField(
+        "idle timeout, batch (seconds)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(10)],
+        help_text="A batch job idle this long (every GPU under 5% and its memory unchanged) is requeued while other "
+        "work waits. Empty: never.",
+    )
+    interactive_idle_timeout_s = models.PositiveIntegerField(
+        "idle timeout, sessions (seconds)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(10)],
+        help_text="An interactive session (a notebook) idle this long is stopped with its grace. Empty: never.",
+    )
     description = models.TextField(blank=True)
 
     class Meta:
         ordering = ["-value"]
         verbose_name_plural = "priority classes"
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(idle_timeout_s__isnull=True) | Q(idle_timeout_s__gte=10))
+                & (Q(interactive_idle_timeout_s__isnull=True) | Q(interactive_idle_timeout_s__gte=10)),
+                name="priority_class_idle_timeouts_at_least_10_s",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.value})"
@@ -218,6 +242,14 @@ class TeamPriorityClass(models.Model):
         help_text="The most GPUs (whole-GPU equivalents) the team may hold at this class at once. Empty: only the "
         "team's quota limits it.",
     )
+    idle_timeout_s = models.PositiveIntegerField(
+        "idle timeout (seconds)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(10)],
+        help_text="The team's own, shorter idle timeout at this class (never longer than the class's). Empty: the "
+        "class's.",
+    )
 
     class Meta:
         ordering = ["team__slug", "-priority_class__value"]
@@ -227,6 +259,10 @@ class TeamPriorityClass(models.Model):
             models.CheckConstraint(
                 condition=Q(limit_gpus__isnull=True) | Q(limit_gpus__gte=0),
                 name="grant_limit_gpus_nonnegative",
+            ),
+            models.CheckConstraint(
+                condition=Q(idle_timeout_s__isnull=True) | Q(idle_timeout_s__gte=10),
+                name="grant_idle_timeout_at_least_10_s",
             ),
         ]
 

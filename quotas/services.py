@@ -39,7 +39,7 @@ QUOTA_AUDITED_FIELDS = (
     "fair_share_weight",
     "default_priority_class",
 )
-GRANT_AUDITED_FIELDS = ("priority_class", "limit_gpus")
+GRANT_AUDITED_FIELDS = ("priority_class", "limit_gpus", "idle_timeout_s")
 
 
 @dataclass(frozen=True)
@@ -50,14 +50,27 @@ class DefaultPriorityClass:
     preemption_grace_s: int
     open_to_all_teams: bool
     description: str
+    idle_timeout_s: int | None = None  # batch: requeued while others wait (scheduling/cycle/idle.py)
+    interactive_idle_timeout_s: int | None = None  # sessions: stopped
 
 
 # A class that preempts everyone and is never preempted is granted team by team; the others are open to all.
 DEFAULT_PRIORITY_CLASSES = (
+    # Serving waits for requests by design: its idle cards are not given back.
     DefaultPriorityClass(
         "inference", 50, True, 30, True, "Light, latency-tolerant serving and evaluation jobs."
     ),
-    DefaultPriorityClass("training", 100, True, 120, True, "Training runs; may preempt inference."),
+    DefaultPriorityClass(
+        "training",
+        100,
+        True,
+        120,
+        True,
+        "Training runs and notebooks; may preempt inference. Idle cards are given back: a batch job after 2 h, a "
+        "session after 30 min.",
+        idle_timeout_s=2 * 3600,
+        interactive_idle_timeout_s=30 * 60,
+    ),
     DefaultPriorityClass(
         "critical", 1000, False, 300, False, "Never preempted. For deadlines and production serving."
     ),
@@ -76,6 +89,8 @@ def priority_classes_ensure_defaults() -> list[PriorityClass]:
                 "preemption_grace_s": default.preemption_grace_s,
                 "open_to_all_teams": default.open_to_all_teams,
                 "description": default.description,
+                "idle_timeout_s": default.idle_timeout_s,
+                "interactive_idle_timeout_s": default.interactive_idle_timeout_s,
             },
         )
         created.append(pc)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from scheduling.cycle import requests, runner, watchdog
+from scheduling.cycle import idle, requests, runner, watchdog
 from scheduling.history import recorder
 from scheduling.notifications import services as notifications
 
@@ -29,6 +29,12 @@ def node_watchdog_task() -> dict:
     Safe to run twice at once (two beats): every step re-checks its condition under row locks.
     """
     return watchdog.watchdog_run()
+
+
+@shared_task(ignore_result=True)
+def idle_check_task() -> dict:
+    """Warn jobs whose GPUs sit idle, and give back the GPUs of those idle past their timeout."""
+    return idle.idle_check()
 
 
 @shared_task(ignore_result=True)

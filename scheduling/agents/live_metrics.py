@@ -134,9 +134,11 @@ def live_metrics_for_nodes(*, node_names: Iterable[str]) -> dict[str, dict[int, 
 
 
 # --- Per job: utilisation now, since when it has been idle, and its peak GPU memory ----------------------------
-# A job is idle while every card it holds is under IDLE_UTIL_PCT; the portal warns after IDLE_WARN_AFTER_S. Kept
+# A job is idle while every card it holds is under IDLE_UTIL_PCT and their memory in use does not change; the
+# portal shows it after IDLE_WARN_AFTER_S, and gives its cards back after its idle timeout (scheduling/cycle/idle.py). Kept
 # JOB_USAGE_TTL_S after the last sample, so a finished job's page can still say what it used at its peak.
 IDLE_UTIL_PCT = 5.0
+IDLE_MEMORY_CHANGE_MIB = 64  # more than this between two samples is a change (NVML's figure jitters a little)
 IDLE_WARN_AFTER_S = 600.0
 JOB_USAGE_TTL_S = 7 * 24 * 3600
 
@@ -177,10 +179,19 @@ def _usage_folded(
         return None
     util = sum(utils) / len(utils)
     usage = usage or {"low_since": None, "peak_memory_mib": None}
-    if max(utils) < IDLE_UTIL_PCT:
+    memory = [g["memory_used_mib"] for g in gpus if g.get("memory_used_mib") is not None]
+    memory_mib = sum(memory) if memory else None
+    # Idle: every card under IDLE_UTIL_PCT and its memory in use unchanged (a notebook loading data is not idle).
+    moved = (
+        memory_mib is not None
+        and usage.get("memory_mib") is not None
+        and abs(memory_mib - usage["memory_mib"]) > IDLE_MEMORY_CHANGE_MIB
+    )
+    if max(utils) < IDLE_UTIL_PCT and not moved:
         usage["low_since"] = usage.get("low_since") or at
     else:
         usage["low_since"] = None
+    usage["memory_mib"] = memory_mib
     if whole_cards:
         used = [g["memory_used_mib"] for g in gpus if g.get("memory_used_mib") is not None]
         if used:

@@ -115,6 +115,10 @@ class Job(models.Model):
     )
     # Where its current attempt's ports are: {"attempt": n, "ports": {name: port on the node}, "ready": [names]}.
     ports_bound = models.JSONField(default=dict, blank=True)
+    # Idle GPUs given back (scheduling/cycle/idle.py): when its owner last said "still using it" (the idle clock
+    # counts from then), and, once warned of an idle spell, when its GPUs are given back unless it is used again.
+    idle_reset_at = models.DateTimeField("still in use, said at", null=True, blank=True)
+    idle_reclaim_at = models.DateTimeField("idle: given back at", null=True, blank=True)
     pending_reason_code = models.CharField("why it waits (code)", max_length=50, blank=True)
     pending_reason = models.TextField("why it waits", blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)

@@ -326,3 +326,18 @@ def notifications_deliver_due(*, limit: int = 100) -> int:
         .values_list("pk", flat=True)[:limit]
     )
     return sum(notification_deliver(notification_id=pk) for pk in list(due))
+
+
+def job_idle_notify(*, job, subject: str, body: str) -> list[Notification]:
+    """The owner told that their job's GPUs sit idle and will be given back (always: it is about to act on their
+    job, whatever events they asked for)."""
+    url = (
+        f"{settings.TESSERA_PUBLIC_URL.rstrip('/')}/jobs/{job.pk}/"
+        if settings.TESSERA_PUBLIC_URL
+        else f"/jobs/{job.pk}/"
+    )
+    rows = Notification.objects.bulk_create(
+        _messages_for(job.submitter, "idle", f"[Tessera] {subject}", f"{body}\n{url}", job.pk)
+    )
+    _deliver_after_commit([r.pk for r in rows])
+    return rows

@@ -30,6 +30,7 @@ from agent import procfs
 from demo.workload import DEFAULT_SEED, DemoSubmitter
 from scheduling.choices import LinkKind
 from scheduling.cycle import requests, runner
+from scheduling.cycle.idle import idle_check
 from scheduling.cycle.watchdog import lost_jobs_check, nodes_check, preemptions_check, releasing_check
 from scheduling.history import recorder
 from scheduling.inventory.models import GpuLink, Node
@@ -335,6 +336,10 @@ def _scheduling_step(state: dict) -> None:
             [nodes_check(), lost_jobs_check(), preemptions_check(), releasing_check()]
         ):  # each, every round
             requests.local_cycle_wanted.set()
+    if now - state["idle_at"] >= settings.TESSERA_IDLE_CHECK_INTERVAL_S:
+        state["idle_at"] = now
+        if any(idle_check().values()):
+            requests.local_cycle_wanted.set()
     if requests.local_cycle_wanted.is_set() or now - state["cycle_at"] >= settings.TESSERA_CYCLE_INTERVAL_S:
         state["cycle_at"] = now
         runner.run_cycles(holder="demo")
@@ -344,6 +349,7 @@ async def scheduling_loop(*, seed: int | None = DEFAULT_SEED) -> None:
     state = {
         "cycle_at": 0.0,
         "watchdog_at": 0.0,
+        "idle_at": 0.0,
         "history_at": 0.0,
         "usage_rolls": 0,
         "notified_at": 0.0,

@@ -139,6 +139,12 @@ class JobSerializer(serializers.Serializer):
         "or ended."
     )
     session_shared = serializers.BooleanField(read_only=True)
+    idle_reclaim_at = serializers.DateTimeField(
+        read_only=True,
+        allow_null=True,
+        help_text="Set once the job was warned that its GPUs sit idle: when they are given back (a session "
+        "stopped, a batch job requeued while others wait) unless used again; null otherwise.",
+    )
 
     @extend_schema_field(JobPortSerializer(many=True))
     def get_ports(self, job: Job) -> list[dict[str, Any]]:
@@ -248,6 +254,7 @@ def job_payload(job: Job) -> dict[str, Any]:
         "kind": job.kind,
         "ports": job_ports_fields(job),
         "session_shared": job.session_shared,
+        "idle_reclaim_at": _moment(job.idle_reclaim_at),
     }
 
 
