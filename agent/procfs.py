@@ -71,3 +71,46 @@ def find_by_env(marker: str, proc_root: Path = PROC) -> list[int]:
         if needle in env.split(b"\0"):
             found.append(int(entry.name))
     return found
+
+
+def listening_inodes(port: int, proc_root: Path = PROC) -> set[int]:
+    """The inodes of the TCP sockets listening on `port` on this host (IPv4 and IPv6), from /proc/net/tcp*."""
+    inodes: set[int] = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (proc_root / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != "0A":  # 0A: LISTEN
+                continue
+            try:
+                if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(int(fields[9]))
+            except (IndexError, ValueError):
+                continue
+    return inodes
+
+
+def holds_socket(pids: list[int], inodes: set[int], proc_root: Path = PROC) -> bool | None:
+    """Whether one of these processes holds one of these sockets; None when their descriptors cannot be read (a
+    job of another user, where the reader is not root)."""
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    readable = False
+    for pid in pids:
+        fd_dir = proc_root / str(pid) / "fd"
+        try:
+            fds = list(fd_dir.iterdir())
+        except PermissionError:
+            continue
+        except OSError:
+            continue
+        readable = True
+        for fd in fds:
+            try:
+                if str(fd.readlink()) in wanted:
+                    return True
+            except OSError:
+                continue
+    return False if readable or not pids else None

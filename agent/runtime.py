@@ -101,6 +101,19 @@ class MetricsAggregator:
         return {"sampled_at": latest.sampled_at, "samples": len(samples), "gpus": gpus}
 
 
+def _served_by(handle: Any, port: int) -> bool:
+    """The job's own processes listen on the port (read from /proc: another job that took the port first, or
+    after the job's server died, is not the job's server and would get the proxy's token); where the job's
+    descriptors cannot be read (another user's, the agent not root), whether anything answers there."""
+    inodes = procfs.listening_inodes(port)
+    if not inodes:
+        return False
+    pgid = handle.pgid or handle.job_pid
+    pids = procfs.group_members(pgid) if pgid else []
+    held = procfs.holds_socket(pids, inodes)
+    return _answers(port) if held is None else held
+
+
 def _answers(port: int, *, timeout_s: float = 0.05) -> bool:
     """Something accepts connections on this host's port (a job's server has come up)."""
     try:
@@ -305,8 +318,10 @@ class Agent:
             if not h.ports or (h.spec.gang is not None and h.spec.gang.rank != 0):
                 continue
             for name, port in h.ports.items():
-                if name not in h.ports_ready and _answers(port):
+                if _served_by(h, port):
                     h.ports_ready.add(name)
+                else:  # not up yet, or no longer the job's (it ended, and something else took the port)
+                    h.ports_ready.discard(name)
             said = (dict(h.ports), sorted(h.ports_ready))
             if said != h.ports_said:
                 h.ports_said = said

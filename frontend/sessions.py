@@ -22,11 +22,13 @@ import websockets
 from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from django.conf import settings
+from django.http.request import split_domain_port, validate_host
 from django.template.loader import render_to_string
 from django.urls import path
 from websockets.asyncio.client import connect
 
 from scheduling.jobs.sessions import SessionTarget, session_job_for, session_target
+from scheduling.realtime.streams import origin_allowed
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("tessera.access")
@@ -55,6 +57,7 @@ _HOP = frozenset(
     }
 )
 _TO_JOB_DROPPED = _HOP | {
+    "expect",  # the proxy sends the body whole: no interim answer to wait for
     "cookie",
     "authorization",
     "x-csrftoken",
@@ -63,7 +66,13 @@ _TO_JOB_DROPPED = _HOP | {
     "x-forwarded-proto",
     "x-tessera-user",
 }
-_FROM_JOB_DROPPED = _HOP | {"set-cookie", "set-cookie2", "strict-transport-security", "clear-site-data"}
+_FROM_JOB_DROPPED = _HOP | {
+    "set-cookie",
+    "set-cookie2",
+    "strict-transport-security",
+    "clear-site-data",
+    "service-worker-allowed",
+}
 
 
 class UpstreamError(Exception):
@@ -96,12 +105,22 @@ def _full_path(scope: dict[str, Any]) -> str:
     return (raw + (b"?" + query if query else b"")).decode("latin-1")
 
 
-def _request_head(scope: dict[str, Any], target: SessionTarget, *, user: str, body: bytes) -> bytes:
-    host = _header(scope, b"host") or f"{target.address}:{target.port}"
+_TOKEN = re.compile(r"^[!#$%&'*+.^`|~0-9A-Za-z-]+$")  # a header name as RFC 9110 writes one
+
+
+def _passed_on(name: str, dropped: frozenset[str] | set[str]) -> bool:
+    """A header goes through only if it is a plain HTTP token, with no '_' (which some servers read as '-', so
+    X_Tessera_User would pass for X-Tessera-User), and not one dropped that way."""
+    return bool(_TOKEN.match(name)) and "_" not in name and name.lower() not in dropped
+
+
+def _request_head(
+    scope: dict[str, Any], target: SessionTarget, *, host: str, user: str, body: bytes
+) -> bytes:
     lines = [f"{scope['method']} {_full_path(scope)} HTTP/1.1", f"Host: {host}"]
     for key, value in scope.get("headers", ()):
         name, text = key.decode("latin-1"), value.decode("latin-1")
-        if name.lower() not in _TO_JOB_DROPPED and "\n" not in text and "\r" not in text:
+        if _passed_on(name, _TO_JOB_DROPPED) and not any(c in text for c in "\r\n\0"):
             lines.append(f"{name}: {text}")
     client = scope.get("client") or ("", 0)
     lines += [
@@ -117,32 +136,49 @@ def _request_head(scope: dict[str, Any], target: SessionTarget, *, user: str, bo
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", errors="replace")
 
 
+def _digits(text: str) -> int | None:
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
 async def _read_head(reader: asyncio.StreamReader) -> tuple[int, list[tuple[str, str]]]:
-    try:
-        raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
-    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError) as exc:
-        raise UpstreamError(f"no answer ({type(exc).__name__})") from None
-    status_line, *header_lines = raw.decode("latin-1").split("\r\n")
-    parts = status_line.split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-        raise UpstreamError(f"not an HTTP answer: {status_line[:80]!r}")
+    """The job's answer's status and headers; interim answers (1xx) are skipped."""
+    while True:
+        try:
+            raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, OSError) as exc:
+            raise UpstreamError(f"no answer ({type(exc).__name__})") from None
+        status_line, *header_lines = raw.decode("latin-1").split("\r\n")
+        parts = status_line.split(" ", 2)
+        status = _digits(parts[1]) if len(parts) >= 2 and parts[0].startswith("HTTP/1.") else None
+        if status is None or not 100 <= status <= 599:
+            raise UpstreamError(f"not an HTTP answer: {status_line[:80]!r}")
+        if status >= 200:
+            break
     headers = []
     for line in header_lines:
         if ":" in line:
             key, value = line.split(":", 1)
             headers.append((key.strip(), value.strip()))
-    return int(parts[1]), headers
+    return status, headers
 
 
 async def _body(reader: asyncio.StreamReader, *, chunked: bool, length: int | None) -> AsyncIterator[bytes]:
-    """The answer's body as it comes: chunked, of a Content-Length, or until the job closes the connection."""
+    """The answer's body as it comes, in pieces of at most CHUNK_BYTES: chunked, of a Content-Length, or until the
+    job closes the connection. A chunked body cut short ends where it was cut."""
     if chunked:
         while True:
             size_line = await reader.readline()
+            if not size_line.endswith(b"\n"):
+                return  # the job went away mid-answer
             size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
             if size == 0:
                 return
-            yield await reader.readexactly(size)
+            while size > 0:
+                data = await reader.read(min(CHUNK_BYTES, size))
+                if not data:
+                    return
+                size -= len(data)
+                yield data
             await reader.readexactly(2)
     elif length is not None:
         left = length
@@ -200,6 +236,9 @@ class SessionHttpProxy:
     async def _serve(self, scope: dict[str, Any], receive: Any, send: Any) -> int:
         match = SESSION_PATH.match(scope["path"])
         job_id, name = int(match["job_id"]), match["name"]
+        host = _header(scope, b"host") or ""
+        if not validate_host(split_domain_port(host)[0], settings.ALLOWED_HOSTS):
+            return await _answer(send, 400, b"Bad Request: this site is not served under that name.", _TEXT)
         user = scope.get("user")
         if user is None or not user.is_authenticated:
             login = f"{settings.LOGIN_URL}?{urlencode({'next': _full_path(scope)}, safe='/')}"
@@ -208,10 +247,11 @@ class SessionHttpProxy:
         job = await database_sync_to_async(session_job_for)(user=user, job_id=job_id, name=name)
         if job is None:
             return await _answer(send, *_page(404, "Not found", "There is no such session.", job_id=job_id))
-        if scope["method"] not in ("GET", "HEAD", "OPTIONS"):
-            origin = _header(scope, b"origin")
-            if origin is not None and urlsplit(origin).netloc != _header(scope, b"host"):
-                return await _answer(send, 403, b"Refused: a request from another site.", _TEXT)
+        if _header(scope, b"service-worker") is not None:
+            # A job's script would control every page of the portal's site for whoever opened it.
+            return await _answer(send, 403, b"Refused: a job may not install a service worker.", _TEXT)
+        if scope["method"] not in ("GET", "HEAD", "OPTIONS") and not _from_this_site(scope):
+            return await _answer(send, 403, b"Refused: a request from another site.", _TEXT)
         target = await database_sync_to_async(session_target)(job=job, name=name)
         if target.unavailable:
             if target.ended:
@@ -227,40 +267,68 @@ class SessionHttpProxy:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_connection(target.address, target.port, limit=MAX_HEAD_BYTES), CONNECT_TIMEOUT_S
             )
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, ValueError) as exc:
             if target.ready:
                 message = f"{name} stopped answering on its node ({type(exc).__name__})."
                 return await _answer(send, *_page(502, "Not answering", message, job_id=job_id))
             message = f"{name} does not answer yet: its server is starting."
             return await _answer(send, *_page(503, "Starting", message, job_id=job_id, retry=True))
+        started = False
         try:
-            writer.write(_request_head(scope, target, user=user.get_username(), body=body) + body)
+            writer.write(_request_head(scope, target, host=host, user=user.get_username(), body=body) + body)
             await writer.drain()
             status, headers = await _read_head(reader)
-            chunked = any(k.lower() == "transfer-encoding" and "chunked" in v.lower() for k, v in headers)
-            length = next((int(v) for k, v in headers if k.lower() == "content-length" and v.isdigit()), None)
+            codings = [
+                c.strip().lower()
+                for k, v in headers
+                if k.lower() == "transfer-encoding"
+                for c in v.split(",")
+            ]
+            chunked = bool(codings) and codings[-1] == "chunked"
+            lengths = {_digits(v) for k, v in headers if k.lower() == "content-length"}
+            length = lengths.pop() if len(lengths) == 1 and not chunked else None
+            if codings and not chunked:
+                raise UpstreamError(f"a transfer coding the proxy does not take: {', '.join(codings)}")
             out = [
                 (k.lower().encode("latin-1"), v.encode("latin-1"))
                 for k, v in headers
-                if k.lower() not in _FROM_JOB_DROPPED
+                if _passed_on(k, _FROM_JOB_DROPPED) and not any(c in v for c in "\r\n\0")
             ]
-            if length is not None and not chunked:
+            if length is not None:
                 out.append((b"content-length", str(length).encode()))
             await send({"type": "http.response.start", "status": status, "headers": out})
-            if scope["method"] != "HEAD" and status not in (204, 304) and status >= 200:
+            started = True
+            if scope["method"] != "HEAD" and status not in (204, 304):
                 async for data in _body(reader, chunked=chunked, length=length):
                     await send({"type": "http.response.body", "body": data, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
             return status
-        except UpstreamError as exc:
+        except (UpstreamError, OSError, ValueError, asyncio.IncompleteReadError) as exc:
+            if started:
+                # The job went away mid-answer: the browser sees the answer cut, as it would from the job itself.
+                await send({"type": "http.response.body", "body": b""})
+                return 502
             message = f"{name} answered nothing usable: {exc}"
             return await _answer(send, *_page(502, "Not answering", message, job_id=job_id))
-        except (OSError, ValueError, asyncio.IncompleteReadError):
-            # The job went away mid-answer: the browser sees the answer cut, as it would from the job itself.
-            await send({"type": "http.response.body", "body": b""})
-            return 502
         finally:
             writer.close()
+
+
+def _from_this_site(scope: dict[str, Any]) -> bool:
+    """A request that changes something comes from the portal's own pages: its Origin (else its Referer) is this
+    site's, scheme included (streams.origin_allowed's rule, as for the portal's sockets)."""
+    if _header(scope, b"origin") is not None:
+        return origin_allowed(scope)
+    referer = _header(scope, b"referer")
+    if referer is None:
+        return False
+    parts = urlsplit(referer)
+    return origin_allowed(
+        {
+            **scope,
+            "headers": [(b"origin", f"{parts.scheme}://{parts.netloc}".encode()), *scope.get("headers", ())],
+        }
+    )
 
 
 _TEXT = [(b"content-type", b"text/plain; charset=utf-8")]
@@ -306,7 +374,8 @@ class SessionSocketProxy:
         if target.unavailable:
             return await _refuse(send, 4010 if target.ended else 4503)
         query = scope.get("query_string", b"").decode("latin-1")
-        url = f"ws://{target.address}:{target.port}{quote(scope['path'])}" + (f"?{query}" if query else "")
+        where = f"[{target.address}]" if ":" in target.address else target.address  # an IPv6 address
+        url = f"ws://{where}:{target.port}{quote(scope['path'])}" + (f"?{query}" if query else "")
         try:
             upstream = await connect(
                 url,
@@ -315,12 +384,13 @@ class SessionSocketProxy:
                     "X-Tessera-User": user.get_username(),
                 },
                 # The job's server sees its own address as the page's origin (Jupyter refuses a foreign one).
-                origin=f"http://{target.address}:{target.port}",
+                origin=f"http://{where}:{target.port}",
                 subprotocols=scope.get("subprotocols") or None,
                 max_size=MAX_FRAME_BYTES,
                 open_timeout=CONNECT_TIMEOUT_S,
+                proxy=None,  # straight to the node, never through a proxy the environment names
             )
-        except (OSError, TimeoutError, websockets.WebSocketException) as exc:
+        except (OSError, TimeoutError, ValueError, websockets.WebSocketException) as exc:
             log.info("session %s/%s: the job did not take the socket: %s", job_id, name, exc)
             return await _refuse(send, 4502)
         await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})

@@ -225,6 +225,15 @@ TESSERA_HISTORY_INTERVAL_S = env.float("TESSERA_HISTORY_INTERVAL_S", default=60.
 # GPUs are given back a job is warned (at half its timeout when that is shorter).
 TESSERA_IDLE_CHECK_INTERVAL_S = env.float("TESSERA_IDLE_CHECK_INTERVAL_S", default=30.0)
 TESSERA_IDLE_WARN_BEFORE_S = env.float("TESSERA_IDLE_WARN_BEFORE_S", default=600.0)
+# A batch job requeued for idleness is held out of the queue this long after its grace: the work that waited goes
+# first.
+TESSERA_IDLE_REQUEUE_HOLD_S = env.float("TESSERA_IDLE_REQUEUE_HOLD_S", default=600.0)
+# Sessions' proxy (frontend/sessions.py) goes only to nodes' addresses in these networks (CIDRs; empty: any address
+# but link-local, multicast, unspecified and reserved ones), and to loopback only when allowed (a node on the
+# portal's own host, as in the demo): a node's agent names its address, and must not point the proxy at the portal's
+# own services or a cloud's metadata address.
+TESSERA_SESSION_NETWORKS = env.list("TESSERA_SESSION_NETWORKS", default=[])
+TESSERA_SESSION_ALLOW_LOOPBACK = env.bool("TESSERA_SESSION_ALLOW_LOOPBACK", default=False)
 # Beat must run once; both tasks are safe to run twice anyway (RELIABILITY.md, "two beats").
 CELERY_BEAT_SCHEDULE = {
     "scheduling-cycle": {"task": "scheduling.tasks.cycle_tick", "schedule": TESSERA_CYCLE_INTERVAL_S},

@@ -240,9 +240,12 @@ def _give_back(job: Job, state: dict, now: datetime, *, stop: bool) -> bool:
         )
     else:
         grace = job.priority_class.preemption_grace_s
+        hold_s = settings.TESSERA_IDLE_REQUEUE_HOLD_S
+        job.hold_until = now + timedelta(seconds=grace + hold_s)
+        job.save(update_fields=["hold_until"])
         message = (
             f"{why}; {held} given back to waiting work ({grace} s grace before SIGKILL); it is back in the queue "
-            "with its original submit time."
+            f"with its original submit time, held back until {_clock(job.hold_until)} so that work goes first."
         )
         job_transition(
             job=job,

@@ -425,7 +425,11 @@ def _read_snapshot(now_s: float, queue_depth: int | None) -> eng.Snapshot:
         )
         for pk, name, cpu_milli, memory_mib, state, labels in node_rows
     )
-    queued = Job.objects.filter(state=JobState.PENDING)
+    # A job held back (requeued for idleness: scheduling/cycle/idle.py) waits out of the engine's queue until then.
+    held_until = datetime.fromtimestamp(now_s, tz=UTC)
+    queued = Job.objects.filter(state=JobState.PENDING).filter(
+        Q(hold_until__isnull=True) | Q(hold_until__lte=held_until)
+    )
     if queue_depth is not None:  # incremental: the queue's head, what no cycle has ranked, reservations
         # An array's line too, wherever it ranks: one held back by its %N is ranked last, and a task of it ending
         # must let the next start without waiting for a full cycle.

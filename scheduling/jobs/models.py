@@ -119,6 +119,9 @@ class Job(models.Model):
     # counts from then), and, once warned of an idle spell, when its GPUs are given back unless it is used again.
     idle_reset_at = models.DateTimeField("still in use, said at", null=True, blank=True)
     idle_reclaim_at = models.DateTimeField("idle: given back at", null=True, blank=True)
+    # A batch job requeued for idleness waits out of the engine's queue until then, so the work that waited for its
+    # cards goes first (it would otherwise take them straight back at its own priority).
+    hold_until = models.DateTimeField("held back until", null=True, blank=True)
     pending_reason_code = models.CharField("why it waits (code)", max_length=50, blank=True)
     pending_reason = models.TextField("why it waits", blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)

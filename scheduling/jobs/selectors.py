@@ -300,6 +300,9 @@ def gangs_failing(*, job_ids: Iterable[int]) -> set[int]:
     )
 
 
+IDLE_HOLD = "idle_hold"  # requeued for idleness, held back a while (scheduling/cycle/idle.py)
+
+
 def pending_reason(job: Job) -> tuple[str, str]:
     """(code, sentence) of why a job waits, as people are told it: what the last cycle said, unless the scheduler
     is not running at all; then that (scheduling.cycle.liveness)."""
@@ -307,6 +310,12 @@ def pending_reason(job: Job) -> tuple[str, str]:
         stall := scheduler_stall(waiting_since=job.submitted_at.timestamp())
     ):
         return SCHEDULER_STALLED, stall
+    if job.state == JobState.PENDING and job.hold_until is not None and job.hold_until > timezone.now():
+        until = timezone.localtime(job.hold_until).strftime("%H:%M")
+        return IDLE_HOLD, (
+            f"Its GPUs were given back after they sat idle; it waits until {until} so the work that waited for "
+            "them goes first."
+        )
     return job.pending_reason_code, job.pending_reason
 
 

@@ -10,10 +10,14 @@ too, is told there is no such page: opening a session is running code as its own
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import re
+import socket
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
@@ -25,6 +29,8 @@ from scheduling.inventory.models import Node
 from scheduling.jobs.fields import MAX_PORT, MIN_PORT, PORT_NAME
 from scheduling.jobs.models import Job, JobEvent
 from scheduling.realtime import events
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "SESSION_TEMPLATES",
@@ -89,12 +95,41 @@ def session_target(*, job: Job, name: str) -> SessionTarget:
     node = Node.objects.filter(name=bound.get("node")).first()
     if node is None:
         return SessionTarget(unavailable=f"Job {job.pk}'s node is no longer known.")
+    address, refused = _node_address(node.reachable_address)
+    if refused:
+        log.warning(
+            "session %s/%s: node %s's address %s refused: %s", job.pk, name, node.name, address, refused
+        )
+        return SessionTarget(
+            unavailable=f"Job {job.pk}'s node {node.name} is not at an address sessions may use."
+        )
     return SessionTarget(
-        address=node.reachable_address,
+        address=address,
         port=int(port),
         token=job.session_token,
         ready=name in (bound.get("ready") or ()),
     )
+
+
+def _node_address(address: str) -> tuple[str, str]:
+    """The IP address the proxy connects to for a node's address (resolved once here, so what is checked is what
+    is reached), and why it may not, if it may not (settings.TESSERA_SESSION_NETWORKS)."""
+    try:
+        ip = ipaddress.ip_address(socket.getaddrinfo(address, None, proto=socket.IPPROTO_TCP)[0][4][0])
+    except (OSError, ValueError, IndexError):
+        return address, "it does not resolve"
+    if ip.version == 6 and ip.ipv4_mapped:
+        ip = ip.ipv4_mapped
+    networks = [ipaddress.ip_network(n, strict=False) for n in settings.TESSERA_SESSION_NETWORKS]
+    if networks:
+        return str(ip), "" if any(ip in n for n in networks) else "outside TESSERA_SESSION_NETWORKS"
+    if ip.is_loopback:
+        return str(
+            ip
+        ), "" if settings.TESSERA_SESSION_ALLOW_LOOPBACK else "loopback (TESSERA_SESSION_ALLOW_LOOPBACK)"
+    if ip.is_link_local or ip.is_multicast or ip.is_unspecified or ip.is_reserved:
+        return str(ip), "link-local, multicast, unspecified or reserved"
+    return str(ip), ""
 
 
 def _ports_reported(payload: dict[str, Any], asked: set[str]) -> tuple[dict[str, int], list[str]]:
@@ -112,7 +147,9 @@ def _ports_reported(payload: dict[str, Any], asked: set[str]) -> tuple[dict[str,
             ):
                 ports[name] = port
     ready = payload.get("ready")
-    ready_names = sorted({r for r in ready if r in ports}) if isinstance(ready, list) else []
+    ready_names = (
+        sorted({r for r in ready if isinstance(r, str) and r in ports}) if isinstance(ready, list) else []
+    )
     return ports, ready_names
 
 

@@ -474,7 +474,7 @@ def origin_allowed(scope: dict) -> bool:
         return False
     if origin in {o.rstrip("/") for o in settings.CSRF_TRUSTED_ORIGINS}:
         return True
-    secure = scope.get("scheme") == "wss" or bool(settings.SECURE_PROXY_SSL_HEADER)
+    secure = scope.get("scheme") in ("wss", "https") or bool(settings.SECURE_PROXY_SSL_HEADER)
     parts = urlsplit(origin)
     return (parts.scheme, parts.netloc.lower()) == ("https" if secure else "http", host.lower())
 

@@ -4,13 +4,15 @@ ones that answer."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import sys
 import time
 
 import pytest
 
-from agent import protocol, runtime
+from agent import procfs, protocol, runtime
 from agent.backends.sim import SimBackend
 from agent.executor import Executor
 from agent.jobspec import JobSpec
@@ -95,3 +97,20 @@ def test_the_job_listens_where_it_is_told_and_the_portal_hears_when_it_answers(t
         finally:
             agent.executor.stop(handle.key, reason="not_desired", grace_s=1)
             agent.executor.wait(handle.key, 10)
+
+
+def test_a_port_is_the_jobs_only_while_its_own_processes_listen_there():
+    """Another job that takes the port (first, or after the job's server died) is not the job's server: the
+    agent does not say the port answers, so the proxy's token never goes to it."""
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        inodes = procfs.listening_inodes(listening.getsockname()[1])
+        assert inodes and procfs.holds_socket([os.getpid()], inodes) is True
+        other = subprocess.Popen(["sleep", "30"])
+        try:
+            assert procfs.holds_socket([other.pid], inodes) is False
+        finally:
+            other.kill()
+            other.wait()
+    assert procfs.listening_inodes(_free_port()) == set()

@@ -60,6 +60,8 @@ ENV = {
     "TESSERA_CYCLE_DEBOUNCE_S": "0.02",
     # Preemption tests cannot wait the production minimum runtime (5 minutes) before a job may be evicted.
     "TESSERA_SCHEDULER_PARAMS": json.dumps({"min_runtime_s": 0}),
+    # Every simulated node is this host: sessions' proxy goes to 127.0.0.1.
+    "TESSERA_SESSION_ALLOW_LOOPBACK": "1",
     "LOG_LEVEL": "INFO",
 }
 

@@ -120,9 +120,11 @@ def test_the_agent_is_told_the_ports_their_paths_and_the_secret_and_its_word_is_
     ports = {"jupyter": 40001, "board": 6006, "other": 5000}
     assert node_event(node_id=node.pk, payload={**said, "ports": ports, "ready": []}, message_id="m1").ok
     job.refresh_from_db()
+    node.address = "10.0.3.7"
+    node.save()
     target = session_target(job=job, name="jupyter")
     assert (target.address, target.port, target.ready, target.token) == (
-        "a100-01",
+        "10.0.3.7",
         40001,
         False,
         job.session_token,
@@ -145,3 +147,41 @@ def test_the_agent_is_told_the_ports_their_paths_and_the_secret_and_its_word_is_
 
     stale = node_event(node_id=node.pk, payload={**said, "attempt": job.attempt - 1, "ports": ports})
     assert not stale.ok and stale.stale
+
+
+@pytest.mark.parametrize(
+    ("address", "allow_loopback", "networks", "reached"),
+    [
+        ("10.0.3.7", False, [], "10.0.3.7"),
+        ("169.254.169.254", False, [], None),  # a cloud's metadata service
+        ("127.0.0.1", False, [], None),  # the portal's own host
+        ("127.0.0.1", True, [], "127.0.0.1"),  # the demo's nodes
+        ("::ffff:169.254.169.254", False, [], None),
+        ("0.0.0.0", False, [], None),
+        ("10.0.3.7", False, ["10.1.0.0/16"], None),
+        ("10.1.2.3", False, ["10.1.0.0/16"], "10.1.2.3"),
+        ("no-such-host.invalid", False, [], None),
+    ],
+)
+def test_a_node_cannot_point_the_proxy_anywhere(
+    alice, teams, node, settings, address, allow_loopback, networks, reached
+):
+    """A node's agent names its address: the proxy goes only where sessions may (TESSERA_SESSION_NETWORKS), never
+    to link-local, loopback (unless allowed) or an address that does not resolve."""
+    settings.TESSERA_SESSION_ALLOW_LOOPBACK = allow_loopback
+    settings.TESSERA_SESSION_NETWORKS = networks
+    job = submit(alice, teams["training"])
+    runner.cycle_run_once()
+    job.refresh_from_db()
+    started = {"job_id": str(job.pk), "attempt": job.attempt, "state": "started"}
+    assert job_report(node_id=node.pk, payload=started).ok
+    said = {"kind": "ports", "job_id": str(job.pk), "attempt": job.attempt, "ports": {"jupyter": 8888}}
+    assert node_event(node_id=node.pk, payload=said).ok
+    node.address = address
+    node.save()
+    job.refresh_from_db()
+    target = session_target(job=job, name="jupyter")
+    if reached is None:
+        assert target.unavailable.endswith("is not at an address sessions may use.") and not target.address
+    else:
+        assert (target.address, target.unavailable) == (reached, "")

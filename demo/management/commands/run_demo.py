@@ -153,6 +153,8 @@ class Command(BaseCommand):
             from django.db import connections
 
             connections["default"].settings_dict.setdefault("OPTIONS", {})["timeout"] = 30
+        # Every simulated node is this host: a session's web port is on loopback.
+        settings.TESSERA_SESSION_ALLOW_LOOPBACK = True
         # The pages that draw history say that the demo's past was generated (load_demo --history-days).
         settings.TESSERA_DEMO = True
         agents = [] if no_agents else self._start_agents(f"http://{host}:{port}")
