@@ -43,7 +43,29 @@ def _table(summary: dict) -> str:
             )
         lines.append(row)
     lines += ["", *_guarantee_table(summary)]
+    if any((p.get("idle") or {}).get("jobs") for p in summary["policies"].values()):
+        lines += ["", *_idle_table(summary)]
     return "\n".join(lines)
+
+
+def _idle_table(summary: dict) -> list[str]:
+    """Per policy: the jobs that sit idle part of each hour (notebooks), how many were stopped idle, the card-hours
+    held idle and given back, and the others' waits."""
+    head = (
+        f"{'idle GPUs':<22}{'idle jobs':>10}{'stopped':>9}{'held idle GPU-h':>17}{'given back GPU-h':>18}"
+        f"{'others wait mean':>18}{'p95':>9}{'never started':>15}"
+    )
+    lines = [head]
+    for name, p in summary["policies"].items():
+        idle = p.get("idle") or {}
+        others = idle.get("others_wait") or {}
+        lines.append(
+            f"{name:<22}{idle.get('jobs', 0):>10}{idle.get('stopped_idle', 0):>9}"
+            f"{idle.get('gpu_hours_held_idle', 0):>17.1f}{idle.get('gpu_hours_reclaimed', 0):>18.1f}"
+            f"{_dur(others.get('wait_mean_s')):>18}{_dur(others.get('wait_p95_s')):>9}"
+            f"{others.get('never_started', 0):>15}"
+        )
+    return lines
 
 
 def _guarantee_table(summary: dict) -> list[str]:

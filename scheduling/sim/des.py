@@ -59,6 +59,8 @@ class SimConfig:
     node_repair_s: float = 3600.0
     progress: bool = False
     progress_label: str = "simulate"
+    # Idle sessions (SimJob.idle_timeout_s) stopped when idle that long; False: they keep their cards.
+    idle_reclaim: bool = True
     max_series_points: int = 20000
 
 
@@ -70,6 +72,7 @@ class JobState(IntEnum):
     DONE = 4
     TIMED_OUT = 5
     BOUND = 6  # placed by a preemption, waiting for its victims to leave
+    IDLE_STOPPED = 7  # a session stopped because its cards sat idle for its class's idle timeout
 
 
 @dataclass(slots=True)
@@ -104,6 +107,8 @@ class JobRecord:
     moving_until_s: float | None = None
     moves: int = 0
     lost_gpu_move_s: float = 0.0  # the part of lost_gpu_s thrown away by moves
+    idle_gpu_s: float = 0.0  # card-seconds it held while its cards sat idle (its usage pattern)
+    idle_reclaimed_gpu_s: float = 0.0  # card-seconds given back by stopping it idle, before its natural end
 
     @property
     def wait_s(self) -> float | None:
@@ -119,10 +124,11 @@ class _Ev(IntEnum):
     FAIL = 0
     REPAIR = 1
     COMPLETE = 2
-    EVICT_END = 3
-    ARRIVAL = 4
-    CYCLE = 5
-    END = 6
+    IDLE = 3
+    EVICT_END = 4
+    ARRIVAL = 5
+    CYCLE = 6
+    END = 7
 
 
 @dataclass(slots=True)
@@ -508,10 +514,14 @@ class Simulator:
         if s.max_runtime_s is not None:
             run_for = min(run_for, s.max_runtime_s)
         self._push(self.now + run_for, _Ev.COMPLETE, (s.id, rec.epoch))
+        idle_after = s.idle_stop_after_s() if self.config.idle_reclaim else None
+        if idle_after is not None and idle_after < run_for:
+            self._push(self.now + idle_after, _Ev.IDLE, (s.id, rec.epoch, self.now + run_for))
 
     def _stop(self, rec: JobRecord, *, failed: bool) -> None:
         """Kill a running job: keep the work up to its last checkpoint, lose the rest, requeue it."""
         s = rec.spec
+        self._count_idle(rec)
         self._moves.pop(s.id, None)
         total = rec.progress_s + (self.now - (self.now if rec.run_start_s is None else rec.run_start_s))
         ci = s.checkpoint_interval_s
@@ -680,6 +690,7 @@ class Simulator:
         if rec.epoch != epoch or rec.state not in (JobState.RUNNING, JobState.TERMINATING):
             return
         s = rec.spec
+        self._count_idle(rec)
         self._moves.pop(s.id, None)  # it finished while it was being moved
         rec.moving_until_s = None
         worked = rec.progress_s + (self.now - (self.now if rec.run_start_s is None else rec.run_start_s))
@@ -689,6 +700,33 @@ class Simulator:
         rec.epoch += 1
         rec.state = JobState.DONE if worked + 1e-6 >= s.runtime_s else JobState.TIMED_OUT
         self._victim_gone(s.id)
+
+    def _count_idle(self, rec: JobRecord) -> None:
+        """The card-seconds of the run now ending that its cards sat idle (within the metrics window)."""
+        if rec.run_start_s is None or rec.spec.busy_s is None:
+            return
+        end = self.now if self.config.horizon_s is None else min(self.now, self.config.horizon_s)
+        cards = rec.last_alloc_milli / WHOLE_GPU_MILLI
+        rec.idle_gpu_s += rec.spec.idle_s_between(rec.run_start_s, rec.run_start_s, end) * cards
+
+    def _on_idle(self, job_id: str, epoch: int, natural_end_s: float) -> None:
+        """A session idle for its class's timeout is stopped: its cards go to waiting work."""
+        rec = self.records[job_id]
+        if rec.epoch != epoch or rec.state is not JobState.RUNNING:
+            return
+        self._count_idle(rec)
+        end = natural_end_s if self.config.horizon_s is None else min(natural_end_s, self.config.horizon_s)
+        rec.idle_reclaimed_gpu_s += max(0.0, end - self.now) * rec.last_alloc_milli / WHOLE_GPU_MILLI
+        self._moves.pop(job_id, None)
+        rec.moving_until_s = None
+        worked = rec.progress_s + (self.now - rec.run_start_s)
+        rec.progress_s = min(worked, rec.spec.runtime_s)
+        self._free(rec)
+        rec.finish_s = self.now
+        rec.epoch += 1
+        rec.run_start_s = None
+        rec.state = JobState.IDLE_STOPPED
+        self._victim_gone(job_id)
 
     def _on_evict_end(self, job_id: str, epoch: int) -> None:
         rec = self.records[job_id]
@@ -904,6 +942,8 @@ class Simulator:
                 self._on_arrival(payload)
             elif ev is _Ev.COMPLETE:
                 self._on_complete(*payload)
+            elif ev is _Ev.IDLE:
+                self._on_idle(*payload)
             elif ev is _Ev.EVICT_END:
                 self._on_evict_end(*payload)
             elif ev is _Ev.FAIL:
@@ -923,6 +963,9 @@ class Simulator:
                 break
         end = horizon if horizon is not None else self.now
         self._advance(end)
+        for rec in self.records.values():  # runs still going at the end: their idle time so far
+            if rec.state in (JobState.RUNNING, JobState.TERMINATING):
+                self._count_idle(rec)
         self._sample()
         if bar is not None:
             bar.close()

@@ -243,6 +243,22 @@ def summarize(result: SimResult) -> dict:
         "team_wait_sd_s": round(statistics.pstdev(team_mean_waits), 3) if len(team_mean_waits) > 1 else 0.0,
         "cycles": result.cycles,
         "cycle_wall_s": round(result.cycle_wall_s, 3),
+        "idle": idle_figures(arrived),
+    }
+
+
+def idle_figures(arrived: list[JobRecord]) -> dict:
+    """Idle GPUs held and given back: the jobs whose usage leaves their cards idle part of the time (notebooks),
+    the card-hours they held idle, the card-hours stopping them idle gave back before their natural end, and how
+    long everyone else waited."""
+    patterned = [r for r in arrived if r.spec.busy_s is not None]
+    others = [r for r in arrived if r.spec.busy_s is None]
+    return {
+        "jobs": len(patterned),
+        "stopped_idle": sum(1 for r in patterned if r.state is JobState.IDLE_STOPPED),
+        "gpu_hours_held_idle": round(sum(r.idle_gpu_s for r in patterned) / 3600, 3),
+        "gpu_hours_reclaimed": round(sum(r.idle_reclaimed_gpu_s for r in patterned) / 3600, 3),
+        "others_wait": wait_stats(others),
     }
 
 

@@ -59,7 +59,9 @@ def run_scenario(
             jobs=scenario.jobs_for(policy, seed=config.seed),
             profile=profile,
             quotas=scenario.quotas,
-            config=replace(config, progress=progress, progress_label=policy.name),
+            config=replace(
+                config, progress=progress, progress_label=policy.name, idle_reclaim=policy.idle_reclaim
+            ),
             failures=scenario.failures,
         )
         results[policy.name] = result

@@ -33,7 +33,7 @@ def _policies(raw: Any) -> list[PolicySpec]:
     for pi, p in enumerate(as_list(raw or [{"name": "default", "profile": "default"}], "policies")):
         where = f"policies[{pi}]"
         p = as_mapping(p, where)
-        known_fields(p, {"name", "profile", "whole_cards", "sharing", "description"}, where)
+        known_fields(p, {"name", "profile", "whole_cards", "sharing", "description", "idle_reclaim"}, where)
         if "name" not in p or "profile" not in p:
             raise ScenarioError(f"{where}.{'name' if 'name' not in p else 'profile'}: required")
         name = str(p["name"])
@@ -56,6 +56,7 @@ def _policies(raw: Any) -> list[PolicySpec]:
                 bool(p.get("whole_cards", False)),
                 sharing,
                 str(p.get("description", "")).strip(),
+                idle_reclaim=bool(p.get("idle_reclaim", True)),
             )
         )
     return out

@@ -37,6 +37,7 @@ class PriorityClass:
     preemptible: bool
     grace_s: float
     checkpoint_interval_s: float | None
+    idle_timeout_s: float | None = None  # a job whose usage leaves it idle this long is stopped (a session)
 
 
 def read_priority_classes(raw: Any) -> dict[str, PriorityClass]:
@@ -44,7 +45,7 @@ def read_priority_classes(raw: Any) -> dict[str, PriorityClass]:
     for name, spec in as_mapping(raw or {}, "priority_classes").items():
         where = f"priority_classes.{name}"
         spec = as_mapping(spec, where)
-        known_fields(spec, {"priority", "preemptible", "grace", "checkpoint_interval"}, where)
+        known_fields(spec, {"priority", "preemptible", "grace", "checkpoint_interval", "idle_timeout"}, where)
         pr = spec.get("priority", 0)
         if isinstance(pr, bool) or not isinstance(pr, int):
             raise ScenarioError(f"{where}.priority: expected a whole number, got {pr!r}")
@@ -56,8 +57,31 @@ def read_priority_classes(raw: Any) -> dict[str, PriorityClass]:
             checkpoint_interval_s=None
             if ci is None
             else parse_duration_s(ci, f"{where}.checkpoint_interval", allow_zero=False),
+            idle_timeout_s=None
+            if spec.get("idle_timeout") is None
+            else parse_duration_s(spec["idle_timeout"], f"{where}.idle_timeout", allow_zero=False),
         )
     return out
+
+
+def _usage(raw: Any, where: str) -> tuple[int | None, float | None, float | None]:
+    """A stream's `usage`: a share of each card kept busy (`100%`), or busy only part of the time
+    (`{busy: 100%, active: 10m, every: 1h}`: a notebook worked in 10 minutes of each hour). (usage milli averaged
+    over time, busy seconds, period seconds)."""
+    if raw is None:
+        return None, None, None
+    if not isinstance(raw, dict):
+        return parse_share_milli(raw, where), None, None
+    known_fields(raw, {"busy", "active", "every"}, where)
+    for required in ("active", "every"):
+        if required not in raw:
+            raise ScenarioError(f"{where}.{required}: required")
+    busy_milli = parse_share_milli(raw.get("busy", "100%"), f"{where}.busy")
+    active = parse_duration_s(raw["active"], f"{where}.active")
+    every = parse_duration_s(raw["every"], f"{where}.every", allow_zero=False)
+    if active > every:
+        raise ScenarioError(f"{where}.active: longer than every ({raw['active']} > {raw['every']})")
+    return round(busy_milli * active / every), active, every
 
 
 def _request(raw: Any, where: str) -> Request:
@@ -197,8 +221,7 @@ def read_streams(raw: Any, classes: Mapping[str, PriorityClass], teams: Mapping[
                 raise ScenarioError(f"{where}.priority_class: unknown priority class {pc_name!r}")
             pc = classes[pc_name]
         request = _request(s["request"], f"{where}.request")
-        usage = s.get("usage")
-        usage_milli = None if usage is None else parse_share_milli(usage, f"{where}.usage")
+        usage_milli, busy_s, busy_every_s = _usage(s.get("usage"), f"{where}.usage")
         ci = s.get("checkpoint_interval")
         out.append(
             Stream(
@@ -222,6 +245,9 @@ def read_streams(raw: Any, classes: Mapping[str, PriorityClass], teams: Mapping[
                 usage_milli=usage_milli,
                 priority_class=str(pc_name or ""),
                 kind=str(s.get("kind", name)),
+                busy_s=busy_s,
+                busy_every_s=busy_every_s,
+                idle_timeout_s=pc.idle_timeout_s if busy_s is not None else None,
             )
         )
     return out

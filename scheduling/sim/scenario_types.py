@@ -65,6 +65,9 @@ class PolicySpec:
     whole_cards: bool = False  # every slice request becomes a whole card (no slicing)
     sharing: Sharing | None = None  # force every GPU into this sharing mode
     description: str = ""
+    idle_reclaim: bool = (
+        True  # idle sessions stopped at their class's idle_timeout (false: they hold their cards)
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,6 +60,9 @@ class Stream:
     usage_milli: int | None = None  # None: the request's own share (slices) or a whole card
     priority_class: str = ""
     kind: str = ""
+    busy_s: float | None = None  # busy this long of every busy_every_s (a notebook); None: all along
+    busy_every_s: float | None = None
+    idle_timeout_s: float | None = None  # its class's: stopped after this long idle
 
 
 def arrival_times(arrival: Arrival, count: int, rng: random.Random) -> list[float]:
@@ -126,6 +129,9 @@ def stream_jobs(stream: Stream, seed: int) -> list[SimJob]:
             usage_milli=usage,
             priority_class=stream.priority_class,
             kind=stream.kind or stream.name,
+            busy_s=stream.busy_s,
+            busy_every_s=stream.busy_every_s,
+            idle_timeout_s=stream.idle_timeout_s,
         )
         for i, t in enumerate(times)
     ]

@@ -27,6 +27,34 @@ class SimJob:
     usage_milli: int = WHOLE_GPU_MILLI
     priority_class: str = ""
     kind: str = ""  # a label for reports ("training", "inference", a qos class...)
+    # Use over time (a notebook): busy for `busy_s` at the start of every `busy_every_s` of its run, idle (0%) the
+    # rest; None: busy all along at usage_milli.
+    busy_s: float | None = None
+    busy_every_s: float | None = None
+    # Its class's idle timeout: a run idle this long is stopped, as a session is (scheduling/cycle/idle.py);
+    # None: never.
+    idle_timeout_s: float | None = None
+
+    def idle_s_between(self, run_start_s: float, t0: float, t1: float) -> float:
+        """Seconds of [t0, t1] (within a run that started at run_start_s) its cards sat idle."""
+        if self.busy_s is None or not self.busy_every_s or t1 <= t0:
+            return 0.0
+        every, busy = self.busy_every_s, min(self.busy_s, self.busy_every_s)
+
+        def idle_until(t: float) -> float:  # idle seconds in [run_start_s, t]
+            whole, part = divmod(max(0.0, t - run_start_s), every)
+            return whole * (every - busy) + max(0.0, part - busy)
+
+        return idle_until(t1) - idle_until(t0)
+
+    def idle_stop_after_s(self) -> float | None:
+        """How long after a start its run is stopped for idleness (its first idle spell reaching the timeout);
+        None: never."""
+        if self.idle_timeout_s is None or self.busy_s is None or not self.busy_every_s:
+            return None
+        if self.busy_every_s - self.busy_s < self.idle_timeout_s:
+            return None
+        return self.busy_s + self.idle_timeout_s
 
 
 @dataclass(frozen=True, slots=True)
