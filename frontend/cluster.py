@@ -8,6 +8,8 @@ scheduling.inventory.services.node_set_state, as the API's POST /api/v1/cluster/
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -15,11 +17,14 @@ from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from quotas.selectors import team_ids_for_user
 from scheduling.errors import ServiceError
 from scheduling.history.selectors.nodes import gpu_events, node_gpu_history
+from scheduling.history.selectors.usage import usage_totals
 from scheduling.history.selectors.windows import window
 from scheduling.inventory import cluster_map
 from scheduling.inventory.models import Node
@@ -91,7 +96,7 @@ def _common(request: HttpRequest) -> dict:
 def cluster(request: HttpRequest) -> HttpResponse:
     """The map. `?group=<name>&part=group` is one group's tiles (a page of them, `page=`), fetched when the
     group is opened and re-fetched on events; `?part=summaries` the groups' rows, re-fetched on events;
-    `?part=moves` the work moved to make room in the last hour."""
+    `?part=moves` the work moved to make room in the last hour; `?part=idle` the last day's idle GPU-hours."""
     part = request.GET.get("part")
     wanted = request.GET.get("group")
     # A group's part needs only which nodes are in it; the rows need everyone's samples for their means.
@@ -106,6 +111,10 @@ def cluster(request: HttpRequest) -> HttpResponse:
     }
     if part == "summaries":
         return render(request, "frontend/cluster/_summaries.html", context)
+    if part == "idle":  # loaded after the map: the last day's hourly usage rows
+        return render(
+            request, "frontend/cluster/_idle.html", {"idle": _idle_gpu_hours(request), "loaded": True}
+        )
     context["moves"] = cluster_map.recent_moves(user=request.user)
     if part == "moves":
         return render(request, "frontend/cluster/_moves.html", context)
@@ -131,6 +140,32 @@ def cluster(request: HttpRequest) -> HttpResponse:
         }
     )
     return render(request, "frontend/cluster/map.html", context)
+
+
+IDLE_WINDOW = timedelta(hours=24)
+
+
+def _idle_gpu_hours(request: HttpRequest) -> dict:
+    """GPU-hours held on idle cards (under 5 %) in the last 24 hours: by team for everyone (as the history page
+    shows teams), by person for the viewer's own teams (everyone's for staff)."""
+    until = timezone.now()
+    since = until - IDLE_WINDOW
+    teams = [t for t in usage_totals(since=since, until=until, group="team") if t["idle_gpu_hours"] > 0.0005]
+    own = None if request.user.is_staff else team_ids_for_user(user=request.user)
+    users = [
+        u
+        for u in usage_totals(since=since, until=until, group="user", team_ids=own)
+        if u["idle_gpu_hours"] > 0.0005
+    ]
+
+    def ranked(rows: list[dict]) -> list[dict]:
+        rows = [
+            {**r, "idle_pct": round(100 * r["idle_gpu_hours"] / r["gpu_hours"]) if r["gpu_hours"] else 0}
+            for r in rows
+        ]
+        return sorted(rows, key=lambda r: -r["idle_gpu_hours"])[:10]
+
+    return {"teams": ranked(teams), "users": ranked(users), "staff": request.user.is_staff}
 
 
 @login_required

@@ -200,3 +200,54 @@ def test_the_totals_line_and_the_group_rows_count_allocated_gpus_alike(alice, sh
     rows = re.findall(r'class="meter-fill"[^>]*></span></span> ([\d.]+) \(', page)
     assert rows and totals == f"{shown:.3f}".rstrip("0").rstrip(".")
     assert all(not r.endswith(".0") and not (r.endswith("0") and "." in r) for r in rows), rows
+
+
+def test_the_map_says_who_held_idle_gpus_in_the_last_day_by_team_and_by_person_in_ones_teams(
+    alice, bob, teams, node
+):
+    """Idle-allocated GPU-hours (the hourly usage rows) by team for everyone, by person only within one's teams."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from scheduling.history.models import UsageHour
+
+    hour = timezone.now().replace(minute=0, second=0, microsecond=0) - timedelta(hours=2)
+    UsageHour.objects.create(
+        hour=hour,
+        team_id=teams["training"].pk,
+        user_id=alice.pk,
+        model_id=0,
+        gpu_seconds=4 * 3600,
+        idle_gpu_seconds=3 * 3600,
+    )
+    UsageHour.objects.create(
+        hour=hour,
+        team_id=teams["inference"].pk,
+        user_id=bob.pk,
+        model_id=0,
+        gpu_seconds=2 * 3600,
+        idle_gpu_seconds=0.5 * 3600,
+    )
+    UsageHour.objects.create(  # older than a day: not counted
+        hour=hour - timedelta(days=2),
+        team_id=teams["inference"].pk,
+        user_id=bob.pk,
+        model_id=0,
+        gpu_seconds=9 * 3600,
+        idle_gpu_seconds=9 * 3600,
+    )
+    assert 'hx-get="/cluster/?part=idle"' in _signed_in(alice).get("/cluster/").content.decode()
+    page = _signed_in(alice).get("/cluster/?part=idle").content.decode()
+    idle = page[page.index('id="cluster-idle"') :]
+    idle = idle[: idle.index("</section>")]
+    teams_table, people = idle.split("By person")
+    rows = re.findall(
+        r"<tr><td>(.*?)</td><td class=\"num\">(.*?)</td><td class=\"num\">(.*?)</td></tr>", teams_table
+    )
+    assert [(re.sub("<[^>]+>", "", t), h, p) for t, h, p in rows] == [
+        ("ai-lab/training", "3.0", "75 %"),
+        ("ai-lab/inference", "0.5", "25 %"),
+    ]
+    assert "alice" in people and "bob" not in people  # bob is not in alice's teams
+    assert "bob" in _signed_in(bob).get("/cluster/?part=idle").content.decode()
