@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 
 def _minutes(seconds: float) -> str:
+    if seconds < 120:
+        return f"{round(seconds)} s"
     minutes = round(seconds / 60)
     if minutes < 120:
         return f"{minutes} min"

@@ -5,6 +5,7 @@ notebook's page says so when its job ends."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 
@@ -117,3 +118,45 @@ def test_alice_opens_her_notebook_through_the_portal_and_nobody_else_reaches_it(
     assert f"Job {job.pk} has ended (cancelled)" in notebook.locator("main").inner_text()
     browse.shots(notebook, "ended")
     page.locator("[data-session=jupyter]", has_text="ended with the job").wait_for(timeout=60_000)
+
+
+@pytest.mark.timeout(150, func_only=True)  # about 25 s
+def test_alice_starts_a_notebook_from_the_template_is_warned_it_sits_idle_and_says_she_still_uses_it(browse):
+    from quotas.models import PriorityClass
+    from scheduling.cycle.idle import idle_check
+    from scheduling.jobs.models import Job
+
+    pipe = browse.cluster
+    page = browse("alice")
+    page.goto("/jobs/new/")
+    page.click("#session-templates [data-template]:text('Jupyter')")
+    assert page.input_value("#id_name") == "notebook" and page.input_value("#id_ports") == "jupyter:8888"
+    assert page.is_checked("#id_interactive") and "jupyter lab" in page.input_value("#id_command")
+    assert page.is_checked("input[name=command_form][value=shell]")
+    browse.shots(page, "template")
+    # No Jupyter on this machine: the stand-in, on a card its agent reports idle.
+    page.fill("#id_command", STAND_IN)
+    page.fill("#id_env", "TESSERA_SIM_UTIL_PCT=0")
+    PriorityClass.objects.filter(name="pipe-low").update(interactive_idle_timeout_s=20)
+    try:
+        page.click("#job-form button[type=submit]")
+        page.wait_for_url(re.compile(r".*/jobs/\d+/$"))
+        job = Job.objects.get(pk=int(page.url.rstrip("/").rsplit("/", 1)[1]))
+        assert (job.kind, job.ports) == ("interactive", [["jupyter", 8888]])
+        wait_state(job, "running", timeout_s=60)
+        wait_for("the idle warning (half its 20 s)", lambda: job.pk in idle_check()["warned"], timeout_s=60)
+        page.reload()  # the check ran here, in the test's process: its event went to this process's channel layer
+        page.locator("#idle button", has_text="Still using it").wait_for(timeout=60_000)
+        assert "every GPU under 5% since" in page.inner_text("#idle") and "It is stopped" in page.inner_text(
+            "#idle"
+        )
+        browse.shots(page, "idle-warning")
+        page.click("#idle button")
+        page.wait_for_url(re.compile(rf".*/jobs/{job.pk}/$"))
+        assert "idle clock starts again" in page.inner_text("body")
+        job.refresh_from_db()
+        assert job.idle_reset_at is not None and job.idle_reclaim_at is None
+        assert page.locator("#idle button").count() == 0  # no warning now: nothing to answer
+        browse.shots(page, "still-in-use")
+    finally:
+        PriorityClass.objects.filter(name="pipe-low").update(interactive_idle_timeout_s=None)
