@@ -126,7 +126,6 @@ def test_alice_starts_a_notebook_from_the_template_is_warned_it_sits_idle_and_sa
     from scheduling.cycle.idle import idle_check
     from scheduling.jobs.models import Job
 
-    pipe = browse.cluster
     page = browse("alice")
     page.goto("/jobs/new/")
     page.click("#session-templates [data-template]:text('Jupyter')")
