@@ -13,7 +13,7 @@ from typing import Any
 
 from cli.client import ApiError, Client, ExitCode
 from cli.output import command_parser, print_json, run_command
-from portal.submit_flags import COUNTS, REPEATED, SUBMIT_FLAGS
+from portal.submit_flags import COUNTS, REPEATED, SESSION_TEMPLATES, SUBMIT_FLAGS
 
 SHELL_LINE, ARGV = "shell line", "argv"
 
@@ -103,6 +103,11 @@ def submit(argv: Sequence[str]) -> int:
         "--idempotency-key", help="retries with the same key submit once (default: a fresh key)"
     )
     parser.add_argument("--dry-run", action="store_true", help="print the spec that would be sent")
+    parser.add_argument(
+        "--template",
+        choices=sorted(SESSION_TEMPLATES),
+        help="start from a session template (name, command, web port, kind); flags and the command after -- win",
+    )
     parser.epilog = (
         "Give the command after --. Separate words run as a program and its arguments: "
         "tessera submit -G 1 -t 2h -- python train.py --lr 3e-4. One quoted word holding spaces is a shell line, "
@@ -124,9 +129,13 @@ def submit(argv: Sequence[str]) -> int:
 
     def handle(args: argparse.Namespace) -> int:
         spec: dict[str, Any] = {}
+        if args.template:
+            template = SESSION_TEMPLATES[args.template]
+            spec.update({k: template[k] for k in ("name", "command", "ports", "kind")})
         if args.file:
             try:
-                spec, _ = _read_spec_file(args.file)
+                read, _ = _read_spec_file(args.file)
+                spec.update(read)
             except (OSError, ValueError) as exc:
                 print(f"tessera submit: cannot read {args.file}: {exc}", file=sys.stderr)
                 return ExitCode.USAGE

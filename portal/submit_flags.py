@@ -8,7 +8,9 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from scheduling.jobs.fields import COUNT, FIELDS, MODELS, PORTS
+from scheduling.jobs.fields import COUNT, FIELDS, MODELS, PORTS, SESSION_TEMPLATES
+
+__all__ = ["COUNTS", "REPEATED", "SESSION_TEMPLATES", "SUBMIT_FLAGS", "submit_command_line"]
 
 # (flags, spec field, help) for every field `tessera submit` sets by a flag; the rest are set in a spec file.
 SUBMIT_FLAGS = tuple((f.flags, f.name, f.flag_help or f.help) for f in FIELDS if f.flags)

@@ -417,3 +417,38 @@ FIELD = {f.name: f for f in FIELDS}
 ALIAS = {a.name: a for a in ALIASES}
 FIELD_NAMES = tuple(FIELD)
 REQUIRED = tuple(f.name for f in FIELDS if f.required)
+
+
+# Ready-made sessions (the submit form's templates and `tessera submit --template`; docs/portal.md): each a job's
+# spec as the form writes it. Each server listens on its port where the agent put it and serves under the portal's
+# path for it.
+SESSION_TEMPLATES: dict[str, dict[str, str]] = {
+    "jupyter": {
+        "label": "Jupyter",
+        "name": "notebook",
+        "kind": "interactive",
+        "ports": "jupyter:8888",
+        # Jupyter takes JUPYTER_TOKEN (the portal's secret for the job) as its own token: the proxy sends it, and
+        # nothing else on the node can open the notebook.
+        "command": 'jupyter lab --no-browser --ip=0.0.0.0 --port="$TESSERA_PORT_JUPYTER" '
+        '--ServerApp.base_url="$TESSERA_BASE_URL_JUPYTER"',
+    },
+    "tensorboard": {
+        "label": "TensorBoard",
+        "name": "tensorboard",
+        "kind": "interactive",
+        "ports": "tensorboard:6006",
+        # TensorBoard has no sign-in of its own: other jobs on its node can read it (docs/portal.md, "Sessions").
+        "command": 'tensorboard --logdir "${LOGDIR:-$HOME/runs}" --bind_all --port "$TESSERA_PORT_TENSORBOARD" '
+        '--path_prefix "${TESSERA_BASE_URL_TENSORBOARD%/}"',
+    },
+    "http": {
+        "label": "Plain HTTP port",
+        "name": "web",
+        "kind": "batch",
+        "ports": "web:8080",
+        # A server gets the whole path (/jobs/<id>/open/web/...): this one serves a folder laid out under it.
+        "command": 'mkdir -p "site$TESSERA_BASE_URL_WEB" && echo "<h1>It works</h1>" > '
+        '"site${TESSERA_BASE_URL_WEB}index.html" && python3 -m http.server "$TESSERA_PORT_WEB" --directory site',
+    },
+}

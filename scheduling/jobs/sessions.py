@@ -26,7 +26,7 @@ from quotas.selectors import team_ids_for_user
 from scheduling.choices import ActorKind, JobState
 from scheduling.errors import ServiceError
 from scheduling.inventory.models import Node
-from scheduling.jobs.fields import MAX_PORT, MIN_PORT, PORT_NAME
+from scheduling.jobs.fields import MAX_PORT, MIN_PORT, PORT_NAME, SESSION_TEMPLATES
 from scheduling.jobs.models import Job, JobEvent
 from scheduling.realtime import events
 
@@ -234,37 +234,3 @@ def job_sessions_for(*, user: AbstractBaseUser, job: Job) -> list[SessionLink]:
     if not job.ports or session_job_for(user=user, job_id=job.pk, name=str(job.ports[0][0])) is None:
         return []
     return session_links(job)
-
-
-# Ready-made sessions (the submit form's templates; docs/portal.md): each a job's spec as the form writes it. Each
-# server listens on its port where the agent put it and serves under the portal's path for it.
-SESSION_TEMPLATES: dict[str, dict[str, Any]] = {
-    "jupyter": {
-        "label": "Jupyter",
-        "name": "notebook",
-        "kind": "interactive",
-        "ports": "jupyter:8888",
-        # Jupyter takes JUPYTER_TOKEN (the portal's secret for the job) as its own token: the proxy sends it, and
-        # nothing else on the node can open the notebook.
-        "command": 'jupyter lab --no-browser --ip=0.0.0.0 --port="$TESSERA_PORT_JUPYTER" '
-        '--ServerApp.base_url="$TESSERA_BASE_URL_JUPYTER"',
-    },
-    "tensorboard": {
-        "label": "TensorBoard",
-        "name": "tensorboard",
-        "kind": "interactive",
-        "ports": "tensorboard:6006",
-        # TensorBoard has no sign-in of its own: other jobs on its node can read it (docs/portal.md, "Sessions").
-        "command": 'tensorboard --logdir "${LOGDIR:-$HOME/runs}" --bind_all --port "$TESSERA_PORT_TENSORBOARD" '
-        '--path_prefix "${TESSERA_BASE_URL_TENSORBOARD%/}"',
-    },
-    "http": {
-        "label": "Plain HTTP port",
-        "name": "web",
-        "kind": "batch",
-        "ports": "web:8080",
-        # A server gets the whole path (/jobs/<id>/open/web/...): this one serves a folder laid out under it.
-        "command": 'mkdir -p "site$TESSERA_BASE_URL_WEB" && echo "<h1>It works</h1>" > '
-        '"site${TESSERA_BASE_URL_WEB}index.html" && python3 -m http.server "$TESSERA_PORT_WEB" --directory site',
-    },
-}

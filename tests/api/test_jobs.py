@@ -334,3 +334,30 @@ def test_a_submit_takes_a_bounded_number_of_queries(as_alice, django_assert_max_
     with django_assert_max_num_queries(9):
         whole = {"name": "t", "team": "ai-lab/training", "command": "x", "gpus": 2}
         assert as_alice.post("/api/v1/jobs/", whole, format="json").status_code == 201
+
+
+def test_a_jobs_web_ports_are_shared_with_its_team_by_its_submitter_only(
+    as_alice, alice, carol, teams, submit
+):
+    """POST /api/v1/jobs/<id>/share/ {"shared": true}: the submitter lets the team open the job's web ports."""
+    from rest_framework.test import APIClient
+
+    from quotas.tokens import api_token_create
+
+    response = as_alice.post(
+        "/api/v1/jobs/", {**SLICE, "ports": "jupyter:8888", "kind": "interactive"}, format="json"
+    )
+    assert response.status_code == 201, response.json()
+    job = response.json()
+    assert (job["kind"], job["session_shared"]) == ("interactive", False)
+    assert job["ports"] == [
+        {"name": "jupyter", "port": 8888, "path": f"/jobs/{job['id']}/open/jupyter/", "state": "waiting"}
+    ]
+    shared = as_alice.post(f"/api/v1/jobs/{job['id']}/share/", {"shared": True}, format="json")
+    assert shared.status_code == 200 and shared.json()["session_shared"] is True
+    bad = as_alice.post(f"/api/v1/jobs/{job['id']}/share/", {"shared": "maybe"}, format="json")
+    assert bad.status_code == 400 and bad.json()["error"]["field"] == "shared"
+    as_carol = APIClient()
+    as_carol.credentials(HTTP_AUTHORIZATION=f"Bearer {api_token_create(user=carol, name='t')[1]}")
+    refused = as_carol.post(f"/api/v1/jobs/{job['id']}/share/", {"shared": False}, format="json")
+    assert refused.status_code == 403 and Job.objects.get(pk=job["id"]).session_shared is True

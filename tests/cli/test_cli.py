@@ -433,3 +433,27 @@ def test_sbatch_dependency_flags_make_a_job_wait_for_another(logged_in):
     assert f"[dependency] Waits for job {first['id']} to succeed (it is placed)." in shown
     wrong = logged_in("submit", "-G", "1", "-d", "afterok:x", "--", "python", "c.py")
     assert wrong.returncode == ExitCode.INVALID and "depends_on" in wrong.stderr
+
+
+def test_a_notebook_from_the_template_and_where_to_open_it(logged_in, alice, teams):
+    """`tessera submit --template jupyter` submits the Jupyter session; `tessera open` prints its URL and says
+    it opens once the job runs; `tessera ls` says when an idle job's GPUs are given back."""
+    from scheduling.jobs.models import Job
+
+    submitted = logged_in("submit", "--template", "jupyter", "--gpu-memory", "10GiB", "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    job = json.loads(submitted.stdout)
+    assert (job["name"], job["kind"], [p["name"] for p in job["ports"]]) == (
+        "notebook",
+        "interactive",
+        ["jupyter"],
+    )
+    opened = logged_in("open", str(job["id"]))
+    assert opened.returncode == 0, opened.stderr
+    assert opened.stdout.strip().endswith(f"/jobs/{job['id']}/open/jupyter/")
+    assert "the link answers once it runs" in opened.stderr
+    assert logged_in("open", str(job["id"]), "tensorboard").returncode == 5
+    Job.objects.filter(pk=job["id"]).update(state="running")
+    Job.objects.filter(pk=job["id"]).update(idle_reclaim_at="2026-12-07T14:32:00Z")
+    row = logged_in("ls").stdout.splitlines()[1]
+    assert "idle: GPUs given back at 14:32 UTC unless used" in row

@@ -90,6 +90,12 @@ class JobCancelSerializer(serializers.Serializer):
     )
 
 
+class JobShareSerializer(serializers.Serializer):
+    shared = serializers.BooleanField(
+        help_text="true: the job's team may open its web ports; false: only you."
+    )
+
+
 class JobPortSerializer(serializers.Serializer):
     name = serializers.CharField()
     port = serializers.IntegerField(help_text="The port asked for (its node may have given another).")

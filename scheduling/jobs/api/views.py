@@ -53,6 +53,7 @@ from scheduling.jobs.selectors import (
     queue,
     queue_entries,
 )
+from scheduling.jobs.sessions import session_share
 from scheduling.jobs.spec import SpecError, spec_check_card_limits, spec_from_mapping, spec_from_text
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.jobs.submit import job_submit
@@ -258,6 +259,26 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             job = job_cancel_as_listed(job=job, actor=request.user)
             job = self.get_queryset().get(pk=job.pk)
         return Response(s.JobSerializer(job, context={"request": request}).data)
+
+    @extend_schema(request=s.JobShareSerializer, responses={200: s.JobSerializer})
+    @action(detail=True, methods=["post"], parser_classes=[SafeJSONParser])
+    def share(self, request: Request, pk: str | None = None) -> Response:
+        """Let the job's team open its web ports too (`shared: true`), or only its submitter again (`false`).
+        Only the submitter may."""
+        job = self.get_object()
+        body = s.JobShareSerializer(data=request.data if isinstance(request.data, dict) else {})
+        body.is_valid(raise_exception=True)
+        try:
+            session_share(user=request.user, job_id=job.pk, shared=body.validated_data["shared"])
+        except ServiceError as exc:
+            if exc.code == "not_found":
+                raise ApiError(
+                    exc.message, code="permission_denied", status_code=status.HTTP_403_FORBIDDEN
+                ) from None
+            raise
+        return Response(
+            s.JobSerializer(self.get_queryset().get(pk=job.pk), context={"request": request}).data
+        )
 
     @extend_schema(responses={200: s.JobEventSerializer(many=True)})
     @action(detail=True, methods=["get"], filterset_class=None)
