@@ -227,6 +227,10 @@ def _new_page(form: JobForm) -> dict:
     return {"form": form, "session_templates": templates}
 
 
+def session_slash(request: HttpRequest, job_id: int, name: str) -> HttpResponse:
+    return redirect(f"/jobs/{job_id}/open/{name}/", permanent=False)
+
+
 @login_required
 @require_POST
 def job_still_in_use(request: HttpRequest, job_id: int) -> HttpResponse:

@@ -21,6 +21,13 @@ urlpatterns = [
     path("jobs/<int:job_id>/", jobs.job_detail, name="job"),
     path("jobs/<int:job_id>/logs/<str:stream>/", jobs.job_log_download, name="job_log"),
     path("jobs/<int:job_id>/share/", jobs.job_share, name="job_share"),
+    # A session's path without its last slash (typed by hand): the proxy serves it with the slash
+    # (frontend/sessions.py, before Django).
+    re_path(
+        r"^jobs/(?P<job_id>[0-9]+)/open/(?P<name>[a-z][a-z0-9-]{0,30})$",
+        jobs.session_slash,
+        name="session_slash",
+    ),
     path("jobs/<int:job_id>/still-in-use/", jobs.job_still_in_use, name="job_still_in_use"),
     path("queue/", views.queue, name="queue"),
     path("teams/", teams.teams, name="teams"),

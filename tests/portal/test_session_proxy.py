@@ -164,3 +164,10 @@ def test_a_service_worker_and_an_unknown_host_are_refused(monkeypatch):
     assert start["status"] == 403 and b"service worker" in content and not received
     start, _, received = _through(ok, _scope(host=b"evil.example"), monkeypatch)
     assert start["status"] == 400 and not received
+
+
+@pytest.mark.django_db
+def test_a_session_path_typed_without_its_slash_is_sent_to_it(client, alice):
+    client.force_login(alice)
+    response = client.get("/jobs/12/open/jupyter")
+    assert (response.status_code, response["Location"]) == (302, "/jobs/12/open/jupyter/")
