@@ -25,10 +25,10 @@ from scheduling.agents.live_metrics import IDLE_UTIL_PCT, job_usage
 from scheduling.choices import ActorKind, JobKind, JobState
 from scheduling.cycle.requests import cycle_request_after_commit
 from scheduling.errors import ServiceError
-from scheduling.jobs.models import Job, JobEvent
+from scheduling.jobs.models import Job
+from scheduling.jobs.notes import job_note
 from scheduling.jobs.transitions import job_transition
 from scheduling.notifications.services import job_idle_notify
-from scheduling.realtime import events
 
 log = logging.getLogger(__name__)
 
@@ -111,22 +111,7 @@ def jobs_idle_states(*, jobs: list[Job], now: datetime | None = None) -> dict[in
 
 
 def _tell(job: Job, code: str, message: str) -> None:
-    JobEvent.objects.create(
-        job=job,
-        from_state=job.state,
-        to_state=job.state,
-        actor_kind=ActorKind.SYSTEM,
-        code=code,
-        message=message,
-    )
-    events.job_changed(
-        job_id=job.pk,
-        team_id=job.team_id,
-        submitter_id=job.submitter_id,
-        state=job.state,
-        code=code,
-        message=message,
-    )
+    job_note(job=job, code=code, message=message, actor_kind=ActorKind.SYSTEM)
 
 
 def _held(job: Job) -> str:

@@ -27,7 +27,8 @@ from scheduling.choices import ActorKind, JobState
 from scheduling.errors import ServiceError
 from scheduling.inventory.models import Node
 from scheduling.jobs.fields import MAX_PORT, MIN_PORT, PORT_NAME, SESSION_TEMPLATES
-from scheduling.jobs.models import Job, JobEvent
+from scheduling.jobs.models import Job
+from scheduling.jobs.notes import job_note
 from scheduling.realtime import events
 
 log = logging.getLogger(__name__)
@@ -170,16 +171,15 @@ def session_ports_record(*, job: Job, node_name: str, attempt: int, payload: dic
     job.ports_bound = bound
     job.save(update_fields=["ports_bound"])
     for name in sorted(newly_ready):
-        JobEvent.objects.create(
+        job_note(
             job=job,
-            from_state=job.state,
-            to_state=job.state,
-            actor_kind=ActorKind.AGENT,
             code="port_ready",
             message=f"{name} answers on {node_name} (port {ports[name]}): open it from the job's page.",
+            actor_kind=ActorKind.AGENT,
             data={"name": name, "node": node_name, "port": ports[name], "attempt": attempt},
         )
-    _tell(job, "port_ready" if newly_ready else "ports")
+    if not newly_ready:
+        _tell(job, "ports")
     return True
 
 

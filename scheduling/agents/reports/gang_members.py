@@ -9,7 +9,8 @@ from scheduling.agents.reports.outcome import Outcome
 from scheduling.choices import ActorKind, GangMemberOutcome, JobState
 from scheduling.inventory.models import Node
 from scheduling.jobs.gangs import gang_member_end, gang_members_unstarted_stop
-from scheduling.jobs.models import GangMember, Job, JobEvent
+from scheduling.jobs.models import GangMember, Job
+from scheduling.jobs.notes import job_note
 from scheduling.jobs.selectors import gang_first_failure
 from scheduling.jobs.transitions import job_transition
 from scheduling.realtime import events
@@ -109,23 +110,7 @@ def gang_member_end_apply(job: Job, node: Node, state: str, reason: str, data: d
 
 def _gang_event(job: Job, *, code: str, message: str, data: dict[str, Any]) -> None:
     """A gang member's end that moves the job nowhere yet: recorded, and shown to whoever follows the job."""
-    JobEvent.objects.create(
-        job=job,
-        from_state=job.state,
-        to_state=job.state,
-        actor_kind=ActorKind.AGENT,
-        code=code,
-        message=message,
-        data=data,
-    )
-    events.job_changed(
-        job_id=job.pk,
-        team_id=job.team_id,
-        submitter_id=job.submitter_id,
-        state=job.state,
-        code=code,
-        message=message,
-    )
+    job_note(job=job, code=code, message=message, actor_kind=ActorKind.AGENT, data=data)
 
 
 def _members_data(members: list[GangMember]) -> list[dict[str, Any]]:
