@@ -256,6 +256,10 @@ class SessionHttpProxy:
         if target.unavailable:
             if target.ended:
                 return await _answer(send, *_page(410, "Session ended", target.unavailable, job_id=job_id))
+            if target.unreachable:
+                return await _answer(
+                    send, *_page(502, "Cannot reach the node", target.unavailable, job_id=job_id)
+                )
             return await _answer(send, *_page(503, "Starting", target.unavailable, job_id=job_id, retry=True))
         try:
             body = await _request_body(receive)
@@ -372,7 +376,7 @@ class SessionSocketProxy:
             return await _refuse(send, 4004)
         target = await database_sync_to_async(session_target)(job=job, name=name)
         if target.unavailable:
-            return await _refuse(send, 4010 if target.ended else 4503)
+            return await _refuse(send, 4010 if target.ended else 4502 if target.unreachable else 4503)
         query = scope.get("query_string", b"").decode("latin-1")
         where = f"[{target.address}]" if ":" in target.address else target.address  # an IPv6 address
         url = f"ws://{where}:{target.port}{quote(scope['path'])}" + (f"?{query}" if query else "")

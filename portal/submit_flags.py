@@ -32,6 +32,8 @@ def submit_command_line(spec: Mapping[str, Any]) -> str:
         if flag is None:
             continue
         for item in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(item, dict) and set(item) == {"name", "port"}:  # a web port as the spec writes it
+                item = f"{item['name']}:{item['port']}"
             words += [flag, str(item)]
     for name, value in (spec.get("env") or {}).items():
         words += ["--env", f"{name}={value}"]

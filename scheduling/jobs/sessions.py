@@ -77,6 +77,7 @@ class SessionTarget:
     ready: bool = False
     unavailable: str = ""
     ended: bool = False
+    unreachable: bool = False  # the node's address is not one sessions may use: a site's setting, not a wait
 
 
 def session_target(*, job: Job, name: str) -> SessionTarget:
@@ -102,7 +103,9 @@ def session_target(*, job: Job, name: str) -> SessionTarget:
             "session %s/%s: node %s's address %s refused: %s", job.pk, name, node.name, address, refused
         )
         return SessionTarget(
-            unavailable=f"Job {job.pk}'s node {node.name} is not at an address sessions may use."
+            unavailable=f"Job {job.pk}'s node {node.name} is not at an address sessions may use ({refused}): "
+            'an administrator sets where sessions may go (docs/operations.md, "Sessions").',
+            unreachable=True,
         )
     return SessionTarget(
         address=address,

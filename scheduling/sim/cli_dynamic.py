@@ -65,6 +65,10 @@ def _idle_table(summary: dict) -> list[str]:
             f"{_dur(others.get('wait_mean_s')):>18}{_dur(others.get('wait_p95_s')):>9}"
             f"{others.get('never_started', 0):>15}"
         )
+    lines.append(
+        "held idle: GPU-hours held on idle cards; given back: the GPU-hours (busy and idle) the stopped sessions "
+        "would still have held until their natural end; others wait: every other job's queue wait (docs/simulator.md)"
+    )
     return lines
 
 

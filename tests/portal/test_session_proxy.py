@@ -40,7 +40,7 @@ def _scope(
 
 
 def _through(
-    answer: bytes | None, scope: dict, monkeypatch, *, body: bytes = b""
+    answer: bytes | None, scope: dict, monkeypatch, *, body: bytes = b"", target: SessionTarget | None = None
 ) -> tuple[dict, bytes, bytes]:
     """Run one request through the proxy to a job that answers `answer` (None: closes at once); the response's
     start message, its body, and what the job received."""
@@ -56,9 +56,9 @@ def _through(
     async def run():
         server = await asyncio.start_server(job, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        target = SessionTarget(address="127.0.0.1", port=port, token=TOKEN, ready=True)
+        given = target or SessionTarget(address="127.0.0.1", port=port, token=TOKEN, ready=True)
         monkeypatch.setattr(sessions, "session_job_for", lambda **_: Job())
-        monkeypatch.setattr(sessions, "session_target", lambda **_: target)
+        monkeypatch.setattr(sessions, "session_target", lambda **_: given)
         sent = []
         messages = [{"type": "http.request", "body": body, "more_body": False}]
 
@@ -171,3 +171,27 @@ def test_a_session_path_typed_without_its_slash_is_sent_to_it(client, alice):
     client.force_login(alice)
     response = client.get("/jobs/12/open/jupyter")
     assert (response.status_code, response["Location"]) == (302, "/jobs/12/open/jupyter/")
+
+
+def test_the_forms_command_line_writes_web_ports_as_the_cli_takes_them():
+    from portal.submit_flags import submit_command_line
+
+    line = submit_command_line(
+        {
+            "name": "nb",
+            "command": "jupyter lab",
+            "kind": "interactive",
+            "ports": [{"name": "jupyter", "port": 8888}],
+        }
+    )
+    assert line == "tessera submit --name nb --kind interactive --port jupyter:8888 -- jupyter lab"
+
+
+def test_a_node_at_an_address_sessions_may_not_use_is_said_so_not_retried(monkeypatch):
+    """A site's setting, not a wait: a 502 page that says so, with no "tries again"."""
+    refused = SessionTarget(
+        unavailable="Job 7's node a1 is not at an address sessions may use", unreachable=True
+    )
+    monkeypatch.setattr(sessions, "session_target", lambda **_: refused)
+    start, content, _ = _through(None, _scope(), monkeypatch, target=refused)
+    assert start["status"] == 502 and b"Cannot reach the node" in content and b"tries again" not in content

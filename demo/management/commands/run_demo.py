@@ -224,6 +224,9 @@ class Command(BaseCommand):
                         str(spec),
                         "--node",
                         node.name,
+                        # Every simulated node is this host: a gang's members and a session's proxy reach it here.
+                        "--address",
+                        "127.0.0.1",
                         "--portal",
                         portal_url,
                         "--token-file",
