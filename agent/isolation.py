@@ -14,6 +14,10 @@ CPU and host memory. Only an agent running as root can do this; `tessera-agent c
   (`memory.max`, `memory.swap.max`, `cpu.max`) where the unified hierarchy has the memory and cpu controllers,
   else cgroup v1 (`memory.limit_in_bytes`, `cpu.cfs_quota_us`). A job past its memory is killed by the kernel and
   reported `host_memory_exceeded`.
+- **GPU devices** (cgroup v1's devices controller): a job may open only its own cards' `/dev/nvidiaN`, the driver's
+  control devices (`nvidiactl`, `nvidia-modeset`, `nvidia-uvm*`, `nvidia-caps`) and the ordinary ones (`null`,
+  `zero`, `random`, `urandom`, `tty`, `ptmx`, `pts`): `CUDA_VISIBLE_DEVICES` only selects, this fences. On a
+  cgroup-v2-only host the fence would be a BPF program (as runc attaches); it is not done there.
 
 The agent prepares all of it (it is root); the supervisor moves the job into its cgroups and drops to its user
 just before the command starts.
@@ -31,6 +35,30 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 DEFAULT_UID_POOL = (60000, 60999)
 MODES = ("pool", "account", "agent")
 CPU_PERIOD_US = 100_000
+# The devices fence (cgroup v1): what every job may open, besides its own cards and the driver's control devices.
+NVIDIA_MAJOR = 195  # /dev/nvidiaN is 195:N; nvidiactl 195:255, nvidia-modeset 195:254
+DEVICES_ALWAYS = (
+    "c *:* m",  # mknod, as runc allows (opening is what is fenced)
+    "b *:* m",
+    "c 1:3 rwm",  # null
+    "c 1:5 rwm",  # zero
+    "c 1:7 rwm",  # full
+    "c 1:8 rwm",  # random
+    "c 1:9 rwm",  # urandom
+    "c 5:0 rwm",  # tty
+    "c 5:2 rwm",  # ptmx
+    "c 136:* rwm",  # pts
+    f"c {NVIDIA_MAJOR}:255 rwm",  # nvidiactl
+    f"c {NVIDIA_MAJOR}:254 rwm",  # nvidia-modeset
+)
+# Character devices of the driver, by their name in /proc/devices (majors are given at load): every minor.
+NVIDIA_CONTROL_DEVICES = (
+    "nvidia-uvm",
+    "nvidia-caps",
+    "nvidia-nvswitch",
+    "nvidia-nvlink",
+    "nvidia-caps-imex-channels",
+)
 HOME_DIR, TMP_DIR = "work", "tmp"  # in a placement's directory: the job's own
 
 
@@ -107,6 +135,31 @@ def _write(path: Path, value: str) -> None:
     path.write_text(value)
 
 
+def devices_root(root: Path = CGROUP_ROOT) -> Path | None:
+    """Where each job's devices fence goes (cgroup v1's devices hierarchy), None where this host has none."""
+    hierarchy = root / "devices"
+    return hierarchy / "tessera" if (hierarchy / "devices.allow").exists() else None
+
+
+def device_rules(gpu_indexes: list[int], proc_devices: Path = Path("/proc/devices")) -> list[str]:
+    """The devices a job may open: the ordinary ones, the driver's control devices, and its own cards."""
+    rules = list(DEVICES_ALWAYS)
+    try:
+        lines = proc_devices.read_text().splitlines()
+    except OSError:
+        lines = []
+    char = False
+    for line in lines:
+        if line.strip().endswith("devices:"):
+            char = line.startswith("Character")
+            continue
+        major, _, name = line.strip().partition(" ")
+        if char and name.strip() in NVIDIA_CONTROL_DEVICES and major.isdigit():
+            rules.append(f"c {major}:* rwm")
+    rules += [f"c {NVIDIA_MAJOR}:{i} rwm" for i in sorted(set(gpu_indexes))]
+    return rules
+
+
 class Isolation:
     def __init__(
         self,
@@ -132,6 +185,7 @@ class Isolation:
         self.mode = chosen
         self.uid_pool = uid_pool
         self.cgroups = detect_cgroups(cgroup_root) if self.root else None
+        self.devices = devices_root(cgroup_root) if self.root else None
 
     @property
     def isolates(self) -> bool:
@@ -180,10 +234,35 @@ class Isolation:
         return tree
 
     # -- cgroups -----------------------------------------------------------------------------------------------
-    def cgroup_for(self, *, name: str, memory_mib: int | None, cpu_milli: int | None) -> dict:
-        """Create the job's cgroups with its limits; what the supervisor needs to join and watch them."""
+    def cgroup_for(
+        self,
+        *,
+        name: str,
+        memory_mib: int | None,
+        cpu_milli: int | None,
+        gpu_indexes: list[int] | None = None,
+    ) -> dict:
+        """Create the job's cgroups with its limits and its devices fence; what the supervisor needs to join and
+        watch them."""
+        if not self.isolates:
+            return {}
+        limits = self._limits_for(name=name, memory_mib=memory_mib, cpu_milli=cpu_milli)
+        if self.devices is None or gpu_indexes is None:
+            return limits
+        fence = self.devices / name
+        fence.mkdir(parents=True, exist_ok=True)
+        _write(fence / "devices.deny", "a")
+        for rule in device_rules(gpu_indexes):
+            _write(fence / "devices.allow", rule)
+        return {
+            "dirs": [*limits.get("dirs", []), str(fence)],
+            "procs": [*limits.get("procs", []), str(fence / "cgroup.procs")],
+            "oom": limits.get("oom"),
+        }
+
+    def _limits_for(self, *, name: str, memory_mib: int | None, cpu_milli: int | None) -> dict:
         cg = self.cgroups
-        if cg is None or not self.isolates:
+        if cg is None:
             return {}
         dirs: list[Path] = []
         if cg.version == 2:
@@ -251,5 +330,13 @@ class Isolation:
                 self.cgroups.limits
                 if self.cgroups is not None and self.isolates
                 else "not limited (needs root and a cgroup v2 hierarchy with memory and cpu, or cgroup v1)",
+            ),
+            (
+                "GPU devices fence",
+                self.devices is not None and self.isolates,
+                "cgroup v1 devices: a job opens only its own /dev/nvidiaN and the driver's control devices"
+                if self.devices is not None and self.isolates
+                else "not fenced: CUDA_VISIBLE_DEVICES only selects cards (needs root and cgroup v1's devices "
+                "controller; cgroup v2's BPF device program is not done)",
             ),
         ]

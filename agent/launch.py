@@ -122,7 +122,10 @@ def supervisor_run(
             if "TMPDIR" not in spec.env:  # a job that names its own scratch keeps it
                 env["TMPDIR"] = str(tree.tmp)
         cgroup = isolation.cgroup_for(
-            name=safe_name(spec.key), memory_mib=spec.memory_mib, cpu_milli=spec.cpu_milli
+            name=safe_name(spec.key),
+            memory_mib=spec.memory_mib,
+            cpu_milli=spec.cpu_milli,
+            gpu_indexes=[g.index for g in spec.gpus],
         )
     return {
         "argv": command,

@@ -291,11 +291,20 @@ class Supervisor:
         return False
 
     def _remove_cgroups(self) -> None:
+        """The job's cgroups, empty now. A process killed a moment ago may still be leaving one (EBUSY): each is
+        tried again for a short while."""
+        deadline = time.monotonic() + 2.0
         for d in (self.run.get("cgroup") or {}).get("dirs") or []:
-            try:
-                os.rmdir(d)  # empty now: nothing of the job is left
-            except OSError:
-                pass
+            while True:
+                try:
+                    os.rmdir(d)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.02)
 
     def _finish(self, *, exit_code: int | None, error: str = "") -> None:
         grace_used = time.monotonic() - self.stopped_at if self.stopped_at is not None else None
