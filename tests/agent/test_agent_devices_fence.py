@@ -52,7 +52,9 @@ def test_the_rules_allow_only_the_jobs_own_cards_and_the_drivers_control_devices
 @pytest.mark.skipif(os.geteuid() != 0, reason="the devices fence needs root (CI runs as root)")
 def test_a_job_opens_its_own_card_and_is_refused_another():
     if devices_root() is None:
-        pytest.skip("this host has no cgroup v1 devices controller (a cgroup-v2-only host needs a BPF program)")
+        pytest.skip(
+            "this host has no cgroup v1 devices controller (a cgroup-v2-only host needs a BPF program)"
+        )
     work = Path(tempfile.mkdtemp(prefix="tessera-devices-", dir="/tmp"))
     try:
         os.chmod(work, 0o711)

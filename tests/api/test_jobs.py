@@ -361,3 +361,6 @@ def test_a_jobs_web_ports_are_shared_with_its_team_by_its_submitter_only(
     as_carol.credentials(HTTP_AUTHORIZATION=f"Bearer {api_token_create(user=carol, name='t')[1]}")
     refused = as_carol.post(f"/api/v1/jobs/{job['id']}/share/", {"shared": False}, format="json")
     assert refused.status_code == 403 and Job.objects.get(pk=job["id"]).session_shared is True
+    plain = as_alice.post("/api/v1/jobs/", SLICE, format="json").json()
+    nothing = as_alice.post(f"/api/v1/jobs/{plain['id']}/share/", {"shared": True}, format="json")
+    assert nothing.status_code == 409 and nothing.json()["error"]["code"] == "no_ports"

@@ -28,8 +28,8 @@ def _gpu(util: float, used_mib: int) -> dict:
 
 def test_a_job_under_5_percent_for_10_minutes_is_flagged_idle_and_a_busy_sample_clears_it(job_id):
     now = time.time()
-    live_metrics._usage_note(job_id, now - live_metrics.IDLE_WARN_AFTER_S - 30, [_gpu(1.0, 1000)], True)
-    live_metrics._usage_note(job_id, now - 1, [_gpu(2.0, 1200)], True)
+    live_metrics._usage_note(job_id, now - live_metrics.IDLE_WARN_AFTER_S - 30, [_gpu(1.0, 1200)], True)
+    live_metrics._usage_note(job_id, now - 1, [_gpu(2.0, 1190)], True)  # memory unchanged, give or take
     usage = live_metrics.job_usage(job_ids=[job_id])[job_id]
     assert usage["idle_warning"] and usage["idle_s"] >= live_metrics.IDLE_WARN_AFTER_S
     assert usage["util_pct"] == 2.0 and usage["fresh"]
@@ -37,6 +37,10 @@ def test_a_job_under_5_percent_for_10_minutes_is_flagged_idle_and_a_busy_sample_
     usage = live_metrics.job_usage(job_ids=[job_id])[job_id]
     assert not usage["idle_warning"] and usage["idle_s"] == 0.0
     assert usage["peak_memory_mib"] == 1200  # the highest seen, not the last
+    # Under 5% but its memory moving (loading data): not idle.
+    live_metrics._usage_note(job_id, now + 1, [_gpu(1.0, 900)], True)
+    live_metrics._usage_note(job_id, now + 2, [_gpu(1.0, 4000)], True)
+    assert live_metrics.job_usage(job_ids=[job_id])[job_id]["idle_s"] == 0.0
 
 
 def test_memory_on_a_shared_card_is_not_taken_as_the_jobs_own(job_id):

@@ -275,7 +275,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                 raise ApiError(
                     exc.message, code="permission_denied", status_code=status.HTTP_403_FORBIDDEN
                 ) from None
-            raise
+            # A job serving no web ports has nothing to share: the job, not the request, is at odds (409).
+            raise ApiError(
+                exc.message, code=exc.code, field=exc.field, status_code=status.HTTP_409_CONFLICT
+            ) from None
         return Response(
             s.JobSerializer(self.get_queryset().get(pk=job.pk), context={"request": request}).data
         )
