@@ -136,14 +136,16 @@ def test_alice_starts_a_notebook_from_the_template_is_warned_it_sits_idle_and_sa
     # No Jupyter on this machine: the stand-in, on a card its agent reports idle.
     page.fill("#id_command", STAND_IN)
     page.fill("#id_env", "TESSERA_SIM_UTIL_PCT=0")
-    PriorityClass.objects.filter(name="pipe-low").update(interactive_idle_timeout_s=20)
+    PriorityClass.objects.filter(name="pipe-low").update(
+        interactive_idle_timeout_s=10
+    )  # the least a class may set
     try:
         page.click("#job-form button[type=submit]")
         page.wait_for_url(re.compile(r".*/jobs/\d+/$"))
         job = Job.objects.get(pk=int(page.url.rstrip("/").rsplit("/", 1)[1]))
         assert (job.kind, job.ports) == ("interactive", [["jupyter", 8888]])
         wait_state(job, "running", timeout_s=60)
-        wait_for("the idle warning (half its 20 s)", lambda: job.pk in idle_check()["warned"], timeout_s=60)
+        wait_for("the idle warning (half its 10 s)", lambda: job.pk in idle_check()["warned"], timeout_s=60)
         page.reload()  # the check ran here, in the test's process: its event went to this process's channel layer
         page.locator("#idle button", has_text="Still using it").wait_for(timeout=60_000)
         assert "every GPU under 5% since" in page.inner_text("#idle") and "It is stopped" in page.inner_text(
