@@ -101,16 +101,25 @@ class MetricsAggregator:
         return {"sampled_at": latest.sampled_at, "samples": len(samples), "gpus": gpus}
 
 
-def _served_by(handle: Any, port: int) -> bool:
+def _served_by(handle: Any, name: str, port: int) -> bool:
     """The job's own processes listen on the port (read from /proc: another job that took the port first, or
     after the job's server died, is not the job's server and would get the proxy's token); where the job's
-    descriptors cannot be read (another user's, the agent not root), whether anything answers there."""
-    inodes = procfs.listening_inodes(port)
+    descriptors cannot be read (another user's, the agent not root), whether anything answers there.
+
+    Every tick reads /proc/net/tcp; the job's processes are searched for the socket only when the listening
+    socket is not the one found theirs before (socket inodes are not reused while the socket lives)."""
+    inodes = frozenset(procfs.listening_inodes(port))
     if not inodes:
+        handle.ports_owned.pop(name, None)
         return False
+    if handle.ports_owned.get(name) == inodes:
+        return True
     pgid = handle.pgid or handle.job_pid
-    pids = procfs.group_members(pgid) if pgid else []
-    held = procfs.holds_socket(pids, inodes)
+    held = procfs.holds_socket(procfs.group_members(pgid) if pgid else [], set(inodes))
+    if held:
+        handle.ports_owned[name] = inodes
+    else:
+        handle.ports_owned.pop(name, None)
     return _answers(port) if held is None else held
 
 
@@ -318,7 +327,7 @@ class Agent:
             if not h.ports or (h.spec.gang is not None and h.spec.gang.rank != 0):
                 continue
             for name, port in h.ports.items():
-                if _served_by(h, port):
+                if _served_by(h, name, port):
                     h.ports_ready.add(name)
                 else:  # not up yet, or no longer the job's (it ended, and something else took the port)
                     h.ports_ready.discard(name)

@@ -36,7 +36,8 @@ from scheduling.inventory.selectors import gpu_model_rows
 from scheduling.jobs import selectors as job_selectors
 from scheduling.jobs.array_tasks import job_cancel_as_listed
 from scheduling.jobs.chargeback import usage_rows
-from scheduling.jobs.sessions import SESSION_TEMPLATES, job_sessions_for, session_share
+from scheduling.jobs.fields import SESSION_TEMPLATES
+from scheduling.jobs.sessions import job_sessions_for, session_share
 from scheduling.jobs.spec import spec_check_card_limits, spec_from_mapping, spec_to_mapping
 from scheduling.jobs.states import ACTIVE_STATES, TERMINAL_STATES, IllegalTransition
 from scheduling.jobs.submit import job_submit

@@ -327,12 +327,7 @@ def _from_this_site(scope: dict[str, Any]) -> bool:
     if referer is None:
         return False
     parts = urlsplit(referer)
-    return origin_allowed(
-        {
-            **scope,
-            "headers": [(b"origin", f"{parts.scheme}://{parts.netloc}".encode()), *scope.get("headers", ())],
-        }
-    )
+    return origin_allowed(scope, origin=f"{parts.scheme}://{parts.netloc}")
 
 
 _TEXT = [(b"content-type", b"text/plain; charset=utf-8")]

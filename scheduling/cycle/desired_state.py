@@ -21,6 +21,7 @@ from django.db import transaction
 from django.db.models import CharField, Value
 from django.db.models.functions import Coalesce, NullIf
 
+from agent.protocol import port_env_name
 from portal.database import update_from_values
 from scheduling import lock_objects
 from scheduling.choices import GangMemberOutcome, SharingMode
@@ -29,7 +30,7 @@ from scheduling.cycle.models import NodeSync
 from scheduling.inventory.models import Node
 from scheduling.jobs.models import GangMember, Job, Slice
 from scheduling.jobs.selectors import job_team_ids
-from scheduling.jobs.sessions import port_env_name, session_path
+from scheduling.jobs.sessions import session_path
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.realtime import events
 

@@ -93,13 +93,16 @@ def job_idle_state(*, job: Job, usage: dict | None, timeout_s: int | None, now: 
     }
 
 
-def jobs_idle_states(*, jobs: list[Job], now: datetime | None = None) -> dict[int, dict]:
-    """job_idle_state for many jobs: one read of the teams' timeouts and of the jobs' usage."""
+def jobs_idle_states(
+    *, jobs: list[Job], now: datetime | None = None, team_timeouts: dict[tuple[int, int], int] | None = None
+) -> dict[int, dict]:
+    """job_idle_state for many jobs: one read of the teams' timeouts (unless given) and of the jobs' usage."""
     now = now or timezone.now()
     running = [j for j in jobs if j.state == JobState.RUNNING]
     if not running:
         return {}
-    team_timeouts = _team_timeouts()
+    if team_timeouts is None:
+        team_timeouts = _team_timeouts()
     timeouts = {j.pk: idle_timeout_s(job=j, team_timeouts=team_timeouts) for j in running}
     usage = job_usage(job_ids=[pk for pk, t in timeouts.items() if t])
     states = {}
@@ -123,10 +126,11 @@ def idle_check(*, now: datetime | None = None) -> dict:
     """One round: warn the jobs nearing their idle timeout, give back the GPUs of those past it, and clear the
     warning of those used again. Safe to run twice at once (each job is re-read under its row lock)."""
     now = now or timezone.now()
-    running = _candidates()
-    states = jobs_idle_states(jobs=running, now=now)
+    team_timeouts = _team_timeouts()
+    running = _candidates(team_timeouts)
+    states = jobs_idle_states(jobs=running, now=now, team_timeouts=team_timeouts)
     warned, stopped, requeued, cleared = [], [], [], []
-    others_wait = Job.objects.filter(state=JobState.PENDING).exists()
+    others_wait = None  # read once, and only if a batch job is due
     for job in running:
         state = states.get(job.pk)
         if state is None:
@@ -139,23 +143,23 @@ def idle_check(*, now: datetime | None = None) -> dict:
             if job.kind == JobKind.INTERACTIVE:
                 if _give_back(job, state, now, stop=True):
                     stopped.append(job.pk)
-            elif others_wait and _give_back(job, state, now, stop=False):
-                requeued.append(job.pk)
+            else:
+                if others_wait is None:
+                    others_wait = Job.objects.filter(state=JobState.PENDING).exists()
+                if others_wait and _give_back(job, state, now, stop=False):
+                    requeued.append(job.pk)
             continue
         if now >= state["warn_at"] and job.idle_reclaim_at is None and _warn(job, state):
             warned.append(job.pk)
     return {"warned": warned, "stopped": stopped, "requeued": requeued, "cleared": cleared}
 
 
-def _candidates() -> list[Job]:
+def _candidates(team_timeouts: dict[tuple[int, int], int]) -> list[Job]:
     """Running jobs some idle timeout could concern: their class has one, or a team's grant at it does."""
     with_class = PriorityClass.objects.exclude(
         idle_timeout_s__isnull=True, interactive_idle_timeout_s__isnull=True
     )
-    granted = TeamPriorityClass.objects.filter(idle_timeout_s__isnull=False).values_list(
-        "priority_class_id", flat=True
-    )
-    class_ids = set(with_class.values_list("pk", flat=True)) | set(granted)
+    class_ids = set(with_class.values_list("pk", flat=True)) | {class_id for _, class_id in team_timeouts}
     if not class_ids:
         return []
     return list(

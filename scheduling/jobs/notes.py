@@ -21,6 +21,12 @@ def job_note(
         message=message,
         data=data or {},
     )
+    job_told(job, code, message)
+    return event
+
+
+def job_told(job: Job, code: str, message: str = "") -> None:
+    """Whoever follows the job (its page, its team's lists) is told it changed, after commit."""
     events.job_changed(
         job_id=job.pk,
         team_id=job.team_id,
@@ -29,4 +35,3 @@ def job_note(
         code=code,
         message=message,
     )
-    return event

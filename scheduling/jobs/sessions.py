@@ -21,24 +21,22 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
-from agent.protocol import port_env_name
 from quotas.selectors import team_ids_for_user
 from scheduling.choices import ActorKind, JobState
 from scheduling.errors import ServiceError
 from scheduling.inventory.models import Node
-from scheduling.jobs.fields import MAX_PORT, MIN_PORT, PORT_NAME, SESSION_TEMPLATES
+from scheduling.jobs.fields import MAX_PORT, MIN_PORT, PORT_NAME
 from scheduling.jobs.models import Job
-from scheduling.jobs.notes import job_note
-from scheduling.realtime import events
+from scheduling.jobs.notes import job_note, job_told
 
 log = logging.getLogger(__name__)
 
+_NOT_STARTED = (JobState.PENDING, JobState.PLACED, JobState.STARTING)
+
 __all__ = [
-    "SESSION_TEMPLATES",
     "SessionLink",
     "SessionTarget",
     "job_sessions_for",
-    "port_env_name",
     "session_job_for",
     "session_links",
     "session_path",
@@ -53,6 +51,15 @@ def session_path(job_id: int, name: str) -> str:
     return f"/jobs/{job_id}/open/{name}/"
 
 
+def _may_open(user: AbstractBaseUser, job: Job) -> bool:
+    """The one rule: its submitter, and its team's members once the submitter shares it."""
+    if not user.is_authenticated:
+        return False
+    if job.submitter_id == user.pk:
+        return True
+    return job.session_shared and job.team_id in team_ids_for_user(user=user)
+
+
 def session_job_for(*, user: AbstractBaseUser, job_id: int, name: str) -> Job | None:
     """The job whose port `name` this user may open: theirs, or their team's when shared. None: a 404."""
     if not user.is_authenticated:
@@ -60,11 +67,7 @@ def session_job_for(*, user: AbstractBaseUser, job_id: int, name: str) -> Job | 
     job = Job.objects.select_related("team").filter(pk=job_id).first()
     if job is None or name not in {str(n) for n, _ in job.ports or ()}:
         return None
-    if job.submitter_id == user.pk:
-        return job
-    if job.session_shared and job.team_id in team_ids_for_user(user=user):
-        return job
-    return None
+    return job if _may_open(user, job) else None
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ class SessionTarget:
 def session_target(*, job: Job, name: str) -> SessionTarget:
     """Where the job's port `name` is now: the node its current attempt runs on and the port its agent gave."""
     if job.state != JobState.RUNNING:
-        if job.state in (JobState.PENDING, JobState.PLACED, JobState.STARTING):
+        if job.state in _NOT_STARTED:
             return SessionTarget(unavailable=f"Job {job.pk} has not started yet ({job.state}).")
         return SessionTarget(
             unavailable=f"Job {job.pk} has ended ({job.state}): its {name} is gone.", ended=True
@@ -128,9 +131,8 @@ def _node_address(address: str) -> tuple[str, str]:
     if networks:
         return str(ip), "" if any(ip in n for n in networks) else "outside TESSERA_SESSION_NETWORKS"
     if ip.is_loopback:
-        return str(
-            ip
-        ), "" if settings.TESSERA_SESSION_ALLOW_LOOPBACK else "loopback (TESSERA_SESSION_ALLOW_LOOPBACK)"
+        allowed = settings.TESSERA_SESSION_ALLOW_LOOPBACK
+        return str(ip), "" if allowed else "loopback (TESSERA_SESSION_ALLOW_LOOPBACK)"
     if ip.is_link_local or ip.is_multicast or ip.is_unspecified or ip.is_reserved:
         return str(ip), "link-local, multicast, unspecified or reserved"
     return str(ip), ""
@@ -168,9 +170,8 @@ def session_ports_record(*, job: Job, node_name: str, attempt: int, payload: dic
     bound = {"attempt": attempt, "node": node_name, "ports": ports, "ready": ready}
     if bound == job.ports_bound:
         return False
-    newly_ready = set(ready) - set((job.ports_bound or {}).get("ready") or ())
-    if job.ports_bound.get("attempt") != attempt:
-        newly_ready = set(ready)
+    before = job.ports_bound or {}
+    newly_ready = set(ready) - set(before.get("ready") or () if before.get("attempt") == attempt else ())
     job.ports_bound = bound
     job.save(update_fields=["ports_bound"])
     for name in sorted(newly_ready):
@@ -182,15 +183,8 @@ def session_ports_record(*, job: Job, node_name: str, attempt: int, payload: dic
             data={"name": name, "node": node_name, "port": ports[name], "attempt": attempt},
         )
     if not newly_ready:
-        _tell(job, "ports")
+        job_told(job, "ports")
     return True
-
-
-def _tell(job: Job, code: str) -> None:
-    """The job's page (and its team's lists) are told after commit."""
-    events.job_changed(
-        job_id=job.pk, team_id=job.team_id, submitter_id=job.submitter_id, state=job.state, code=code
-    )
 
 
 @transaction.atomic
@@ -204,7 +198,7 @@ def session_share(*, user: AbstractBaseUser, job_id: int, shared: bool) -> Job:
     if job.session_shared != shared:
         job.session_shared = shared
         job.save(update_fields=["session_shared"])
-        _tell(job, "session_shared")
+        job_told(job, "session_shared")
     return job
 
 
@@ -224,7 +218,7 @@ def session_links(job: Job) -> list[SessionLink]:
     for name, _ in job.ports or ():
         if job.state == JobState.RUNNING:
             state = "ready" if name in (bound.get("ready") or ()) else "starting"
-        elif job.state in (JobState.PENDING, JobState.PLACED, JobState.STARTING):
+        elif job.state in _NOT_STARTED:
             state = "waiting"
         else:
             state = "ended"
@@ -234,6 +228,4 @@ def session_links(job: Job) -> list[SessionLink]:
 
 def job_sessions_for(*, user: AbstractBaseUser, job: Job) -> list[SessionLink]:
     """The job's web ports this user may open, each with where it stands (none for anyone else)."""
-    if not job.ports or session_job_for(user=user, job_id=job.pk, name=str(job.ports[0][0])) is None:
-        return []
-    return session_links(job)
+    return session_links(job) if job.ports and _may_open(user, job) else []

@@ -8,9 +8,9 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
+from agent_test_helpers import wait_for
 
 from agent import procfs, protocol, runtime
 from agent.backends.sim import SimBackend
@@ -74,16 +74,19 @@ def test_the_job_listens_where_it_is_told_and_the_portal_hears_when_it_answers(t
         try:
             given = handle.ports["web-ui"]
             assert given != asked
-            news, deadline = [], time.monotonic() + 20
-            while time.monotonic() < deadline:
-                news += [
+            news: list[dict] = []
+
+            def reported_ready() -> bool:
+                news.extend(
                     m["payload"]
                     for m in agent.tick()
                     if m["type"] == "event" and m["payload"]["kind"] == "ports"
-                ]
-                if news and news[-1]["ready"]:
-                    break
-                time.sleep(0.2)
+                )
+                return bool(news and news[-1]["ready"])
+
+            wait_for(
+                "the agent to report the job's port answering", reported_ready, timeout_s=20, interval_s=0.2
+            )
             assert news[0] == {
                 "kind": "ports",
                 "job_id": "7",

@@ -94,6 +94,7 @@ def test_only_the_owner_opens_it_and_the_team_once_shared(alice, carol, bob, adm
     with pytest.raises(Exception, match="Only the job's submitter"):
         session_share(user=carol, job_id=job.pk, shared=True)
     session_share(user=alice, job_id=job.pk, shared=True)
+    job.refresh_from_db()  # as the page reads it
     assert opens(carol) and not opens(bob) and not opens(admin_user)
     assert [link.state for link in job_sessions_for(user=carol, job=job)] == ["waiting"]
     assert job_sessions_for(user=bob, job=job) == []
