@@ -14,6 +14,7 @@ from agent.placement import STOPPING, JobHandle, read_json, write_private_json
 # The agent stops a stop's supervisor itself only if, this long past the grace, the job has still not ended.
 SUPERVISOR_SLACK_S = 30.0
 ENFORCED_STOPS = ("max_runtime", "memory_slice_exceeded", "host_memory_exceeded")
+IMAGE_PULL_FAILED = "image_pull_failed"  # the supervisor's stop reason when a job's image could not be pulled
 
 
 def stop_request(handle: JobHandle, *, reason: str, grace_s: float, now: float) -> None:
@@ -95,6 +96,18 @@ def ending_of(handle: JobHandle) -> Ending:
     stop_reason = handle.stop_reason or (record.get("stop_reason") if record is not None else None)
     if stop_reason == "leftover":
         stop_reason = None  # it ended on its own; what it left behind was stopped
+    if stop_reason == IMAGE_PULL_FAILED and record is not None:
+        # Its image never came: it did not start, as a launch that failed (the runtime's words in the detail).
+        handle.stop_reason = None
+        return Ending(
+            outcome="launch_failed",
+            exit_code=None,
+            detail=f"{IMAGE_PULL_FAILED}: {record.get('error') or 'the image could not be pulled'}",
+            finished_at=record.get("finished_at")
+            if isinstance(record.get("finished_at"), int | float)
+            else None,
+            grace_given_s=None,
+        )
     if stop_reason is None and record is not None and record.get("oom_killed"):
         stop_reason = "host_memory_exceeded"  # the kernel killed it at its cgroup's memory limit
     handle.stop_reason = stop_reason

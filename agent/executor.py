@@ -19,6 +19,7 @@ from pathlib import Path
 
 from agent import procfs
 from agent.backends.base import JobUsageHint
+from agent.containers import Runtime
 from agent.ending import ending_of, kill, overdue, stop_request, supervisor_exited
 from agent.isolation import Isolation, IsolationError, close_job_tree
 from agent.jobspec import JobSpec
@@ -60,8 +61,13 @@ class Executor:
         base_env: dict[str, str] | None = None,
         fence_after_s: float | None = None,
         isolation: Isolation | None = None,
+        containers: Runtime | None = None,
+        pull_policy: str = "if-not-present",
     ) -> None:
         self.work_dir = Path(work_dir)
+        # The container runtime for jobs with an image (None: this node runs none) and when it pulls one.
+        self.containers = containers
+        self.pull_policy = pull_policy
         # Users, private directories and cgroup limits for jobs (None: jobs run as the agent's user, unlimited).
         self.isolation = isolation
         self.jobs_dir = self.work_dir / "jobs"
@@ -129,7 +135,8 @@ class Executor:
             return handle
         try:
             handle.ports = ports_choose(spec, taken={p for h in self.active() for p in h.ports.values()})
-            env = job_env(spec, handle, base_env=self.base_env, mps=self.mps)
+            # A job in an image gets none of the host's environment: its image has its own.
+            env = job_env(spec, handle, base_env={} if spec.image else self.base_env, mps=self.mps)
             run = supervisor_run(
                 spec,
                 handle,
@@ -138,6 +145,8 @@ class Executor:
                 lease_path=self.lease_path,
                 isolation=self.isolation,
                 uids_in_use={h.uid for h in self.active() if h.uid is not None},
+                containers=self.containers,
+                pull_policy=self.pull_policy,
             )
             popen, argv = supervisor_start(handle, run, python=self.python)
         except (OSError, LaunchError, IsolationError, ValueError, TypeError) as exc:  # ValueError: a NUL byte

@@ -31,6 +31,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.containers import RUNTIME_DEVICES
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 DEFAULT_UID_POOL = (60000, 60999)
 MODES = ("pool", "account", "agent")
@@ -60,6 +62,7 @@ NVIDIA_CONTROL_DEVICES = (
     "nvidia-caps-imex-channels",
 )
 HOME_DIR, TMP_DIR = "work", "tmp"  # in a placement's directory: the job's own
+TESSERA_CGROUP = "tessera"  # each hierarchy's directory of job cgroups
 
 
 class IsolationError(Exception):
@@ -141,9 +144,12 @@ def devices_root(root: Path = CGROUP_ROOT) -> Path | None:
     return hierarchy / "tessera" if (hierarchy / "devices.allow").exists() else None
 
 
-def device_rules(gpu_indexes: list[int], proc_devices: Path = Path("/proc/devices")) -> list[str]:
-    """The devices a job may open: the ordinary ones, the driver's control devices, and its own cards."""
-    rules = list(DEVICES_ALWAYS)
+def device_rules(
+    gpu_indexes: list[int], proc_devices: Path = Path("/proc/devices"), *, runtime: bool = False
+) -> list[str]:
+    """The devices a job may open: the ordinary ones, the driver's control devices, and its own cards; for a job in
+    a container, also those its runtime allows every container (a child cgroup cannot allow more than this)."""
+    rules = list(DEVICES_ALWAYS) + (list(RUNTIME_DEVICES) if runtime else [])
     try:
         lines = proc_devices.read_text().splitlines()
     except OSError:
@@ -184,6 +190,7 @@ class Isolation:
             )
         self.mode = chosen
         self.uid_pool = uid_pool
+        self.cgroup_root = cgroup_root
         self.cgroups = detect_cgroups(cgroup_root) if self.root else None
         self.devices = devices_root(cgroup_root) if self.root else None
 
@@ -241,24 +248,49 @@ class Isolation:
         memory_mib: int | None,
         cpu_milli: int | None,
         gpu_indexes: list[int] | None = None,
+        container: bool = False,
     ) -> dict:
         """Create the job's cgroups with its limits and its devices fence; what the supervisor needs to join and
-        watch them."""
+        watch them. A container job's runtime puts the container in a cgroup of its own under these (`parent`), so
+        the limits and the fence hold there too; it makes the same directory in every other hierarchy, removed
+        with the job's."""
         if not self.isolates:
             return {}
         limits = self._limits_for(name=name, memory_mib=memory_mib, cpu_milli=cpu_milli)
-        if self.devices is None or gpu_indexes is None:
+        if self.devices is not None and gpu_indexes is not None:
+            fence = self.devices / name
+            fence.mkdir(parents=True, exist_ok=True)
+            _write(fence / "devices.deny", "a")
+            for rule in device_rules(gpu_indexes, runtime=container):
+                _write(fence / "devices.allow", rule)
+            limits = {
+                **limits,
+                "dirs": [*limits.get("dirs", []), str(fence)],
+                "procs": [*limits.get("procs", []), str(fence / "cgroup.procs")],
+            }
+        if not container or self.cgroups is None:
             return limits
-        fence = self.devices / name
-        fence.mkdir(parents=True, exist_ok=True)
-        _write(fence / "devices.deny", "a")
-        for rule in device_rules(gpu_indexes):
-            _write(fence / "devices.allow", rule)
-        return {
-            "dirs": [*limits.get("dirs", []), str(fence)],
-            "procs": [*limits.get("procs", []), str(fence / "cgroup.procs")],
-            "oom": limits.get("oom"),
-        }
+        out = {**limits, "parent": f"/{TESSERA_CGROUP}/{name}"}
+        if self.cgroups.version == 1:
+            known = set(out.get("dirs", []))
+            try:
+                hierarchies = sorted(p for p in self.cgroup_root.iterdir() if p.is_dir())
+            except OSError:
+                hierarchies = []
+            out["dirs"] = [
+                *out.get("dirs", []),
+                *(
+                    str(h / TESSERA_CGROUP / name)
+                    for h in hierarchies
+                    if str(h / TESSERA_CGROUP / name) not in known
+                ),
+            ]
+            if self.cgroups.memory is not None:
+                # v1 counts an OOM kill in the container's own cgroup, gone with it: the supervisor listens for the
+                # job's cgroup going out of memory instead (v2's memory.events counts its children's).
+                memory = self.cgroups.memory / name
+                out["oom_event"] = [str(memory / "cgroup.event_control"), str(memory / "memory.oom_control")]
+        return out
 
     def _limits_for(self, *, name: str, memory_mib: int | None, cpu_milli: int | None) -> dict:
         cg = self.cgroups

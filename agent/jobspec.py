@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from agent.backends.base import sharing_mode
+from agent.containers import NETWORKS, Mount
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,11 @@ class JobSpec:
     gang: Gang | None = None  # a member of a multi-node job
     # Web ports it serves, ((name, port), ...): given to it as TESSERA_PORT_<NAME> (that port where it is free).
     ports: tuple[tuple[str, int], ...] = ()
+    # A container image to run the command in (agent/containers.py), with the team's mounts it asked for and its
+    # network (none | cluster | open); blank: a bare process on the host.
+    image: str = ""
+    mounts: tuple[Mount, ...] = ()
+    network: str = "open"
 
     @property
     def key(self) -> str:
@@ -128,6 +134,9 @@ class JobSpec:
             user=str(data["user"]) if data.get("user") else None,
             gang=Gang.from_dict(data["gang"]) if data.get("gang") else None,
             ports=tuple(_port(p) for p in data.get("ports") or ()),
+            image=_image(data.get("image")),
+            mounts=tuple(_mount(m) for m in data.get("mounts") or ()),
+            network=_network(data.get("network")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -138,6 +147,11 @@ class JobSpec:
             del out["ports"]
         else:
             out["ports"] = [{"name": name, "port": port} for name, port in self.ports]
+        if not self.image:
+            for key in ("image", "mounts", "network"):
+                del out[key]
+        else:
+            out["mounts"] = [asdict(m) for m in self.mounts]
         if self.gang is None:
             del out["gang"]
         else:
@@ -150,6 +164,28 @@ def _port(data: Any) -> tuple[str, int]:
     if not re.fullmatch(r"[a-z][a-z0-9-]{0,30}", name) or not 1024 <= port <= 65535:
         raise ValueError(f"a web port is a name and a port from 1024 to 65535, not {name!r}: {port!r}")
     return name, port
+
+
+def _image(value: Any) -> str:
+    image = str(value or "")
+    if image and (len(image) > 512 or any(c.isspace() or c == "\0" for c in image) or image.startswith("-")):
+        raise ValueError(f"an image is one reference of at most 512 characters, not {image[:80]!r}")
+    return image
+
+
+def _mount(data: Any) -> Mount:
+    host, inside = str(data["host_path"]), str(data["container_path"])
+    for path in (host, inside):
+        if not path.startswith("/") or ":" in path or "\0" in path or ".." in path.split("/"):
+            raise ValueError(f"a mount's paths are absolute, without ':' or '..' (got {path!r})")
+    return Mount(host_path=host, container_path=inside, read_only=bool(data.get("read_only", True)))
+
+
+def _network(value: Any) -> str:
+    network = str(value or "open")
+    if network not in NETWORKS:
+        raise ValueError(f"network must be one of {', '.join(NETWORKS)} (got {network!r})")
+    return network
 
 
 def _positive_int(value: Any) -> int | None:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from agent import procfs
 from agent.gang import gang_env
-from agent.isolation import Isolation
+from agent.containers import ContainerError, ContainerRun, Mount, Runtime, cdi_gpu_names, container_name
+from agent.isolation import HOME_DIR, TMP_DIR, Isolation
 from agent.jobspec import JobSpec, safe_name
 from agent.mps import MpsController
 from agent.placement import JobHandle, write_private_json
@@ -102,9 +103,12 @@ def supervisor_run(
     lease_path: Path,
     isolation: Isolation | None,
     uids_in_use: Collection[int],
+    containers: Runtime | None = None,
+    pull_policy: str = "if-not-present",
 ) -> dict:
     """What the placement's supervisor runs (run.json): the command, its environment, working directory, user
-    and cgroup, where its output goes, its grace, max runtime and fence. Notes on the handle the job's user."""
+    and cgroup, where its output goes, its grace, max runtime and fence. Notes on the handle the job's user. A job
+    with an image runs it with the node's container runtime (`in_image`)."""
     d = handle.dir
     command = list(spec.command) if isinstance(spec.command, tuple) else ["/bin/sh", "-c", spec.command]
     fence = spec.fence_after_s if spec.fence_after_s is not None else fence_after_s
@@ -126,8 +130,9 @@ def supervisor_run(
             memory_mib=spec.memory_mib,
             cpu_milli=spec.cpu_milli,
             gpu_indexes=[g.index for g in spec.gpus],
+            container=bool(spec.image),
         )
-    return {
+    run = {
         "argv": command,
         "env": env,
         "cwd": cwd,
@@ -139,6 +144,74 @@ def supervisor_run(
         "max_runtime_s": spec.max_runtime_s,
         "fence_after_s": fence,
         "lease": str(lease_path) if fence is not None else None,
+    }
+    if spec.image:
+        return in_image(spec, handle, run, runtime=containers, pull_policy=pull_policy)
+    return run
+
+
+def in_image(
+    spec: JobSpec, handle: JobHandle, run: dict, *, runtime: Runtime | None, pull_policy: str
+) -> dict:
+    """The bare run.json of a job with an image, turned into its runtime's client run in the foreground: the same
+    supervisor, grace, fence, logs and cgroups. In the container the job finds its home, its TMPDIR and its
+    placement's directory (a gang's hostfile; read-only) at the paths its variables name, the mounts its team gave
+    it, its own cards by CDI name, and nothing else of the host."""
+    if runtime is None:
+        raise LaunchError(
+            f"the job runs in image {spec.image}, and this node has no container runtime for it "
+            "(Podman or Apptainer: tessera-agent check)"
+        )
+    d = handle.dir
+    env: dict[str, str] = run["env"]
+    isolated = run["user"] is not None
+    mounts = [Mount(str(d), str(d), read_only=isolated)]
+    if isolated:
+        mounts += [
+            Mount(str(d / HOME_DIR), str(d / HOME_DIR), False),
+            Mount(str(d / TMP_DIR), str(d / TMP_DIR), False),
+        ]
+    mps = any(g.sharing == "mps" for g in spec.gpus)
+    for name in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+        if mps and env.get(name, "").startswith("/"):
+            mounts.append(Mount(env[name], env[name], False))
+    mounts += list(spec.mounts)
+    cdi: tuple[str, ...] = ()
+    if spec.gpus:
+        named = cdi_gpu_names([g.index for g in spec.gpus])
+        if named is None and Path("/dev/nvidiactl").exists():
+            raise LaunchError(
+                "this node has no CDI spec for its GPUs (nvidia-ctk cdi generate): a container cannot get its cards"
+            )
+        cdi = named or ()  # no driver here (a simulated node): its cards are only names
+    host_path = os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+    names = tuple(sorted(k for k in env if k != "PATH"))
+    user = run["user"]
+    container = ContainerRun(
+        name=container_name(spec.key, d),
+        image=spec.image,
+        argv=tuple(run["argv"]),
+        env_names=names,
+        env_values={"PATH": env["PATH"]} if "PATH" in env else {},
+        workdir=spec.cwd or run["cwd"],
+        mounts=tuple(mounts),
+        user=(user["uid"], user["gid"]) if user and runtime.sets_user else None,
+        network=spec.network,
+        cdi_devices=cdi,
+        ipc_host=mps,
+        cgroup_parent=run["cgroup"].get("parent"),
+    )
+    try:
+        pull = runtime.pull_plan(spec.image, pull_policy)
+    except ContainerError as exc:
+        raise LaunchError(str(exc)) from exc
+    return {
+        **run,
+        "argv": runtime.run_argv(container),
+        "env": {**runtime.client_env(env, names), "PATH": host_path},
+        "cwd": str(d),  # the client's, on the host; the job's own is its workdir in the image
+        "user": None if runtime.sets_user else user,
+        "container": {"name": container.name, "pull": pull, "remove": runtime.remove_argv(container.name)},
     }
 
 

@@ -150,11 +150,15 @@ class Supervisor:
         self.stopped_at: float | None = None  # monotonic
         self.killed = False
         self.started_mono = time.monotonic()
+        self.oom_event: int | None = None  # an eventfd told when the job's cgroup runs out of memory (v1)
 
     # -- start --------------------------------------------------------------------------------------------------
     def start(self) -> bool:
         run = self.run
         env = {str(k): str(v) for k, v in (run.get("env") or {}).items()}
+        if not self._image_ready():
+            return False
+        self.oom_event = _oom_listen((run.get("cgroup") or {}).get("oom_event"))
         try:
             with _log(run["stdout"]) as out, _log(run["stderr"]) as err:
                 self.job = subprocess.Popen(
@@ -185,6 +189,60 @@ class Supervisor:
             {"pid": self.job.pid, "pgid": self.job.pid, "start_ticks": int(fields[19]) if fields else None},
         )
         return True
+
+    def _image_ready(self) -> bool:
+        """A job in an image: the image present first, as the pull policy says (pull.json records how long it
+        took). A pull that fails ends the job `image_pull_failed` with the runtime's words; a stop meanwhile ends
+        the pull and the job."""
+        plan = (self.run.get("container") or {}).get("pull")
+        if not plan:
+            return True
+        image, policy = str(plan.get("image")), str(plan.get("policy"))
+        t0, record = time.monotonic(), {"image": image, "policy": policy, "started_at": time.time()}
+        present = False
+        if plan.get("exists") and policy != "always":
+            present = _quiet(plan["exists"], timeout_s=120) == 0
+        error = ""
+        if not present and policy == "never":
+            error = f"image {image} is not on this node, and the node's pull policy is never"
+        elif not present:
+            with open(os.path.join(self.dir, "pull.log"), "wb") as log:
+                pull = subprocess.Popen(
+                    plan["pull"], stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True
+                )
+                while pull.poll() is None:
+                    got = signal.sigtimedwait(_WAKE, POLL_S)
+                    if got is not None and got.si_signo in _SELF_STOP:
+                        self.stop("supervisor_signalled", 0.0, f"the supervisor got signal {got.si_signo}")
+                    elif self.stop_reason is None:
+                        self._check_requests()
+                    if self.stop_reason is not None:
+                        pull.kill()
+                        pull.wait()
+                        self._finish(exit_code=None, error=f"stopped while pulling image {image}")
+                        return False
+            if pull.returncode != 0:
+                words = _tail(os.path.join(self.dir, "pull.log")) or f"the pull exited with {pull.returncode}"
+                error = f"cannot pull image {image}: {words}"
+        record.update(
+            present=present,
+            pulled=not present and not error,
+            pull_s=round(time.monotonic() - t0, 3),
+            ok=not error,
+        )
+        if error:
+            record["message"] = error
+        _write_atomic(os.path.join(self.dir, "pull.json"), record)
+        if not error:
+            return True
+        try:
+            with open(self.run["stderr"], "a") as err:
+                err.write(f"tessera: {error}\n")
+        except OSError:
+            pass
+        self.stop_reason = "image_pull_failed"
+        self._finish(exit_code=None, error=error)
+        return False
 
     # -- stop ---------------------------------------------------------------------------------------------------
     def stop(self, reason: str, grace_s: float, detail: str = "") -> None:
@@ -276,7 +334,14 @@ class Supervisor:
 
     def _oom_killed(self) -> bool:
         """Whether the kernel killed a process of the job at its cgroup's memory limit (v2 memory.events, v1
-        memory.oom_control: both count `oom_kill`)."""
+        memory.oom_control: both count `oom_kill`; a container's, in a cgroup of its own under the job's, is heard
+        by the job's cgroup going out of memory)."""
+        if self.oom_event is not None:
+            try:
+                if os.eventfd_read(self.oom_event) > 0:
+                    return True
+            except OSError:  # nothing to read: no OOM
+                pass
         path = (self.run.get("cgroup") or {}).get("oom")
         if not path:
             return False
@@ -290,11 +355,23 @@ class Supervisor:
             pass
         return False
 
+    def _remove_container(self) -> None:
+        """Nothing of a container job's container is left, whatever ended it (its client killed after the grace
+        leaves the runtime's record of it)."""
+        argv = (self.run.get("container") or {}).get("remove")
+        if argv:
+            _quiet(argv, timeout_s=60)
+
     def _remove_cgroups(self) -> None:
-        """The job's cgroups, empty now. A process killed a moment ago may still be leaving one (EBUSY): each is
-        tried again for a short while."""
+        """The job's cgroups, empty now, with any its runtime made under them (deepest first). A process killed a
+        moment ago may still be leaving one (EBUSY): each is tried again for a short while."""
         deadline = time.monotonic() + 2.0
-        for d in (self.run.get("cgroup") or {}).get("dirs") or []:
+        dirs = []
+        for top in (self.run.get("cgroup") or {}).get("dirs") or []:
+            for below, subdirs, _files in os.walk(top, topdown=False):
+                dirs += [os.path.join(below, s) for s in subdirs]
+            dirs.append(top)
+        for d in dirs:
             while True:
                 try:
                     os.rmdir(d)
@@ -309,6 +386,7 @@ class Supervisor:
     def _finish(self, *, exit_code: int | None, error: str = "") -> None:
         grace_used = time.monotonic() - self.stopped_at if self.stopped_at is not None else None
         oom_killed = self._oom_killed()
+        self._remove_container()
         self._remove_cgroups()
         _write_atomic(
             os.path.join(self.dir, "exit.json"),
@@ -325,6 +403,47 @@ class Supervisor:
                 "error": error,
             },
         )
+
+
+def _quiet(argv: list[str], *, timeout_s: float) -> int | None:
+    """Run a runtime command to its end, its output dropped: its exit code (None: it could not run, or ran
+    past the timeout)."""
+    try:
+        return subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=timeout_s,
+            check=False,
+            close_fds=True,
+        ).returncode
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _tail(path: str, chars: int = 500) -> str:
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read()[-chars:].decode(errors="replace")
+    except OSError:
+        return ""
+    return " ".join(text.split())
+
+
+def _oom_listen(paths: list[str] | None) -> int | None:
+    """cgroup v1: an eventfd the kernel signals when the cgroup at `paths` (its cgroup.event_control and
+    memory.oom_control) runs out of memory, its children included."""
+    if not paths:
+        return None
+    try:
+        efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        control = os.open(paths[1], os.O_RDONLY | os.O_CLOEXEC)  # kept open: the registration holds it
+        with open(paths[0], "w") as fh:
+            fh.write(f"{efd} {control}")
+    except OSError:
+        return None
+    return efd
 
 
 def _child_setup(user: dict | None, cgroup_procs: list[str]) -> None:
