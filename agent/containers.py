@@ -27,9 +27,9 @@ from __future__ import annotations
 import hashlib
 import re
 import resource
-from abc import ABC, abstractmethod
 import shutil
 import subprocess
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -11,8 +11,8 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from agent import procfs
-from agent.gang import gang_env
 from agent.containers import ContainerError, ContainerRun, Mount, Runtime, cdi_gpu_names, container_name
+from agent.gang import gang_env
 from agent.isolation import HOME_DIR, TMP_DIR, Isolation
 from agent.jobspec import JobSpec, safe_name
 from agent.mps import MpsController
