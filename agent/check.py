@@ -360,12 +360,15 @@ def job_tree_row(isolation: Isolation, *, work_dir: Path) -> dict[str, Any]:
 
 
 def gpu_fence_row(isolation: Isolation, *, dev_dir: Path = Path("/dev")) -> dict[str, Any]:
-    """Whether anything but CUDA_VISIBLE_DEVICES keeps a job off the host's other GPUs: the agent sets no devices
-    cgroup, so it is the device nodes' permissions, tried as a job's uid."""
+    """Whether anything but CUDA_VISIBLE_DEVICES keeps a job off the host's other GPUs: each job's devices cgroup
+    where the agent sets one (agent/isolation.py), else only the device nodes' permissions, tried as a job's uid."""
     what = "GPU fence"
     nodes = sorted(
         (p for p in dev_dir.glob("nvidia*") if _GPU_NODE.fullmatch(p.name)), key=lambda p: int(p.name[6:])
     )
+    if isolation.devices is not None and isolation.isolates:
+        here = f"{len(nodes)} card(s) here" if nodes else f"no {dev_dir}/nvidia[0-9]* on this host yet"
+        return _row(what, True, f"each job's devices cgroup allows only its own /dev/nvidiaN ({here})")
     selects = "CUDA_VISIBLE_DEVICES selects a job's GPUs, it does not fence them, and the agent sets no devices cgroup"
     if not nodes:
         return _row(what, False, f"no {dev_dir}/nvidia[0-9]* on this host; where there are GPUs, {selects}")

@@ -27,6 +27,7 @@ def _backend(config: AgentConfig):
 
 
 def cmd_run(config: AgentConfig) -> int:
+    from agent.containers import report as container_report
     from agent.executor import Executor
     from agent.isolation import Isolation, IsolationError
     from agent.mps import MpsController
@@ -38,6 +39,7 @@ def cmd_run(config: AgentConfig) -> int:
         isolation = Isolation(mode=config.job_users, uid_pool=config.uid_pool)
     except IsolationError as exc:
         raise ConfigError(str(exc)) from exc
+    containers = config.containers()
     if isolation.root:
         # What the agent writes (its state, the jobs' run records and logs) is its own; jobs may only pass
         # through to their own trees (the executor opens those: agent/isolation.py).
@@ -58,6 +60,8 @@ def cmd_run(config: AgentConfig) -> int:
             mps=MpsController(config.work_dir, control_path=config.mps_control),
             fence_after_s=config.fence_after_s,
             isolation=isolation,
+            containers=containers,
+            pull_policy=config.pull_policy,
         ),
         sample_interval_s=config.sample_s,
         heartbeat_s=config.heartbeat_s,
@@ -69,7 +73,7 @@ def cmd_run(config: AgentConfig) -> int:
         logging.getLogger("tessera.agent").warning(
             "TESSERA_FAKE_NVML is set: GPU readings come from the recorded fixture, not from this host"
         )
-    for what, ok, detail in isolation.report():
+    for what, ok, detail in [*isolation.report(), *container_report(containers)]:
         logging.getLogger("tessera.agent").log(
             logging.INFO if ok else logging.WARNING, "isolation: %s: %s", what, detail
         )
@@ -106,6 +110,7 @@ def cmd_run(config: AgentConfig) -> int:
 
 def cmd_check(config: AgentConfig, args: argparse.Namespace) -> int:
     from agent.check import format_report, gather, job_host_report, mps_smoke
+    from agent.containers import report as container_report
     from agent.isolation import Isolation, IsolationError
 
     work_dir = config.work_dir / "check"
@@ -119,6 +124,14 @@ def cmd_check(config: AgentConfig, args: argparse.Namespace) -> int:
                 {"what": what, "enforced": ok, "detail": detail} for what, ok, detail in isolation.report()
             ]
             report["isolation"] += job_host_report(isolation, work_dir=config.work_dir, reach=args.reach)
+            try:
+                containers = config.containers()
+                report["isolation"] += [
+                    {"what": what, "enforced": ok, "detail": detail}
+                    for what, ok, detail in container_report(containers)
+                ]
+            except ConfigError as exc:
+                report["isolation"].append({"what": "jobs in images", "enforced": False, "detail": str(exc)})
         except IsolationError as exc:
             report["isolation"] = [{"what": "job users", "enforced": False, "detail": str(exc)}]
         if args.mps_smoke:

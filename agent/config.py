@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.backends.base import sharing_mode
+from agent.containers import PULL_POLICIES
 
 
 class ConfigError(ValueError):
@@ -42,6 +43,20 @@ class AgentConfig:
     )
     uid_pool: tuple[int, int] = (60000, 60999)
     token_file: Path | None = None
+    # Jobs in images (agent/containers.py): which runtime (auto | podman | apptainer | none), Podman's OCI runtime
+    # (None: its own default), and when an image is pulled.
+    container_runtime: str = "auto"
+    oci_runtime: str | None = None
+    pull_policy: str = "if-not-present"
+
+    def containers(self):
+        """The runtime jobs with an image run with (None: this node runs none)."""
+        from agent.containers import ContainerError, runtime_for
+
+        try:
+            return runtime_for(self.container_runtime, oci_runtime=self.oci_runtime)
+        except ContainerError as exc:
+            raise ConfigError(str(exc)) from exc
 
     def require_portal(self) -> None:
         if not self.portal_url:
@@ -159,7 +174,15 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
     address = pick("address", "TESSERA_AGENT_ADDRESS")
     if address is not None and (not address.strip() or any(c.isspace() for c in address.strip())):
         raise ConfigError(f"the address must be one host name or IP address, not {address!r}")
+    pull_policy = environ.get("TESSERA_AGENT_PULL_POLICY") or "if-not-present"
+    if pull_policy not in PULL_POLICIES:
+        raise ConfigError(
+            f"TESSERA_AGENT_PULL_POLICY must be one of {', '.join(PULL_POLICIES)} (got {pull_policy!r})"
+        )
     return AgentConfig(
+        container_runtime=environ.get("TESSERA_AGENT_CONTAINER_RUNTIME") or "auto",
+        oci_runtime=environ.get("TESSERA_AGENT_OCI_RUNTIME") or None,
+        pull_policy=pull_policy,
         node_name=pick("node", "TESSERA_NODE_NAME", socket.gethostname()),
         work_dir=Path(pick("work_dir", "TESSERA_AGENT_WORK_DIR", None) or default_work_dir(environ)),
         portal_url=pick("portal", "TESSERA_PORTAL_URL"),

@@ -74,9 +74,15 @@ def _device_nodes(d: Path, modes: dict[str, int]) -> Path:
     return d
 
 
-def test_check_says_cuda_visible_devices_is_no_fence_and_which_gpus_a_job_can_open(isolation, scratch):
+@pytest.fixture
+def unfenced() -> Isolation:
+    """A host whose kernel gives the agent no devices controller (a cgroup root with no hierarchies)."""
+    return Isolation(mode="pool", uid_pool=POOL, cgroup_root=Path("/nonexistent-cgroup-root"))
+
+
+def test_check_says_cuda_visible_devices_is_no_fence_and_which_gpus_a_job_can_open(unfenced, scratch):
     dev = _device_nodes(scratch, {"nvidia0": 0o666, "nvidia1": 0o666, "nvidia2": 0o600, "nvidiactl": 0o666})
-    row = gpu_fence_row(isolation, dev_dir=dev)
+    row = gpu_fence_row(unfenced, dev_dir=dev)
     assert row["enforced"] is False
     assert "CUDA_VISIBLE_DEVICES selects a job's GPUs, it does not fence them" in row["detail"]
     assert "the agent sets no devices cgroup" in row["detail"]
@@ -84,12 +90,23 @@ def test_check_says_cuda_visible_devices_is_no_fence_and_which_gpus_a_job_can_op
     assert "a job can open any /dev/nvidia*" in row["detail"] and "devices cgroup" in row["detail"]
 
 
-def test_check_says_when_device_permissions_keep_jobs_off_every_gpu(isolation, scratch):
+def test_check_says_when_device_permissions_keep_jobs_off_every_gpu(unfenced, scratch):
     dev = _device_nodes(scratch, {"nvidia0": 0o660, "nvidia1": 0o600})
-    row = gpu_fence_row(isolation, dev_dir=dev)
+    row = gpu_fence_row(unfenced, dev_dir=dev)
     assert row["enforced"] is False
     assert row["detail"].startswith(f"uid {POOL[1]} can open none of {dev}/nvidia0, {dev}/nvidia1")
     assert "their own too" in row["detail"]
+
+
+def test_check_says_each_job_is_fenced_to_its_own_cards_where_the_agent_sets_a_devices_cgroup(
+    isolation, scratch
+):
+    if isolation.devices is None:
+        pytest.skip("this host gives the agent no cgroup v1 devices controller")
+    dev = _device_nodes(scratch, {"nvidia0": 0o666, "nvidia1": 0o666})
+    row = gpu_fence_row(isolation, dev_dir=dev)
+    assert row["enforced"] is True
+    assert row["detail"] == "each job's devices cgroup allows only its own /dev/nvidiaN (2 card(s) here)"
 
 
 def test_check_says_a_job_reaches_a_listening_port_and_how_to_firewall_it(isolation):
@@ -163,7 +180,8 @@ def test_tessera_agent_check_prints_the_job_lines(scratch):
         listener.close()
     assert human.returncode == 0, human.stderr
     assert "isolation: a job's home, TMPDIR and hostfile: yes: uid 61209 wrote its home" in human.stdout
-    assert "isolation: GPU fence: NO: " in human.stdout
+    fenced = Isolation(mode="pool", uid_pool=POOL).devices is not None
+    assert ("isolation: GPU fence: yes: " if fenced else "isolation: GPU fence: NO: ") in human.stdout
     assert f"isolation: network 127.0.0.1:{port}: NO: jobs can reach 127.0.0.1:{port}" in human.stdout
     rows = {row["what"]: row for row in json.loads(machine.stdout)["isolation"]}
     assert rows["a job's home, TMPDIR and hostfile"]["enforced"] is True
