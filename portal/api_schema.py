@@ -37,6 +37,8 @@ RULE_CODES = {
     "unknown_priority": "no priority class of that name",
     "priority_not_granted": "the team may not use that priority class",
     "beyond_team_limit": "more than the team may ever hold",
+    "image_not_allowed": "an image outside the team's allowed images",
+    "unknown_mount": "a mount the team does not have",
     "too_many_tokens": "the user already holds as many live tokens as one may",
     "unknown_gpu_model": "no GPU model of that name",
     "quota_rule": "a quota that breaks a rule between its fields (a limit below its guarantee)",

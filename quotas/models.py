@@ -8,7 +8,7 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import F, Q
 
-from quotas.choices import ChangeSource, DirectorySource, Role
+from quotas.choices import ChangeSource, DirectorySource, Network, Role
 
 slug_path_validator = RegexValidator(
     r"^[a-z0-9][a-z0-9-]*(/[a-z0-9][a-z0-9-]*)?$",
@@ -37,6 +37,22 @@ class Team(models.Model):
         max_length=200,
         blank=True,
         help_text="Name of the group whose members are this team's admins, e.g. gpu-nlp-admins.",
+    )
+    # Jobs in images (agent/containers.py): which images its jobs may run (globs, one per line), and what they may
+    # reach. Empty: its organisation's; an organisation's empty list allows any image.
+    allowed_images = models.TextField(
+        "allowed images",
+        blank=True,
+        help_text="One image pattern per line; * matches anything, e.g. nvcr.io/nvidia/* or "
+        "registry.example.org/ai-lab/*. Empty: the organisation's list (empty there too: any image).",
+    )
+    network = models.CharField(
+        "network of jobs in images",
+        max_length=10,
+        blank=True,
+        choices=Network.choices,
+        help_text="What its jobs in images may reach; the stricter of this and the priority class's holds. Empty: "
+        "the organisation's, else the class's (open when neither says).",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -99,6 +115,14 @@ class PriorityClass(models.Model):
         blank=True,
         validators=[MinValueValidator(10)],
         help_text="An interactive session (a notebook) idle this long is stopped with its grace. Empty: never.",
+    )
+    network = models.CharField(
+        "network of jobs in images",
+        max_length=10,
+        blank=True,
+        choices=Network.choices,
+        help_text="What jobs in images at this class may reach; the stricter of this and the team's holds. Empty: "
+        "the team's.",
     )
     description = models.TextField(blank=True)
 
@@ -269,6 +293,46 @@ class TeamPriorityClass(models.Model):
     def __str__(self) -> str:
         limit = "" if self.limit_gpus is None else f", at most {self.limit_gpus.normalize():f} GPUs"
         return f"{self.team} may use {self.priority_class.name}{limit}"
+
+
+mount_name_validator = RegexValidator(
+    r"^[a-z][a-z0-9-]{0,30}$",
+    "A lower-case word of letters, digits and '-', starting with a letter (datasets).",
+)
+path_validator = RegexValidator(r"^/([^:\x00/]+/?)*$", "An absolute path, without ':' (e.g. /data/ai-lab).")
+
+
+class TeamMount(models.Model):
+    """A directory of the nodes a team's jobs in images may ask for by name (`mounts: [datasets]`); an
+    organisation's hold for each of its teams, unless the team has its own of that name. A job gets the mounts it
+    asked for and nothing else of the host."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="mounts")
+    name = models.CharField(max_length=31, validators=[mount_name_validator])
+    host_path = models.CharField(
+        "path on the nodes", max_length=1024, validators=[path_validator], help_text="e.g. /data/ai-lab"
+    )
+    container_path = models.CharField(
+        "path in the job's image", max_length=1024, validators=[path_validator], help_text="e.g. /data"
+    )
+    read_only = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["team__slug", "name"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="team_mount_unique_name")]
+
+    def __str__(self) -> str:
+        return f"{self.team}: {self.name} ({self.host_path} -> {self.container_path}, {'ro' if self.read_only else 'rw'})"
+
+    def clean(self) -> None:
+        for field in ("host_path", "container_path"):
+            path = getattr(self, field) or ""
+            if ".." in path.split("/"):
+                raise ValidationError({field: "A path without '..' parts."})
+            if field == "container_path" and path.rstrip("/") in ("", "/proc", "/sys", "/dev", "/etc"):
+                raise ValidationError(
+                    {field: f"{path} belongs to the image's system; mount elsewhere (/data)."}
+                )
 
 
 class QuotaChange(models.Model):

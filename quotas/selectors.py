@@ -3,6 +3,7 @@ use."""
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -12,7 +13,15 @@ from django.contrib.auth.models import AbstractBaseUser
 
 from portal.database import db_values, fetch_rows, model_from_row
 from quotas.choices import Role
-from quotas.models import IdempotencyRecord, Membership, PriorityClass, Quota, Team, TeamPriorityClass
+from quotas.models import (
+    IdempotencyRecord,
+    Membership,
+    PriorityClass,
+    Quota,
+    Team,
+    TeamMount,
+    TeamPriorityClass,
+)
 
 
 def team_ids_for_user(*, user: AbstractBaseUser) -> set[int]:
@@ -177,3 +186,53 @@ def team_slugs_visible_to(*, user: AbstractBaseUser, all_teams: bool = False) ->
         teams = Team.objects.filter(children__isnull=True)
         return list(teams.order_by("slug").values_list("slug", flat=True))
     return sorted(Membership.objects.filter(user=user).values_list("team__slug", flat=True))
+
+
+# --- Jobs in images: which images a team may run, its mounts, its network ---------------------------------------
+def _patterns(text: str) -> tuple[str, ...]:
+    return tuple(line.strip() for line in (text or "").splitlines() if line.strip())
+
+
+def team_allowed_images(*, team: Team) -> tuple[str, ...]:
+    """The image patterns a team's jobs may run (globs): its own, else its organisation's; empty: any image."""
+    own = _patterns(team.allowed_images)
+    if own or team.parent_id is None:
+        return own
+    return _patterns(
+        Team.objects.filter(pk=team.parent_id).values_list("allowed_images", flat=True).first() or ""
+    )
+
+
+def image_allowed(image: str, patterns: Collection[str]) -> bool:
+    """Whether an image is one of the patterns (`*` matches anything, `/` and `:` included): any, when there are
+    none."""
+    return not patterns or any(fnmatch.fnmatchcase(image, p) for p in patterns)
+
+
+def team_mounts(*, team_ids: Collection[int]) -> dict[int, dict[str, TeamMount]]:
+    """Each team's mounts by name: its organisation's, with the team's own of the same name instead."""
+    teams = dict(Team.objects.filter(pk__in=team_ids).values_list("pk", "parent_id"))
+    wanted = set(teams) | {p for p in teams.values() if p is not None}
+    by_team: dict[int, dict[str, TeamMount]] = {t: {} for t in wanted}
+    for mount in TeamMount.objects.filter(team_id__in=wanted):
+        by_team[mount.team_id][mount.name] = mount
+    return {
+        team_id: {**(by_team.get(parent_id, {}) if parent_id is not None else {}), **by_team[team_id]}
+        for team_id, parent_id in teams.items()
+    }
+
+
+def team_networks(*, team_ids: Collection[int]) -> dict[int, str]:
+    """Each team's network setting for jobs in images: its own, else its organisation's (blank: it says none)."""
+    rows = {
+        pk: (network, parent)
+        for pk, network, parent in Team.objects.filter(pk__in=team_ids).values_list(
+            "pk", "network", "parent_id"
+        )
+    }
+    parents = dict(
+        Team.objects.filter(pk__in={p for _, p in rows.values() if p is not None}).values_list(
+            "pk", "network"
+        )
+    )
+    return {pk: network or parents.get(parent, "") for pk, (network, parent) in rows.items()}

@@ -23,6 +23,8 @@ from django.db.models.functions import Coalesce, NullIf
 
 from agent.protocol import port_env_name
 from portal.database import update_from_values
+from quotas.choices import network_strictest
+from quotas.selectors import team_mounts, team_networks
 from scheduling import lock_objects
 from scheduling.choices import GangMemberOutcome, SharingMode
 from scheduling.cycle import node_loss
@@ -76,6 +78,10 @@ class PlacedJob(NamedTuple):
     array_task_count: int | None
     ports: list[list[Any]]  # [[name, port], ...] as asked
     session_token: str
+    image: str
+    mounts: list[str]  # its team's mounts by name
+    team_id: int
+    class_network: str  # its priority class's network setting (blank: says nothing)
 
 
 class Member(NamedTuple):
@@ -100,7 +106,36 @@ def _gang_entry(job: PlacedJob, members: list[Member], node_id: int) -> dict[str
     }
 
 
-def _job_entry(job: PlacedJob, cards: list[Card]) -> dict[str, Any]:
+class InImage(NamedTuple):
+    """What the agent needs of a job in an image besides its spec: its mounts and its network."""
+
+    mounts: list[dict[str, Any]]
+    network: str
+
+
+def _in_images(jobs: list[PlacedJob]) -> dict[int, InImage]:
+    """The mounts each job in an image asked for, as its team has them, and its network (the stricter of its
+    team's and its class's): two statements whatever the number of jobs."""
+    imaged = [job for job in jobs if job.image]
+    if not imaged:
+        return {}
+    team_ids = {job.team_id for job in imaged}
+    mounts, networks = team_mounts(team_ids=team_ids), team_networks(team_ids=team_ids)
+    out = {}
+    for job in imaged:
+        given = mounts.get(job.team_id, {})
+        out[job.pk] = InImage(
+            mounts=[
+                {"host_path": m.host_path, "container_path": m.container_path, "read_only": m.read_only}
+                for m in (given.get(name) for name in job.mounts or ())
+                if m is not None  # a mount removed since it was submitted: the job runs without it
+            ],
+            network=network_strictest(networks.get(job.team_id, ""), job.class_network),
+        )
+    return out
+
+
+def _job_entry(job: PlacedJob, cards: list[Card], in_image: InImage | None = None) -> dict[str, Any]:
     gpus = []
     for c in sorted(cards, key=lambda c: c.index):
         whole = c.sharing_mode == SharingMode.EXCLUSIVE
@@ -142,6 +177,8 @@ def _job_entry(job: PlacedJob, cards: list[Card]) -> dict[str, Any]:
     }
     if job.ports:  # only then: an agent from before sessions is told nothing new
         entry["ports"] = [{"name": name, "port": port} for name, port in job.ports]
+    if job.image and in_image is not None:  # likewise: an agent from before images
+        entry.update(image=job.image, mounts=in_image.mounts, network=in_image.network)
     return entry
 
 
@@ -180,6 +217,7 @@ def _desired_jobs_by_node(*, node_ids: list[int] | None) -> dict[int, tuple[dict
     fields = [*PlacedJob._fields]
     fields[fields.index("grace_s")] = "priority_class__preemption_grace_s"
     fields[fields.index("user")] = "run_as"
+    fields[fields.index("class_network")] = "priority_class__network"
     job_ids = sorted({job_id for by_job in cards.values() for job_id in by_job})
     placed = (
         Job.objects.filter(pk__in=job_ids, state__in=ACTIVE_STATES)
@@ -189,6 +227,7 @@ def _desired_jobs_by_node(*, node_ids: list[int] | None) -> dict[int, tuple[dict
     )
     jobs = {row[0]: PlacedJob._make(row) for row in placed}
     members, failing = _gangs(jobs=[job for job in jobs.values() if job.nodes > 1])
+    in_images = _in_images(list(jobs.values()))
     out = {}
     for node_id, by_job in cards.items():
         entries = []
@@ -198,7 +237,7 @@ def _desired_jobs_by_node(*, node_ids: list[int] | None) -> dict[int, tuple[dict
                 # It ended between the two reads (its slices were read as active): not desired. A failing gang:
                 # its agents stop the members still running.
                 continue
-            entry = _job_entry(job, by_job[job_id])
+            entry = _job_entry(job, by_job[job_id], in_images.get(job_id))
             gang = _gang_entry(job, members[job_id], node_id) if job_id in members else None
             if gang is not None:
                 entry["gang"] = gang

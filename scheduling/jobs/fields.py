@@ -43,6 +43,13 @@ JOB_KINDS = ("batch", "interactive")  # scheduling.choices.JobKind's values
 MAX_PORTS = 8
 MIN_PORT, MAX_PORT = 1024, 65535  # no privileged port: jobs never run as root
 PORT_NAME = r"[a-z][a-z0-9-]{0,30}"
+# A container image the job runs in (agent/containers.py): a registry reference such as
+# nvcr.io/nvidia/pytorch:24.05-py3, within the team's allowed images (quotas.Team.allowed_images).
+MAX_IMAGE_CHARS = 512
+IMAGE_REFERENCE = r"[A-Za-z0-9][A-Za-z0-9._/:@+-]*"
+# The team's mounts a job in an image asks for, by name (quotas.TeamMount).
+MAX_MOUNTS = 16
+MOUNT_NAME = r"[a-z][a-z0-9-]{0,30}"
 
 # A spec well formed field by field can still be refused: this cluster can never run it, its fields do not go
 # together, or its team may not (the codes a 400 may carry: portal/api_schema.py).
@@ -90,6 +97,8 @@ class JobSpec:
     # Web ports it serves: ((name, port), ...); its agent gives it that port, or another one where the node's is
     # taken, as TESSERA_PORT_<NAME>.
     ports: tuple[tuple[str, int], ...] = ()
+    image: str = ""  # blank: a process on the node itself
+    mounts: tuple[str, ...] = ()  # names of its team's mounts (only in an image)
 
 
 # --- Fields ---------------------------------------------------------------------------------------------------
@@ -109,6 +118,8 @@ DIRECTORY = "directory"  # an absolute path on the node
 EVENT_LIST = "events"  # a comma list of EVENTS, all or none
 DEPENDENCIES = "dependencies"  # afterok:123,afterany:45 (sbatch --dependency), or a list of {job, when}
 PORTS = "ports"  # jupyter:8888,tensorboard:6006, or a list of {name, port}
+IMAGE = "image"  # a container image reference: nvcr.io/nvidia/pytorch:24.05-py3
+NAMES = "names"  # lower-case names: a list or a comma list (datasets,scratch)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -386,6 +397,28 @@ FIELDS: tuple[SpecField, ...] = (
         flag_help="a web port the job serves, name:port (repeat for several), e.g. jupyter:8888",
         label="Web ports",
         form_help="Optional: name:port, e.g. jupyter:8888; open them from the job's page",
+    ),
+    SpecField(
+        name="image",
+        kind=IMAGE,
+        attr="image",
+        high=MAX_IMAGE_CHARS,
+        help="a container image to run the command in, e.g. nvcr.io/nvidia/pytorch:24.05-py3 (one of your "
+        "team's allowed images); unset: the command runs on the node itself",
+        flags=("--image",),
+        label="Image",
+        form_help="Optional: a container image, e.g. nvcr.io/nvidia/pytorch:24.05-py3; blank: runs on the node",
+    ),
+    SpecField(
+        name="mounts",
+        kind=NAMES,
+        attr="mounts",
+        high=MAX_MOUNTS,
+        help=f"your team's data mounts the job's image gets, by name (datasets,scratch); at most {MAX_MOUNTS}",
+        flags=("--mount",),
+        flag_help="one of your team's mounts for the job's image, by name (repeat for several), e.g. datasets",
+        label="Mounts",
+        form_help="Optional, with an image: your team's mounts by name, e.g. datasets",
     ),
     SpecField(
         name="notify",

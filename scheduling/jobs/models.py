@@ -110,6 +110,9 @@ class Job(models.Model):
     # The secret the session proxy sends as `Authorization: token ...` (the job's JUPYTER_TOKEN): made at submit
     # for a job with ports, never shown. Other jobs on the node lack it.
     session_token = models.CharField(max_length=64, blank=True, editable=False)
+    # A container image it runs in (blank: on the node itself), and its team's mounts it asked for, by name.
+    image = models.CharField(max_length=512, blank=True, default="")
+    mounts = models.JSONField(default=list, blank=True)
     session_shared = models.BooleanField(
         "shared with the team", default=False, help_text="Its team's members may open its web ports too."
     )

@@ -389,7 +389,7 @@ def _given(field: SpecField, value: Any) -> bool:
     """Whether a field counts as given: null never does; blank text, and a size of 0 where 0 means none, do not."""
     if value is None:
         return False
-    if value == "" and field.kind in (f.TEXT, f.DURATION, f.DIRECTORY, f.MODELS):
+    if value == "" and field.kind in (f.TEXT, f.DURATION, f.DIRECTORY, f.MODELS, f.IMAGE, f.NAMES):
         return False
     return not (field.zero_is_none and _absent(value, 0, "0"))
 
@@ -435,12 +435,51 @@ def _read(field: SpecField, value: Any, *, written_as: str) -> Any:
             return parse_dependencies(value, high=field.high or f.MAX_DEPENDENCIES)
         case f.PORTS:
             return parse_ports(value, high=field.high or f.MAX_PORTS)
+        case f.IMAGE:
+            return _image(value, high=field.high or f.MAX_IMAGE_CHARS)
+        case f.NAMES:
+            return _names(name, value, high=field.high or f.MAX_MOUNTS)
         case f.EVENT_LIST:
             try:
                 return tuple(parse_events(value, field=name))
             except ServiceError as exc:
                 raise SpecError(exc.message, field=name) from None
     raise AssertionError(f"no reader for the kind {field.kind!r} of {name}")
+
+
+def _image(value: Any, *, high: int) -> str:
+    image = _str("image", value, high=high).strip()
+    if image and not re.fullmatch(f.IMAGE_REFERENCE, image):
+        raise SpecError(
+            f"image must be an image reference such as nvcr.io/nvidia/pytorch:24.05-py3: letters, digits and "
+            f"._/:@+- only, starting with a letter or digit (got {_shown(image)}).",
+            field="image",
+        )
+    return image
+
+
+def _names(field: str, value: Any, *, high: int) -> tuple[str, ...]:
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
+        raise SpecError(
+            f"{field} must be names: a list, or joined by commas (datasets,scratch).", field=field
+        )
+    names = [v.strip() for v in items if v.strip()]
+    bad = next((n for n in names if not re.fullmatch(f.MOUNT_NAME, n)), None)
+    if bad is not None:
+        raise SpecError(
+            f"{field}: a name is a lower-case word of at most 31 letters, digits and '-', starting with a letter "
+            f"(got {_shown(bad)}).",
+            field=field,
+        )
+    if len(names) > high:
+        raise SpecError(
+            f"{field} may name at most {high} (got {len(names)}).", field=field, limit=high, code=OUT_OF_RANGE
+        )
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        raise SpecError(f"{field} names {twice!r} twice.", field=field, code=INCOMPATIBLE)
+    return tuple(names)
 
 
 def parse_ports(value: Any, *, high: int) -> tuple[tuple[str, int], ...]:
@@ -611,6 +650,12 @@ def spec_from_mapping(data: Any) -> ParsedSpec:
             field="ports",
             code=INCOMPATIBLE,
         )
+    if values.get("mounts") and not values.get("image"):
+        raise SpecError(
+            "mounts are for a job in an image: a job on the node itself sees the node's files.",
+            field="mounts",
+            code=INCOMPATIBLE,
+        )
     kwargs = {f.FIELD[name].attr: value for name, value in values.items() if f.FIELD[name].attr}
     if _SINGLETON in kwargs.get("depends_on", ()):  # sbatch's -d singleton: the flag
         kwargs["depends_on"] = tuple(d for d in kwargs["depends_on"] if d != _SINGLETON)
@@ -698,6 +743,10 @@ def spec_to_mapping(spec: JobSpec, *, team: str | None = None) -> dict[str, Any]
         out["kind"] = spec.kind
     if spec.ports:
         out["ports"] = [{"name": name, "port": port} for name, port in spec.ports]
+    if spec.image:
+        out["image"] = spec.image
+    if spec.mounts:
+        out["mounts"] = list(spec.mounts)
     return out
 
 

@@ -54,6 +54,8 @@ def job_from_spec(
         kind=spec.kind,
         ports=[[name, port] for name, port in spec.ports],
         session_token=secrets.token_urlsafe(32) if spec.ports else "",
+        image=spec.image,
+        mounts=list(spec.mounts),
         **_array_fields(spec),
     )
 
@@ -102,6 +104,8 @@ def job_spec_of(job: Job) -> JobSpec:
         singleton=job.singleton,
         kind=job.kind,
         ports=tuple((str(name), int(port)) for name, port in job.ports or ()),
+        image=job.image,
+        mounts=tuple(job.mounts or ()),
     )
 
 

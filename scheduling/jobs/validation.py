@@ -8,7 +8,7 @@ from decimal import Decimal
 from django.conf import settings
 
 from quotas.models import PriorityClass, Team
-from quotas.selectors import ClassGrant, TeamAllowance
+from quotas.selectors import ClassGrant, TeamAllowance, image_allowed, team_allowed_images, team_mounts
 from scheduling.choices import Topology
 from scheduling.engine import types as eng
 from scheduling.engine.accounting import estimated_charge
@@ -282,4 +282,29 @@ def job_spec_validate_for_team(*, spec: JobSpec, team: Team, allowance: TeamAllo
             code=INCOMPATIBLE,
         )
     _refuse_beyond_team_limits(spec=spec, team=team, allowance=allowance, grant=grant, models=models)
+    _refuse_images_and_mounts_not_given(spec=spec, team=team)
     return priority_class
+
+
+def _refuse_images_and_mounts_not_given(*, spec: JobSpec, team: Team) -> None:
+    """An image must be one of the team's allowed images, and each mount one of the team's (named in the
+    refusal: a permission, not a capacity)."""
+    if spec.image:
+        patterns = team_allowed_images(team=team)
+        if not image_allowed(spec.image, patterns):
+            raise ServiceError(
+                f"Image {spec.image} is not one of team {team.slug}'s allowed images ({', '.join(patterns)}); an "
+                "admin can add it to the team's list.",
+                field="image",
+                code="image_not_allowed",
+            )
+    if spec.mounts:
+        known = team_mounts(team_ids=[team.pk]).get(team.pk, {})
+        unknown = [name for name in spec.mounts if name not in known]
+        if unknown:
+            has = ", ".join(sorted(known)) or "none"
+            raise ServiceError(
+                f"Team {team.slug} has no mount named {', '.join(unknown)} (its mounts: {has}).",
+                field="mounts",
+                code="unknown_mount",
+            )

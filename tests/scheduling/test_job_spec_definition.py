@@ -13,7 +13,7 @@ import pytest
 from agent.jobspec import JobSpec as AgentJobSpec
 from frontend.forms import JobForm
 from portal.submit_flags import SUBMIT_FLAGS
-from scheduling.cycle.desired_state import Card, Member, PlacedJob, _gang_entry, _job_entry
+from scheduling.cycle.desired_state import Card, InImage, Member, PlacedJob, _gang_entry, _job_entry
 from scheduling.jobs import fields
 from scheduling.jobs.api.spec_schema import JOB_SPEC_SCHEMA
 from scheduling.jobs.documents import SpecError
@@ -127,6 +127,10 @@ def _placed(**overrides) -> PlacedJob:
         array_task_count=None,
         ports=[["jupyter", 8888]],
         session_token="secret",
+        image="nvcr.io/nvidia/pytorch:24.05-py3",
+        mounts=["datasets"],
+        team_id=3,
+        class_network="",
     )
     return PlacedJob(**{**values, **overrides})
 
@@ -135,7 +139,11 @@ def test_the_agent_reads_every_key_of_the_job_entry_the_portal_sends():
     job = _placed()
     cards = [Card("GPU-a", 0, "exclusive", 81920, 100), Card("GPU-b", 1, "mps", 20480, 25)]
     members = [Member(0, 1, "gpu-07", "10.0.3.7", 29500), Member(1, 2, "gpu-08", "10.0.3.8", None)]
-    entry = {**_job_entry(job, cards), "gang": _gang_entry(job, members, node_id=2)}
+    in_image = InImage(
+        mounts=[{"host_path": "/srv/datasets", "container_path": "/datasets", "read_only": True}],
+        network="none",
+    )
+    entry = {**_job_entry(job, cards, in_image), "gang": _gang_entry(job, members, node_id=2)}
 
     agent_keys = {f.name for f in dataclasses.fields(AgentJobSpec)}
     assert set(entry) == agent_keys, "the portal and the agent disagree on the job entry's keys"
@@ -158,7 +166,13 @@ def test_the_agent_reads_every_key_of_the_job_entry_the_portal_sends():
         spec.ports == (("jupyter", 8888),)
         and spec.env["TESSERA_BASE_URL_JUPYTER"] == "/jobs/17/open/jupyter/"
     )
+    assert spec.image == "nvcr.io/nvidia/pytorch:24.05-py3" and spec.network == "none"
+    assert [(m.host_path, m.container_path, m.read_only) for m in spec.mounts] == [
+        ("/srv/datasets", "/datasets", True)
+    ]
     assert AgentJobSpec.from_dict(spec.to_dict()) == spec
-    # A job serving no web ports: the entry an agent from before sessions was sent, key for key.
-    plain = _job_entry(_placed(ports=[], session_token=""), cards)
+    # A job serving no web ports, on the node itself: the entry an agent from before sessions and images was sent,
+    # key for key.
+    plain = _job_entry(_placed(ports=[], session_token="", image="", mounts=[]), cards)
     assert "ports" not in plain and not any(k.startswith("TESSERA_BASE_URL") for k in plain["env"])
+    assert not {"image", "mounts", "network"} & set(plain)

@@ -194,6 +194,26 @@ PORTS = {
 }
 
 
+IMAGE = {
+    "type": "string",
+    "maxLength": fields.MAX_IMAGE_CHARS,
+    "pattern": f"^[{WHITESPACE}]*({fields.IMAGE_REFERENCE})?[{WHITESPACE}]*$",
+    "description": "An image reference: registry/repository:tag or @digest.",
+}
+_NAME = f" *{fields.MOUNT_NAME} *"
+NAMES = {
+    "anyOf": [
+        {"type": "string", "pattern": f"^$|^{_NAME}(,{_NAME}){{0,{fields.MAX_MOUNTS - 1}}}$"},
+        {
+            "type": "array",
+            "maxItems": fields.MAX_MOUNTS,
+            "items": {"type": "string", "pattern": f"^{_NAME}$"},
+        },
+    ],
+    "description": "Names, as a list or a comma list; each once.",
+}
+
+
 def _of_kind(kind: str, *, low: int, high: int | None, required: bool, zero: bool, choices: tuple[str, ...]):
     """The schema of a value written as `kind` (scheduling.jobs.fields) within its bounds."""
     match kind:
@@ -228,6 +248,10 @@ def _of_kind(kind: str, *, low: int, high: int | None, required: bool, zero: boo
             return DEPENDENCIES
         case fields.PORTS:
             return PORTS
+        case fields.IMAGE:
+            return IMAGE
+        case fields.NAMES:
+            return NAMES
     raise AssertionError(f"no schema for the kind {kind!r}")
 
 
