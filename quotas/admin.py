@@ -24,6 +24,7 @@ from quotas.models import (
     Quota,
     QuotaChange,
     Team,
+    TeamMount,
     TeamPriorityClass,
 )
 from quotas.sign_out import user_sign_out_everywhere
@@ -132,6 +133,15 @@ class PriorityClassGrantInline(admin.TabularInline):
     verbose_name_plural = "Priority class grants (classes open to all teams need a row only for a limit)"
 
 
+class TeamMountInline(admin.TabularInline):
+    """Directories of the nodes its jobs in images may ask for by name; each change is in the audit trail."""
+
+    model = TeamMount
+    extra = 0
+    fields = ("name", "host_path", "container_path", "read_only")
+    verbose_name_plural = "Mounts for jobs in images (an organisation's hold for each of its teams)"
+
+
 class MembershipInline(admin.TabularInline):
     model = Membership
     extra = 0
@@ -140,6 +150,10 @@ class MembershipInline(admin.TabularInline):
 
 def _value_words(name: str, value: Any) -> str:
     if value is None and name in ("gpu_model", "default_priority_class", "priority_class"):
+        return "–"
+    if value is None and name == "allowed_images":
+        return "any image"
+    if value is None and (name == "network" or name.startswith("mount ")):
         return "–"
     return services.amount_words(name, value)
 
@@ -180,7 +194,15 @@ class TeamAdmin(admin.ModelAdmin):
     list_filter = ("parent",)
     search_fields = ("slug", "display_name")
     readonly_fields = ("quota_editor",)
-    inlines = (QuotaInline, PriorityClassGrantInline, MembershipInline, QuotaChangeInline)
+    inlines = (QuotaInline, PriorityClassGrantInline, TeamMountInline, MembershipInline, QuotaChangeInline)
+    fieldsets = (
+        (None, {"fields": ("slug", "display_name", "parent", "quota_editor")}),
+        ("Directory", {"fields": ("directory_group", "directory_admin_group")}),
+        ("Jobs in images", {"fields": ("allowed_images", "network")}),
+    )
+
+    def save_model(self, request, obj, form, change):
+        services.team_images_save(team=obj, actor=request.user, source=ChangeSource.ADMIN)
 
     @admin.display(description="quota editor")
     def quota_editor(self, obj: Team) -> str:
@@ -189,6 +211,13 @@ class TeamAdmin(admin.ModelAdmin):
         return _editor_link(obj)
 
     def save_formset(self, request, form, formset, change):
+        if formset.model is TeamMount:
+            mounts = formset.save(commit=False)
+            for obj in formset.deleted_objects:
+                services.team_mount_delete(mount=obj, actor=request.user, source=ChangeSource.ADMIN)
+            for obj in mounts:
+                services.team_mount_save(mount=obj, actor=request.user, source=ChangeSource.ADMIN)
+            return None
         if formset.model not in (Quota, TeamPriorityClass):
             return super().save_formset(request, form, formset, change)
         objects = formset.save(commit=False)
@@ -298,6 +327,7 @@ class PriorityClassAdmin(admin.ModelAdmin):
         "preemption_grace_s",
         "idle_timeout_s",
         "interactive_idle_timeout_s",
+        "network",
         "open_to_all_teams",
     )
     list_filter = ("open_to_all_teams",)

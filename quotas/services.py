@@ -27,6 +27,7 @@ from quotas.models import (
     Quota,
     QuotaChange,
     Team,
+    TeamMount,
     TeamPriorityClass,
 )
 
@@ -147,6 +148,8 @@ FIELD_WORDS = {
     "fair_share_weight": "fair-share weight",
     "default_priority_class": "default priority class",
     "gpu_model": "GPU model",
+    "allowed_images": "allowed images",
+    "network": "network of jobs in images",
 }
 
 
@@ -428,3 +431,82 @@ def idempotency_record_create(
         response_status=response_status,
         response_body=response_body,
     )
+
+
+# --- Jobs in images: a team's allowed images, network and mounts, each change in its audit trail -----------------
+TEAM_IMAGE_FIELDS = ("allowed_images", "network")
+
+
+@transaction.atomic
+def team_images_save(
+    *, team: Team, actor: AbstractBaseUser | None, source: str = ChangeSource.ADMIN
+) -> QuotaChange | None:
+    """Save a team's allowed images and network (its other fields with them), recording what changed of those two
+    in its audit trail. Returns None when neither changed."""
+    team.full_clean()
+    old = (
+        dict(
+            zip(
+                TEAM_IMAGE_FIELDS,
+                Team.objects.select_for_update().filter(pk=team.pk).values_list(*TEAM_IMAGE_FIELDS).get(),
+                strict=True,
+            )
+        )
+        if team.pk
+        else dict.fromkeys(TEAM_IMAGE_FIELDS, "")
+    )
+    team.save()
+    changes = {
+        name: {"old": old[name] or None, "new": getattr(team, name) or None}
+        for name in TEAM_IMAGE_FIELDS
+        if (old[name] or "") != (getattr(team, name) or "")
+    }
+    if not changes:
+        return None
+    return QuotaChange.objects.create(
+        team=team, actor=actor, source=source, changes=changes, note="jobs in images"
+    )
+
+
+def _mount_words(mount: TeamMount) -> str:
+    return f"{mount.host_path} → {mount.container_path} ({'read-only' if mount.read_only else 'read-write'})"
+
+
+@transaction.atomic
+def team_mount_save(
+    *, mount: TeamMount, actor: AbstractBaseUser | None, source: str = ChangeSource.ADMIN
+) -> QuotaChange | None:
+    """Save a new or edited mount of a team, recorded in its audit trail. Returns None when nothing changed."""
+    mount.full_clean()
+    before = TeamMount.objects.select_for_update().filter(pk=mount.pk).first() if mount.pk else None
+    old = _mount_words(before) if before is not None else None
+    old_name = before.name if before is not None else mount.name
+    mount.save()
+    new = _mount_words(mount)
+    if old == new and old_name == mount.name:
+        return None
+    changes = {f"mount {mount.name}": {"old": old if old_name == mount.name else None, "new": new}}
+    if old_name != mount.name:
+        changes[f"mount {old_name}"] = {"old": old, "new": None}
+    return QuotaChange.objects.create(
+        team=mount.team,
+        actor=actor,
+        source=source,
+        changes=changes,
+        note=f"mount {mount.name} {'changed' if before else 'added'}",
+    )
+
+
+@transaction.atomic
+def team_mount_delete(
+    *, mount: TeamMount, actor: AbstractBaseUser | None, source: str = ChangeSource.ADMIN
+) -> QuotaChange:
+    change = QuotaChange.objects.create(
+        team=mount.team,
+        actor=actor,
+        source=source,
+        changes={f"mount {mount.name}": {"old": _mount_words(mount), "new": None}},
+        note=f"mount {mount.name} removed",
+    )
+    mount.delete()
+    return change

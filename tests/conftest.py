@@ -144,7 +144,7 @@ def teams(db, priority_classes):
         ),
         actor=None,
     )
-    return {"training": training, "inference": inference}
+    return {"training": training, "inference": inference, "org": org}
 
 
 @pytest.fixture

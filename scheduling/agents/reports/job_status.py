@@ -27,7 +27,7 @@ from scheduling.jobs.gangs import gang_member_started
 from scheduling.jobs.models import Job, Slice
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.jobs.transitions import job_cards_released, job_transition
-from scheduling.jobs.wording import LIMIT_STOPS
+from scheduling.jobs.wording import IMAGE_PULL_FAILED, LIMIT_STOPS
 
 log = logging.getLogger(__name__)
 
@@ -272,6 +272,17 @@ def _apply_report(job: Job, node: Node, state: str, payload: dict[str, Any], dat
             requeue_code="requeued",
             requeue_message="Requeued: its GPUs were not on the node.",
             data=data,
+        )
+    elif state == "launch_failed" and reason.startswith(f"{IMAGE_PULL_FAILED}:"):
+        job_transition(
+            job=job,
+            to_state=JobState.FAILED,
+            actor_kind=ActorKind.AGENT,
+            code=IMAGE_PULL_FAILED,
+            message=f"Its image could not be pulled on {node.name}: "
+            f"{reason.removeprefix(f'{IMAGE_PULL_FAILED}:').strip().rstrip('.')}.",
+            data=data,
+            happened_at=ended_at,
         )
     elif state in ("killed", "launch_failed"):
         if data.get("exit_code") is not None:

@@ -124,6 +124,8 @@ def node_event(*, node_id: int, payload: dict[str, Any], message_id: str = "") -
                 )
             changed = session_ports_record(job=job, node_name=node.name, attempt=attempt, payload=payload)
             return Outcome(True, changed=changed)
+        if kind == "image_ready":  # a job's image present on its node: the pull's time on its timeline
+            return _image_ready(node=node, payload=payload, message_id=message_id)
         if kind == "gpu_health":
             health = _HEALTH.get(str(payload.get("health")), GpuHealth.DEGRADED)
             if health != GpuHealth.OK:
@@ -163,6 +165,43 @@ def node_event(*, node_id: int, payload: dict[str, Any], message_id: str = "") -
             return Outcome(True)
         log.info("node %s event %s: %s", node.name, kind, data, extra={"node": node.name})
         return Outcome(True)
+
+
+def _image_ready(*, node: Node, payload: dict[str, Any], message_id: str) -> Outcome:
+    """The job's image is on its node (pulled, or there already): recorded once on the job's timeline."""
+    try:
+        job_id, attempt = int(payload["job_id"]), int(payload["attempt"])
+        pull_s = round(float(payload.get("pull_s") or 0.0), 1)
+    except (KeyError, TypeError, ValueError):
+        return Outcome(False, "an image_ready event needs job_id, attempt and pull_s")
+    job = Job.objects.select_for_update().filter(pk=job_id).first()
+    if job is None or attempt != job.attempt or not placed_here(job, node):
+        return Outcome(
+            False,
+            f"stale event: job {job_id} attempt {attempt} is not placed on {node.name}",
+            stale=job is not None and attempt < job.attempt,
+        )
+    if JobEvent.objects.filter(job=job, code="image_ready", data__attempt=attempt).exists():
+        return Outcome(True)  # already recorded: a repeat
+    pulled = payload.get("pulled") is True
+    JobEvent.objects.create(
+        job=job,
+        from_state=job.state,
+        to_state=job.state,
+        actor_kind=ActorKind.AGENT,
+        code="image_ready",
+        message=f"Image {job.image} pulled on {node.name} in {pull_s:g} s."
+        if pulled
+        else f"Image {job.image} was already on {node.name}.",
+        data={
+            "node": node.name,
+            "attempt": attempt,
+            "pull_s": pull_s,
+            "pulled": pulled,
+            "message_id": message_id,
+        },
+    )
+    return Outcome(True, changed=True)
 
 
 _simulated_mps_said = False
