@@ -47,6 +47,7 @@ class JobHandle:
     ports: dict[str, int] = field(default_factory=dict)  # its web ports as given on this node (name -> port)
     ports_ready: set[str] = field(default_factory=set)  # those that have answered a connection
     ports_said: tuple | None = None  # (ports, ready) as last reported to the portal
+    image_said: bool = False  # its image's pull (pull.json) reported to the portal
     ports_owned: dict[str, frozenset[int]] = field(
         default_factory=dict
     )  # name -> the job's listening socket(s)

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from agent import __version__, procfs, protocol
 from agent.backends.base import GpuBackend, Sample
 from agent.executor import Executor
-from agent.placement import FINISHED, Transition
+from agent.placement import FINISHED, Transition, read_json
 from agent.reconcile import DesiredState, Reconciler
 from agent.watchdog import MemoryWatchdog
 
@@ -276,6 +276,7 @@ class Agent:
                     )
                 )
         out.extend(self._queue(m) for m in self._ports_news())
+        out.extend(self._queue(m) for m in self._image_news())
         self.backend.note_jobs(self.executor.usage_hints())
         for g in sample.gpus:
             if self._health.get(g.uuid, "ok") != g.health:
@@ -346,6 +347,32 @@ class Agent:
                         },
                     )
                 )
+        return news
+
+    def _image_news(self) -> list[dict[str, Any]]:
+        """A job's image present on this node (its supervisor's pull.json): how long the pull took, told once (an
+        event of kind `image_ready`, on the job's timeline). A pull that failed ends the job instead."""
+        news = []
+        for h in self.executor.active():
+            if not h.spec.image or h.image_said:
+                continue
+            pulled = read_json(h.dir / "pull.json")
+            if pulled is None or not pulled.get("ok"):
+                continue
+            h.image_said = True
+            news.append(
+                protocol.message(
+                    "event",
+                    {
+                        "kind": "image_ready",
+                        "job_id": h.spec.job_id,
+                        "attempt": h.spec.attempt,
+                        "image": h.spec.image,
+                        "pull_s": pulled.get("pull_s"),
+                        "pulled": bool(pulled.get("pulled")),
+                    },
+                )
+            )
         return news
 
     def _housekeeping(self) -> None:

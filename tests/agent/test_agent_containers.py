@@ -253,3 +253,43 @@ def _listener_free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_the_agent_tells_the_portal_once_when_the_image_is_ready(image, work):
+    from agent import runtime
+    from agent.backends.sim import SimBackend
+
+    agent = runtime.Agent(
+        node_name="n1",
+        backend=SimBackend({"node": "n1", "gpus": [{"model": "Sim", "count": 1, "memory_mib": 40960}]}),
+        executor=_executor(work),
+    )
+    spec = JobSpec(job_id="img-said", attempt=1, image=image, command="sleep 30", grace_s=0)
+    agent.executor.start(spec)
+    news: list[dict] = []
+
+    def said() -> bool:
+        news.extend(
+            m["payload"]
+            for m in agent.tick()
+            if m["type"] == "event" and m["payload"]["kind"] == "image_ready"
+        )
+        return bool(news)
+
+    try:
+        wait_for("the agent to report the image ready", said, timeout_s=30, interval_s=0.2)
+        assert news == [
+            {
+                "kind": "image_ready",
+                "job_id": "img-said",
+                "attempt": 1,
+                "image": image,
+                "pull_s": news[0]["pull_s"],
+                "pulled": False,
+            }
+        ]
+        assert isinstance(news[0]["pull_s"], float)
+        assert not [m for m in agent.tick() if m["type"] == "event" and m["payload"]["kind"] == "image_ready"]
+    finally:
+        agent.executor.stop(spec.key, reason="test over", grace_s=0)
+        _ended(agent.executor, spec.key)
