@@ -90,10 +90,14 @@ def container_name(placement_key: str, placement_dir: Path) -> str:
     return f"tessera-{_NAME_SAFE.sub('_', placement_key)}-{where}"
 
 
-def cdi_gpu_names(indexes: Sequence[int], cdi_dirs: Sequence[Path] = CDI_DIRS) -> tuple[str, ...] | None:
-    """The CDI names of a placement's cards (`nvidia.com/gpu=0`), or None where no CDI spec on this host names
-    NVIDIA GPUs (`nvidia-ctk cdi generate` writes one): the cards then cannot be passed into containers."""
-    for d in cdi_dirs:
+_CDI_NAME = re.compile(r"""["']?name["']?\s*:\s*["']?([A-Za-z0-9:_.-]+)""")
+
+
+def cdi_gpu_devices(cdi_dirs: Sequence[Path] | None = None) -> set[str] | None:
+    """The device names this host's CDI specs give `nvidia.com/gpu` ("0", "1", "GPU-<uuid>", "all"), or None where
+    no spec names NVIDIA GPUs (`nvidia-ctk cdi generate` writes one): cards then cannot be passed into containers."""
+    found: set[str] | None = None
+    for d in CDI_DIRS if cdi_dirs is None else cdi_dirs:
         try:
             specs = sorted(p for p in d.iterdir() if p.suffix in (".yaml", ".yml", ".json"))
         except OSError:
@@ -103,9 +107,25 @@ def cdi_gpu_names(indexes: Sequence[int], cdi_dirs: Sequence[Path] = CDI_DIRS) -
                 text = spec.read_text(errors="replace")
             except OSError:
                 continue
-            if CDI_GPU_KIND in text:
-                return tuple(f"{CDI_GPU_KIND}={i}" for i in sorted(set(indexes)))
-    return None
+            if re.search(r"""kind["']?\s*:\s*["']?nvidia\.com/gpu\b""", text):
+                found = (found or set()) | set(_CDI_NAME.findall(text))
+    return found
+
+
+def cdi_gpu_names(indexes: Sequence[int], cdi_dirs: Sequence[Path] | None = None) -> tuple[str, ...] | None:
+    """The CDI names of a placement's cards (`nvidia.com/gpu=0`), None where this host has no CDI spec for its GPUs.
+    Raises ContainerError for a card the spec does not name."""
+    devices = cdi_gpu_devices(cdi_dirs)
+    if devices is None:
+        return None
+    wanted = [str(i) for i in sorted(set(indexes))]
+    missing = [i for i in wanted if i not in devices]
+    if missing:
+        raise ContainerError(
+            f"this node's CDI spec names no {', '.join(f'{CDI_GPU_KIND}={i}' for i in missing)} "
+            "(regenerate it: nvidia-ctk cdi generate)"
+        )
+    return tuple(f"{CDI_GPU_KIND}={i}" for i in wanted)
 
 
 def _version(binary: str) -> str:
@@ -323,12 +343,12 @@ def report(runtime: Runtime | None, *, path: str | None = None) -> list[tuple[st
                 "no container runtime used (install Podman or Apptainer): jobs with an image fail to launch here",
             )
         )
-    cdi = cdi_gpu_names([0])
+    cdi = cdi_gpu_devices()
     lines.append(
         (
             "GPUs in containers (CDI)",
             cdi is not None,
-            "a CDI spec names nvidia.com/gpu: a container gets only its own cards"
+            f"a CDI spec names nvidia.com/gpu ({', '.join(sorted(cdi or ()))}): a container gets only its own cards"
             if cdi is not None
             else "no CDI spec for nvidia.com/gpu under /etc/cdi or /var/run/cdi (nvidia-ctk cdi generate): "
             "containers get no GPU",

@@ -20,6 +20,7 @@ from agent.placement import JobHandle, write_private_json
 from agent.protocol import port_env_name
 
 SUPERVISOR = Path(__file__).resolve().parent / "supervisor.py"
+DRIVER_DEVICE = Path("/dev/nvidiactl")  # a host whose NVIDIA driver is loaded
 # Variables of the agent that a job must never inherit.
 _SECRET_PREFIXES = ("TESSERA_AGENT_TOKEN",)
 _AGENT_SET = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_")
@@ -178,8 +179,11 @@ def in_image(
     mounts += list(spec.mounts)
     cdi: tuple[str, ...] = ()
     if spec.gpus:
-        named = cdi_gpu_names([g.index for g in spec.gpus])
-        if named is None and Path("/dev/nvidiactl").exists():
+        try:
+            named = cdi_gpu_names([g.index for g in spec.gpus])
+        except ContainerError as exc:
+            raise LaunchError(str(exc)) from exc
+        if named is None and DRIVER_DEVICE.exists():
             raise LaunchError(
                 "this node has no CDI spec for its GPUs (nvidia-ctk cdi generate): a container cannot get its cards"
             )
