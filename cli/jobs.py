@@ -182,6 +182,12 @@ def show(argv: Sequence[str]) -> int:
             ("Command", job["command"]),
             ("Submitted", f"{job['submitted_at']} ({ago(job['submitted_at'])})"),
         ]
+        if job.get("image"):
+            mounts = job.get("mounts") or []
+            fields.insert(
+                fields.index(("Command", job["command"])),
+                ("Image", job["image"] + (f" with {', '.join(mounts)}" if mounts else "")),
+            )
         array = job.get("array")
         if array:
             fields.insert(1, ("Array", _array_words(array)))

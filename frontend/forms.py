@@ -76,9 +76,18 @@ class JobForm(SpecFields):
         help_text="A notebook or dashboard you work in (the spec's kind: interactive)",
     )
 
-    def __init__(self, *args: Any, allowances: dict[str, TeamAllowance], models: list[str], **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        allowances: dict[str, TeamAllowance],
+        models: list[str],
+        images: dict[str, dict[str, list[str]]] | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
         self.allowances = allowances
+        # For page.js and the hints: each team's allowed images and mounts (quotas.selectors.team_image_settings).
+        self.images_by_team = images or {}
         self.fields["team"].choices = [(t, t) for t in allowances]
         self.fields["gpu_models"].choices = [(m, m) for m in models]
         known = next(iter(allowances.values())).known_classes if allowances else ()
@@ -95,6 +104,10 @@ class JobForm(SpecFields):
                 else []
             ),
         ]
+
+    def images_of_team(self) -> dict[str, list[str]]:
+        """The chosen team's allowed images and mounts, for the hints beside those fields."""
+        return self.images_by_team.get(self["team"].value() or "", {"images": [], "mounts": []})
 
     def priority_options_by_team(self) -> dict[str, list[tuple[str, str]]]:
         """For page.js: the priority list each of the user's teams offers."""
@@ -162,6 +175,8 @@ class JobForm(SpecFields):
             "array",
             "depends_on",
             "ports",
+            "image",
+            "mounts",
         ):
             if d.get(field):
                 spec[field] = d[field]
@@ -243,4 +258,6 @@ def initial_from_job(job: Any) -> dict[str, Any]:
         "notify": [e for e in spec.get("notify", "").split(",") if e and e != "none"],
         "interactive": job.kind == "interactive",
         "ports": ports_written(job.ports),
+        "image": job.image,
+        "mounts": ",".join(job.mounts or ()),
     }

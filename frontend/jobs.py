@@ -24,7 +24,7 @@ from frontend.forms import JobForm, initial_from_job
 from frontend.job_charts import job_charts
 from portal.api_support import PreviewRateThrottle
 from portal.submit_flags import submit_command_line
-from quotas.selectors import team_allowances_by_slug, team_by_slug, team_slugs_visible_to
+from quotas.selectors import team_allowances_by_slug, team_by_slug, team_image_settings, team_slugs_visible_to
 from scheduling.agents import joblogs
 from scheduling.agents.live_metrics import IDLE_WARN_AFTER_S, job_usage
 from scheduling.choices import JobState
@@ -310,11 +310,13 @@ def job_log_download(request: HttpRequest, job_id: int, stream: str) -> HttpResp
 
 
 def _form(request: HttpRequest, data=None, initial=None) -> JobForm:
+    allowances = team_allowances_by_slug(slugs=team_slugs_visible_to(user=request.user))
     return JobForm(
         data,
         initial=initial,
-        allowances=team_allowances_by_slug(slugs=team_slugs_visible_to(user=request.user)),
+        allowances=allowances,
         models=[m.name for m in gpu_model_rows(installed_only=True)],
+        images=team_image_settings(team_ids=[a.team_id for a in allowances.values()]),
     )
 
 

@@ -8,14 +8,14 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from scheduling.jobs.fields import COUNT, FIELDS, MODELS, PORTS, SESSION_TEMPLATES
+from scheduling.jobs.fields import COUNT, FIELDS, MODELS, NAMES, PORTS, SESSION_TEMPLATES
 
 __all__ = ["COUNTS", "REPEATED", "SESSION_TEMPLATES", "SUBMIT_FLAGS", "submit_command_line"]
 
 # (flags, spec field, help) for every field `tessera submit` sets by a flag; the rest are set in a spec file.
 SUBMIT_FLAGS = tuple((f.flags, f.name, f.flag_help or f.help) for f in FIELDS if f.flags)
 REPEATED = frozenset(
-    f.name for f in FIELDS if f.flags and f.kind in (MODELS, PORTS)
+    f.name for f in FIELDS if f.flags and f.kind in (MODELS, PORTS, NAMES)
 )  # the flag may be given again
 COUNTS = frozenset(f.name for f in FIELDS if f.flags and f.kind == COUNT)  # sent as numbers
 

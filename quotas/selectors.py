@@ -236,3 +236,20 @@ def team_networks(*, team_ids: Collection[int]) -> dict[int, str]:
         )
     )
     return {pk: network or parents.get(parent, "") for pk, (network, parent) in rows.items()}
+
+
+def team_image_settings(*, team_ids: Collection[int]) -> dict[str, dict[str, list[str]]]:
+    """What the submit form says of each team's jobs in images: its allowed image patterns (empty: any image) and
+    its mounts ("datasets: /datasets, read-only")."""
+    teams = list(Team.objects.filter(pk__in=team_ids))
+    mounts = team_mounts(team_ids=team_ids)
+    return {
+        team.slug: {
+            "images": list(team_allowed_images(team=team)),
+            "mounts": [
+                f"{name}: {m.container_path}, {'read-only' if m.read_only else 'read-write'}"
+                for name, m in sorted(mounts.get(team.pk, {}).items())
+            ],
+        }
+        for team in teams
+    }

@@ -107,6 +107,7 @@
       jobForm.addEventListener("change", apply);
       apply();
       setupPriorityList(jobForm);
+      setupImageHints(jobForm);
       // A session template (Jupyter, TensorBoard, a plain port) fills in its name, command, ports and kind.
       jobForm.addEventListener("click", function (e) {
         const button = e.target.closest && e.target.closest("[data-template]");
@@ -149,6 +150,20 @@
       select.value = chosen;
       const named = document.getElementById("priority-team");
       if (named) named.textContent = team.value;
+    });
+  }
+
+  // The hints under the image and mounts fields name the chosen team's allowed images and mounts (#image-options).
+  function setupImageHints(jobForm) {
+    const data = document.getElementById("image-options");
+    const team = jobForm.querySelector("[name=team]");
+    if (!data || !team) return;
+    const byTeam = JSON.parse(data.textContent);
+    team.addEventListener("change", function () {
+      const of = byTeam[team.value] || { images: [], mounts: [] };
+      document.getElementById("images-list").textContent = of.images.join(", ") || "any image";
+      document.getElementById("mounts-list").textContent = of.mounts.join("; ") || "none";
+      jobForm.querySelectorAll(".images-team").forEach(function (el) { el.textContent = team.value; });
     });
   }
 

@@ -139,6 +139,12 @@ class JobSerializer(serializers.Serializer):
         help_text="Null unless the job is an array or one of its tasks."
     )
     kind = serializers.ChoiceField(choices=JobKind.choices, read_only=True)
+    image = serializers.CharField(
+        read_only=True, help_text="The container image it runs in; blank: it runs on its node itself."
+    )
+    mounts = serializers.ListField(
+        child=serializers.CharField(), read_only=True, help_text="Its team's mounts it asked for, by name."
+    )
     ports = serializers.SerializerMethodField(
         help_text="Its web ports: each opened at `path` on the portal (by its owner, and its team when "
         "`session_shared`); `state` ready (its server answers), starting, waiting (the job is not running yet) "
@@ -258,6 +264,8 @@ def job_payload(job: Job) -> dict[str, Any]:
         "node_condition": None,  # a job just submitted holds no cards
         "array": job_array_fields(job, array_summaries(jobs=[job]).get(job.pk)),
         "kind": job.kind,
+        "image": job.image,
+        "mounts": list(job.mounts or ()),
         "ports": job_ports_fields(job),
         "session_shared": job.session_shared,
         "idle_reclaim_at": _moment(job.idle_reclaim_at),
