@@ -353,8 +353,8 @@ class Agent:
         """A job's image present on this node (its supervisor's pull.json): how long the pull took, told once (an
         event of kind `image_ready`, on the job's timeline). A pull that failed ends the job instead."""
         news = []
-        for h in self.executor.active():
-            if not h.spec.image or h.image_said:
+        for h in self.executor.handles():  # a job that ended within a tick too: its end is not reported yet
+            if not h.spec.image or h.image_said or h.reported:
                 continue
             pulled = read_json(h.dir / "pull.json")
             if pulled is None or not pulled.get("ok"):

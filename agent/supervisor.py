@@ -423,12 +423,17 @@ def _quiet(argv: list[str], *, timeout_s: float) -> int | None:
 
 
 def _tail(path: str, chars: int = 500) -> str:
+    """A runtime's last word in its output: its last `Error:` line (Podman logs its retries before it), else its
+    last line, at most `chars` long."""
     try:
         with open(path, "rb") as fh:
-            text = fh.read()[-chars:].decode(errors="replace")
+            text = fh.read()[-64 * 1024 :].decode(errors="replace")
     except OSError:
         return ""
-    return " ".join(text.split())
+    lines = [" ".join(line.split()) for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith(("Error", "FATAL", "ERROR"))]
+    said = errors[-1] if errors else (lines[-1] if lines else "")
+    return said.removeprefix("Error: ")[:chars]
 
 
 def _oom_listen(paths: list[str] | None) -> int | None:

@@ -318,3 +318,48 @@ def sign_in(page: Any, username: str, password: str | None = None, *, landing: s
     page.click("button[type=submit]")
     page.wait_for_url(f"**{landing}")
     return page
+
+
+BUSYBOX_IMAGE = "localhost/tessera-test-busybox:1"
+
+
+def busybox_image() -> str:
+    """A container image made here, with no registry: Debian's static busybox with every applet linked in /bin
+    (`podman import`). Skips the test where this host cannot make it."""
+    import shutil
+    import tarfile
+    import tempfile
+
+    import pytest
+
+    if shutil.which("podman") is None or os.geteuid() != 0:
+        pytest.skip(
+            "jobs in images need rootful Podman: root and podman (.ci/run installs it; CI runs as root)"
+        )
+    if subprocess.run(["podman", "image", "exists", BUSYBOX_IMAGE], check=False).returncode == 0:
+        return BUSYBOX_IMAGE
+    busybox = Path("/bin/busybox")
+    if not busybox.exists():
+        pytest.skip("no /bin/busybox (Debian's busybox-static) to build the test image from")
+    applets = subprocess.run(
+        [str(busybox), "--list"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    with tempfile.TemporaryDirectory() as tmp:
+        tar_path = Path(tmp) / "rootfs.tar"
+        with tarfile.open(tar_path, "w") as tar:
+            for d in ("bin", "tmp", "etc", "proc", "sys", "dev"):
+                info = tarfile.TarInfo(d)
+                info.type, info.mode = tarfile.DIRTYPE, 0o1777 if d == "tmp" else 0o755
+                tar.addfile(info)
+            tar.add(busybox, arcname="bin/busybox")
+            for applet in applets:
+                if applet != "busybox":
+                    link = tarfile.TarInfo(f"bin/{applet}")
+                    link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+                    tar.addfile(link)
+        subprocess.run(
+            ["podman", "import", "--change", "ENV PATH=/bin", str(tar_path), BUSYBOX_IMAGE],
+            check=True,
+            capture_output=True,
+        )
+    return BUSYBOX_IMAGE

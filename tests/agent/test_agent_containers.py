@@ -10,7 +10,6 @@ import os
 import shutil
 import socket
 import subprocess
-import tarfile
 import tempfile
 import threading
 from pathlib import Path
@@ -23,10 +22,9 @@ from agent.ending import IMAGE_PULL_FAILED
 from agent.executor import Executor
 from agent.isolation import Isolation
 from agent.jobspec import Gang, GangMember, JobSpec
+from tests.support import busybox_image
 
-IMAGE = "localhost/tessera-test-busybox:1"
 POOL = (61100, 61119)
-BUSYBOX = Path("/bin/busybox")
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="rootful Podman needs root (CI runs as root)"),
@@ -36,33 +34,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def image() -> str:
-    """A busybox image built here from Debian's static busybox: every applet linked in /bin."""
-    if subprocess.run(["podman", "image", "exists", IMAGE], check=False).returncode == 0:
-        return IMAGE
-    if not BUSYBOX.exists():
-        pytest.skip("no /bin/busybox (Debian's busybox-static) to build the test image from")
-    applets = subprocess.run(
-        [str(BUSYBOX), "--list"], capture_output=True, text=True, check=True
-    ).stdout.split()
-    with tempfile.TemporaryDirectory() as tmp:
-        tar_path = Path(tmp) / "rootfs.tar"
-        with tarfile.open(tar_path, "w") as tar:
-            for d in ("bin", "tmp", "etc", "proc", "sys", "dev"):
-                info = tarfile.TarInfo(d)
-                info.type, info.mode = tarfile.DIRTYPE, 0o1777 if d == "tmp" else 0o755
-                tar.addfile(info)
-            tar.add(BUSYBOX, arcname="bin/busybox")
-            for applet in applets:
-                if applet != "busybox":
-                    link = tarfile.TarInfo(f"bin/{applet}")
-                    link.type, link.linkname = tarfile.SYMTYPE, "busybox"
-                    tar.addfile(link)
-        subprocess.run(
-            ["podman", "import", "--change", "ENV PATH=/bin", str(tar_path), IMAGE],
-            check=True,
-            capture_output=True,
-        )
-    return IMAGE
+    return busybox_image()
 
 
 @pytest.fixture
@@ -225,9 +197,10 @@ def test_a_two_task_gang_in_images_rendezvouses(image, work):
         GangMember(node="a", address="127.0.0.1", slots=1),
         GangMember(node="b", address="127.0.0.1", slots=1),
     )
+    # Rank 0 listens at MASTER_PORT until a line arrives; rank 1 tries until rank 0 listens.
     script = (
-        'if [ "$NODE_RANK" = 0 ]; then nc -l -p "$MASTER_PORT" -w 20; '
-        'else for i in $(seq 1 100); do echo "hello from rank $NODE_RANK of $WORLD_SIZE" | '
+        'if [ "$NODE_RANK" = 0 ]; then line=; while [ -z "$line" ]; do line=$(nc -l -p "$MASTER_PORT"); done; '
+        'echo "$line"; else for i in $(seq 1 150); do echo "hello from rank $NODE_RANK of $WORLD_SIZE" | '
         'nc "$MASTER_ADDR" "$MASTER_PORT" && break; sleep 0.2; done; fi; cat "$TESSERA_HOSTFILE"'
     )
     executors, specs = [], []
@@ -245,7 +218,12 @@ def test_a_two_task_gang_in_images_rendezvouses(image, work):
         specs.append(spec)
     ends = [_ended(ex, spec.key) for ex, spec in zip(executors, specs, strict=True)]
     rank0 = _output(executors[0], ends[0])
-    assert "hello from rank 1 of 2" in rank0, (rank0, executors[0].tail_log(specs[0].key, "stderr"))
+    assert "hello from rank 1 of 2" in rank0, (
+        rank0,
+        executors[0].tail_log(specs[0].key, "stderr"),
+        _output(executors[1], ends[1]),
+        executors[1].tail_log(specs[1].key, "stderr"),
+    )
     assert all(h.exit_code == 0 for h in ends)
 
 
