@@ -457,3 +457,27 @@ def test_a_notebook_from_the_template_and_where_to_open_it(logged_in, alice, tea
     Job.objects.filter(pk=job["id"]).update(idle_reclaim_at="2026-12-07T14:32:00Z")
     row = logged_in("ls").stdout.splitlines()[1]
     assert "idle: GPUs given back at 14:32 UTC unless used" in row
+
+
+def test_submit_image_and_mounts_and_show_names_them(logged_in, alice, admin_user, teams):
+    from quotas.models import TeamMount
+    from quotas.services import team_mount_save
+    from scheduling.jobs.models import Job
+
+    team_mount_save(
+        mount=TeamMount(
+            team=teams["training"], name="datasets", host_path="/srv/d", container_path="/datasets"
+        ),
+        actor=admin_user,
+    )
+    image = "nvcr.io/nvidia/pytorch:24.05-py3"
+    sent = logged_in("submit", "-G", "1", "--image", image, "--mount", "datasets", "--", "python", "train.py")
+    assert sent.returncode == 0, sent.stderr
+    job = Job.objects.get()
+    assert (job.image, job.mounts) == (image, ["datasets"])
+    shown = logged_in("show", str(job.pk))
+    assert f"\nImage {image} with datasets\n" in "\n".join(
+        " ".join(line.split()) for line in shown.stdout.splitlines()
+    )
+    refused = logged_in("submit", "-G", "1", "--mount", "scratch", "--", "true")
+    assert refused.returncode != 0 and "mounts are for a job in an image" in refused.stderr
