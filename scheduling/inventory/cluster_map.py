@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db.models import Count, FloatField, Q, Sum, Value
+from django.db.models.functions import Cast, Coalesce, Greatest, Least, NullIf
+
 from quotas.selectors import team_ids_for_user
 from scheduling.agents.live_metrics import live_metrics_for_nodes
 from scheduling.choices import GpuHealth, JobState, LinkKind, NodeState
@@ -140,39 +143,53 @@ def _group_name(labels: Any, models: Counter) -> str:
     return models.most_common(1)[0][0] if models else "no GPUs"
 
 
+def _share_sql() -> Least:
+    """slice_share in SQL: a card's allocated whole-GPU equivalents, the larger of its memory and compute shares,
+    at most 1."""
+    memory = Coalesce(
+        Cast("allocated_memory_mib", FloatField()) / NullIf(Cast("memory_mib", FloatField()), Value(0.0)),
+        Value(0.0),
+    )
+    return Least(Value(1.0), Greatest(memory, Cast("allocated_compute_pct", FloatField()) / Value(100.0)))
+
+
 def cluster_groups(*, with_util: bool = True) -> list[GroupSummary]:
-    """Every node in its group (its `pool` label, else its GPU model), each group's numbers; two queries and
-    one read of the live samples."""
+    """Every node in its group (its `pool` label, else its GPU model), each group's numbers: two queries (its cards
+    summed per node and model in the database, not read one by one) and one read of the live samples."""
     nodes = list(Node.objects.order_by("name").values_list("pk", "name", "state", "labels"))
     per_node: dict[int, list[tuple]] = defaultdict(list)
-    for row in Gpu.objects.order_by().values_list(
-        "node_id", "model__name", "memory_mib", "allocated_memory_mib", "allocated_compute_pct", "health"
+    not_failed = ~Q(health=GpuHealth.FAILED)
+    for row in (
+        Gpu.objects.order_by("node_id", "model__name")
+        .values("node_id", "model__name")
+        .annotate(
+            cards=Count("id"),
+            share=Sum(_share_sql()),
+            failed=Count("id", filter=Q(health=GpuHealth.FAILED)),
+            idle=Count("id", filter=not_failed & Q(allocated_memory_mib=0, allocated_compute_pct=0)),
+        )
+        .values_list("node_id", "model__name", "cards", "share", "failed", "idle")
     ):
-        per_node[row[0]].append(row)
+        per_node[row[0]].append(row[1:])
     samples = live_metrics_for_nodes(node_names=[n[1] for n in nodes]) if with_util else {}
     groups: dict[str, GroupSummary] = {}
     utils: dict[str, list[float]] = defaultdict(list)
     for pk, name, state, labels in nodes:
-        gpus = per_node.get(pk, [])
-        models = Counter(g[1] for g in gpus)
+        rows = per_node.get(pk, [])
+        models = Counter({model: cards for model, cards, *_ in rows})
         key = _group_name(labels, models)
         group = groups.get(key)
         if group is None:
             group = groups[key] = GroupSummary(key, [], [], Counter(), 0, 0.0, 0, 0, None, 0)
         group.node_ids.append(pk)
         group.nodes_by_state[state] += 1
-        for model in models:
+        for model, cards, share, failed, idle in rows:
             if model not in group.models:
                 group.models.append(model)
-        for _, _, memory, alloc_mem, alloc_pct, health in gpus:
-            group.gpus += 1
-            group.allocated_gpus += slice_share(
-                memory_mib=alloc_mem, compute_pct=alloc_pct, gpu_memory_mib=memory
-            )
-            group.failed_gpus += int(health == GpuHealth.FAILED)
-            group.free_whole_gpus += int(
-                state == NodeState.READY and health != GpuHealth.FAILED and alloc_mem == 0 and alloc_pct == 0
-            )
+            group.gpus += cards
+            group.allocated_gpus += share or 0.0
+            group.failed_gpus += failed
+            group.free_whole_gpus += idle if state == NodeState.READY else 0
         for sample in samples.get(name, {}).values():
             if isinstance(sample.get("util_pct"), (int, float)):
                 utils[key].append(float(sample["util_pct"]))
