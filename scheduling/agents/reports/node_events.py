@@ -62,6 +62,25 @@ def _event_data(payload: dict[str, Any]) -> dict[str, Any]:
 MAX_MESSAGE_ID_CHARS = 64  # the agent's own are 32 (a uuid4 in hex)
 
 
+def _event_job(*, node: Node, payload: dict[str, Any], kind: str, lock: bool = False) -> Job | Outcome:
+    """The job an event is about, its current attempt placed on this node; else the refusal (an earlier attempt's
+    event is stale, the current one placed elsewhere a wrong claim). Locked where a repeat arriving on two
+    connections at once must be looked up one after the other."""
+    try:
+        job_id, attempt = int(payload["job_id"]), int(payload["attempt"])
+    except (KeyError, TypeError, ValueError):
+        return Outcome(False, f"an event of kind {kind} needs job_id and attempt")
+    jobs = Job.objects.select_for_update() if lock else Job.objects
+    job = jobs.filter(pk=job_id).first()
+    if job is None or attempt != job.attempt or not placed_here(job, node):
+        return Outcome(
+            False,
+            f"stale event: job {job_id} attempt {attempt} is not placed on {node.name}",
+            stale=job is not None and attempt < job.attempt,
+        )
+    return job
+
+
 def node_event(*, node_id: int, payload: dict[str, Any], message_id: str = "") -> Outcome:
     """Agent events: prevented neighbour interference (memory watchdog), GPU health changes, MPS trouble.
     An event about a job is refused unless the job's current attempt is placed on this node and still active;
@@ -75,22 +94,13 @@ def node_event(*, node_id: int, payload: dict[str, Any], message_id: str = "") -
     with transaction.atomic():
         node = Node.objects.get(pk=node_id)
         if kind == "prevented_neighbour_interference":
-            try:
-                job_id, attempt = int(payload["job_id"]), int(payload["attempt"])
-            except (KeyError, TypeError, ValueError):
-                return Outcome(False, "an interference event needs job_id and attempt")
-            # Locked, so the same message arriving on two connections at once is looked up one after the other.
-            job = Job.objects.select_for_update().filter(pk=job_id).first()
-            if job is None or attempt != job.attempt or not placed_here(job, node):
-                return Outcome(
-                    False,
-                    f"stale event: job {job_id} attempt {attempt} is not placed on {node.name}",
-                    # An earlier attempt is the past; the current one placed elsewhere is a wrong claim.
-                    stale=job is not None and attempt < job.attempt,
-                )
+            job = _event_job(node=node, payload=payload, kind="interference", lock=True)
+            if isinstance(job, Outcome):
+                return job
+            attempt = job.attempt
             if job.state not in ACTIVE_STATES:
                 return Outcome(
-                    False, f"job {job_id} has ended ({job.state}): no more events about it", stale=True
+                    False, f"job {job.pk} has ended ({job.state}): no more events about it", stale=True
                 )
             if (
                 message_id
@@ -111,18 +121,10 @@ def node_event(*, node_id: int, payload: dict[str, Any], message_id: str = "") -
             )
             return Outcome(True, changed=True)
         if kind == "ports":  # where a job's web ports listen, and which answer (scheduling/jobs/sessions.py)
-            try:
-                job_id, attempt = int(payload["job_id"]), int(payload["attempt"])
-            except (KeyError, TypeError, ValueError):
-                return Outcome(False, "a ports event needs job_id and attempt")
-            job = Job.objects.filter(pk=job_id).first()
-            if job is None or attempt != job.attempt or not placed_here(job, node):
-                return Outcome(
-                    False,
-                    f"stale event: job {job_id} attempt {attempt} is not placed on {node.name}",
-                    stale=job is not None and attempt < job.attempt,
-                )
-            changed = session_ports_record(job=job, node_name=node.name, attempt=attempt, payload=payload)
+            job = _event_job(node=node, payload=payload, kind="ports")
+            if isinstance(job, Outcome):
+                return job
+            changed = session_ports_record(job=job, node_name=node.name, attempt=job.attempt, payload=payload)
             return Outcome(True, changed=changed)
         if kind == "image_ready":  # a job's image present on its node: the pull's time on its timeline
             return _image_ready(node=node, payload=payload, message_id=message_id)
@@ -170,17 +172,13 @@ def node_event(*, node_id: int, payload: dict[str, Any], message_id: str = "") -
 def _image_ready(*, node: Node, payload: dict[str, Any], message_id: str) -> Outcome:
     """The job's image is on its node (pulled, or there already): recorded once on the job's timeline."""
     try:
-        job_id, attempt = int(payload["job_id"]), int(payload["attempt"])
         pull_s = round(float(payload.get("pull_s") or 0.0), 1)
-    except (KeyError, TypeError, ValueError):
-        return Outcome(False, "an image_ready event needs job_id, attempt and pull_s")
-    job = Job.objects.select_for_update().filter(pk=job_id).first()
-    if job is None or attempt != job.attempt or not placed_here(job, node):
-        return Outcome(
-            False,
-            f"stale event: job {job_id} attempt {attempt} is not placed on {node.name}",
-            stale=job is not None and attempt < job.attempt,
-        )
+    except (TypeError, ValueError):
+        return Outcome(False, "an image_ready event's pull_s is a number of seconds")
+    job = _event_job(node=node, payload=payload, kind="image_ready", lock=True)
+    if isinstance(job, Outcome):
+        return job
+    attempt = job.attempt
     if JobEvent.objects.filter(job=job, code="image_ready", data__attempt=attempt).exists():
         return Outcome(True)  # already recorded: a repeat
     pulled = payload.get("pulled") is True
