@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from asgiref.sync import sync_to_async
+from autobahn.exception import Disconnected
 from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -151,6 +152,22 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):
         if self._handler_name(message) is None:
             return
         await super().dispatch(message)
+
+    async def send(
+        self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False
+    ) -> None:
+        """A frame to the browser, unless the socket is closing or closed: a group message (GPU samples, a job's
+        change) handled after a refused frame closed it, or after the browser left and before its disconnect is
+        handled, is dropped, not an error of the server's."""
+        if getattr(self, "_gone", False):
+            return
+        try:
+            await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
+        except Disconnected:
+            self._gone = True
+
+    async def send_json(self, content: Any, close: bool = False) -> None:
+        await self.send(text_data=await self.encode_json(content), close=close)
 
     def _handler_name(self, message: dict[str, Any]) -> str | None:
         kind = message.get("type", "")
