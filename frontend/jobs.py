@@ -72,8 +72,8 @@ def jobs(request: HttpRequest) -> HttpResponse:
     rows = job_selectors.jobs_for_user(
         user=request.user, scope=scope, state=state, team=team, search=search, array=array_id
     )
-    page = Paginator(rows, JOBS_PAGE_SIZE).get_page(request.GET.get("page"))
-    page_jobs = list(page.object_list)
+    page = Paginator(rows.values_list("pk", flat=True), JOBS_PAGE_SIZE).get_page(request.GET.get("page"))
+    page_jobs = job_selectors.jobs_in_order(ids=list(page.object_list))
     active = [j.pk for j in page_jobs if j.state in ACTIVE_STATES]
     context = {
         "page": page,

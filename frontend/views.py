@@ -97,10 +97,12 @@ def queue(request: HttpRequest) -> HttpResponse:
     """The whole queue in the scheduler's order; other teams' entries anonymous exactly as /api/v1/queue/."""
     team = request.GET.get("team", "")
     model = request.GET.get("model", "")
-    page = Paginator(job_selectors.queue_for_user(user=request.user, team=team, model=model), QUEUE_PAGE_SIZE)
-    page = page.get_page(request.GET.get("page"))
+    ids = job_selectors.queue_for_user(user=request.user, team=team, model=model).values_list("pk", flat=True)
+    page = Paginator(ids, QUEUE_PAGE_SIZE).get_page(request.GET.get("page"))
     context = {
-        "entries": job_selectors.queue_entries(user=request.user, jobs=list(page.object_list)),
+        "entries": job_selectors.queue_entries(
+            user=request.user, jobs=job_selectors.jobs_in_order(ids=list(page.object_list))
+        ),
         "page": page,
         "team": team,
         "model": model,
