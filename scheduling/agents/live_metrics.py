@@ -133,6 +133,27 @@ def live_metrics_for_nodes(*, node_names: Iterable[str]) -> dict[str, dict[int, 
     return out
 
 
+def live_utils_for_nodes(*, node_names: Iterable[str]) -> dict[str, list[float]]:
+    """node name -> its GPUs' newest utilisation (percent), the cards that have one: what the cluster map's groups
+    average, read without copying every card's sample (8,000 at 1,000 nodes)."""
+    try:
+        found = _load(list(node_names))
+    except Exception as exc:
+        log.warning("live metrics unavailable: %s", exc)
+        return {}
+    out: dict[str, list[float]] = {}
+    for name, sample in found.items():
+        by_index = {
+            g.get("index"): g.get("util_pct")
+            for g in sample.get("gpus") or []
+            if isinstance(g.get("index"), int)
+        }
+        utils = [float(u) for u in by_index.values() if isinstance(u, int | float)]
+        if utils:
+            out[name] = utils
+    return out
+
+
 # --- Per job: utilisation now, since when it has been idle, and its peak GPU memory ----------------------------
 # A job is idle while every card it holds is under IDLE_UTIL_PCT and their memory in use does not change; the
 # portal shows it after IDLE_WARN_AFTER_S, and gives its cards back after its idle timeout (scheduling/cycle/idle.py). Kept

@@ -18,7 +18,7 @@ from django.db.models import Count, FloatField, Q, Sum, Value
 from django.db.models.functions import Cast, Coalesce, Greatest, Least, NullIf
 
 from quotas.selectors import team_ids_for_user
-from scheduling.agents.live_metrics import live_metrics_for_nodes
+from scheduling.agents.live_metrics import live_metrics_for_nodes, live_utils_for_nodes
 from scheduling.choices import GpuHealth, JobState, LinkKind, NodeState
 from scheduling.inventory.models import Gpu, GpuLink, Node, NodeStateChange
 from scheduling.inventory.selectors import (
@@ -171,7 +171,7 @@ def cluster_groups(*, with_util: bool = True) -> list[GroupSummary]:
         .values_list("node_id", "model__name", "cards", "share", "failed", "idle")
     ):
         per_node[row[0]].append(row[1:])
-    samples = live_metrics_for_nodes(node_names=[n[1] for n in nodes]) if with_util else {}
+    samples = live_utils_for_nodes(node_names=[n[1] for n in nodes]) if with_util else {}
     groups: dict[str, GroupSummary] = {}
     utils: dict[str, list[float]] = defaultdict(list)
     for pk, name, state, labels in nodes:
@@ -190,9 +190,7 @@ def cluster_groups(*, with_util: bool = True) -> list[GroupSummary]:
             group.allocated_gpus += share or 0.0
             group.failed_gpus += failed
             group.free_whole_gpus += idle if state == NodeState.READY else 0
-        for sample in samples.get(name, {}).values():
-            if isinstance(sample.get("util_pct"), (int, float)):
-                utils[key].append(float(sample["util_pct"]))
+        utils[key].extend(samples.get(name, ()))
     for key, group in groups.items():
         group.allocated_gpus = round(group.allocated_gpus, 2)
         group.models.sort()
