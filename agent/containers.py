@@ -35,11 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PULL_POLICIES = ("if-not-present", "always", "never")
-NETWORKS = (
-    "none",
-    "cluster",
-    "open",
-)  # scheduling/jobs/fields.py NETWORKS: the strictest of team and class wins
+# What a job in an image may reach, strictest first: quotas.choices.Network's values (the portal decides which).
+NETWORKS = ("none", "cluster", "open")
 RUNTIME_NAMES = ("podman", "apptainer", "enroot")
 CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 CDI_GPU_KIND = "nvidia.com/gpu"
@@ -70,9 +67,8 @@ class ContainerRun:
     name: str
     image: str
     argv: tuple[str, ...]  # the job's command, run in the image
-    env_names: tuple[
-        str, ...
-    ]  # variables handed in from the client's own environment (never on the command line)
+    # Variables handed in from the client's own environment (never on the command line).
+    env_names: tuple[str, ...]
     workdir: str
     mounts: tuple[Mount, ...] = ()
     user: tuple[int, int] | None = None  # uid, gid inside; None: the image's
@@ -307,10 +303,10 @@ def runtime_for(
     if choice == "enroot":
         raise ContainerError("enroot is detected and reported, but the agent does not run jobs with it")
     for name in ("podman", "apptainer") if choice == "auto" else (choice,):
-        if name == "podman" and name in found:
-            return Podman(found[name], oci_runtime=oci_runtime)
         if name in found:
-            return _KINDS[name](found[name])
+            return (
+                Podman(found[name], oci_runtime=oci_runtime) if name == "podman" else Apptainer(found[name])
+            )
     if choice != "auto":
         raise ContainerError(
             f"TESSERA_AGENT_CONTAINER_RUNTIME={choice}, and no {choice} is on this node's PATH"

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 from agent import procfs
 from agent.placement import STOPPING, JobHandle, read_json, write_private_json
+from agent.protocol import IMAGE_PULL_FAILED
 
 # The agent stops a stop's supervisor itself only if, this long past the grace, the job has still not ended.
 SUPERVISOR_SLACK_S = 30.0
 ENFORCED_STOPS = ("max_runtime", "memory_slice_exceeded", "host_memory_exceeded")
-IMAGE_PULL_FAILED = "image_pull_failed"  # the supervisor's stop reason when a job's image could not be pulled
 
 
 def stop_request(handle: JobHandle, *, reason: str, grace_s: float, now: float) -> None:

@@ -125,11 +125,11 @@ def detect_cgroups(root: Path = CGROUP_ROOT) -> Cgroups | None:
         except OSError:
             controllers = set()
         if {"memory", "cpu"} <= controllers:
-            return Cgroups(2, v2 / "tessera", v2 / "tessera")
+            return Cgroups(2, v2 / TESSERA_CGROUP, v2 / TESSERA_CGROUP)
     memory, cpu = root / "memory", root / "cpu"
     if (memory / "memory.limit_in_bytes").exists():
         return Cgroups(
-            1, memory / "tessera", cpu / "tessera" if (cpu / "cpu.cfs_quota_us").exists() else None
+            1, memory / TESSERA_CGROUP, cpu / TESSERA_CGROUP if (cpu / "cpu.cfs_quota_us").exists() else None
         )
     return None
 
@@ -141,7 +141,7 @@ def _write(path: Path, value: str) -> None:
 def devices_root(root: Path = CGROUP_ROOT) -> Path | None:
     """Where each job's devices fence goes (cgroup v1's devices hierarchy), None where this host has none."""
     hierarchy = root / "devices"
-    return hierarchy / "tessera" if (hierarchy / "devices.allow").exists() else None
+    return hierarchy / TESSERA_CGROUP if (hierarchy / "devices.allow").exists() else None
 
 
 def device_rules(
@@ -272,19 +272,12 @@ class Isolation:
             return limits
         out = {**limits, "parent": f"/{TESSERA_CGROUP}/{name}"}
         if self.cgroups.version == 1:
-            known = set(out.get("dirs", []))
             try:
                 hierarchies = sorted(p for p in self.cgroup_root.iterdir() if p.is_dir())
             except OSError:
                 hierarchies = []
-            out["dirs"] = [
-                *out.get("dirs", []),
-                *(
-                    str(h / TESSERA_CGROUP / name)
-                    for h in hierarchies
-                    if str(h / TESSERA_CGROUP / name) not in known
-                ),
-            ]
+            dirs = list(out.get("dirs", []))
+            out["dirs"] = dirs + [d for h in hierarchies if (d := str(h / TESSERA_CGROUP / name)) not in dirs]
             if self.cgroups.memory is not None:
                 # v1 counts an OOM kill in the container's own cgroup, gone with it: the supervisor listens for the
                 # job's cgroup going out of memory instead (v2's memory.events counts its children's).

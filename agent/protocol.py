@@ -28,6 +28,9 @@ RELIABLE = frozenset({"hello", "job_status", "event", "desired_state"})
 # sending more than its --websocket-max-message-size, 1 MiB by default: with this limit a portal served by a
 # plain daphne takes every frame an agent sends. The agent's client refuses larger frames from the portal.
 MAX_FRAME_BYTES = 1024 * 1024
+# A job_status `launch_failed` whose reason starts "image_pull_failed: ": the job's image could not be pulled (the
+# runtime's words follow). agent/supervisor.py writes the same word (it imports nothing of the agent).
+IMAGE_PULL_FAILED = "image_pull_failed"
 # Raw log bytes per `logs` answer at most. Base64 turns 3 bytes into 4, so a full chunk (349,528 characters)
 # leaves the rest of a frame for the envelope.
 MAX_LOG_CHUNK_BYTES = 256 * 1024

@@ -240,7 +240,7 @@ class Supervisor:
                 err.write(f"tessera: {error}\n")
         except OSError:
             pass
-        self.stop_reason = "image_pull_failed"
+        self.stop_reason = "image_pull_failed"  # agent.protocol.IMAGE_PULL_FAILED
         self._finish(exit_code=None, error=error)
         return False
 

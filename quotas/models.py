@@ -324,6 +324,10 @@ class TeamMount(models.Model):
     def __str__(self) -> str:
         return f"{self.team}: {self.name} ({self.host_path} -> {self.container_path}, {'ro' if self.read_only else 'rw'})"
 
+    @property
+    def access(self) -> str:
+        return "read-only" if self.read_only else "read-write"
+
     def clean(self) -> None:
         for field in ("host_path", "container_path"):
             path = getattr(self, field) or ""

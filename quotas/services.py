@@ -469,7 +469,7 @@ def team_images_save(
 
 
 def _mount_words(mount: TeamMount) -> str:
-    return f"{mount.host_path} → {mount.container_path} ({'read-only' if mount.read_only else 'read-write'})"
+    return f"{mount.host_path} → {mount.container_path} ({mount.access})"
 
 
 @transaction.atomic

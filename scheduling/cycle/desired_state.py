@@ -115,7 +115,7 @@ class InImage(NamedTuple):
 
 def _in_images(jobs: list[PlacedJob]) -> dict[int, InImage]:
     """The mounts each job in an image asked for, as its team has them, and its network (the stricter of its
-    team's and its class's): two statements whatever the number of jobs."""
+    team's and its class's): three statements whatever the number of jobs."""
     imaged = [job for job in jobs if job.image]
     if not imaged:
         return {}

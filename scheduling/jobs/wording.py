@@ -22,9 +22,6 @@ LIMIT_STOPS = {
     "host_memory_exceeded": "Killed: it used more host memory than it asked for (memory_mib).",
 }
 
-# A job whose image its node could not pull (agent/ending.py): its failed event's code.
-IMAGE_PULL_FAILED = "image_pull_failed"
-
 # Each pending reason code's general sentence (docs/engine.md lists them): what another team sees of why a job
 # waits. Its own reason text names nodes, jobs and sizes, which other teams do not see; the code alone is a word
 # for machines.

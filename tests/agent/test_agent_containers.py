@@ -18,10 +18,10 @@ import pytest
 from agent_test_helpers import wait_for
 
 from agent.containers import Mount, runtime_for
-from agent.ending import IMAGE_PULL_FAILED
 from agent.executor import Executor
 from agent.isolation import Isolation
 from agent.jobspec import Gang, GangMember, JobSpec
+from agent.protocol import IMAGE_PULL_FAILED
 from tests.support import busybox_image
 
 POOL = (61100, 61119)

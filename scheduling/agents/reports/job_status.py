@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from django.db import InterfaceError, OperationalError, transaction
 
+from agent.protocol import IMAGE_PULL_FAILED
 from scheduling import lock_objects
 from scheduling.agents import joblogs
 from scheduling.agents.reports.gang_members import gang_member_end_apply
@@ -27,7 +28,7 @@ from scheduling.jobs.gangs import gang_member_started
 from scheduling.jobs.models import Job, Slice
 from scheduling.jobs.states import ACTIVE_STATES
 from scheduling.jobs.transitions import job_cards_released, job_transition
-from scheduling.jobs.wording import IMAGE_PULL_FAILED, LIMIT_STOPS
+from scheduling.jobs.wording import LIMIT_STOPS
 
 log = logging.getLogger(__name__)
 
