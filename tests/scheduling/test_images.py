@@ -152,6 +152,11 @@ def test_the_image_pull_is_on_the_jobs_timeline_and_a_failed_pull_ends_it_with_t
     said = {"kind": "image_ready", "job_id": str(job.pk), "attempt": job.attempt, "image": IMAGE}
     assert node_event(node_id=node.pk, payload={**said, "pull_s": 12.5, "pulled": True}, message_id="p1").ok
     assert node_event(node_id=node.pk, payload={**said, "pull_s": 12.5, "pulled": True}, message_id="p1").ok
+    for bad in ("NaN", float("inf"), -1, "soon"):  # refused, never stored (a JSON column holds no NaN)
+        refused = node_event(
+            node_id=node.pk, payload={**said, "pull_s": bad, "pulled": True}, message_id="p2"
+        )
+        assert not refused.ok and "pull_s is seconds" in refused.error
     events = JobEvent.objects.filter(job=job, code="image_ready")
     assert [e.message for e in events] == [f"Image {IMAGE} pulled on a100-01 in 12.5 s."]
     ended = {

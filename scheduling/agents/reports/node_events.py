@@ -5,6 +5,7 @@ a job counts only while the job's current attempt is placed on the node; each me
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from django.db import transaction
@@ -59,6 +60,7 @@ def _event_data(payload: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+MAX_PULL_S = 7 * 24 * 3600.0  # an image_ready event's pull time, at most
 MAX_MESSAGE_ID_CHARS = 64  # the agent's own are 32 (a uuid4 in hex)
 
 
@@ -174,7 +176,9 @@ def _image_ready(*, node: Node, payload: dict[str, Any], message_id: str) -> Out
     try:
         pull_s = round(float(payload.get("pull_s") or 0.0), 1)
     except (TypeError, ValueError):
-        return Outcome(False, "an image_ready event's pull_s is a number of seconds")
+        pull_s = math.nan
+    if not 0 <= pull_s < MAX_PULL_S:  # NaN and the infinities fail too: no JSON column holds them
+        return Outcome(False, f"an image_ready event's pull_s is seconds from 0 to {MAX_PULL_S:.0f}")
     job = _event_job(node=node, payload=payload, kind="image_ready", lock=True)
     if isinstance(job, Outcome):
         return job
