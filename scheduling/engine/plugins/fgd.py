@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from scheduling.engine.fragmentation import (
@@ -22,7 +23,13 @@ NAME = "fgd"
 # Scores are pure functions of (workload, task class, node state); a simulator asks the same questions thousands of
 # times, so answers are kept across cycles. Bounded: cleared when it grows past this many entries.
 _MAX_MEMO = 500_000
-_workloads: dict[int, tuple[object, Workload]] = {}
+# Each snapshot's workload object, with its task classes and key: the memos below are keyed by a number given once
+# per distinct workload (by its content), never by an object's id, which Python gives again once that object is
+# freed; an id as key let a later workload read answers computed for an earlier one (a simulated day then came out
+# differently when run twice).
+_workloads: dict[int, tuple[object, int, Workload]] = {}
+_workload_keys: dict[Workload, int] = {}
+_workload_serial = itertools.count(1)
 _frag_memo: dict[tuple, float] = {}
 _score_memo: dict[tuple, tuple[int, ...]] = {}
 
@@ -32,16 +39,21 @@ def _sigmoid(x: float) -> float:
 
 
 def workload_of(ctx: CycleContext) -> tuple[int, Workload]:
-    """The snapshot's typical workload as task classes, converted once per distinct workload object."""
+    """The snapshot's typical workload as task classes, with the memos' key for it: converted once per workload
+    object, and the same key for workloads of the same content."""
     pairs = ctx.snapshot.workload
-    key = id(pairs)
-    entry = _workloads.get(key)
+    entry = _workloads.get(id(pairs))
     if entry is None or entry[0] is not pairs:
+        workload = workload_from_requests(pairs)
+        key = _workload_keys.get(workload)
+        if key is None:
+            if len(_workload_keys) > 1024:
+                _workload_keys.clear()  # keys are never given twice, so forgetting one only costs a recomputation
+            key = _workload_keys[workload] = next(_workload_serial)
         if len(_workloads) > 64:
             _workloads.clear()
-        entry = (pairs, workload_from_requests(pairs))
-        _workloads[key] = entry
-    return key, entry[1]
+        entry = _workloads[id(pairs)] = (pairs, key, workload)
+    return entry[1], entry[2]
 
 
 def frag(
