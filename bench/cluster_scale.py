@@ -909,6 +909,24 @@ def latencies_of(ids: list[int]) -> list[float]:
     return [(started - submitted).total_seconds() for submitted, started in rows]
 
 
+def latency_phases(ids: list[int]) -> dict:
+    """Where submit-to-running went: the commit to the placement's event (the cycle), and the placement to the
+    agent's start report recorded (the desired state's way to the node and the report's way back)."""
+    from scheduling.jobs.models import Job, JobEvent
+
+    placed = dict(
+        JobEvent.objects.filter(job_id__in=ids, to_state="placed")
+        .order_by("job_id", "at")
+        .values_list("job_id", "at")
+    )
+    rows = Job.objects.filter(pk__in=ids, started_at__isnull=False).values_list(
+        "pk", "submitted_at", "started_at"
+    )
+    to_placed = [(placed[pk] - submitted).total_seconds() for pk, submitted, _ in rows if pk in placed]
+    to_running = [(started - placed[pk]).total_seconds() for pk, _, started in rows if pk in placed]
+    return {"submit_to_placed": summary(to_placed), "placed_to_running": summary(to_running)}
+
+
 def running_count(ids: list[int] | None = None) -> int:
     from scheduling.jobs.models import Job
 
@@ -1117,7 +1135,7 @@ def run(args: argparse.Namespace) -> dict:
         result["db_growth_mib_per_day"] = result["db_growth"]["mib_per_day"]
 
         # -- one at a time, with free capacity ---------------------------------------------------------------
-        singles = []
+        singles, single_ids = [], []
         user, team, token = people[0]
         for i in range(args.singles):
             job_id = api_submit(
@@ -1131,6 +1149,7 @@ def run(args: argparse.Namespace) -> dict:
                     "gpu_models": ["H100-80GB"],
                 },
             )
+            single_ids.append(job_id)
             if soft_wait(
                 f"single {job_id} running",
                 lambda job_id=job_id: running_count([job_id]),
@@ -1142,6 +1161,7 @@ def run(args: argparse.Namespace) -> dict:
             else:
                 singles.append(60.0)  # not running within 60 s: counted as 60 s
         result["singles"] = summary(singles)
+        result["singles_phases"] = latency_phases(single_ids)
         # -- bursts ------------------------------------------------------------------------------------------
         bursts = []
         epoch_before = max((c["epoch"] for c in cycles_logged(procs.log("worker"))), default=0)

@@ -90,6 +90,27 @@ class Seconds(Func):
         return f"({duration}) / 1000000.0", tuple(params)
 
 
+class UnixSeconds(Func):
+    """A moment in Unix seconds, a float (None for NULL), computed by the database: reading 20,000 timestamps as
+    datetimes and converting them was a third of the scheduling cycle's read (psycopg parses each one's text with
+    a regular expression). PostgreSQL reads it through EXTRACT; SQLite from the ISO text Django stores (UTC),
+    whole seconds by strftime and the fraction as written (microseconds kept)."""
+
+    arity = 1
+    output_field = FloatField()
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple]:
+        moment, params = compiler.compile(self.get_source_expressions()[0])
+        return f"EXTRACT(EPOCH FROM {moment})::float8", tuple(params)
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple]:
+        moment, params = compiler.compile(self.get_source_expressions()[0])
+        return (
+            f"(CAST(strftime('%%s', {moment}) AS REAL) + COALESCE(CAST(substr({moment}, 20) AS REAL), 0.0))",
+            (*params, *params),
+        )
+
+
 @functools.cache
 def _converters(vendor: str, field: Field) -> tuple[Any, list[Any]]:
     """The column and the converters the ORM would apply to it (`vendor` keys the cache per backend)."""

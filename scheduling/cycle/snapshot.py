@@ -73,9 +73,14 @@ _JOB_FIELDS = (
     "memory_mib",
 )
 _REQUEST_AT = _JOB_FIELDS.index("gpus")
+_MOMENTS = frozenset({"submitted_at", "started_at", "placed_at"})
 # What the reads select: `gpu_models` as its JSON text, decoded only for a shape not seen before (decoding it
-# for every row of a 20,000-job queue was a fifth of the read).
-_JOB_COLUMNS = tuple(Cast(f, TextField()) if f == "gpu_models" else f for f in _JOB_FIELDS)
+# for every row of a 20,000-job queue was a fifth of the read); moments as Unix seconds, which is what the engine
+# takes (timestamps read as datetimes were another third).
+_JOB_COLUMNS = tuple(
+    Cast(f, TextField()) if f == "gpu_models" else database.UnixSeconds(f) if f in _MOMENTS else f
+    for f in _JOB_FIELDS
+)
 
 
 def _request_fields(row: tuple) -> tuple:
@@ -199,10 +204,10 @@ def engine_job(job: Job, slices: list[Slice] | None = None) -> eng.Job:
         request=job_request(job),
         priority_class=(pc.name, pc.value, float(pc.preemption_grace_s)),
         preemptible=job.preemptible,
-        submitted_at=job.submitted_at,
+        submit_time=job.submitted_at.timestamp(),
         max_runtime_s=job.max_runtime_s,
         checkpoint_interval_s=job.checkpoint_interval_s,
-        started_at=job.started_at or job.placed_at,
+        start_time=_seconds(job.started_at or job.placed_at),
         borrowed=job.borrowed,
         held=[(s.gpu.node.name, s.gpu.index, s.memory_mib, s.compute_pct) for s in slices or ()],
     )
@@ -215,15 +220,16 @@ def _job_of(
     request: eng.Request,
     priority_class: tuple[str, int, float],
     preemptible: bool,
-    submitted_at: datetime,
+    submit_time: float,
     max_runtime_s: int | None,
     checkpoint_interval_s: int | None,
-    started_at: datetime | None,
+    start_time: float | None,
     borrowed: bool,
     held: list[tuple[str, int, int, int]],
 ) -> eng.Job:
     """A job from its row's fields, whether read as a model instance or as a `values_list` row (the cycle's
-    snapshot reads 20,000 of those); `held`: (node name, GPU index, memory MiB, compute %) of its slices."""
+    snapshot reads 20,000 of those); moments in Unix seconds; `held`: (node name, GPU index, memory MiB, compute %)
+    of its slices."""
     assignments: tuple[eng.Assignment, ...] = ()
     cpu: dict[str, tuple[int, int]] = {}
     if held:
@@ -240,11 +246,11 @@ def _job_of(
         priority_class=class_name,
         preemptible=preemptible,
         grace_s=grace_s,
-        submit_time=submitted_at.timestamp(),
+        submit_time=submit_time,
         max_runtime_s=float(max_runtime_s) if max_runtime_s else None,
         checkpoint_interval_s=float(checkpoint_interval_s) if checkpoint_interval_s else None,
         assignments=assignments,
-        start_time=_seconds(started_at),
+        start_time=start_time,
         borrowed=borrowed,
         cpu_assignments=cpu,
     )
@@ -271,10 +277,10 @@ def _jobs_from_rows(
                 request=_request_of(_request_fields(row[_REQUEST_AT:])),
                 priority_class=classes[pc_id],
                 preemptible=preemptible,
-                submitted_at=submitted,
+                submit_time=submitted,
                 max_runtime_s=max_runtime,
                 checkpoint_interval_s=checkpoint,
-                started_at=started or placed,
+                start_time=started if started is not None else placed,
                 borrowed=borrowed,
                 held=held_by_job.get(pk, []),
             )

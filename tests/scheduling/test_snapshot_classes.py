@@ -61,3 +61,32 @@ def test_the_snapshot_carries_class_limits_from_the_grants(node, teams, grant):
     assert quotas["ai-lab/inference"].class_limits == ()
     # The organisation has no quota row; it gets one carrying only its limits.
     assert quotas["ai-lab"] == eng.Quota(team="ai-lab", class_limits=(eng.ClassLimit("critical", 2000),))
+
+
+@pytest.mark.both_databases
+def test_the_snapshot_reads_each_jobs_moments_to_the_microsecond_as_its_row_holds_them(node, alice, teams):
+    # The snapshot reads submit and start times as Unix seconds computed by the database; they must be the
+    # moments the rows hold, as the engine's view of a loaded job (`engine_job`) has them.
+    from datetime import UTC, datetime
+
+    running = submit(alice, teams["training"], gpus=1)
+    job_transition(job=running, to_state=JobState.PLACED, actor_kind=ActorKind.SCHEDULER)
+    pending, on_the_second = (
+        submit(alice, teams["training"], gpus=1),
+        submit(alice, teams["training"], gpus=1),
+    )
+    type(pending).objects.filter(pk=pending.pk).update(
+        submitted_at=datetime(2026, 12, 7, 17, 41, 15, 849123, UTC)
+    )
+    type(pending).objects.filter(pk=on_the_second.pk).update(
+        submitted_at=datetime(2026, 12, 7, 17, 41, 16, tzinfo=UTC)
+    )
+    snap = snapshot.snapshot_from_db()
+    read = {j.id: (j.submit_time, j.start_time) for j in (*snap.running, *snap.pending)}
+    for job in (running, pending, on_the_second):
+        job.refresh_from_db()
+        view = snapshot.engine_job(job)
+        assert read[str(job.pk)] == pytest.approx((view.submit_time, view.start_time), abs=1e-6)
+    assert read[str(pending.pk)][0] == pytest.approx(1796665275.849123, abs=1e-6)
+    assert read[str(on_the_second.pk)] == (1796665276.0, None)
+    assert read[str(running.pk)][1] is not None
