@@ -272,3 +272,40 @@ def test_a_checked_heartbeat_records_the_node_alive_and_names_the_starts_it_miss
     assert node_heartbeat_checked(node_id=node.pk, token_hash=token_hash, running=[]).token_current
     node.refresh_from_db()
     assert node.state == NodeState.READY  # a lost node speaking again is revived, as node_heartbeat does
+
+
+@pytest.mark.both_databases
+def test_heartbeats_checked_together_each_get_the_answer_they_would_get_alone(node, placed, no_start_grace):
+    # The agents' sockets write the heartbeats of many nodes in one statement (socket/beats.py): each must be
+    # answered as if checked alone, in the order given, whatever the others are.
+    from scheduling.agents.reports.heartbeats import Beat, node_heartbeats_checked
+    from scheduling.cycle.models import NodeSync
+    from scheduling.inventory.services import node_issue_token
+
+    lost = Node.objects.create(name="a100-02", cpu_milli=1000, memory_mib=1024, state=NodeState.LOST)
+    silent = Node.objects.create(name="a100-03", cpu_milli=1000, memory_mib=1024)
+    for n in (node, lost, silent):
+        node_issue_token(node=n)
+    token = dict(Node.objects.values_list("pk", "agent_token_hash"))
+    Node.objects.update(last_heartbeat_at=None)
+    NodeSync.objects.update_or_create(node=node, defaults={"desired_version": 7})
+    seen = node_heartbeats_checked(
+        beats=[
+            Beat(node.pk, token[node.pk], [alive(placed), {"job_id": str(10**30), "state": "running"}]),
+            Beat(silent.pk, "not-its-token", [alive(placed)]),  # a rotated token: nothing recorded for it
+            Beat(lost.pk, token[lost.pk], []),  # a lost node speaking again: revived
+            Beat(node.pk, token[node.pk], []),  # the same node twice in one batch (a reconnect)
+            Beat(10**12, "no-such-node", []),
+        ]
+    )
+    assert [(s.token_current, s.desired_version, s.behind) for s in seen] == [
+        (True, 7, (placed.pk,)),  # the start it missed; a job id out of any id's range skipped, not an error
+        (False, None, ()),
+        (True, None, ()),
+        (True, 7, ()),
+        (False, None, ()),
+    ]
+    beat_at = dict(Node.objects.values_list("pk", "last_heartbeat_at"))
+    assert beat_at[node.pk] is not None and beat_at[lost.pk] is not None and beat_at[silent.pk] is None
+    assert Node.objects.get(pk=lost.pk).state == NodeState.READY
+    assert node_heartbeats_checked(beats=[]) == []

@@ -664,16 +664,16 @@ def test_a_backlog_of_heartbeats_is_handled_as_the_newest_one_and_never_holds_up
     from scheduling.agents.reports import heartbeats
 
     _, on_b, _, token_b = two_nodes
-    real = heartbeats.node_heartbeat_checked
+    real = heartbeats.node_heartbeats_checked
     seen = []
     release = threading.Event()
 
     def stuck_heartbeat(**kw):  # a database that holds the heartbeats up until the test lets it go
-        seen.append([e["pid"] for e in kw["running"]])
+        seen.extend([e["pid"] for e in beat.running] for beat in kw["beats"])
         release.wait(10 * TIMEOUT_SCALE)
         return real(**kw)
 
-    monkeypatch.setattr(heartbeats, "node_heartbeat_checked", stuck_heartbeat)
+    monkeypatch.setattr(heartbeats, "node_heartbeats_checked", stuck_heartbeat)
     entry = {"job_id": str(on_b.pk), "attempt": on_b.attempt, "state": "running", "adopted": False}
     beats = [
         protocol.message("heartbeat", {"node": "a100-02", "seq": i, "running": [{**entry, "pid": i}]})
@@ -705,6 +705,62 @@ def test_a_backlog_of_heartbeats_is_handled_as_the_newest_one_and_never_holds_up
     assert len(handled_by_then) <= 1, handled_by_then
     # By then every frame had been read: the backlog behind the stuck one is handled as its newest heartbeat.
     assert seen[-1] == [29] and len(seen) <= 2, seen
+
+
+def test_heartbeats_of_several_nodes_arriving_while_a_batch_is_written_are_written_together_and_each_acked(
+    two_nodes, node, monkeypatch
+):
+    import threading
+
+    from scheduling.agents.reports import heartbeats
+    from scheduling.agents.socket import beats
+
+    _, _, node_b, token_b = two_nodes
+    node_c = Node.objects.create(name="a100-03", cpu_milli=128_000, memory_mib=1024 * 1024)
+    tokens = {
+        "a100-01": node_issue_token(node=node),
+        "a100-02": token_b,
+        "a100-03": node_issue_token(node=node_c),
+    }
+    real = heartbeats.node_heartbeats_checked
+    batches: list[list[str]] = []
+    release = threading.Event()
+
+    def held_first(**kw):  # the first batch's write waits until the test lets it go
+        batches.append(sorted(Node.objects.get(pk=b.node_id).name for b in kw["beats"]))
+        if len(batches) == 1:
+            release.wait(10 * TIMEOUT_SCALE)
+        return real(**kw)
+
+    monkeypatch.setattr(heartbeats, "node_heartbeats_checked", held_first)
+
+    def beat(name: str) -> str:
+        return protocol.encode(protocol.message("heartbeat", {"node": name, "seq": 1, "running": []}))
+
+    async def scenario():
+        sockets = {name: await _connect(token, name) for name, token in tokens.items()}
+        for communicator in sockets.values():
+            await _next(communicator, "desired_state")
+        await sockets["a100-01"].send_to(text_data=beat("a100-01"))
+        await wait_for_async("the first batch's write to begin", lambda: len(batches) == 1)
+        await sockets["a100-02"].send_to(text_data=beat("a100-02"))
+        await sockets["a100-03"].send_to(text_data=beat("a100-03"))
+        await wait_for_async("both to wait for the next batch", lambda: len(beats._batches.waiting) == 2)
+        release.set()
+        acks = {
+            name: await _next(communicator, "heartbeat_ack", seq=1) for name, communicator in sockets.items()
+        }
+        for communicator in sockets.values():
+            await communicator.disconnect()
+        return acks
+
+    try:
+        acks = async_to_sync(scenario)()
+    finally:
+        release.set()
+    assert sorted(acks) == ["a100-01", "a100-02", "a100-03"]
+    assert batches == [["a100-01"], ["a100-02", "a100-03"]]
+    assert all(n.last_heartbeat_at is not None for n in Node.objects.filter(name__startswith="a100-0"))
 
 
 def test_an_answer_asked_before_the_previous_chunk_was_stored_is_not_stored_twice(two_nodes, monkeypatch):

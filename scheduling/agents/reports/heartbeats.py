@@ -68,72 +68,109 @@ class HeartbeatSeen(NamedTuple):
 def node_heartbeat_checked(*, node_id: int, token_hash: str, running: Any = None) -> HeartbeatSeen:
     """A heartbeat from a connection holding `token_hash`: the node is alive (a lost node is revived), unless the
     node's token is no longer that one. The jobs it runs that missed their start reports are returned, for
-    `heartbeat_catch_up` to record off the heartbeat's own path.
+    `heartbeat_catch_up` to record off the heartbeat's own path. (`node_heartbeats_checked` for one.)"""
+    return node_heartbeats_checked(beats=[Beat(node_id, token_hash, running)])[0]
 
-    On PostgreSQL the usual case (the token current, the node not lost) is one statement: 1,000 nodes send 200
-    heartbeats a second, and the token check, the UPDATE in its transaction and the two reads were six round
-    trips and most of the agents' database threads' time (bench/agent_traffic.py).
-    """
-    alive = _alive(running)
+
+class Beat(NamedTuple):
+    node_id: int
+    token_hash: str  # the connection's: nothing is recorded for a node whose token is no longer this one
+    running: Any  # the heartbeat's placements alive on the host, as the agent sent them
+
+
+def node_heartbeats_checked(*, beats: list[Beat]) -> list[HeartbeatSeen]:
+    """`node_heartbeat_checked` for many heartbeats (of many nodes) at once, in their order.
+
+    On PostgreSQL the usual case (the token current, the node not lost) is one statement for them all: 1,000 nodes
+    send 200 heartbeats a second, and a statement (with its transaction) per heartbeat was most of the agents'
+    database threads' time, and a tenth of a core of the agents' web processes (bench/cluster_scale.py); before
+    that, the token check, the UPDATE in its transaction and the two reads were six round trips each."""
+    if not beats:
+        return []
+    alive = [_alive(b.running) for b in beats]
     placed_before = timezone.now() - timedelta(seconds=START_REPORT_GRACE_S)
     if not database.postgresql():
-        if not Node.objects.filter(pk=node_id, agent_token_hash=token_hash).exists():
-            return HeartbeatSeen(False, None, ())
-        _heartbeat_record(node_id=node_id)
-        version = NodeSync.objects.filter(node_id=node_id).values_list("desired_version", flat=True).first()
-        return HeartbeatSeen(True, version, tuple(_behind(alive=alive, placed_before=placed_before)))
-    node_t, sync_t, job_t = (m._meta.db_table for m in (Node, NodeSync, Job))
+        seen = []
+        for beat, runs in zip(beats, alive, strict=True):
+            if not Node.objects.filter(pk=beat.node_id, agent_token_hash=beat.token_hash).exists():
+                seen.append(HeartbeatSeen(False, None, ()))
+                continue
+            _heartbeat_record(node_id=beat.node_id)
+            version = (
+                NodeSync.objects.filter(node_id=beat.node_id)
+                .values_list("desired_version", flat=True)
+                .first()
+            )
+            seen.append(HeartbeatSeen(True, version, tuple(_behind(alive=runs, placed_before=placed_before))))
+        return seen
     with transaction.atomic():
         # Not waiting for its WAL flush: a heartbeat lost in a database crash is the next one 5 s later. Waiting,
         # 200 heartbeats a second queued behind each other's fsync (0.2 s each while a cycle's writes were being
         # flushed), and busy nodes were declared lost (bench/cluster_scale.py at 1,000 nodes).
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL synchronous_commit TO OFF")
-        ((token_ok, recorded, version, behind),) = _heartbeat_statement(
-            node_t, sync_t, job_t, node_id, token_hash, alive, placed_before
-        )
-    if not token_ok:
-        return HeartbeatSeen(False, None, ())
-    if not recorded:  # a lost node speaking again: revived
-        _heartbeat_record(node_id=node_id)
-    return HeartbeatSeen(True, version, tuple(behind))
+        rows = _heartbeats_statement(beats, alive, placed_before)
+    seen = []
+    for beat, (token_ok, recorded, version, behind) in zip(beats, rows, strict=True):
+        if not token_ok:
+            seen.append(HeartbeatSeen(False, None, ()))
+            continue
+        if not recorded:  # a lost node speaking again: revived
+            _heartbeat_record(node_id=beat.node_id)
+        seen.append(HeartbeatSeen(True, version, tuple(behind)))
+    return seen
 
 
-def _heartbeat_statement(
-    node_t: str,
-    sync_t: str,
-    job_t: str,
-    node_id: int,
-    token_hash: str,
-    alive: dict[int, dict[str, Any]],
-    placed_before: datetime,
+def _heartbeats_statement(
+    beats: list[Beat], alive: list[dict[int, dict[str, Any]]], placed_before: datetime
 ) -> list[tuple]:
+    """One row per heartbeat, in order: (token current, recorded, desired version, jobs behind). The nodes are
+    locked in id order before their update, as every other writer of many nodes takes them, so two such writers
+    never wait on each other in a cycle."""
+    node_t, sync_t, job_t = (m._meta.db_table for m in (Node, NodeSync, Job))
     return fetch_rows(
         f"""
-        WITH token AS (SELECT id FROM {node_t} WHERE id = %s AND agent_token_hash = %s),
+        WITH hb AS (
+            SELECT * FROM unnest(%s::bigint[], %s::text[], %s::text[]) WITH ORDINALITY
+                AS b(node_id, token_hash, alive, k)
+        ),
+        token AS (
+            SELECT DISTINCT hb.node_id, hb.token_hash FROM hb
+            JOIN {node_t} AS n ON n.id = hb.node_id AND n.agent_token_hash = hb.token_hash
+        ),
+        locked AS (
+            SELECT n.id FROM {node_t} AS n
+            WHERE n.id IN (SELECT node_id FROM token) AND n.state <> %s
+            ORDER BY n.id FOR NO KEY UPDATE
+        ),
         beat AS (
-            UPDATE {node_t} AS n SET last_heartbeat_at = %s FROM token
-            WHERE n.id = token.id AND n.state <> %s RETURNING n.id
+            UPDATE {node_t} AS n SET last_heartbeat_at = %s FROM locked WHERE n.id = locked.id RETURNING n.id
         )
-        SELECT EXISTS (SELECT 1 FROM token), EXISTS (SELECT 1 FROM beat),
-            (SELECT desired_version FROM {sync_t} WHERE node_id = %s),
+        SELECT t.node_id IS NOT NULL, t.node_id IS NOT NULL AND b.id IS NOT NULL, s.desired_version,
             ARRAY(
-                SELECT id FROM {job_t}
-                WHERE id = ANY(%s::bigint[]) AND state IN (%s, %s) AND placed_at < %s ORDER BY id
+                SELECT j.id FROM {job_t} AS j
+                WHERE j.id = ANY(hb.alive::bigint[]) AND j.state IN (%s, %s) AND j.placed_at < %s ORDER BY j.id
             )
+        FROM hb
+        LEFT JOIN token AS t ON t.node_id = hb.node_id AND t.token_hash = hb.token_hash
+        LEFT JOIN beat AS b ON b.id = hb.node_id
+        LEFT JOIN {sync_t} AS s ON s.node_id = hb.node_id
+        ORDER BY hb.k
         """,
         [
-            node_id,
-            token_hash,
-            timezone.now(),
+            [b.node_id for b in beats],
+            [b.token_hash for b in beats],
+            ["{" + ",".join(str(job_id) for job_id in runs) + "}" for runs in alive],
             NodeState.LOST,
-            node_id,
-            list(alive),
+            timezone.now(),
             JobState.PLACED,
             JobState.STARTING,
             placed_before,
         ],
     )
+
+
+_MAX_ID = 2**63
 
 
 def _alive(running: Any) -> dict[int, dict[str, Any]]:
@@ -143,9 +180,11 @@ def _alive(running: Any) -> dict[int, dict[str, Any]]:
         if not isinstance(entry, dict) or entry.get("state") != "running":
             continue
         try:
-            alive[int(entry["job_id"])] = entry
+            job_id = int(entry["job_id"])
         except (KeyError, TypeError, ValueError, OverflowError):
             continue
+        if 0 < job_id < _MAX_ID:  # no job has another id, and one out of a bigint's range fails the statement
+            alive[job_id] = entry
     return alive
 
 

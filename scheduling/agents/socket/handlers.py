@@ -19,7 +19,9 @@ from django.db import DatabaseError, InterfaceError, OperationalError
 from agent import protocol
 from scheduling.agents import live_metrics
 from scheduling.agents.reports import heartbeats, hello, job_status, node_events, nodes
+from scheduling.agents.reports.heartbeats import Beat
 from scheduling.agents.reports.outcome import Outcome
+from scheduling.agents.socket import beats
 from scheduling.agents.socket.db_threads import db
 from scheduling.agents.socket.desired import DesiredStateOut
 from scheduling.agents.socket.layer import LAYER_ERRORS, NodeChannel
@@ -193,9 +195,7 @@ class ReportHandlers:
     async def on_heartbeat(self, payload: dict[str, Any]) -> None:
         link = self.link
         running = payload.get("running")
-        seen = await db(heartbeats.node_heartbeat_checked, pool="heartbeat")(
-            node_id=link.node_id, token_hash=link.token_hash, running=running
-        )
+        seen = await beats.heartbeat_checked(Beat(link.node_id, link.token_hash, running))
         if not seen.token_current:
             # The token was rotated (or the node removed) since this connection opened: it speaks for no one.
             await link.refuse(CLOSE_UNAUTHENTICATED)
