@@ -89,6 +89,20 @@ def gpu_sample(raw: dict[str, Any]) -> dict[str, Any]:
     return {name: convert(get(name)) for name, convert in _FIELD_CONVERTERS}
 
 
+# What a job's usage record reads of a sample (_usage_folded), and what ties a card to its jobs.
+_USAGE_CONVERTERS = tuple(
+    (name, convert)
+    for name, convert in _FIELD_CONVERTERS
+    if name in ("index", "uuid", "util_pct", "memory_used_mib")
+)
+
+
+def gpu_usage_sample(raw: dict[str, Any]) -> dict[str, Any]:
+    """The fields of `gpu_sample` a job's usage needs, typed the same: for samples no browser is shown."""
+    get = raw.get
+    return {name: convert(get(name)) for name, convert in _USAGE_CONVERTERS}
+
+
 def _store(node_name: str, sample: dict[str, Any]) -> None:
     r = redis_client()
     if r is None:
@@ -222,15 +236,20 @@ def _usage_folded(
 
 
 def _sample_keep(
-    node_name: str, sample: dict[str, Any], at: float, jobs: list[tuple[int, list[dict[str, Any]], bool]]
+    node_name: str,
+    sample: dict[str, Any] | None,
+    at: float,
+    jobs: list[tuple[int, list[dict[str, Any]], bool]],
 ) -> None:
-    """Embedded (no Redis): keep the sample and fold it into its jobs' usage in this process's memory."""
-    _store(node_name, sample)
+    """Embedded (no Redis): keep the sample (None: only its jobs' usage) and fold it into its jobs' usage in this
+    process's memory."""
+    if sample is not None:
+        _store(node_name, sample)
     for job_id, gpus, whole_cards in jobs:
         _usage_note(job_id, at, gpus, whole_cards)
 
 
-_Kept = tuple[str, dict[str, Any], float, list[tuple[int, list[dict[str, Any]], bool]]]
+_Kept = tuple[str, dict[str, Any] | None, float, list[tuple[int, list[dict[str, Any]], bool]]]
 
 
 def _samples_keep(batch: list[_Kept]) -> None:
@@ -243,7 +262,11 @@ def _samples_keep(batch: list[_Kept]) -> None:
         return
     job_ids = list(dict.fromkeys(job_id for *_, jobs in batch for job_id, _, _ in jobs))
     pipe = r.pipeline(transaction=False)
+    newest: dict[str, dict[str, Any]] = {}
     for node_name, sample, _, _ in batch:
+        if sample is not None:
+            newest[node_name] = sample  # a node's later sample replaces its earlier one: one write each
+    for node_name, sample in newest.items():
         pipe.set(live_metrics_key(node_name), json.dumps(sample), ex=LIVE_METRICS_TTL_S)
     if job_ids:
         pipe.mget([job_usage_key(j) for j in job_ids])
@@ -302,11 +325,13 @@ async def node_sample_keep(
     sampled_at: float | None,
     gpus: list[dict[str, Any]],
     jobs: list[tuple[int, list[dict[str, Any]], bool]],
+    live: bool = True,
 ) -> None:
-    """Keep a node's newest sample and fold it into each of its jobs' usage records (job id, the job's cards,
-    whether it holds them alone). With Redis it is written within SAMPLE_FLUSH_S, batched with the other nodes'
-    samples (_SampleBatch); embedded, at once."""
-    kept = (node_name, {"sampled_at": sampled_at, "gpus": gpus}, time.time(), jobs)
+    """Keep a node's newest sample (`live`; False: an older sample of a batch, folded into its jobs' usage only)
+    and fold it into each of its jobs' usage records (job id, the job's cards, whether it holds them alone). With
+    Redis it is written within SAMPLE_FLUSH_S, batched with the other nodes' samples (_SampleBatch); embedded, at
+    once."""
+    kept = (node_name, {"sampled_at": sampled_at, "gpus": gpus} if live else None, time.time(), jobs)
     if redis_client() is None:
         _sample_keep(*kept)
         return

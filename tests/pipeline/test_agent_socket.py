@@ -1235,3 +1235,56 @@ def test_an_old_agent_and_a_new_one_at_the_same_portal_each_get_their_samples_ke
     assert all(a["features"] == list(protocol.FEATURES) for a in acks)
     assert utils == (7.0, 34.0) and beat_acked == 41
     assert heard == [31.0, 32.0, 33.0, 34.0]  # the live charts keep one point a second
+
+
+def test_a_batchs_older_samples_nobody_watches_still_count_in_their_jobs_usage_and_the_newest_is_kept_whole(
+    two_nodes,
+):
+    # With no browser listening, a batch's older samples are read only for what a job's usage needs; the peak
+    # GPU memory must still see them, and the node's live sample is its newest, every field.
+    from scheduling.agents import live_metrics
+    from scheduling.realtime import listeners
+
+    _, on_b, _, token_b = two_nodes
+    forget_live_metrics("a100-02")
+
+    def sample(util: float, memory_mib: int, at: float) -> dict:
+        gpu = {
+            "index": 0,
+            "uuid": "GPU-b-0",
+            "util_pct": util,
+            "memory_used_mib": memory_mib,
+            "memory_total_mib": 81920,
+            "power_w": 300.5,
+            "temperature_c": 61,
+        }
+        return {"sampled_at": at, "gpus": [gpu]}
+
+    async def scenario():
+        listeners.forget()
+        new = await _connect(token_b, "a100-02")
+        await _next(new, "desired_state")
+        now = time.time()
+        batch = [sample(90.0, 30_000, now - 2), sample(3.0, 2_000, now - 1), sample(2.0, 2_010, now)]
+        await new.send_to(text_data=protocol.encode(protocol.message("metrics", {"batch": batch})))
+        await _handled_so_far(new)
+        usage = sync_to_async(live_metrics.job_usage)
+
+        async def folded():
+            got = (await usage(job_ids=[on_b.pk])).get(on_b.pk)
+            return got if got and got.get("util_pct") == 2.0 else None
+
+        got = await wait_for_async("the batch folded into the job's usage", folded, timeout_s=15)
+        live = await sync_to_async(live_metrics.live_metrics_for_nodes)(node_names=["a100-02"])
+        await new.disconnect()
+        return got, live["a100-02"][0]
+
+    usage, live = async_to_sync(scenario)()
+    assert usage["peak_memory_mib"] == 30_000  # from the batch's oldest sample
+    assert usage["fresh"]
+    assert (live["util_pct"], live["memory_used_mib"], live["power_w"], live["temperature_c"]) == (
+        2.0,
+        2010,
+        300.5,
+        61,
+    )

@@ -236,9 +236,9 @@ class ReportHandlers:
         try:
             batch = msg["payload"].get("batch")
             if isinstance(batch, list):
-                for sample in batch[:MAX_SAMPLES_PER_BATCH]:
-                    if isinstance(sample, dict):
-                        await self._sample(sample, every=True)
+                samples = [sample for sample in batch[:MAX_SAMPLES_PER_BATCH] if isinstance(sample, dict)]
+                for k, sample in enumerate(samples):
+                    await self._sample(sample, every=True, newest=k == len(samples) - 1)
             else:
                 await self._sample(msg["payload"])
         # A boundary, as for a report: one bad sample must not drop the node's connection.
@@ -248,7 +248,7 @@ class ReportHandlers:
         else:
             AGENT_REPORTS.labels("metrics", "ok").inc()
 
-    async def _sample(self, payload: dict[str, Any], *, every: bool = False) -> None:
+    async def _sample(self, payload: dict[str, Any], *, every: bool = False, newest: bool = True) -> None:
         gpus = payload.get("gpus")
         if isinstance(gpus, list) and any(isinstance(g, dict) and g.get("xid_events") for g in gpus):
             # XID events are kept whatever the throttle below drops: each one matters. Written beside the frames'
@@ -262,7 +262,7 @@ class ReportHandlers:
             return
         self.last_metrics_at = now
         try:
-            await self._publish(payload)
+            await self._publish(payload, newest=newest)
         except (
             LAYER_ERRORS
         ) as exc:  # live utilisation lives in Redis: without it, browsers wait; the node does not
@@ -272,15 +272,30 @@ class ReportHandlers:
         else:
             self.metrics_failing = False
 
-    async def _publish(self, payload: dict[str, Any]) -> None:
+    async def _publish(self, payload: dict[str, Any], *, newest: bool = True) -> None:
+        """One sample relayed to the groups a browser listens to, and folded into its jobs' usage; the node's
+        newest (`newest`) kept as its live sample. A batch's older samples that no browser listens to are read
+        only for what the usage needs: typing every field of 8,000 cards' samples a second was the largest part
+        of the agents' web processes' CPU after the heartbeats (bench/agent_traffic.py)."""
         node_name = self.link.node_name
-        gpus = [live_metrics.gpu_sample(g) for g in payload.get("gpus") or [] if isinstance(g, dict)]
+        # Only to groups a browser listens to (listeners.py): a send nobody receives still costs a round trip.
+        listened = await listeners.listened()
+        raw = [g for g in payload.get("gpus") or [] if isinstance(g, dict)]
+        to_cluster = listened is None or groups.CLUSTER in listened
+        holders_of = self.desired.job_gpus
+        heard = to_cluster or any(
+            groups.job(job_id) in listened or groups.team(team_id) in listened
+            for g in raw
+            for job_id, team_id in holders_of.get(str(g.get("uuid")), ())
+        )
+        convert = live_metrics.gpu_sample if newest or heard else live_metrics.gpu_usage_sample
+        gpus = [convert(g) for g in raw]
         at = payload.get("sampled_at")
         at = at if isinstance(at, (int, float)) and not isinstance(at, bool) else None
         per_job: dict[tuple[int, int], list[dict]] = {}
         shared: set[int] = set()
         for g in gpus:
-            holders = self.desired.job_gpus.get(str(g.get("uuid")), [])
+            holders = holders_of.get(str(g.get("uuid")), [])
             for job_id, team_id in holders:
                 per_job.setdefault((job_id, team_id), []).append(g)
                 if len(holders) > 1:
@@ -290,10 +305,11 @@ class ReportHandlers:
             sampled_at=at,
             gpus=gpus,
             jobs=[(job_id, job_gpus, job_id not in shared) for (job_id, _), job_gpus in per_job.items()],
+            live=newest,
         )
-        # Only to groups a browser listens to (listeners.py): a send nobody receives still costs a round trip.
-        listened = await listeners.listened()
-        if listened is None or groups.CLUSTER in listened:
+        if not heard:
+            return
+        if to_cluster:
             await self.channel.publish(
                 groups.CLUSTER, {"type": "gpu.metrics", "node": node_name, "at": at, "gpus": gpus}
             )
