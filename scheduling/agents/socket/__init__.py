@@ -6,7 +6,8 @@ this room keeps the imports going downwards):
   node's own queue in the order sent; start reports batched across nodes.
 - handlers.py: what each kind of report does (hello, heartbeat, job_status, event, ack, logs, metrics) and the
   answer it gets; the writes themselves are in scheduling/agents/reports/.
-- desired.py: the node's desired state out; log_pulls.py: asking the agent for its jobs' logs.
+- desired.py: the node's desired state out; log_pulls.py: asking the agent for its jobs' logs; beats.py: the
+  heartbeats of every socket of the process, recorded together.
 - link.py: the connection as the parts above see it (its node, frames out, its own tasks); layer.py: the
   channel layer (the node's group, browsers' groups); db_threads.py: the database threads it all runs on.
 
