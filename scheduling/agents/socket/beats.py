@@ -10,13 +10,10 @@ statements; a heartbeat waits at most one batch's write and HEARTBEAT_BATCH_S mo
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from scheduling.agents.reports import heartbeats
 from scheduling.agents.reports.heartbeats import Beat, HeartbeatSeen
 from scheduling.agents.socket.db_threads import db
-
-log = logging.getLogger(__name__)
 
 HEARTBEAT_BATCH_S = 0.05
 
@@ -29,9 +26,8 @@ class _Batches:
 
     def add(self, beat: Beat) -> asyncio.Future:
         loop = asyncio.get_running_loop()
-        if (
-            self.loop is not loop
-        ):  # a writer of another (ended) event loop never runs again: this loop's takes over
+        # A writer of another (ended) event loop never runs again: this loop's takes over.
+        if self.loop is not loop:
             self.loop, self.task, self.waiting = loop, None, []
         done: asyncio.Future = loop.create_future()
         self.waiting.append((beat, done))
