@@ -745,7 +745,7 @@ def test_heartbeats_of_several_nodes_arriving_while_a_batch_is_written_are_writt
         await wait_for_async("the first batch's write to begin", lambda: len(batches) == 1)
         await sockets["a100-02"].send_to(text_data=beat("a100-02"))
         await sockets["a100-03"].send_to(text_data=beat("a100-03"))
-        await wait_for_async("both to wait for the next batch", lambda: len(beats._batches.waiting) == 2)
+        await wait_for_async("both to wait for the next batch", lambda: len(beats.batches.get().waiting) == 2)
         release.set()
         acks = {
             name: await _next(communicator, "heartbeat_ack", seq=1) for name, communicator in sockets.items()

@@ -9,7 +9,8 @@ this room keeps the imports going downwards):
 - desired.py: the node's desired state out; log_pulls.py: asking the agent for its jobs' logs; beats.py: the
   heartbeats of every socket of the process, recorded together.
 - link.py: the connection as the parts above see it (its node, frames out, its own tasks); layer.py: the
-  channel layer (the node's group, browsers' groups); db_threads.py: the database threads it all runs on.
+  channel layer (the node's group, browsers' groups); db_threads.py: the database threads it all runs on;
+  batches.py: writes of every socket of the process gathered into batches (start reports, heartbeats).
 
 A new kind of report: its writes in a module of scheduling/agents/reports/, its handler in handlers.py (named
 in `ReportHandlers.queued`), and its wire format in agent/protocol.py and docs/agent.md.

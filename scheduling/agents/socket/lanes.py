@@ -4,7 +4,7 @@
   threads of its own: on a slow database heartbeats never pile up ahead of the job reports, nor wait behind them.
 - The report lane is the node's queue of everything else (hello, job_status, event, ack, logs), handled one at a
   time in the order sent. Start reports that follow each other are recorded together with the other nodes'
-  (`StartBatches`); past MAX_QUEUED_REPORTS a report is answered "send it again".
+  (`_start_batches`, batches.py); past MAX_QUEUED_REPORTS a report is answered "send it again".
 
 Samples take no lane: the transport hands them to their handler on the frames' path, which never waits for the
 database. A node whose reports waited their turn in the database held up its heartbeats with them, and at 1,000
@@ -14,13 +14,13 @@ nodes busy nodes were declared lost under a cycle's wave of start reports (bench
 from __future__ import annotations
 
 import asyncio
-import weakref
 from collections import deque
 from typing import Any
 
 from agent import protocol
 from scheduling.agents.reports import job_status
 from scheduling.agents.reports.outcome import Outcome
+from scheduling.agents.socket.batches import Batches, PerLoop
 from scheduling.agents.socket.db_threads import db
 from scheduling.agents.socket.handlers import ReportHandlers
 from scheduling.agents.socket.link import CLOSE_UNAUTHENTICATED, NodeLink, logged
@@ -96,7 +96,7 @@ class NodeLanes:
     async def _record_starts(self, msgs: list[dict[str, Any]]) -> None:
         link = self.link
         reports = [job_status.StartReport(link.node_id, link.token_hash, m["payload"]) for m in msgs]
-        outcomes = await self.handlers.settled("start reports", _start_batches().record(reports))
+        outcomes = await self.handlers.settled("start reports", _start_batches.get().submit(reports))
         if isinstance(outcomes, Outcome):
             outcomes = [outcomes] * len(msgs)
         for msg, outcome in zip(msgs, outcomes, strict=True):
@@ -111,53 +111,13 @@ def _is_start(msg: dict[str, Any]) -> bool:
     return msg["type"] == "job_status" and isinstance(payload, dict) and payload.get("state") == "started"
 
 
-class StartBatches:
-    """The start reports of every node this process serves, recorded together: while one batch is being written,
-    the reports arriving meanwhile wait, and are the next batch (job_starts_record). One report alone is written
-    at once; a cycle's wave of them, in a few transactions instead of one each."""
-
-    def __init__(self) -> None:
-        self.waiting: list[tuple[job_status.StartReport, asyncio.Future]] = []
-        self.flushing: asyncio.Future | None = None
-
-    async def record(self, reports: list[job_status.StartReport]) -> list[Outcome | None]:
-        loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in reports]
-        self.waiting += zip(reports, futures, strict=True)
-        if self.flushing is None or self.flushing.done():
-            self.flushing = asyncio.ensure_future(self._flush())
-        answers = await asyncio.gather(*futures, return_exceptions=True)
-        for answer in answers:
-            if isinstance(answer, BaseException):
-                raise answer
-        return answers
-
-    async def _flush(self) -> None:
-        while self.waiting:
-            batch, self.waiting = self.waiting[:START_BATCH_MAX], self.waiting[START_BATCH_MAX:]
-            try:
-                outcomes = await db(job_status.job_starts_record)(reports=[r for r, _ in batch])
-                answered = list(zip(batch, outcomes, strict=True))
-            # A boundary: whatever failed, each connection waiting on the batch must hear of it, or it waits
-            # forever; it answers its agent (a retry, or a refusal).
-            except Exception as exc:
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            for (_, future), outcome in answered:
-                if not future.done():  # its connection closed meanwhile
-                    future.set_result(outcome)
+def _write_starts(reports: list[job_status.StartReport]) -> object:
+    # Looked up at each write (not bound once), so that a test may stand in for the database.
+    return db(job_status.job_starts_record)(reports=reports)
 
 
-_start_batches_of: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, StartBatches] = (
-    weakref.WeakKeyDictionary()
+# The start reports of every node this process serves, recorded together (batches.py): one report alone is written
+# at once; a cycle's wave of them, in a few transactions instead of one each.
+_start_batches: PerLoop[Batches[job_status.StartReport, Outcome | None]] = PerLoop(
+    lambda: Batches(_write_starts, most=START_BATCH_MAX)
 )
-
-
-def _start_batches() -> StartBatches:
-    loop = asyncio.get_running_loop()
-    batches = _start_batches_of.get(loop)
-    if batches is None:
-        batches = _start_batches_of[loop] = StartBatches()
-    return batches
