@@ -7,6 +7,8 @@ A heartbeat waits at most HEARTBEAT_BATCH_S and one batch's write for its answer
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from scheduling.agents.reports import heartbeats
 from scheduling.agents.reports.heartbeats import Beat, HeartbeatSeen
 from scheduling.agents.socket.batches import Batches, PerLoop
@@ -15,7 +17,7 @@ from scheduling.agents.socket.db_threads import db
 HEARTBEAT_BATCH_S = 0.05
 
 
-def _write(beats: list[Beat]) -> object:
+def _write(beats: list[Beat]) -> Awaitable[list[HeartbeatSeen]]:
     # Looked up at each write (not bound once), so that a test may stand in for the database.
     return db(heartbeats.node_heartbeats_checked, pool="heartbeat")(beats=beats)
 

@@ -27,8 +27,8 @@ from django.db import close_old_connections
 
 from portal import database
 
-# Threads per pool; "reports" (everything else) has TESSERA_AGENT_DB_THREADS. Heartbeats are one statement a batch
-# (reports.heartbeats.node_heartbeats_checked), written in batches of every socket of the process (socket/beats.py).
+# Threads per pool; "reports" (everything else) has TESSERA_AGENT_DB_THREADS. The heartbeats of every socket of the
+# process are one statement a batch (socket/beats.py, reports.heartbeats.node_heartbeats_checked).
 POOL_THREADS = {"connect": 2, "heartbeat": 2}
 
 _pools: dict[str, ThreadPoolExecutor] = {}

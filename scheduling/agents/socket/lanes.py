@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Awaitable
 from typing import Any
 
 from agent import protocol
@@ -111,7 +112,7 @@ def _is_start(msg: dict[str, Any]) -> bool:
     return msg["type"] == "job_status" and isinstance(payload, dict) and payload.get("state") == "started"
 
 
-def _write_starts(reports: list[job_status.StartReport]) -> object:
+def _write_starts(reports: list[job_status.StartReport]) -> Awaitable[list[Outcome | None]]:
     # Looked up at each write (not bound once), so that a test may stand in for the database.
     return db(job_status.job_starts_record)(reports=reports)
 
