@@ -98,6 +98,15 @@ def cluster(request: HttpRequest) -> HttpResponse:
     group is opened and re-fetched on events; `?part=summaries` the groups' rows, re-fetched on events;
     `?part=moves` the work moved to make room in the last hour; `?part=idle` the last day's idle GPU-hours."""
     part = request.GET.get("part")
+    # The parts that need none of the groups' sums come first.
+    if part == "idle":  # loaded after the map: the last day's hourly usage rows
+        return render(
+            request, "frontend/cluster/_idle.html", {"idle": _idle_gpu_hours(request), "loaded": True}
+        )
+    if part == "moves":
+        return render(
+            request, "frontend/cluster/_moves.html", {"moves": cluster_map.recent_moves(user=request.user)}
+        )
     wanted = request.GET.get("group")
     # A group's part needs only which nodes are in it; the rows need everyone's samples for their means.
     groups = cluster_map.cluster_groups(with_util=part != "group")
@@ -111,19 +120,13 @@ def cluster(request: HttpRequest) -> HttpResponse:
     }
     if part == "summaries":
         return render(request, "frontend/cluster/_summaries.html", context)
-    if part == "idle":  # loaded after the map: the last day's hourly usage rows
-        return render(
-            request, "frontend/cluster/_idle.html", {"idle": _idle_gpu_hours(request), "loaded": True}
-        )
-    context["moves"] = cluster_map.recent_moves(user=request.user)
-    if part == "moves":
-        return render(request, "frontend/cluster/_moves.html", context)
     if part == "group":
         group = next((g for g in groups if g.name == wanted), None)
         if group is None:
             raise Http404("No such group.")
         context.update(_groups_context(request, [group])[group.name])
         return render(request, "frontend/cluster/_group.html", context)
+    context["moves"] = cluster_map.recent_moves(user=request.user)
     # Small groups start open, as many as fit in one page's worth of tiles; the one asked for always.
     to_open, budget = [], cluster_map.GROUP_PAGE_NODES
     for group in groups:

@@ -171,7 +171,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "stopped_by_limit": _stopped_by_limit(job, events) if job.state in TERMINAL_STATES else None,
         "node_condition": job_selectors.job_node_silence(job=job),
         "sessions": job_sessions_for(user=request.user, job=job),
-        "idle": jobs_idle_states(jobs=[job]).get(job.pk),
+        "idle": jobs_idle_states(jobs=[job], usage={job.pk: usage} if usage else {}).get(job.pk),
         "can_share": bool(job.ports)
         and job.submitter_id == request.user.pk
         and job.state not in TERMINAL_STATES,

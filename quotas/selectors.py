@@ -35,6 +35,11 @@ def team_visible_to(*, user: AbstractBaseUser, team: Team) -> bool:
     return bool(user.is_staff) or team.pk in team_ids_for_user(user=user)
 
 
+def team_role_of(*, user: AbstractBaseUser, team_id: int) -> str | None:
+    """The user's role in one team (None: not a member)."""
+    return Membership.objects.filter(user=user, team_id=team_id).values_list("role", flat=True).first()
+
+
 def team_ids_administered_by(*, user: AbstractBaseUser) -> set[int]:
     return set(Membership.objects.filter(user=user, role=Role.TEAM_ADMIN).values_list("team_id", flat=True))
 

@@ -94,9 +94,14 @@ def job_idle_state(*, job: Job, usage: dict | None, timeout_s: int | None, now: 
 
 
 def jobs_idle_states(
-    *, jobs: list[Job], now: datetime | None = None, team_timeouts: dict[tuple[int, int], int] | None = None
+    *,
+    jobs: list[Job],
+    now: datetime | None = None,
+    team_timeouts: dict[tuple[int, int], int] | None = None,
+    usage: dict[int, dict] | None = None,
 ) -> dict[int, dict]:
-    """job_idle_state for many jobs: one read of the teams' timeouts (unless given) and of the jobs' usage."""
+    """job_idle_state for many jobs: one read of the teams' timeouts and of the jobs' usage (unless given: a
+    page that shows the usage has read it)."""
     now = now or timezone.now()
     running = [j for j in jobs if j.state == JobState.RUNNING]
     if not running:
@@ -104,7 +109,8 @@ def jobs_idle_states(
     if team_timeouts is None:
         team_timeouts = _team_timeouts()
     timeouts = {j.pk: idle_timeout_s(job=j, team_timeouts=team_timeouts) for j in running}
-    usage = job_usage(job_ids=[pk for pk, t in timeouts.items() if t])
+    if usage is None:
+        usage = job_usage(job_ids=[pk for pk, t in timeouts.items() if t])
     states = {}
     for job in running:
         state = job_idle_state(job=job, usage=usage.get(job.pk), timeout_s=timeouts[job.pk], now=now)

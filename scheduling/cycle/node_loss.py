@@ -34,13 +34,22 @@ def surely_stopped_at(*, last_heard_at: datetime, grace_s: float) -> datetime:
 def silent_filter(*, now: datetime) -> Q:
     """The silent nodes, as a filter on Node: declared lost, or not heard for longer than TESSERA_NODE_LOST_AFTER_S
     (a node that never reported counts from its registration). The one rule: the watchdog, the releasing cards and
-    the jobs' `node_condition` all read it."""
+    the jobs' `node_condition` all read it (`node_is_silent` is it for one node in hand)."""
     threshold = now - timedelta(seconds=settings.TESSERA_NODE_LOST_AFTER_S)
     return (
         Q(state=NodeState.LOST)
         | Q(last_heartbeat_at__lt=threshold)
         | Q(last_heartbeat_at__isnull=True, created_at__lt=threshold)
     )
+
+
+def node_is_silent(*, node: Node, now: datetime) -> bool:
+    """`silent_filter` for one node already read (the same rule, for a page that has its job's nodes in hand)."""
+    threshold = now - timedelta(seconds=settings.TESSERA_NODE_LOST_AFTER_S)
+    if node.state == NodeState.LOST:
+        return True
+    heard = node.last_heartbeat_at
+    return heard < threshold if heard is not None else node.created_at < threshold
 
 
 def silent_nodes(*, node_ids, now: datetime) -> dict[int, datetime]:

@@ -12,7 +12,8 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Count, F, Prefetch, Q, QuerySet
 from django.utils import timezone
 
-from quotas.selectors import team_ids_administered_by, team_ids_for_user
+from quotas.choices import Role
+from quotas.selectors import team_ids_for_user, team_role_of
 from scheduling.choices import GangMemberOutcome, JobState
 from scheduling.cycle import node_loss
 from scheduling.cycle.liveness import SCHEDULER_STALLED, scheduler_stall
@@ -43,9 +44,8 @@ def can_cancel_job(*, user: AbstractBaseUser, job: Job) -> bool:
     """Staff: any job; a team admin: any job of the team; a member: their own jobs."""
     if user.is_staff:
         return True
-    if job.team_id in team_ids_administered_by(user=user):
-        return True
-    return job.submitter_id == user.pk and job.team_id in team_ids_for_user(user=user)
+    role = team_role_of(user=user, team_id=job.team_id)  # None: not a member
+    return role == Role.TEAM_ADMIN or (role is not None and job.submitter_id == user.pk)
 
 
 def job_team_and_state(*, job_id: int) -> tuple[int, str] | None:
@@ -361,8 +361,19 @@ class NodeSilence:
 
 
 def job_node_silence(*, job: Job) -> NodeSilence | None:
-    """Whether the job is on a silent node."""
-    return jobs_node_silence(jobs=[job]).get(job.pk)
+    """Whether the job is on a silent node. A job read with its slices and their nodes (`job_for_user`) is answered
+    from them, without a query."""
+    if "slices" not in getattr(job, "_prefetched_objects_cache", {}):
+        return jobs_node_silence(jobs=[job]).get(job.pk)
+    if job.state not in ACTIVE_STATES and job.state not in TERMINAL_STATES:
+        return None
+    now = timezone.now()
+    silent = {
+        sl.gpu.node.name: sl.gpu.node.last_heartbeat_at or sl.gpu.node.created_at
+        for sl in job.slices.all()
+        if node_loss.node_is_silent(node=sl.gpu.node, now=now)
+    }
+    return _silence(job, min(silent.items(), key=lambda pair: pair[1])) if silent else None
 
 
 def jobs_node_silence(*, jobs: Iterable[Job]) -> dict[int, NodeSilence]:
