@@ -23,11 +23,12 @@ import logging
 import re
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from channels.db import database_sync_to_async
-from django.db import connection
+from asgiref.sync import SyncToAsync
+from django.db import close_old_connections
 from django.http import Http404, HttpRequest, QueryDict
 from django.urls import Resolver404, resolve
 
@@ -140,11 +141,29 @@ def render(*, url: str, user: Any, host: str) -> str | None:
     return response.content.decode(response.charset or "utf-8")
 
 
+# Renders run on threads of their own, not behind the sockets' database calls (Channels' one shared thread), and
+# keep their database connection between renders as a request thread does (CONN_MAX_AGE): a render that opened a
+# connection each time waited for a new PostgreSQL backend on every event, the longest part of a part's way to the
+# pages on a busy server.
+RENDER_THREADS = 2
+_render_pool: ThreadPoolExecutor | None = None
+
+
 def _render_in_thread(*, url: str, user: Any, host: str) -> str | None:
+    close_old_connections()  # spent (past CONN_MAX_AGE) or broken: a fresh one
     try:
         return render(url=url, user=user, host=host)
     finally:
-        connection.close()  # a pool thread's own: not left open behind it
+        close_old_connections()
+
+
+def _render_async(*, url: str, user: Any, host: str) -> Awaitable[str | None]:
+    global _render_pool
+    if _render_pool is None:
+        _render_pool = ThreadPoolExecutor(max_workers=RENDER_THREADS, thread_name_prefix="parts-render")
+    return SyncToAsync(_render_in_thread, thread_sensitive=False, executor=_render_pool)(
+        url=url, user=user, host=host
+    )
 
 
 @dataclass
@@ -206,10 +225,7 @@ class PartHub:
             entry.again = False
             first = next(iter(entry.subscribers.values()))
             try:
-                # A thread of its own: not behind the sockets' own database calls, which share one.
-                html = await database_sync_to_async(_render_in_thread, thread_sensitive=False)(
-                    url=entry.url, user=first.user, host=first.host
-                )
+                html = await _render_async(url=entry.url, user=first.user, host=first.host)
             except Exception:  # a part that fails to render is left as it is; the page catches up later
                 log.warning("could not render the pushed part %s", entry.url, exc_info=True)
                 html = None

@@ -4,6 +4,7 @@ the user may not see, or of a view that pushes nothing, is not followed; the ren
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import pytest
@@ -203,3 +204,39 @@ def test_an_arrays_page_is_pushed_its_counts_when_one_of_its_tasks_changes(alice
     pushed = async_to_sync(scenario)()
     assert re.search(r">1 running</span>", pushed["html"]) and re.search(r">7 placed</span>", pushed["html"])
     assert Job.objects.get(pk=array.pk).array_task_id == 7
+
+
+@pytest.mark.parametrize("max_age_s", [600, 0])
+def test_renders_keep_their_database_connection_as_a_request_thread_does(
+    alice, teams, node, monkeypatch, max_age_s
+):
+    """A render's connection stays open for the next render while CONN_MAX_AGE allows (a new PostgreSQL backend per
+    event was the longest part of a part's way to the pages on a busy server), and is closed after it when 0."""
+    from django.db import connection, connections
+
+    monkeypatch.setitem(connections.settings["default"], "CONN_MAX_AGE", max_age_s)
+    monkeypatch.setattr(parts, "RENDER_THREADS", 1)
+    monkeypatch.setattr(parts, "_render_pool", None)
+    job = _submit(alice, teams["training"])
+    url = f"/jobs/{job.pk}/?part=live"
+
+    def backend_pid():
+        return connection.connection.info.backend_pid if connection.connection is not None else None
+
+    async def scenario():
+        pids = []
+        for _ in range(2):
+            html = await parts._render_async(url=url, user=alice, host="testserver")
+            assert html is not None and 'id="job-live"' in html
+            pids.append(await asyncio.get_running_loop().run_in_executor(parts._render_pool, backend_pid))
+        return pids
+
+    try:
+        pids = async_to_sync(scenario)()
+    finally:
+        parts._render_pool.submit(lambda: connection.close()).result()
+        parts._render_pool.shutdown()
+    if max_age_s:
+        assert pids[0] is not None and pids[0] == pids[1]
+    else:
+        assert pids == [None, None]
