@@ -251,3 +251,16 @@ def test_the_map_says_who_held_idle_gpus_in_the_last_day_by_team_and_by_person_i
     ]
     assert "alice" in people and "bob" not in people  # bob is not in alice's teams
     assert "bob" in _signed_in(bob).get("/cluster/?part=idle").content.decode()
+
+
+def test_the_moves_and_idle_parts_read_none_of_the_groups_cards(alice, shared_card):
+    """Both are re-fetched on their own (moves on every queue and node change): neither reads the cards and samples
+    the map's groups are summed from."""
+    client = _signed_in(alice)
+    client.get("/cluster/")  # the session and the user read once
+    for part, shows in (("moves", "Moved to make room"), ("idle", "Idle GPUs")):
+        with CaptureQueriesContext(connection) as queries:
+            response = client.get(f"/cluster/?part={part}")
+        assert response.status_code == 200 and shows in response.content.decode()
+        read = " ".join(q["sql"] for q in queries.captured_queries)
+        assert Gpu._meta.db_table not in read and Node._meta.db_table not in read, part
