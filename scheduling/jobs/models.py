@@ -70,7 +70,8 @@ class Job(models.Model):
     )
 
     # Where it stands.
-    state = models.CharField(max_length=20, choices=JobState.choices, default=JobState.PENDING, db_index=True)
+    # Indexed with submitted_at (Meta.indexes), which serves lookups by state alone too.
+    state = models.CharField(max_length=20, choices=JobState.choices, default=JobState.PENDING)
     submitted_at = models.DateTimeField(auto_now_add=True, help_text="Kept across requeues: queue age.")
     placed_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)

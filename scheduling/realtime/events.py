@@ -93,8 +93,8 @@ def _send_all(messages: list[tuple[str, dict[str, Any]]]) -> None:
     for group, message in messages:
         # One id per change, the same in every browser group it goes to: a part shown on many pages is rendered
         # once for it (realtime/parts.py).
-        if groups.for_browsers(group):
-            message.setdefault("event_id", secrets.token_hex(8))
+        if "event_id" not in message and groups.for_browsers(group):
+            message["event_id"] = secrets.token_hex(8)  # (not setdefault: it would draw one for every message)
     layer = get_channel_layer()
     if layer is None:
         return
