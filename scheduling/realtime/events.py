@@ -93,8 +93,9 @@ def _send_all(messages: list[tuple[str, dict[str, Any]]]) -> None:
     for group, message in messages:
         # One id per change, the same in every browser group it goes to: a part shown on many pages is rendered
         # once for it (realtime/parts.py).
+        # (Not setdefault, which would draw an id for every message, those that have one too.)
         if "event_id" not in message and groups.for_browsers(group):
-            message["event_id"] = secrets.token_hex(8)  # (not setdefault: it would draw one for every message)
+            message["event_id"] = secrets.token_hex(8)
     layer = get_channel_layer()
     if layer is None:
         return

@@ -143,8 +143,7 @@ def render(*, url: str, user: Any, host: str) -> str | None:
 
 # Renders run on threads of their own, not behind the sockets' database calls (Channels' one shared thread), and
 # keep their database connection between renders as a request thread does (CONN_MAX_AGE): a render that opened a
-# connection each time waited for a new PostgreSQL backend on every event, the longest part of a part's way to the
-# pages on a busy server.
+# connection each time waited for a new PostgreSQL backend on every event.
 RENDER_THREADS = 2
 _render_pool: ThreadPoolExecutor | None = None
 

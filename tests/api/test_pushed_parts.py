@@ -210,8 +210,8 @@ def test_an_arrays_page_is_pushed_its_counts_when_one_of_its_tasks_changes(alice
 def test_renders_keep_their_database_connection_as_a_request_thread_does(
     alice, teams, node, monkeypatch, max_age_s
 ):
-    """A render's connection stays open for the next render while CONN_MAX_AGE allows (a new PostgreSQL backend per
-    event was the longest part of a part's way to the pages on a busy server), and is closed after it when 0."""
+    """A render's connection stays open for the next render while CONN_MAX_AGE allows (not a new PostgreSQL backend
+    per event), and is closed after it when 0."""
     from django.db import connection, connections
 
     monkeypatch.setitem(connections.settings["default"], "CONN_MAX_AGE", max_age_s)
