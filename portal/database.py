@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import BigIntegerField, Field, FloatField, Func, Model
+from django.db.models import BigIntegerField, Field, FloatField, Func, Model, QuerySet
 
 
 def postgresql() -> bool:
@@ -140,6 +140,15 @@ def fetch_rows(sql: str, params: Sequence[Any]) -> list[tuple]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
+
+
+def plain_rows(rows: QuerySet) -> list[tuple]:
+    """A `values_list` queryset's rows as the database gives them, without Django's converter call per value: for
+    aggregate reads of thousands of plain numbers (the history pages' sums), whose callers cast each value
+    themselves (PostgreSQL's SUM of integers is a Decimal, SQLite's an int). Not for moments, JSON or booleans,
+    which SQLite gives as text and 0/1."""
+    sql, params = rows.query.get_compiler(using=rows.db).as_sql()
+    return fetch_rows(sql, params)
 
 
 def update_from_values(

@@ -9,6 +9,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.db.models import QuerySet, Sum
 
+from portal.database import plain_rows
 from quotas.models import Team
 from scheduling.history.models import UsageHour
 from scheduling.history.selectors.windows import Window, bucket_start, bucketed, columns
@@ -67,7 +68,7 @@ def usage_series(
     *, w: Window, step_s: int = 86400, team_ids: Collection[int] | None = None
 ) -> dict[str, list]:
     """GPU-hours per bucket (a day by default) over the window, with the idle-allocated part."""
-    rows = (
+    rows = plain_rows(
         bucketed(_hours(since=w.since, until=w.until, team_ids=team_ids), at="hour", step_s=step_s)
         .values("time_bucket")
         .annotate(b=bucket_start(), hours=Sum("gpu_seconds") / 3600, idle=Sum("idle_gpu_seconds") / 3600)
@@ -81,7 +82,7 @@ def usage_by_team_user_model(*, since: datetime, until: datetime) -> list[tuple[
     """(team id, user id, model id, GPU-hours, idle-allocated GPU-hours) for the hours that start in the window:
     one scan of the hourly rows that the history page sums by team, user and model (a row per person and card
     model they used, not per hour)."""
-    rows = (
+    rows = plain_rows(
         _hours(since=since, until=until, team_ids=None)
         .values("team_id", "user_id", "model_id")
         .annotate(hours=Sum("gpu_seconds") / 3600, idle=Sum("idle_gpu_seconds") / 3600)
@@ -99,7 +100,7 @@ def usage_daily(
     column = _column(group)
     if team_ids is not None and not team_ids:
         return {}
-    rows = (
+    rows = plain_rows(
         bucketed(_hours(since=w.since, until=w.until, team_ids=team_ids), at="hour", step_s=step_s)
         .values(column, "time_bucket")
         .annotate(b=bucket_start(), hours=Sum("gpu_seconds") / 3600)
@@ -108,5 +109,5 @@ def usage_daily(
     )
     out: dict[int, dict[int, float]] = {}
     for key, b, hours in rows:
-        out.setdefault(key, {})[b] = round(float(hours or 0), 3)
+        out.setdefault(key, {})[int(b)] = round(float(hours or 0), 3)
     return out

@@ -24,7 +24,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Cast, Floor, Greatest, Least, Ln
 
-from portal.database import Seconds
+from portal.database import Seconds, plain_rows
 from scheduling.history.models import WAIT_BUCKETS, WAIT_RATIO, WaitHour, wait_quantile
 from scheduling.history.selectors.windows import Window, bucket_start, bucketed, columns
 from scheduling.jobs.models import Job
@@ -83,7 +83,7 @@ def waits(
         if team_ids is not None:
             hours = hours.filter(team_id__in=list(team_ids))
         if step_s is None:
-            for bucket, n, wait_s in (
+            for bucket, n, wait_s in plain_rows(
                 hours.values("bucket")
                 .annotate(n=Sum("jobs"), wait_s=Sum("wait_s_sum"))
                 .values_list("bucket", "n", "wait_s")
@@ -91,7 +91,7 @@ def waits(
             ):
                 add(int(bucket), None, int(n), float(wait_s))
         else:
-            for b, bucket, n, wait_s in (
+            for b, bucket, n, wait_s in plain_rows(
                 bucketed(hours, at="hour", step_s=step_s)
                 .values("time_bucket", "bucket")
                 .annotate(b=bucket_start(), n=Sum("jobs"), wait_s=Sum("wait_s_sum"))
@@ -142,14 +142,14 @@ def _job_waits(
         )
     )
     if step_s is None:
-        rows = (
+        rows = plain_rows(
             jobs.values("wait_bucket")
             .annotate(n=Count("id"), wait_s=Sum("w"))
             .values_list("wait_bucket", "n", "wait_s")
             .order_by()
         )
         return [(None, int(bucket), int(n), float(wait_s)) for bucket, n, wait_s in rows]
-    rows = (
+    rows = plain_rows(
         bucketed(jobs, at="started_at", step_s=step_s)
         .values("time_bucket", "wait_bucket")
         .annotate(b=bucket_start(), n=Count("id"), wait_s=Sum("w"))
