@@ -8,6 +8,7 @@ from typing import Any
 from django.db.models import Avg, Case, Count, F, FloatField, Max, Q, Sum, Value, When
 from django.db.models.functions import Cast, Greatest, Least
 
+from portal.database import plain_rows
 from scheduling.agents.live_metrics import live_metrics_for_nodes
 from scheduling.choices import GpuHealth, NodeState
 from scheduling.history.models import ClusterMinute, ModelMinute
@@ -21,7 +22,7 @@ def capacity_series(*, w: Window) -> list[dict[str, Any]]:
     """Per GPU model over the window: ready, allocated, used (utilisation summed), wholly free, and free capacity
     stranded on partly used cards, in GPUs."""
     minutes = ModelMinute.objects.filter(at__gte=w.since, at__lt=w.until)
-    rows = (
+    rows = plain_rows(
         bucketed(minutes, at="at", step_s=w.step_s)
         .values("model_id", "time_bucket")
         .annotate(
@@ -50,7 +51,7 @@ def capacity_series(*, w: Window) -> list[dict[str, Any]]:
 
 def queue_series(*, w: Window) -> dict[str, list]:
     minutes = ClusterMinute.objects.filter(at__gte=w.since, at__lt=w.until)
-    rows = (
+    rows = plain_rows(
         bucketed(minutes, at="at", step_s=w.step_s)
         .values("time_bucket")
         .annotate(

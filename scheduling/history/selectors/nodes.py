@@ -12,6 +12,7 @@ from typing import Any
 from django.db.models import Case, Count, F, IntegerField, Max, Min, Sum, Value, When
 from django.db.models.functions import NullIf
 
+from portal.database import plain_rows
 from scheduling.history.models import GpuEvent, GpuFiveMinute, NodeHour
 from scheduling.history.selectors.windows import MILLI, Window, bucket_start, bucketed, columns
 from scheduling.inventory.models import Gpu, Node
@@ -153,7 +154,7 @@ def pool_heatmap(*, pools: Sequence[Pool], w: Window) -> dict[str, dict[int, tup
             output_field=IntegerField(),
         )
         pool_of = dict(enumerate(pools))
-    rows = (
+    rows = plain_rows(
         bucketed(hours.annotate(pool=key), at="hour", step_s=step)
         .values("pool", "time_bucket")
         .annotate(
@@ -171,7 +172,7 @@ def pool_heatmap(*, pools: Sequence[Pool], w: Window) -> dict[str, dict[int, tup
         pool = pool_of.get(key_value)
         if pool is None:  # a node in none of the pools (read by the hours alone)
             continue
-        out.setdefault(pool.name, {})[b] = (
+        out.setdefault(pool.name, {})[int(b)] = (
             None if util is None else round(float(util), 1),
             round(float(alloc or 0), 1),
         )

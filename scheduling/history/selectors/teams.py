@@ -8,6 +8,7 @@ from datetime import datetime
 from django.db.models import Avg, Exists, F, OuterRef, Q, Sum
 from django.db.models.functions import Least
 
+from portal.database import plain_rows
 from scheduling.choices import JobState
 from scheduling.history.models import TeamMinute
 from scheduling.history.selectors.windows import MILLI, Window, bucket_start, bucketed, columns
@@ -25,7 +26,7 @@ TEAM_MEASURES = (
 
 def team_series(*, team_id: int, w: Window) -> dict[str, list]:
     minutes = TeamMinute.objects.filter(team_id=team_id, at__gte=w.since, at__lt=w.until)
-    rows = (
+    rows = plain_rows(
         bucketed(minutes, at="at", step_s=w.step_s)
         .values("time_bucket")
         .annotate(
