@@ -83,12 +83,14 @@
     });
     document.addEventListener("tessera:logs.appended", load);
     document.addEventListener("tessera:catch-up", load); // the socket (re)opened, or every 5 s while it is down
-    // A job that ended may have written its last lines with no logs.appended yet heard: read them once more.
+    // A job that ended may have written its last lines with no logs.appended yet heard: read them once more, a
+    // moment later and at a moment of each page's own: every page open on the job hears the same event, and a
+    // hundred of them reading the log at once queued behind each other and behind the job's pushed part.
     document.addEventListener("tessera:job.changed", function (e) {
       if (e.detail && String(e.detail.job_id) === String(job) && ENDED.indexOf(e.detail.state) >= 0) {
         panel.dataset.ended = "";
         if (/^Nothing written to /.test(pre.textContent)) pre.textContent = "Nothing was written to " + stream + ".";
-        load();
+        setTimeout(load, 250 + Math.random() * 1750);
       }
     });
     load();
