@@ -52,6 +52,10 @@ class Batches(Generic[T, R]):
             batch, self.waiting = self.waiting[:cut], self.waiting[cut:]
             try:
                 answers = await self.write([item for item, _ in batch])
+            except asyncio.CancelledError:  # the writer itself stopped: its callers stop waiting with it
+                for _, future in batch:
+                    future.cancel()
+                raise
             # A boundary: whatever failed, each caller waiting on the batch must hear of it, or it waits for ever;
             # it answers its agent (a retry, a refusal) or logs it, and the next batch is written.
             except Exception as exc:
