@@ -18,6 +18,7 @@ from scheduling.cycle.desired_state import desired_state_sync
 from scheduling.cycle.lease import StaleEpoch, epoch_issue, last_full_cycle
 from scheduling.cycle.snapshot import cycle_profile, snapshot_from_db
 from scheduling.engine import run_cycle
+from scheduling.engine.collector import collector_paused
 from scheduling.observability import instruments
 from scheduling.observability.admission import admission_waits
 
@@ -71,20 +72,23 @@ def cycle_run_once(*, holder: str | None = None, kind: str = "full") -> CycleRep
     started meanwhile."""
     full = kind == "full"
     epoch = epoch_issue(holder=holder)
-    t0 = time.perf_counter()
-    snapshot = snapshot_from_db(queue_depth=None if full else int(settings.TESSERA_INCREMENTAL_QUEUE_DEPTH))
-    t1 = time.perf_counter()
-    decisions = run_cycle(snapshot, cycle_profile())
-    t2 = time.perf_counter()
-    stale = False
-    try:
-        result = apply_decisions(
-            decisions=decisions, epoch=epoch, full_pending=len(snapshot.pending) if full else None
+    with collector_paused():  # the read and the apply too, not only the engine (engine/collector.py)
+        t0 = time.perf_counter()
+        snapshot = snapshot_from_db(
+            queue_depth=None if full else int(settings.TESSERA_INCREMENTAL_QUEUE_DEPTH)
         )
-    except StaleEpoch as exc:
-        log.warning("%s; its decisions were discarded", exc)
-        result, stale = ApplyResult(epoch=epoch), True
-    t3 = time.perf_counter()
+        t1 = time.perf_counter()
+        decisions = run_cycle(snapshot, cycle_profile())
+        t2 = time.perf_counter()
+        stale = False
+        try:
+            result = apply_decisions(
+                decisions=decisions, epoch=epoch, full_pending=len(snapshot.pending) if full else None
+            )
+        except StaleEpoch as exc:
+            log.warning("%s; its decisions were discarded", exc)
+            result, stale = ApplyResult(epoch=epoch), True
+        t3 = time.perf_counter()
     report = CycleReport(
         epoch=epoch,
         kind=kind,
@@ -136,10 +140,13 @@ def run_cycles(*, holder: str, keeper: requests.LockKeeper | None = None) -> lis
             r.delete(requests.KEY_WANTED)
         else:
             requests.local_cycle_wanted.clear()
-        reports.append(cycle_run_once(holder=holder, kind=cycle_kind()).as_dict())
-        if keeper is not None:
-            keeper.progress()
-        desired_state_sync()
+        with (
+            collector_paused()
+        ):  # until the agents are told: the cycle's collection comes after, off that path
+            reports.append(cycle_run_once(holder=holder, kind=cycle_kind()).as_dict())
+            if keeper is not None:
+                keeper.progress()
+            desired_state_sync()
         if r is not None:
             if not r.exists(requests.KEY_WANTED):
                 break

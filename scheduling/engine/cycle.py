@@ -6,15 +6,13 @@ profile lists them, then every job left pending gets its reason (`pending.py`). 
 
 from __future__ import annotations
 
-import gc
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 
 from scheduling.engine.accounting import effective_quotas, standing
 from scheduling.engine.actions import get_action
+from scheduling.engine.collector import collector_paused
 from scheduling.engine.framework import Profile
 from scheduling.engine.pending import explain_pending
 from scheduling.engine.profiles import check_profile
@@ -64,21 +62,6 @@ def _queue(session: Session) -> list[Job]:
     return jobs
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic collector off for the cycle. A cycle builds tens of thousands of short-lived tuples and
-    lists (nothing it keeps forms a cycle; reference counting frees them), and each full collection they trigger
-    walks the caller's whole heap: in a web process holding a 10,000-job snapshot that doubled a cycle's time.
-    Left as the caller had it (another thread's cycle may have paused it already)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def run_cycle(snapshot: Snapshot, profile: Profile) -> Decisions:
     """Decide placements, evictions, reservations and pending reasons for one snapshot. Deterministic for the
     same snapshot (and its seed) and profile; caches kept between calls never change the answer, only its cost."""
@@ -86,7 +69,7 @@ def run_cycle(snapshot: Snapshot, profile: Profile) -> Decisions:
     quotas = effective_quotas(snapshot.quotas, snapshot.nodes)
     if quotas is not snapshot.quotas:
         snapshot = replace(snapshot, quotas=quotas)
-    with state.lock, _collector_paused():
+    with state.lock, collector_paused():
         session = Session(state, snapshot)
         try:
             session.queue = _queue(session)
