@@ -191,3 +191,29 @@ def test_events_reach_a_redis_channel_layer_through_the_publisher_thread(setting
         assert [m["n"] for m in received] == [0, 1, 2]
     finally:
         async_to_sync(layer.group_discard)("api-test-publisher", channel)
+
+
+def test_a_batch_of_events_reaches_the_in_memory_layer_in_order_through_one_call(monkeypatch):
+    """Embedded mode (no Redis): a cycle's thousands of messages go in one call into the layer's loop, in their
+    order; one async_to_sync per message was a thread each (20 s for a 20,000-job cycle's events)."""
+    from channels.layers import get_channel_layer
+
+    from scheduling.realtime import events
+
+    calls = []
+    real = events.async_to_sync
+
+    def counted(fn):
+        calls.append(fn)
+        return real(fn)
+
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)("api-test-batch", channel)
+    monkeypatch.setattr(events, "async_to_sync", counted)
+    messages = [("api-test-batch", {"type": "queue.changed", "n": i}) for i in range(50)]
+    messages.insert(25, ("api-test-nobody", {"type": "queue.changed", "n": -1}))  # a group no one is in
+    events._send_all(messages)
+    assert len(calls) == 1
+    received = [async_to_sync(asyncio.wait_for)(layer.receive(channel), 5) for _ in range(50)]
+    assert [m["n"] for m in received] == list(range(50))
