@@ -309,3 +309,43 @@ def test_heartbeats_checked_together_each_get_the_answer_they_would_get_alone(no
     assert beat_at[node.pk] is not None and beat_at[lost.pk] is not None and beat_at[silent.pk] is None
     assert Node.objects.get(pk=lost.pk).state == NodeState.READY
     assert node_heartbeats_checked(beats=[]) == []
+
+
+def _plan_nodes(plan: dict):
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from _plan_nodes(child)
+
+
+def test_a_heartbeats_jobs_are_read_by_their_ids_while_thousands_are_placed(node, placed):
+    # While an array's 8,000 tasks were placed and starting, each heartbeat's check of the jobs it runs walked the
+    # index on (state, submitted_at) over all of them (the statistics, taken before, saw almost none placed):
+    # a batch of heartbeats took up to 11 s of the database's CPU. The jobs named are looked up by id.
+    from django.db import connection
+    from django.utils import timezone
+
+    from scheduling.agents.reports.heartbeats import Beat, _alive, heartbeats_sql
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the statement and its plan are PostgreSQL's (SQLite checks heartbeats one by one)")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE scheduling_job")  # statistics from before the wave: one job placed
+    template = Job.objects.get(pk=placed.pk)
+    clones = []
+    for i in range(3000):
+        template.pk, template.name = None, f"wave-{i}"
+        clones.append(Job(**{f.attname: getattr(template, f.attname) for f in Job._meta.concrete_fields}))
+    Job.objects.bulk_create(clones, batch_size=1000)
+    running = [alive(placed)]
+    beats = [Beat(node.pk, "token", running) for _ in range(50)]
+    sql, params = heartbeats_sql(beats, [_alive(b.running) for b in beats], timezone.now())
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+        (plan,) = cursor.fetchone()[0]
+        cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename = %s", [Job._meta.db_table])
+        job_indexes = {name for (name,) in cursor.fetchall()}
+    nodes = list(_plan_nodes(plan["Plan"]))
+    scans = [n["Node Type"] for n in nodes if n.get("Relation Name") == Job._meta.db_table]
+    used = {n["Index Name"] for n in nodes if n.get("Index Name") in job_indexes}
+    assert scans and "Seq Scan" not in scans, scans
+    assert used == {f"{Job._meta.db_table}_pkey"}, used
