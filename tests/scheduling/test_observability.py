@@ -102,6 +102,22 @@ def test_a_requeued_job_s_admission_wait_counts_from_its_requeue_not_from_its_su
     assert _wait_sum(job) - before < 60  # the hours before the requeue (placed, running) are no wait
 
 
+def test_a_cycle_task_tells_the_agents_before_it_reads_its_admission_waits(node, alice, teams, monkeypatch):
+    # The waits are a query over every job placed (a second for an array's 8,000 tasks on a busy machine): the
+    # cycle task runs it once the agents have their new desired states, and the waits are still observed.
+    job = _submit(alice, teams)
+    calls: list[str] = []
+    sync, waits = runner.desired_state_sync, runner.admission_waits
+    monkeypatch.setattr(runner, "desired_state_sync", lambda: calls.append("agents told") or sync())
+    monkeypatch.setattr(runner, "admission_waits", lambda **kw: calls.append("waits read") or waits(**kw))
+    before = _wait_sum(job)
+    runner.run_cycles(holder="test")
+    job.refresh_from_db()
+    assert job.state == JobState.PLACED
+    assert calls[:2] == ["agents told", "waits read"]
+    assert _wait_sum(job) > before
+
+
 def _lose_node_and_requeue(node, settings) -> None:
     settings.TESSERA_NODE_LOST_AFTER_S = 30
     now = timezone.now()
