@@ -8,6 +8,8 @@ An event loop has batches of its own (`PerLoop`): a writer of another (ended) lo
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
@@ -15,6 +17,11 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 R = TypeVar("R")
 B = TypeVar("B")
+
+log = logging.getLogger(__name__)
+
+# A batch written in this long or longer is logged (its size and time).
+SLOW_WRITE_S = 1.0
 
 
 class Batches(Generic[T, R]):
@@ -27,8 +34,9 @@ class Batches(Generic[T, R]):
         *,
         gather_s: float = 0.0,
         most: int | None = None,
+        name: str = "batches",
     ) -> None:
-        self.write, self.gather_s, self.most = write, gather_s, most
+        self.write, self.gather_s, self.most, self.name = write, gather_s, most, name
         self.waiting: list[tuple[T, asyncio.Future]] = []
         self.writing: asyncio.Future | None = None
 
@@ -50,6 +58,7 @@ class Batches(Generic[T, R]):
                 await asyncio.sleep(self.gather_s)
             cut = self.most or len(self.waiting)
             batch, self.waiting = self.waiting[:cut], self.waiting[cut:]
+            began = time.monotonic()
             try:
                 answers = await self.write([item for item, _ in batch])
             except asyncio.CancelledError:  # the writer itself stopped: its callers stop waiting with it
@@ -63,6 +72,9 @@ class Batches(Generic[T, R]):
                     if not future.done():
                         future.set_exception(exc)
                 continue
+            took_s = time.monotonic() - began
+            if took_s >= SLOW_WRITE_S:  # what an operator looks for when agents' reports lag
+                log.info("%s: a batch of %d written in %.1f s", self.name, len(batch), took_s)
             for (_, future), answer in zip(batch, answers, strict=True):
                 if not future.done():  # its connection closed meanwhile
                     future.set_result(answer)

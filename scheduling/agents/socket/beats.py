@@ -22,7 +22,9 @@ def _write(beats: list[Beat]) -> Awaitable[list[HeartbeatSeen]]:
     return db(heartbeats.node_heartbeats_checked, pool="heartbeat")(beats=beats)
 
 
-batches: PerLoop[Batches[Beat, HeartbeatSeen]] = PerLoop(lambda: Batches(_write, gather_s=HEARTBEAT_BATCH_S))
+batches: PerLoop[Batches[Beat, HeartbeatSeen]] = PerLoop(
+    lambda: Batches(_write, gather_s=HEARTBEAT_BATCH_S, name="heartbeats")
+)
 
 
 async def heartbeat_checked(beat: Beat) -> HeartbeatSeen:

@@ -120,5 +120,5 @@ def _write_starts(reports: list[job_status.StartReport]) -> Awaitable[list[Outco
 # The start reports of every node this process serves, recorded together (batches.py): one report alone is written
 # at once; a cycle's wave of them, in a few transactions instead of one each.
 _start_batches: PerLoop[Batches[job_status.StartReport, Outcome | None]] = PerLoop(
-    lambda: Batches(_write_starts, most=START_BATCH_MAX)
+    lambda: Batches(_write_starts, most=START_BATCH_MAX, name="start reports")
 )
