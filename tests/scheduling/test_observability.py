@@ -118,6 +118,42 @@ def test_a_cycle_task_tells_the_agents_before_it_reads_its_admission_waits(node,
     assert _wait_sum(job) > before
 
 
+def test_a_cycle_task_keeps_the_collector_paused_from_its_read_until_the_agents_are_told(
+    node, alice, teams, monkeypatch
+):
+    # Each full collection walks the whole heap, the cycle's 20,000-job snapshot included: three of them took
+    # 0.27 s of a 1.5 s cycle when only the engine paused the collector. It is on again once the agents are told.
+    import gc
+
+    from scheduling.cycle import apply
+
+    _submit(alice, teams)
+    enabled: dict[str, bool] = {}
+
+    def noting(name, fn):
+        def run(*args, **kwargs):
+            enabled[name] = gc.isenabled()
+            return fn(*args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(runner, "snapshot_from_db", noting("read", runner.snapshot_from_db))
+    monkeypatch.setattr(runner, "apply_decisions", noting("apply", runner.apply_decisions))
+    monkeypatch.setattr(apply, "jobs_place", noting("placements", apply.jobs_place))
+    monkeypatch.setattr(runner, "desired_state_sync", noting("agents told", runner.desired_state_sync))
+    monkeypatch.setattr(runner, "admission_waits", noting("metrics", runner.admission_waits))
+    assert gc.isenabled()
+    runner.run_cycles(holder="test")
+    assert enabled == {
+        "read": False,
+        "apply": False,
+        "placements": False,
+        "agents told": False,
+        "metrics": True,
+    }
+    assert gc.isenabled()
+
+
 def _lose_node_and_requeue(node, settings) -> None:
     settings.TESSERA_NODE_LOST_AFTER_S = 30
     now = timezone.now()
