@@ -3,8 +3,9 @@
 import os
 
 from celery import Celery
-from celery.signals import before_task_publish, setup_logging
+from celery.signals import before_task_publish, setup_logging, worker_process_init
 
+from portal.heap import startup_heap_freeze
 from scheduling.coordination import beat_note_publish
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
@@ -27,3 +28,9 @@ def _portal_logging(**_) -> None:
 
 # Beat's healthcheck (portal.health) reads when it last sent its periodic cycle request.
 before_task_publish.connect(beat_note_publish, weak=False)
+
+
+@worker_process_init.connect(weak=False)
+def _freeze_startup_heap(**_) -> None:
+    """Each worker child, once forked, keeps the heap it inherited out of full collections (portal/heap.py)."""
+    startup_heap_freeze()
