@@ -13,7 +13,7 @@ from scheduling.cycle import apply, lease
 from scheduling.engine import types as eng
 from scheduling.inventory.models import Gpu, Node
 from scheduling.jobs.fields import JobSpec
-from scheduling.jobs.models import Job
+from scheduling.jobs.models import Job, Slice
 from scheduling.jobs.submit import job_submit
 
 pytestmark = pytest.mark.django_db
@@ -317,35 +317,83 @@ def _plan_nodes(plan: dict):
         yield from _plan_nodes(child)
 
 
-def test_a_heartbeats_jobs_are_read_by_their_ids_while_thousands_are_placed(node, placed):
+def _a_wave_placed_after_the_statistics(placed, a100, count: int = 3000) -> None:
+    """Statistics taken with one job placed (as before a cycle's wave), then `count` more placed, each with a card
+    on another node: what the planner believes and what the tables hold part ways, as in an array's first minute."""
+    from django.db import connection
+
+    other = Node.objects.create(name="a100-09", cpu_milli=1000, memory_mib=1024)
+    card = Gpu.objects.create(node=other, index=0, uuid="GPU-other-0", model=a100, memory_mib=81920)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    template = Job.objects.get(pk=placed.pk)
+    clones = []
+    for i in range(count):
+        template.pk, template.name = None, f"wave-{i}"
+        clones.append(Job(**{f.attname: getattr(template, f.attname) for f in Job._meta.concrete_fields}))
+    clones = Job.objects.bulk_create(clones, batch_size=1000)
+    Slice.objects.bulk_create(
+        [Slice(job=j, gpu=card, memory_mib=1024, compute_pct=1) for j in clones], batch_size=1000
+    )
+
+
+def _indexes_used(sql: str, params) -> tuple[list[str], set[str]]:
+    """The scans of the jobs' and slices' tables in the statement's plan, and the indexes of those tables it uses."""
+    from django.db import connection
+
+    tables = (Job._meta.db_table, Slice._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+        (plan,) = cursor.fetchone()[0]
+        cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename = ANY(%s)", [list(tables)])
+        indexes = {name for (name,) in cursor.fetchall()}
+    nodes = list(_plan_nodes(plan["Plan"]))
+    scans = [f"{n['Node Type']} on {n['Relation Name']}" for n in nodes if n.get("Relation Name") in tables]
+    return scans, {n["Index Name"] for n in nodes if n.get("Index Name") in indexes}
+
+
+def _postgresql_only():
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the statements' plans are PostgreSQL's (SQLite reads these one by one)")
+
+
+def test_a_heartbeats_jobs_are_read_by_their_ids_while_thousands_are_placed(node, placed, a100):
     # While an array's 8,000 tasks were placed and starting, each heartbeat's check of the jobs it runs walked the
     # index on (state, submitted_at) over all of them (the statistics, taken before, saw almost none placed):
     # a batch of heartbeats took up to 11 s of the database's CPU. The jobs named are looked up by id.
-    from django.db import connection
     from django.utils import timezone
 
     from scheduling.agents.reports.heartbeats import Beat, _alive, heartbeats_sql
 
-    if connection.vendor != "postgresql":
-        pytest.skip("the statement and its plan are PostgreSQL's (SQLite checks heartbeats one by one)")
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE scheduling_job")  # statistics from before the wave: one job placed
-    template = Job.objects.get(pk=placed.pk)
-    clones = []
-    for i in range(3000):
-        template.pk, template.name = None, f"wave-{i}"
-        clones.append(Job(**{f.attname: getattr(template, f.attname) for f in Job._meta.concrete_fields}))
-    Job.objects.bulk_create(clones, batch_size=1000)
-    running = [alive(placed)]
-    beats = [Beat(node.pk, "token", running) for _ in range(50)]
-    sql, params = heartbeats_sql(beats, [_alive(b.running) for b in beats], timezone.now())
-    with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
-        (plan,) = cursor.fetchone()[0]
-        cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename = %s", [Job._meta.db_table])
-        job_indexes = {name for (name,) in cursor.fetchall()}
-    nodes = list(_plan_nodes(plan["Plan"]))
-    scans = [n["Node Type"] for n in nodes if n.get("Relation Name") == Job._meta.db_table]
-    used = {n["Index Name"] for n in nodes if n.get("Index Name") in job_indexes}
-    assert scans and "Seq Scan" not in scans, scans
+    _postgresql_only()
+    _a_wave_placed_after_the_statistics(placed, a100)
+    beats = [Beat(node.pk, "token", [alive(placed)]) for _ in range(50)]
+    scans, used = _indexes_used(*heartbeats_sql(beats, [_alive(b.running) for b in beats], timezone.now()))
+    assert scans and not any(s.startswith("Seq Scan") for s in scans), scans
     assert used == {f"{Job._meta.db_table}_pkey"}, used
+
+
+def test_one_nodes_desired_state_reads_its_cards_and_their_jobs_by_id_while_thousands_are_placed(
+    node, placed, a100
+):
+    # Each agent's acknowledgement reads its node's desired state. Asked for the node's cards of active jobs, the
+    # planner joined every slice to every placed job's entry in the state index: 9 s for one node's eight cards
+    # while an array's tasks started. The cards are read by the node's GPU ids, their jobs by id.
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from scheduling.cycle.desired_state import desired_jobs
+
+    _postgresql_only()
+    _a_wave_placed_after_the_statistics(placed, a100)
+    with CaptureQueriesContext(connection) as ctx:
+        assert [int(j["job_id"]) for j in desired_jobs(node=node)] == [placed.pk]
+    job_state_index = {"job_state_submitted"}
+    for query in ctx.captured_queries:
+        if Job._meta.db_table not in query["sql"] and Slice._meta.db_table not in query["sql"]:
+            continue
+        scans, used = _indexes_used(query["sql"], None)  # the statement as sent, its values inlined
+        assert not used & job_state_index, (query["sql"][:300], used)
+        assert f"Seq Scan on {Job._meta.db_table}" not in scans, (query["sql"][:300], scans)
