@@ -1288,3 +1288,55 @@ def test_a_batchs_older_samples_nobody_watches_still_count_in_their_jobs_usage_a
         300.5,
         61,
     )
+
+
+def test_a_state_the_database_moved_on_to_is_resent_at_the_second_heartbeat_that_finds_it_missing(
+    two_nodes, monkeypatch
+):
+    # A heartbeat finding the node's state newer in the database than what its connection sent may have come
+    # while the cycle's push is on its way (or while the agent applies what it was sent): resending at once read
+    # and sent every busy node's state again during a cycle's wave of placements. The next heartbeat that finds the
+    # same resends it: a notification lost (Redis restarting) still reaches the agent.
+    from django.db.models import F
+
+    from scheduling.cycle.models import NodeSync
+
+    _, _, node_b, token_b = two_nodes
+    resends: list[str] = []
+    real = link.NodeLink.beside_once
+
+    def noting(self, name, start, what):
+        if name == "resend":
+            resends.append(what)
+        return real(self, name, start, what)
+
+    monkeypatch.setattr(link.NodeLink, "beside_once", noting)
+
+    def beat(seq: int, held: int) -> dict:
+        return protocol.message(
+            "heartbeat", {"node": "a100-02", "seq": seq, "desired_version": held, "running": []}
+        )
+
+    async def scenario():
+        communicator = await _connect(token_b, "a100-02")
+        sent = (await _next(communicator, "desired_state"))["payload"]["version"]
+        await communicator.send_to(text_data=protocol.encode(beat(1, sent)))
+        await _next(communicator, "heartbeat_ack", seq=1)
+        in_step = list(resends)
+        # The database moves on and its notice never comes (what a Redis restart loses).
+        await sync_to_async(
+            lambda: NodeSync.objects.filter(node=node_b).update(desired_version=F("desired_version") + 1)
+        )()
+        await communicator.send_to(text_data=protocol.encode(beat(2, sent)))
+        await _next(communicator, "heartbeat_ack", seq=2)
+        after_first = list(resends)
+        await communicator.send_to(text_data=protocol.encode(beat(3, sent)))
+        await _next(communicator, "heartbeat_ack", seq=3)
+        resent = await _next(communicator, "desired_state")
+        await communicator.disconnect()
+        return sent, in_step, after_first, resent
+
+    sent, in_step, after_first, resent = async_to_sync(scenario)()
+    assert in_step == [] and after_first == []
+    assert resends == ["desired state"]
+    assert resent["payload"]["version"] == sent + 1

@@ -34,6 +34,9 @@ class DesiredStateOut:
         self.placements: set[tuple[int, int]] = set()  # (job, attempt) of the state last sent
         self.job_gpus: dict[str, list[tuple[int, int]]] = {}  # gpu uuid -> [(job id, team id)]
         self.stale = False  # a notice came since the read in flight began
+        # (version the agent holds, version sent, version in the database) as the last heartbeat found them, when
+        # they disagreed: the next heartbeat finding the same resends the state (handlers.on_heartbeat).
+        self.doubted: tuple[int | None, int | None, int | None] | None = None
 
     async def send(self, *, force: bool = False) -> None:
         """Read the node's state and send it, unless it is the version sent last (`force`: send it anyway)."""

@@ -218,15 +218,25 @@ class ReportHandlers:
         sent = self.desired.sent_version
         # Resend what the agent missed, and what the database has moved on to since this connection last sent
         # (a change whose notification was lost: Redis restarting, a message dropped), so it still reaches the
-        # agent within one heartbeat. Every cycle recomputes every node's state (desired_state_sync), so reading
+        # agent within two heartbeats. Every cycle recomputes every node's state (desired_state_sync), so reading
         # the version is enough; recomputing it here on every heartbeat cost most of the portal's CPU at 1,000
         # nodes (bench/cluster_scale.py). Without the channel layer no cycle runs: then recompute each time.
         missed = held is None or sent is None or int(held) < sent
-        if missed or not self.channel.joined or seen.desired_version != sent:
-            # Beside the heartbeats, never ahead of the next one: reading the state back waits its turn with the
-            # node's reports, and a heartbeat waiting for it was a heartbeat not recorded (nodes "lost" while a
-            # cycle's starts were being reported, bench/cluster_scale.py).
-            link.beside_once("resend", lambda: self.desired.send(force=missed), "desired state")
+        if not (missed or not self.channel.joined or seen.desired_version != sent):
+            self.desired.doubted = None
+            return
+        now = (None if held is None else int(held), sent, seen.desired_version)
+        if held is not None and sent is not None and self.channel.joined and self.desired.doubted != now:
+            # One heartbeat's grace: the cycle's push may be on its way through the channel layer, or the agent
+            # still applying what it was sent (starting its jobs). Resending at once read and sent every busy
+            # node's state again while a cycle's 8,000 placements were being started (bench/cluster_scale.py).
+            self.desired.doubted = now
+            return
+        self.desired.doubted = None
+        # Beside the heartbeats, never ahead of the next one: reading the state back waits its turn with the
+        # node's reports, and a heartbeat waiting for it was a heartbeat not recorded (nodes "lost" while a
+        # cycle's starts were being reported, bench/cluster_scale.py).
+        link.beside_once("resend", lambda: self.desired.send(force=missed), "desired state")
 
     # -- samples, on the frames' path --------------------------------------------------------------------------
     async def on_metrics(self, msg: dict[str, Any]) -> None:
