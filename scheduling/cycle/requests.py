@@ -37,7 +37,7 @@ KEY_RETRY = "tessera:cycle:retry"
 KEY_LAST = "tessera:cycle:last"  # "<unix time it ended> <seconds it took>" of the newest cycle run
 KEYS = (KEY_WANTED, KEY_QUEUED, KEY_LOCK, KEY_RETRY, KEY_LAST)
 # The periodic cycle (beat's tick, every TESSERA_CYCLE_INTERVAL_S) takes at most this share of the worker's time: after
-# a cycle of d seconds, the next periodic one comes no sooner than d / PERIODIC_SHARE after it began. Cycles that
+# a cycle of d seconds, the next periodic one comes no sooner than d / PERIODIC_SHARE after it ended. Cycles that
 # writers ask for (a submit, a job's end) are never held back. While an array's 8,000 tasks were starting, a periodic
 # cycle over them every 5 s took 2-3 s each, half a core of the two the agents' web processes needed
 # (bench/cluster_scale.py).
@@ -195,7 +195,7 @@ def cycle_ran(*, took_s: float) -> None:
 
 
 def periodic_cycle_due() -> bool:
-    """Whether beat's periodic tick should ask for a cycle now: unless the last cycle began less than its own
+    """Whether beat's periodic tick should ask for a cycle now: unless the last cycle ended less than its own
     duration / PERIODIC_SHARE ago (see PERIODIC_SHARE)."""
     r = redis_client()
     if r is None:
@@ -205,4 +205,4 @@ def periodic_cycle_due() -> bool:
         ended_at, took_s = (float(x) for x in raw.split()) if raw else (0.0, 0.0)
     except Exception:  # Redis away, or a value of another version: on time, as before
         return True
-    return time.time() - (ended_at - took_s) >= took_s / PERIODIC_SHARE
+    return time.time() - ended_at >= took_s / PERIODIC_SHARE
