@@ -18,10 +18,8 @@ def run_cycle_task() -> dict:
 
 @shared_task(ignore_result=True)
 def cycle_tick() -> None:
-    """The periodic cycle (beat): requests one like any writer would, so it coalesces with the rest; held back
-    while the last cycle's own time says it would take more than its share of the worker (requests.PERIODIC_SHARE)."""
-    if requests.periodic_cycle_due():
-        requests.cycle_request()
+    """The periodic cycle (beat): requests one like any writer would, so it coalesces with the rest."""
+    requests.cycle_request()
 
 
 @shared_task(ignore_result=True)

@@ -34,14 +34,7 @@ KEY_WANTED = "tessera:cycle:wanted"
 KEY_QUEUED = "tessera:cycle:queued"
 KEY_LOCK = "tessera:cycle:lock"
 KEY_RETRY = "tessera:cycle:retry"
-KEY_LAST = "tessera:cycle:last"  # "<unix time it ended> <seconds it took>" of the newest cycle run
-KEYS = (KEY_WANTED, KEY_QUEUED, KEY_LOCK, KEY_RETRY, KEY_LAST)
-# The periodic cycle (beat's tick, every TESSERA_CYCLE_INTERVAL_S) takes at most this share of the worker's time: after
-# a cycle of d seconds, the next periodic one comes no sooner than d / PERIODIC_SHARE after it ended. Cycles that
-# writers ask for (a submit, a job's end) are never held back. While an array's 8,000 tasks were starting, a periodic
-# cycle over them every 5 s took 2-3 s each, half a core of the two the agents' web processes needed
-# (bench/cluster_scale.py).
-PERIODIC_SHARE = 0.25
+KEYS = (KEY_WANTED, KEY_QUEUED, KEY_LOCK, KEY_RETRY)
 # A queued-task marker older than this is presumed lost (a broker restart) and no longer blocks new requests.
 QUEUED_TTL_S = 10
 
@@ -181,28 +174,3 @@ class LockKeeper:
                 return
             except Exception:  # Redis is away: the lock lapses on its own; try again next interval
                 log.warning("could not renew the cycle lock", exc_info=True)
-
-
-def cycle_ran(*, took_s: float) -> None:
-    """Note that a cycle (with its desired-state sync) ended now after `took_s` seconds, for `periodic_cycle_due`."""
-    r = redis_client()
-    if r is None:
-        return
-    try:
-        r.set(KEY_LAST, f"{time.time():.3f} {took_s:.3f}", ex=3600)
-    except Exception:  # noted for pacing only: a Redis away makes the next periodic cycle come on time
-        log.debug("could not note the cycle's time", exc_info=True)
-
-
-def periodic_cycle_due() -> bool:
-    """Whether beat's periodic tick should ask for a cycle now: unless the last cycle ended less than its own
-    duration / PERIODIC_SHARE ago (see PERIODIC_SHARE)."""
-    r = redis_client()
-    if r is None:
-        return True
-    try:
-        raw = r.get(KEY_LAST)
-        ended_at, took_s = (float(x) for x in raw.split()) if raw else (0.0, 0.0)
-    except Exception:  # Redis away, or a value of another version: on time, as before
-        return True
-    return time.time() - ended_at >= took_s / PERIODIC_SHARE

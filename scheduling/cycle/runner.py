@@ -151,14 +151,12 @@ def run_cycles(*, holder: str, keeper: requests.LockKeeper | None = None) -> lis
             requests.local_cycle_wanted.clear()
         # The collector paused until the agents are told, the cycle's collection after, off that path; and the
         # cycle's figures observed after them too (_cycle_run).
-        began = time.perf_counter()
         with collector_paused():
             report, observe = _cycle_run(holder=holder, kind=cycle_kind())
             reports.append(report.as_dict())
             if keeper is not None:
                 keeper.progress()
             desired_state_sync()
-        requests.cycle_ran(took_s=time.perf_counter() - began)
         observe()
         if r is not None:
             if not r.exists(requests.KEY_WANTED):

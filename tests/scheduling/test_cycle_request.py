@@ -1,8 +1,6 @@
 """A cycle request sets the wanted flag and queues at most one task, in one Redis command that survives a
 Redis that lost its scripts; the cycle lock is kept alive by its holder and freed within a TTL without it."""
 
-import time
-
 import pytest
 from django.conf import settings
 
@@ -122,37 +120,3 @@ def test_tasks_finding_the_lock_busy_queue_one_retry_for_when_it_would_expire(re
     assert len(queued) == 1
     # Its countdown is what the lock had left when asked (more than it has now) and a tenth of a second.
     assert r.pttl(requests.KEY_LOCK) / 1000 < queued[0]["countdown"] <= 5.1
-
-
-def test_the_periodic_tick_gives_a_long_cycle_room_and_asks_again_once_its_share_has_passed(redis_keys):
-    # A periodic cycle over 8,000 starting tasks took 2-3 s every 5 s: half a core the agents' web processes needed.
-    # The tick asks for one only once the last cycle's own time is at most PERIODIC_SHARE of the time since it began.
-    r, queued = redis_keys
-    tasks.cycle_tick()  # no cycle noted yet: on time
-    assert len(queued) == 1 and r.exists(requests.KEY_WANTED)
-    r.delete(requests.KEY_WANTED, requests.KEY_QUEUED)
-
-    requests.cycle_ran(took_s=2.0)  # ended just now after 2 s: the next periodic one waits 2 / share
-    tasks.cycle_tick()
-    assert len(queued) == 1 and not r.exists(requests.KEY_WANTED)
-    requests.cycle_request()  # a writer's request is never held back
-    assert len(queued) == 2 and r.exists(requests.KEY_WANTED)
-    r.delete(requests.KEY_WANTED, requests.KEY_QUEUED)
-
-    waited_s = 2.0 / requests.PERIODIC_SHARE
-    r.set(requests.KEY_LAST, f"{time.time() - waited_s - 0.1:.3f} 2.000")
-    tasks.cycle_tick()
-    assert len(queued) == 3
-    r.set(requests.KEY_LAST, "not a pair of numbers")  # another version's value: on time, as before
-    r.delete(requests.KEY_QUEUED)
-    tasks.cycle_tick()
-    assert len(queued) == 4
-
-
-def test_a_cycle_task_notes_how_long_its_cycle_took(redis_keys, db):
-    from scheduling.cycle import runner
-
-    r, _ = redis_keys
-    runner.run_cycles(holder="test")
-    ended_at, took_s = (float(x) for x in r.get(requests.KEY_LAST).split())
-    assert 0 < took_s < 60 and abs(time.time() - ended_at) < 60
