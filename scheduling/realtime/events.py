@@ -55,14 +55,7 @@ class _Publisher:
         assert self._queue is not None
         while True:
             layer, messages = await self._queue.get()
-            listened = await _listened_now(messages)
-            for group, message in messages:
-                if listened is not None and groups.for_browsers(group) and group not in listened:
-                    continue  # no browser in it: a send would cost a round trip for no one
-                try:
-                    await layer.group_send(group, message)
-                except Exception:  # a dead channel layer must never break a committed write
-                    log.warning("could not publish to %s", group, exc_info=True)
+            await _send_in_order(layer, messages, listened=await _listened_now(messages))
 
     def send(self, layer: Any, messages: list[tuple[str, dict[str, Any]]]) -> None:
         """Queue (group, message) pairs, sent in this order; one wake-up of the sender thread for all."""
@@ -107,8 +100,13 @@ def _send_all(messages: list[tuple[str, dict[str, Any]]]) -> None:
     async_to_sync(_send_in_order)(layer, messages)
 
 
-async def _send_in_order(layer: Any, messages: list[tuple[str, dict[str, Any]]]) -> None:
+async def _send_in_order(
+    layer: Any, messages: list[tuple[str, dict[str, Any]]], *, listened: set[str] | None = None
+) -> None:
+    """Send (group, message) pairs in order; with `listened`, browser groups outside it are skipped."""
     for group, message in messages:
+        if listened is not None and groups.for_browsers(group) and group not in listened:
+            continue  # no browser in it: a send would cost a round trip for no one
         try:
             await layer.group_send(group, message)
         except Exception:  # a dead channel layer must never break a committed write
